@@ -1,0 +1,13 @@
+//! The pure domain of gpu-booking: no I/O, no async.
+//!
+//! Every rule, decision and patch step lives here exactly once; the booking API,
+//! the webhook and the controller call into it.
+#![forbid(unsafe_code)]
+
+pub mod admission;
+pub mod capacity;
+pub mod gpu_model;
+pub mod policy;
+pub mod rules;
+pub mod username;
+pub mod window;
