@@ -1,0 +1,77 @@
+//! The lab's booking policy: every fairness rule of DESIGN.md is one setting here.
+
+use chrono::TimeDelta;
+
+/// Settings the booking rules are checked against. `Default` is the policy of
+/// DESIGN.md: 1 to 14 days, a 14-day cooldown, nothing new while a booking runs,
+/// at most one planned booking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Shortest booking accepted (inclusive).
+    pub min_duration: TimeDelta,
+    /// Longest booking accepted (inclusive).
+    pub max_duration: TimeDelta,
+    /// Time between the end of a user's booking and the start of their next one.
+    pub cooldown: TimeDelta,
+    /// Refuse a new booking while the user has one running.
+    pub no_booking_while_active: bool,
+    /// Planned (not yet started) bookings a user may hold at once.
+    pub max_planned: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            min_duration: TimeDelta::hours(24),
+            max_duration: TimeDelta::days(14),
+            cooldown: TimeDelta::days(14),
+            no_booking_while_active: true,
+            max_planned: 1,
+        }
+    }
+}
+
+/// Renders a duration the way the refusal messages show it: `14 days`, `1 day 2 h`,
+/// `23 h 59 min 59 s`.
+pub fn human_duration(d: TimeDelta) -> String {
+    let total = d.num_seconds().max(0);
+    let (days, rest) = (total / 86_400, total % 86_400);
+    let (hours, rest) = (rest / 3_600, rest % 3_600);
+    let (minutes, seconds) = (rest / 60, rest % 60);
+    let mut parts = Vec::new();
+    match days {
+        0 => {}
+        1 => parts.push("1 day".to_string()),
+        n => parts.push(format!("{n} days")),
+    }
+    if hours > 0 {
+        parts.push(format!("{hours} h"));
+    }
+    if minutes > 0 {
+        parts.push(format!("{minutes} min"));
+    }
+    if seconds > 0 {
+        parts.push(format!("{seconds} s"));
+    }
+    if parts.is_empty() {
+        "0 s".to_string()
+    } else {
+        parts.join(" ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_text() {
+        assert_eq!(human_duration(TimeDelta::days(14)), "14 days");
+        assert_eq!(human_duration(TimeDelta::hours(26)), "1 day 2 h");
+        assert_eq!(
+            human_duration(TimeDelta::hours(24) - TimeDelta::seconds(1)),
+            "23 h 59 min 59 s"
+        );
+        assert_eq!(human_duration(TimeDelta::zero()), "0 s");
+    }
+}

@@ -1,0 +1,421 @@
+//! The booking rules of DESIGN.md as pure functions.
+//!
+//! The API checks them inside one transaction, under its per-user and per-model
+//! locks, with the user's bookings and the model's bookings read under those locks.
+//! Capacity (which needs the model's bookings) is in [`crate::capacity`].
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use crate::policy::{human_duration, Policy};
+use crate::window::Window;
+
+/// The rule that refused a request. Serialised as the `error` field of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleCode {
+    InvalidWindow,
+    StartInPast,
+    DurationTooShort,
+    DurationTooLong,
+    ActiveBookingExists,
+    FutureBookingExists,
+    Cooldown,
+    Capacity,
+    UnknownModel,
+    /// Only reachable with an admin override: the user already holds a booking in
+    /// that window. Without an override the cooldown rule refuses first.
+    Overlap,
+}
+
+impl RuleCode {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RuleCode::InvalidWindow => "invalid_window",
+            RuleCode::StartInPast => "start_in_past",
+            RuleCode::DurationTooShort => "duration_too_short",
+            RuleCode::DurationTooLong => "duration_too_long",
+            RuleCode::ActiveBookingExists => "active_booking_exists",
+            RuleCode::FutureBookingExists => "future_booking_exists",
+            RuleCode::Cooldown => "cooldown",
+            RuleCode::Capacity => "capacity",
+            RuleCode::UnknownModel => "unknown_model",
+            RuleCode::Overlap => "overlap",
+        }
+    }
+
+    /// Invalid requests (fix the request) versus conflicts with existing state
+    /// (wait, or change the other booking).
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            RuleCode::ActiveBookingExists
+                | RuleCode::FutureBookingExists
+                | RuleCode::Cooldown
+                | RuleCode::Capacity
+                | RuleCode::Overlap
+        )
+    }
+}
+
+/// Why a booking was refused, in words a user understands, and the earliest start
+/// that this rule would accept, where there is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: RuleCode,
+    pub message: String,
+    pub earliest_start: Option<DateTime<Utc>>,
+}
+
+impl Refusal {
+    pub fn new(code: RuleCode, message: impl Into<String>) -> Refusal {
+        Refusal {
+            code,
+            message: message.into(),
+            earliest_start: None,
+        }
+    }
+
+    pub fn with_earliest(mut self, t: DateTime<Utc>) -> Refusal {
+        self.earliest_start = Some(t);
+        self
+    }
+}
+
+/// RFC 3339 in UTC with whole seconds, as the API and the messages show times.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// Checks that need only the request: a non-empty window, not in the past, a
+/// duration within the policy. An admin override skips all but the first.
+pub fn check_request(
+    policy: &Policy,
+    now: DateTime<Utc>,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    override_rules: bool,
+) -> Result<Window, Refusal> {
+    let window = Window::new(start, end).map_err(|_| {
+        Refusal::new(
+            RuleCode::InvalidWindow,
+            format!(
+                "The booking must end after it starts (start {}, end {}).",
+                rfc3339(start),
+                rfc3339(end)
+            ),
+        )
+    })?;
+    if override_rules {
+        return Ok(window);
+    }
+    if start < now {
+        return Err(Refusal::new(
+            RuleCode::StartInPast,
+            format!("The booking cannot start in the past ({}).", rfc3339(start)),
+        )
+        .with_earliest(now));
+    }
+    let duration = window.duration();
+    if duration < policy.min_duration {
+        return Err(Refusal::new(
+            RuleCode::DurationTooShort,
+            format!(
+                "Bookings must last at least {}; this one lasts {}.",
+                human_duration(policy.min_duration),
+                human_duration(duration)
+            ),
+        ));
+    }
+    if duration > policy.max_duration {
+        return Err(Refusal::new(
+            RuleCode::DurationTooLong,
+            format!(
+                "Bookings may last at most {}; this one lasts {}.",
+                human_duration(policy.max_duration),
+                human_duration(duration)
+            ),
+        ));
+    }
+    Ok(window)
+}
+
+/// Checks against the user's own bookings (not cancelled; `end` is the effective
+/// end, so a booking ended early counts from when it really ended).
+pub fn check_user(
+    policy: &Policy,
+    now: DateTime<Utc>,
+    window: &Window,
+    own: &[Window],
+    override_rules: bool,
+) -> Result<(), Refusal> {
+    if override_rules {
+        // An override may break every rule but the user's own overlap (and
+        // capacity, checked elsewhere): two bookings at once would be one user on
+        // two GPUs, which the database forbids anyway.
+        return match own.iter().find(|b| b.overlaps(window)) {
+            Some(b) => Err(Refusal::new(
+                RuleCode::Overlap,
+                format!(
+                    "The user already holds a booking from {} to {}.",
+                    rfc3339(b.start()),
+                    rfc3339(b.end())
+                ),
+            )),
+            None => Ok(()),
+        };
+    }
+    if policy.no_booking_while_active {
+        if let Some(active) = own.iter().find(|b| b.contains(now)) {
+            return Err(Refusal::new(
+                RuleCode::ActiveBookingExists,
+                format!(
+                    "You have a booking running until {}; book again once it has ended.",
+                    rfc3339(active.end())
+                ),
+            )
+            .with_earliest(active.end() + policy.cooldown));
+        }
+    }
+    let planned: Vec<&Window> = own.iter().filter(|b| b.start() > now).collect();
+    if planned.len() as u64 >= u64::from(policy.max_planned) {
+        let last_end = planned.iter().map(|b| b.end()).max().unwrap_or(now);
+        let message = match planned.first() {
+            Some(first) if planned.len() == 1 => format!(
+                "You already have a planned booking from {}; cancel it or wait until it has ended.",
+                rfc3339(first.start())
+            ),
+            _ => format!(
+                "You already have {} planned bookings, the most allowed.",
+                planned.len()
+            ),
+        };
+        return Err(Refusal::new(RuleCode::FutureBookingExists, message)
+            .with_earliest(last_end + policy.cooldown));
+    }
+    // Cooldown around every other booking of the user, in both directions, so
+    // that no configuration of the other settings lets two bookings come closer.
+    let blocking_end = own
+        .iter()
+        .filter(|b| {
+            window.start() < b.end() + policy.cooldown && b.start() < window.end() + policy.cooldown
+        })
+        .map(|b| b.end())
+        .max();
+    if let Some(end) = blocking_end {
+        let earliest = end + policy.cooldown;
+        return Err(Refusal::new(
+            RuleCode::Cooldown,
+            format!(
+                "Your last booking ended {}; after a booking there is a cooldown of {}, so your next one can start from {}.",
+                rfc3339(end),
+                human_duration(policy.cooldown),
+                rfc3339(earliest)
+            ),
+        )
+        .with_earliest(earliest));
+    }
+    Ok(())
+}
+
+/// One reason why a user's next booking cannot start right now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reason {
+    pub code: RuleCode,
+    pub message: String,
+    pub until: DateTime<Utc>,
+}
+
+/// The earliest start the user's own bookings allow (capacity aside) and why it
+/// is not `now`. The API then moves it forward to where the model has a free unit.
+pub fn earliest_start_for_user(
+    policy: &Policy,
+    now: DateTime<Utc>,
+    own: &[Window],
+) -> (DateTime<Utc>, Vec<Reason>) {
+    let mut earliest = now;
+    let mut reasons = Vec::new();
+    if policy.no_booking_while_active {
+        if let Some(active) = own.iter().find(|b| b.contains(now)) {
+            reasons.push(Reason {
+                code: RuleCode::ActiveBookingExists,
+                message: format!("booking running until {}", rfc3339(active.end())),
+                until: active.end(),
+            });
+        }
+    }
+    let planned: Vec<&Window> = own.iter().filter(|b| b.start() > now).collect();
+    if planned.len() as u64 >= u64::from(policy.max_planned) {
+        if let Some(last) = planned.iter().map(|b| b.end()).max() {
+            reasons.push(Reason {
+                code: RuleCode::FutureBookingExists,
+                message: format!("planned booking until {}", rfc3339(last)),
+                until: last,
+            });
+        }
+    }
+    if let Some(last_end) = own.iter().map(|b| b.end()).max() {
+        let cooldown_end = last_end + policy.cooldown;
+        if cooldown_end > now {
+            earliest = earliest.max(cooldown_end);
+            reasons.push(Reason {
+                code: RuleCode::Cooldown,
+                message: format!("cooldown until {}", rfc3339(cooldown_end)),
+                until: cooldown_end,
+            });
+        }
+    }
+    (earliest, reasons)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{TimeDelta, TimeZone};
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 3, 1, 12, 0, 0).unwrap()
+    }
+    fn days(n: i64) -> TimeDelta {
+        TimeDelta::days(n)
+    }
+    fn secs(n: i64) -> TimeDelta {
+        TimeDelta::seconds(n)
+    }
+    fn w(start: DateTime<Utc>, end: DateTime<Utc>) -> Window {
+        Window::new(start, end).unwrap()
+    }
+    fn request(start: DateTime<Utc>, end: DateTime<Utc>) -> Result<Window, Refusal> {
+        check_request(&Policy::default(), now(), start, end, false)
+    }
+    fn code<T>(r: Result<T, Refusal>) -> Option<RuleCode> {
+        r.err().map(|e| e.code)
+    }
+
+    #[test]
+    fn duration_limits_are_inclusive() {
+        let s = now() + days(1);
+        assert!(request(s, s + days(1)).is_ok());
+        assert_eq!(
+            code(request(s, s + days(1) - secs(1))),
+            Some(RuleCode::DurationTooShort)
+        );
+        assert!(request(s, s + days(14)).is_ok());
+        assert_eq!(
+            code(request(s, s + days(14) + secs(1))),
+            Some(RuleCode::DurationTooLong)
+        );
+    }
+
+    #[test]
+    fn start_now_is_accepted_a_second_earlier_is_not() {
+        assert!(request(now(), now() + days(2)).is_ok());
+        let refusal = request(now() - secs(1), now() + days(2)).unwrap_err();
+        assert_eq!(refusal.code, RuleCode::StartInPast);
+        assert_eq!(refusal.earliest_start, Some(now()));
+    }
+
+    #[test]
+    fn reversed_window_is_invalid_even_with_override() {
+        let r = check_request(&Policy::default(), now(), now(), now(), true);
+        assert_eq!(code(r), Some(RuleCode::InvalidWindow));
+    }
+
+    #[test]
+    fn override_skips_duration_and_past() {
+        let r = check_request(
+            &Policy::default(),
+            now(),
+            now() - days(40),
+            now() - days(39) - secs(5),
+            true,
+        );
+        assert!(r.is_ok());
+    }
+
+    #[test]
+    fn cooldown_is_exact_to_the_second() {
+        let ended = now() - days(3);
+        let own = [w(ended - days(2), ended)];
+        let p = Policy::default();
+        let ok = w(ended + days(14), ended + days(15));
+        assert!(check_user(&p, now(), &ok, &own, false).is_ok());
+        let early = w(ended + days(14) - secs(1), ended + days(15));
+        let refusal = check_user(&p, now(), &early, &own, false).unwrap_err();
+        assert_eq!(refusal.code, RuleCode::Cooldown);
+        assert_eq!(refusal.earliest_start, Some(ended + days(14)));
+    }
+
+    #[test]
+    fn active_then_planned_then_cooldown() {
+        let p = Policy::default();
+        let far = w(now() + days(60), now() + days(61));
+        let active = [w(now() - days(1), now() + days(1))];
+        let r = check_user(&p, now(), &far, &active, false).unwrap_err();
+        assert_eq!(r.code, RuleCode::ActiveBookingExists);
+        assert_eq!(r.earliest_start, Some(now() + days(15)));
+        let planned = [w(now() + days(2), now() + days(3))];
+        let r = check_user(&p, now(), &far, &planned, false).unwrap_err();
+        assert_eq!(r.code, RuleCode::FutureBookingExists);
+        assert_eq!(r.earliest_start, Some(now() + days(17)));
+    }
+
+    #[test]
+    fn two_planned_allowed_when_configured_but_not_closer_than_cooldown() {
+        let p = Policy {
+            max_planned: 2,
+            ..Policy::default()
+        };
+        let planned = [w(now() + days(2), now() + days(3))];
+        let close = w(now() + days(10), now() + days(11));
+        assert_eq!(
+            code(check_user(&p, now(), &close, &planned, false)),
+            Some(RuleCode::Cooldown)
+        );
+        let far = w(now() + days(17), now() + days(18));
+        assert!(check_user(&p, now(), &far, &planned, false).is_ok());
+        // Before the planned one, also cooldown apart.
+        let p = Policy {
+            max_planned: 2,
+            cooldown: days(1),
+            ..Policy::default()
+        };
+        let later = [w(now() + days(20), now() + days(21))];
+        let before = w(now() + days(6), now() + days(19) + secs(1));
+        assert_eq!(
+            code(check_user(&p, now(), &before, &later, false)),
+            Some(RuleCode::Cooldown)
+        );
+        let before = w(now() + days(6), now() + days(19));
+        assert!(check_user(&p, now(), &before, &later, false).is_ok());
+    }
+
+    #[test]
+    fn override_refuses_only_own_overlap() {
+        let p = Policy::default();
+        let own = [w(now() - days(1), now() + days(1))];
+        let overlapping = w(now(), now() + days(2));
+        assert_eq!(
+            code(check_user(&p, now(), &overlapping, &own, true)),
+            Some(RuleCode::Overlap)
+        );
+        let touching = w(now() + days(1), now() + days(2));
+        assert!(check_user(&p, now(), &touching, &own, true).is_ok());
+    }
+
+    #[test]
+    fn next_start_explains_itself() {
+        let p = Policy::default();
+        let (t, reasons) = earliest_start_for_user(&p, now(), &[]);
+        assert_eq!(t, now());
+        assert!(reasons.is_empty());
+        let own = [w(now() - days(1), now() + days(1))];
+        let (t, reasons) = earliest_start_for_user(&p, now(), &own);
+        assert_eq!(t, now() + days(15));
+        let codes: Vec<_> = reasons.iter().map(|r| r.code).collect();
+        assert_eq!(
+            codes,
+            vec![RuleCode::ActiveBookingExists, RuleCode::Cooldown]
+        );
+    }
+}
