@@ -1,1 +1,19 @@
-fn main(){}
+//! `gpu-booking`: one binary, one subcommand per component.
+#![forbid(unsafe_code)]
+
+mod cli;
+mod demo;
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    match cli::run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

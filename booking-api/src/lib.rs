@@ -1,1 +1,21 @@
-pub fn x(){}
+//! The booking service: REST API, booking page, auth, audit log and metrics on
+//! Postgres.
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod auth;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod jwks;
+pub mod metrics;
+pub mod openapi;
+pub mod page;
+pub mod routes;
+pub mod server;
+pub mod store;
+pub mod testing;
+
+/// The migrations, embedded: run at start-up and by `gpu-booking migrate`.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

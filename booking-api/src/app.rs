@@ -1,0 +1,50 @@
+//! The application state and the router.
+
+use std::sync::Arc;
+
+use axum::routing::{get, put};
+use axum::Router;
+use gpu_booking_core::policy::Policy;
+use sqlx::PgPool;
+use utoipa::OpenApi;
+
+use crate::auth::Authenticator;
+use crate::clock::Clock;
+use crate::metrics::{self, Metrics};
+use crate::openapi::ApiDoc;
+use crate::routes::{audit, bookings, health, me, models, preemptions, schedulability};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub policy: Arc<Policy>,
+    pub clock: Arc<dyn Clock>,
+    pub auth: Authenticator,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Every route of the service; tests drive it with `tower::ServiceExt::oneshot`.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/bookings", get(bookings::list).post(bookings::create))
+        .route("/bookings/{id}", get(bookings::get).delete(bookings::cancel))
+        .route("/me/next-start", get(me::next_start))
+        .route("/models", get(models::list))
+        .route("/models/{name}", put(models::put))
+        .route("/models/{name}/usage", put(models::put_usage))
+        .route("/models/{name}/availability", get(models::availability))
+        .route("/schedulability", get(schedulability::get))
+        .route("/audit", get(audit::list).post(audit::report))
+        .route("/preemptions", get(preemptions::open).post(preemptions::request))
+        .route("/preemptions/{id}", put(preemptions::handle));
+    Router::new()
+        .nest("/api/v1", api)
+        .route("/api/openapi.json", get(|| async { axum::Json(ApiDoc::openapi()) }))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .merge(crate::page::routes())
+        .fallback(|| async { crate::error::ApiError::NotFound("no such route".into()) })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .with_state(state)
+}

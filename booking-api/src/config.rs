@@ -1,0 +1,136 @@
+//! Options of `gpu-booking api`: flags with environment fallbacks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::TimeDelta;
+use clap::{Args, ValueEnum};
+use gpu_booking_core::policy::Policy;
+
+#[derive(Debug, Clone, Args)]
+pub struct ApiArgs {
+    /// Address the API and the booking page listen on.
+    #[arg(long, env = "GPU_BOOKING_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    #[command(flatten)]
+    pub auth: AuthArgs,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+
+    /// Log format.
+    #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// Postgres connection URL, e.g. postgres://gpu_booking@db:5432/gpu_booking.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+
+    /// Largest number of database connections the service opens.
+    #[arg(long, env = "GPU_BOOKING_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct AuthArgs {
+    /// HS256 secret for bearer tokens (small installs). Prefer --jwt-secret-file.
+    #[arg(long, env = "GPU_BOOKING_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+
+    /// File holding the HS256 secret (e.g. a mounted Secret).
+    #[arg(long, env = "GPU_BOOKING_JWT_SECRET_FILE")]
+    pub jwt_secret_file: Option<PathBuf>,
+
+    /// JWKS URL of an OIDC provider (RS256/ES256 tokens), e.g. Keycloak's
+    /// https://sso.example/realms/lab/protocol/openid-connect/certs.
+    #[arg(long, env = "GPU_BOOKING_JWKS_URL")]
+    pub jwks_url: Option<String>,
+
+    /// Required `iss` claim, if set.
+    #[arg(long, env = "GPU_BOOKING_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// Required `aud` claim, if set.
+    #[arg(long, env = "GPU_BOOKING_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PolicyArgs {
+    /// Shortest booking (e.g. 24h, 1day).
+    #[arg(long, env = "GPU_BOOKING_MIN_DURATION", default_value = "24h", value_parser = parse_duration)]
+    pub min_duration: TimeDelta,
+
+    /// Longest booking.
+    #[arg(long, env = "GPU_BOOKING_MAX_DURATION", default_value = "14days", value_parser = parse_duration)]
+    pub max_duration: TimeDelta,
+
+    /// Time between the end of a user's booking and the start of their next one.
+    #[arg(long, env = "GPU_BOOKING_COOLDOWN", default_value = "14days", value_parser = parse_duration)]
+    pub cooldown: TimeDelta,
+
+    /// Planned (future) bookings a user may hold at once.
+    #[arg(long, env = "GPU_BOOKING_MAX_PLANNED", default_value_t = 1)]
+    pub max_planned: u32,
+
+    /// Accept a new booking while the user has one running.
+    #[arg(long, env = "GPU_BOOKING_ALLOW_BOOKING_WHILE_ACTIVE")]
+    pub allow_booking_while_active: bool,
+}
+
+impl Default for PolicyArgs {
+    fn default() -> Self {
+        let p = Policy::default();
+        PolicyArgs {
+            min_duration: p.min_duration,
+            max_duration: p.max_duration,
+            cooldown: p.cooldown,
+            max_planned: p.max_planned,
+            allow_booking_while_active: !p.no_booking_while_active,
+        }
+    }
+}
+
+impl PolicyArgs {
+    pub fn policy(&self) -> Policy {
+        Policy {
+            min_duration: self.min_duration,
+            max_duration: self.max_duration,
+            cooldown: self.cooldown,
+            no_booking_while_active: !self.allow_booking_while_active,
+            max_planned: self.max_planned,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Plain,
+}
+
+/// Parses `24h`, `14days`, `90s`, `1day 12h` (humantime syntax).
+pub fn parse_duration(s: &str) -> Result<TimeDelta, String> {
+    let d: Duration = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    TimeDelta::from_std(d).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Sets up `tracing` for any subcommand.
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // A second call (tests, the demo starting several services) is harmless.
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Plain => builder.try_init(),
+    };
+}

@@ -1,0 +1,124 @@
+//! The one error type of the API. Every error is JSON `{error, message, ...}`;
+//! the caller's mistakes are 4xx, and internal failures are logged and answered
+//! without detail.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use gpu_booking_core::rules::{Refusal, RuleCode};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A booking rule refused the request.
+    #[error("{}", .0.message)]
+    Rule(Refusal),
+    /// Malformed JSON, query or time.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Well-formed but not acceptable (outside the booking rules).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// A conflict with existing state that is not a booking rule.
+    #[error("{1}")]
+    Conflict(&'static str, String),
+    /// The database cannot be reached or is overloaded: try again.
+    #[error("the booking database is unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+/// The body of every error answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// Machine-readable code: a rule (`cooldown`, `capacity`, ...) or
+    /// `bad_request`, `invalid_request`, `unauthorized`, `forbidden`, `not_found`.
+    pub error: String,
+    /// What went wrong, in plain words.
+    pub message: String,
+    /// The earliest start this rule would accept, where there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub earliest_start: Option<DateTime<Utc>>,
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Rule(r) if r.code.is_conflict() => StatusCode::CONFLICT,
+            ApiError::Rule(_) | ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(..) => StatusCode::CONFLICT,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Rule(r) => r.code.as_str(),
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::Invalid(_) => "invalid_request",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict(code, _) => code,
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    pub fn unknown_model(name: &str) -> ApiError {
+        ApiError::Rule(Refusal::new(
+            RuleCode::UnknownModel,
+            format!("There is no GPU model called {name:?}."),
+        ))
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> ApiError {
+        match &e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+                ApiError::Unavailable(e)
+            }
+            _ => ApiError::Internal(e.into()),
+        }
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> ApiError {
+        ApiError::Rule(r)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = ?self, "request failed");
+        }
+        let earliest_start = match &self {
+            ApiError::Rule(r) => r.earliest_start,
+            _ => None,
+        };
+        let body = ErrorBody {
+            error: self.code().to_string(),
+            message: self.to_string(),
+            earliest_start,
+        };
+        (status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,103 @@
+//! `/api/v1/audit`: enforcement actions reported by the webhook, controller and
+//! agent; the whole log for admins.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{Json, Query};
+use crate::store::audit::{self, AuditEvent};
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportAction {
+    /// What was done, e.g. `webhook.strip`, `controller.expire`, `agent.reclaim`.
+    pub action: String,
+    /// What it was done to, e.g. `jhub/jupyter-alice`.
+    pub subject: Option<String>,
+    pub user: Option<String>,
+    pub booking_id: Option<i64>,
+    /// Evidence: samples, reasons, PIDs ...
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub details: Value,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Recorded {
+    pub id: i64,
+}
+
+fn bounded(name: &str, value: Option<&str>, max: usize) -> Result<(), ApiError> {
+    match value {
+        Some(v) if v.is_empty() || v.len() > max || v.chars().any(char::is_control) => Err(ApiError::Invalid(
+            format!("{name} must be 1 to {max} printable characters"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[utoipa::path(post, path = "/api/v1/audit", tag = "audit", request_body = ReportAction,
+    responses((status = 201, body = Recorded), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn report(
+    State(state): State<AppState>,
+    caller: Caller,
+    Json(body): Json<ReportAction>,
+) -> Result<(StatusCode, axum::Json<Recorded>), ApiError> {
+    caller.require_service()?;
+    bounded("action", Some(&body.action), 64)?;
+    bounded("subject", body.subject.as_deref(), 512)?;
+    bounded("user", body.user.as_deref(), 256)?;
+    if body.details.to_string().len() > 64 * 1024 {
+        return Err(ApiError::Invalid("details must be under 64 KiB".into()));
+    }
+    let details = if body.details.is_null() { Value::Object(Default::default()) } else { body.details };
+    let id = audit::record(
+        &state.pool,
+        audit::NewEvent {
+            at: state.clock.now(),
+            actor: caller.user.as_str(),
+            action: &body.action,
+            subject: body.subject.as_deref(),
+            user: body.user.as_deref(),
+            booking_id: body.booking_id,
+            details,
+        },
+    )
+    .await?;
+    Ok((StatusCode::CREATED, axum::Json(Recorded { id })))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    pub action: Option<String>,
+    pub user: Option<String>,
+    /// Entries with a smaller id (paging back).
+    pub before: Option<i64>,
+    /// Default 100, at most 1000.
+    pub limit: Option<i64>,
+}
+
+#[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditQuery),
+    responses((status = 200, body = [AuditEvent]), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<AuditQuery>,
+) -> Result<axum::Json<Vec<AuditEvent>>, ApiError> {
+    caller.require_admin()?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::Invalid("limit must be between 1 and 1000".into()));
+    }
+    let events = audit::list(&state.pool, q.action.as_deref(), q.user.as_deref(), q.before, limit).await?;
+    Ok(axum::Json(events))
+}

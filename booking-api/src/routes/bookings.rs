@@ -1,0 +1,157 @@
+//! `/api/v1/bookings`: create, list, read, cancel / end early.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use gpu_booking_core::username::Username;
+use serde::Deserialize;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{Json, Path, Query};
+use crate::metrics::ResultLabels;
+use crate::store::bookings::{self, Booking, NewBooking};
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBooking {
+    /// Model name, e.g. `a100`.
+    pub model: String,
+    /// RFC 3339 start (inclusive).
+    pub start: DateTime<Utc>,
+    /// RFC 3339 end (exclusive).
+    pub end: DateTime<Utc>,
+    /// Admins only: book for this user.
+    pub user: Option<String>,
+    /// Admins only: skip every rule but capacity and the user's own overlap.
+    #[serde(default, rename = "override")]
+    pub override_rules: bool,
+}
+
+#[utoipa::path(post, path = "/api/v1/bookings", tag = "bookings", request_body = CreateBooking,
+    responses((status = 201, body = Booking), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    Json(body): Json<CreateBooking>,
+) -> Result<(StatusCode, axum::Json<Booking>), ApiError> {
+    if (body.user.is_some() || body.override_rules) && !caller.admin {
+        return Err(ApiError::Forbidden("only admins may book for another user or override the rules".into()));
+    }
+    let user = match &body.user {
+        Some(name) => Username::parse(name).map_err(|e| ApiError::Invalid(format!("user: {e}")))?,
+        None => caller.user.clone(),
+    };
+    let now = state.clock.now();
+    let result = bookings::create(
+        &state.pool,
+        &state.policy,
+        now,
+        NewBooking {
+            user: &user,
+            model: &body.model,
+            start: body.start,
+            end: body.end,
+            override_rules: body.override_rules,
+            created_by: caller.user.as_str(),
+        },
+    )
+    .await;
+    let outcome = match &result {
+        Ok(_) => "created",
+        Err(e) => e.code(),
+    };
+    state
+        .metrics
+        .booking_creates
+        .get_or_create(&ResultLabels { result: outcome.to_string() })
+        .inc();
+    Ok((StatusCode::CREATED, axum::Json(result?.view(now))))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Admins: everyone's bookings.
+    #[serde(default)]
+    pub all: bool,
+    /// Only this user's bookings (others than yourself: admins only).
+    pub user: Option<String>,
+    pub model: Option<String>,
+    /// Bookings ending after this time.
+    pub from: Option<DateTime<Utc>>,
+    /// Bookings starting before this time.
+    pub to: Option<DateTime<Utc>>,
+    /// At most this many, newest start first (default 200, at most 1000).
+    pub limit: Option<i64>,
+}
+
+#[utoipa::path(get, path = "/api/v1/bookings", tag = "bookings", params(ListQuery),
+    responses((status = 200, body = [Booking]), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<ListQuery>,
+) -> Result<axum::Json<Vec<Booking>>, ApiError> {
+    let user = match (&q.user, q.all) {
+        (Some(u), _) => {
+            caller.require_self_or_admin(u)?;
+            Some(u.as_str())
+        }
+        (None, true) => {
+            caller.require_admin()?;
+            None
+        }
+        (None, false) => Some(caller.user.as_str()),
+    };
+    let limit = q.limit.unwrap_or(200);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::Invalid("limit must be between 1 and 1000".into()));
+    }
+    let rows = bookings::list(
+        &state.pool,
+        bookings::Filter { user, model: q.model.as_deref(), from: q.from, to: q.to, limit },
+    )
+    .await?;
+    let now = state.clock.now();
+    Ok(axum::Json(rows.iter().map(|r| r.view(now)).collect()))
+}
+
+#[utoipa::path(get, path = "/api/v1/bookings/{id}", tag = "bookings", params(("id" = i64, Path)),
+    responses((status = 200, body = Booking), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<i64>,
+) -> Result<axum::Json<Booking>, ApiError> {
+    let row = bookings::get(&state.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no booking {id}")))?;
+    caller.require_self_or_admin(&row.user_name)?;
+    Ok(axum::Json(row.view(state.clock.now())))
+}
+
+#[utoipa::path(delete, path = "/api/v1/bookings/{id}", tag = "bookings", params(("id" = i64, Path)),
+    description = "Cancels a planned booking (no cooldown) or ends an active one now (cooldown from now).",
+    responses((status = 200, body = Booking), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn cancel(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<i64>,
+) -> Result<axum::Json<Booking>, ApiError> {
+    let row = bookings::get(&state.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no booking {id}")))?;
+    caller.require_self_or_admin(&row.user_name)?;
+    let now = state.clock.now();
+    let updated = bookings::cancel_or_end(&state.pool, id, now, caller.user.as_str()).await?;
+    Ok(axum::Json(updated.view(now)))
+}

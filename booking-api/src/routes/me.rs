@@ -1,0 +1,87 @@
+//! `/api/v1/me/next-start`: the earliest valid start of the caller's next booking.
+
+use axum::extract::State;
+use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_core::capacity;
+use gpu_booking_core::rules::{self, Reason, RuleCode};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::Query;
+use crate::store::{bookings, models};
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct NextStartQuery {
+    pub model: String,
+    /// Length of the booking in days (default: the shortest allowed, rounded up).
+    pub days: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReasonView {
+    /// The rule: `active_booking_exists`, `future_booking_exists`, `cooldown`, `capacity`.
+    pub code: String,
+    pub message: String,
+    pub until: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NextStart {
+    pub model: String,
+    pub days: i64,
+    pub earliest_start: DateTime<Utc>,
+    pub earliest_end: DateTime<Utc>,
+    /// Why it is not now; empty when it is.
+    pub reasons: Vec<ReasonView>,
+}
+
+impl From<Reason> for ReasonView {
+    fn from(r: Reason) -> Self {
+        ReasonView { code: r.code.as_str().to_string(), message: r.message, until: r.until }
+    }
+}
+
+#[utoipa::path(get, path = "/api/v1/me/next-start", tag = "bookings", params(NextStartQuery),
+    responses((status = 200, body = NextStart), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn next_start(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<NextStartQuery>,
+) -> Result<axum::Json<NextStart>, ApiError> {
+    let policy = &state.policy;
+    let min_days = (policy.min_duration.num_seconds() + 86_399) / 86_400;
+    let days = q.days.unwrap_or(min_days.max(1));
+    let duration = TimeDelta::try_days(days).ok_or_else(|| ApiError::Invalid("days is out of range".into()))?;
+    let now = state.clock.now();
+    // The duration rules, checked as a booking starting now would be.
+    rules::check_request(policy, now, now, now + duration, false)?;
+    let model = models::get(&state.pool, &q.model)
+        .await?
+        .ok_or_else(|| ApiError::unknown_model(&q.model))?;
+    let own = bookings::user_windows(&state.pool, caller.user.as_str()).await?;
+    let (after_rules, mut reasons) = rules::earliest_start_for_user(policy, now, &own);
+    let booked = models::booked_windows(&state.pool, &model.name, after_rules, DateTime::<Utc>::MAX_UTC).await?;
+    let units = u32::try_from(model.units).unwrap_or(0);
+    let earliest = capacity::earliest_fit(units, &booked, after_rules, duration).ok_or_else(|| {
+        ApiError::Rule(rules::Refusal::new(RuleCode::Capacity, format!("{} has no units", model.name)))
+    })?;
+    if earliest > after_rules {
+        reasons.push(Reason {
+            code: RuleCode::Capacity,
+            message: format!("all units of {} booked until {}", model.name, rules::rfc3339(earliest)),
+            until: earliest,
+        });
+    }
+    Ok(axum::Json(NextStart {
+        model: model.name,
+        days,
+        earliest_start: earliest,
+        earliest_end: earliest + duration,
+        reasons: reasons.into_iter().map(ReasonView::from).collect(),
+    }))
+}

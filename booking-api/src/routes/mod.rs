@@ -1,0 +1,9 @@
+//! HTTP handlers, one module per resource.
+
+pub mod audit;
+pub mod bookings;
+pub mod health;
+pub mod me;
+pub mod models;
+pub mod preemptions;
+pub mod schedulability;

@@ -1,0 +1,213 @@
+//! `/api/v1/models`: the inventory, its usage, and free units per day.
+
+use axum::extract::State;
+use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
+use gpu_booking_core::capacity;
+use gpu_booking_core::gpu_model::{ModelName, ModelPattern};
+use gpu_booking_core::window::Window;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{Json, Path, Query};
+use crate::store::models::{self, Model, ModelSpec};
+use crate::store::audit;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelView {
+    #[serde(flatten)]
+    pub model: Model,
+    /// Units not in use right now.
+    pub free: i32,
+}
+
+#[utoipa::path(get, path = "/api/v1/models", tag = "models",
+    responses((status = 200, body = [ModelView])), security(("bearer" = [])))]
+pub async fn list(State(state): State<AppState>, _caller: Caller) -> Result<axum::Json<Vec<ModelView>>, ApiError> {
+    let models = models::list(&state.pool).await?;
+    Ok(axum::Json(
+        models.into_iter().map(|m| ModelView { free: m.free_now(), model: m }).collect(),
+    ))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutModel {
+    pub units: i32,
+    /// Ordered wildcard patterns over product names, e.g. `["*A100*"]`.
+    #[serde(default)]
+    pub patterns: Vec<String>,
+    /// VRAM budget per pod, MiB.
+    #[serde(default)]
+    pub gpumem_mib: i32,
+    /// Extended resource of this model, e.g. `nvidia.com/a100` (default `nvidia.com/gpu`).
+    pub resource: Option<String>,
+    /// Order when matching product names (default: after the others).
+    pub position: Option<i32>,
+}
+
+#[utoipa::path(put, path = "/api/v1/models/{name}", tag = "models", request_body = PutModel,
+    params(("name" = String, Path)),
+    responses((status = 200, body = Model), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn put(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Json(body): Json<PutModel>,
+) -> Result<axum::Json<Model>, ApiError> {
+    caller.require_admin()?;
+    let name = ModelName::parse(&name).map_err(|e| ApiError::Invalid(e.to_string()))?;
+    if body.units < 0 || body.units > 100_000 {
+        return Err(ApiError::Invalid("units must be between 0 and 100000".into()));
+    }
+    if body.gpumem_mib < 0 {
+        return Err(ApiError::Invalid("gpumem_mib must not be negative".into()));
+    }
+    if body.patterns.len() > 64 {
+        return Err(ApiError::Invalid("at most 64 patterns".into()));
+    }
+    for p in &body.patterns {
+        ModelPattern::parse(p).map_err(|e| ApiError::Invalid(format!("pattern {p:?}: {e}")))?;
+    }
+    if let Some(r) = &body.resource {
+        if r.is_empty() || r.len() > 253 || r.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(ApiError::Invalid("resource must be an extended resource name".into()));
+        }
+    }
+    let now = state.clock.now();
+    let mut tx = state.pool.begin().await?;
+    let model = models::upsert(
+        &mut *tx,
+        ModelSpec {
+            name: name.as_str(),
+            units: body.units,
+            patterns: &body.patterns,
+            resource: body.resource.as_deref(),
+            gpumem_mib: body.gpumem_mib,
+            position: body.position,
+        },
+        now,
+    )
+    .await?;
+    audit::record(
+        &mut *tx,
+        audit::NewEvent {
+            at: now,
+            actor: caller.user.as_str(),
+            action: "model.put",
+            subject: Some(name.as_str()),
+            user: None,
+            booking_id: None,
+            details: json!({ "units": body.units, "patterns": body.patterns, "gpumem_mib": body.gpumem_mib }),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(axum::Json(model))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutUsage {
+    /// Units in use now.
+    pub in_use: i32,
+    /// Units the cluster has, when the reporter counts them (the controller does).
+    pub units: Option<i32>,
+}
+
+#[utoipa::path(put, path = "/api/v1/models/{name}/usage", tag = "models", request_body = PutUsage,
+    params(("name" = String, Path)),
+    responses((status = 200, body = Model), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn put_usage(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Json(body): Json<PutUsage>,
+) -> Result<axum::Json<Model>, ApiError> {
+    caller.require_service()?;
+    if body.in_use < 0 || body.units.is_some_and(|u| !(0..=100_000).contains(&u)) {
+        return Err(ApiError::Invalid("in_use and units must be between 0 and 100000".into()));
+    }
+    let model = models::set_usage(&state.pool, &name, body.in_use, body.units, state.clock.now())
+        .await?
+        .ok_or_else(|| ApiError::unknown_model(&name))?;
+    Ok(axum::Json(model))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AvailabilityQuery {
+    /// First day (`YYYY-MM-DD` or RFC 3339; default today, UTC).
+    pub from: Option<String>,
+    /// Day after the last (default: 28 days after `from`; at most 366 days).
+    pub to: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DayAvailability {
+    pub date: NaiveDate,
+    /// Units free for the whole day.
+    pub free: u32,
+    /// Units booked at the busiest instant of the day.
+    pub booked: u32,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Availability {
+    pub model: String,
+    pub units: i32,
+    pub days: Vec<DayAvailability>,
+}
+
+fn parse_day(s: &str) -> Result<NaiveDate, ApiError> {
+    NaiveDate::parse_from_str(s, "%Y-%m-%d")
+        .or_else(|_| DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc).date_naive()))
+        .map_err(|_| ApiError::BadRequest(format!("{s:?} is neither YYYY-MM-DD nor an RFC 3339 time")))
+}
+
+fn day_start(d: NaiveDate) -> DateTime<Utc> {
+    d.and_hms_opt(0, 0, 0).map(|t| t.and_utc()).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+#[utoipa::path(get, path = "/api/v1/models/{name}/availability", tag = "models",
+    params(("name" = String, Path), AvailabilityQuery),
+    responses((status = 200, body = Availability), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn availability(
+    State(state): State<AppState>,
+    _caller: Caller,
+    Path(name): Path<String>,
+    Query(q): Query<AvailabilityQuery>,
+) -> Result<axum::Json<Availability>, ApiError> {
+    let from = match &q.from {
+        Some(s) => parse_day(s)?,
+        None => state.clock.now().date_naive(),
+    };
+    let to = match &q.to {
+        Some(s) => parse_day(s)?,
+        None => from + TimeDelta::days(28),
+    };
+    let span = (to - from).num_days();
+    if !(1..=366).contains(&span) {
+        return Err(ApiError::Invalid("to must be 1 to 366 days after from".into()));
+    }
+    let model = models::get(&state.pool, &name)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no model {name:?}")))?;
+    let booked = models::booked_windows(&state.pool, &model.name, day_start(from), day_start(to)).await?;
+    let units = u32::try_from(model.units).unwrap_or(0);
+    let days = (0..span)
+        .filter_map(|i| {
+            let date = from + TimeDelta::days(i);
+            let day = Window::new(day_start(date), day_start(date + TimeDelta::days(1))).ok()?;
+            let peak = capacity::peak_in(&booked, &day) as u32;
+            Some(DayAvailability { date, free: units.saturating_sub(peak), booked: peak })
+        })
+        .collect();
+    Ok(axum::Json(Availability { model: model.name, units: model.units, days }))
+}

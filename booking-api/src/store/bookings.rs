@@ -1,0 +1,357 @@
+//! Bookings: the create transaction (rules under locks), cancel / end early, reads.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_core::capacity::{self, Held};
+use gpu_booking_core::policy::Policy;
+use gpu_booking_core::rules::{self, Refusal, RuleCode};
+use gpu_booking_core::username::Username;
+use gpu_booking_core::window::{BookingStatus, Window};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
+use utoipa::ToSchema;
+
+use super::{audit, lock_user, users};
+use crate::error::ApiError;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct BookingRow {
+    pub id: i64,
+    pub user_name: String,
+    pub model: String,
+    pub slot: i32,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub booked_end_at: DateTime<Utc>,
+    pub cancelled_at: Option<DateTime<Utc>>,
+    pub ended_early_at: Option<DateTime<Utc>>,
+    pub override_rules: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, user_name, model, slot, start_at, end_at, booked_end_at, cancelled_at, \
+                       ended_early_at, override AS override_rules, created_at";
+
+/// A booking as the API shows it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Booking {
+    pub id: i64,
+    pub user: String,
+    pub model: String,
+    /// The unit of the model this booking holds (planned bookings may move).
+    pub slot: i32,
+    pub start: DateTime<Utc>,
+    /// Effective end: earlier than `booked_end` when ended early.
+    pub end: DateTime<Utc>,
+    pub booked_end: DateTime<Utc>,
+    #[schema(value_type = String, example = "planned")]
+    pub status: BookingStatus,
+    pub created_at: DateTime<Utc>,
+    pub cancelled_at: Option<DateTime<Utc>>,
+    pub ended_early_at: Option<DateTime<Utc>>,
+    /// Created by an admin with the rules overridden.
+    #[serde(rename = "override")]
+    pub override_rules: bool,
+}
+
+impl BookingRow {
+    pub fn window(&self) -> Option<Window> {
+        Window::new(self.start_at, self.end_at).ok()
+    }
+
+    pub fn status(&self, now: DateTime<Utc>) -> BookingStatus {
+        match self.window() {
+            Some(w) => BookingStatus::at(now, &w, self.cancelled_at.is_some()),
+            None => BookingStatus::Cancelled,
+        }
+    }
+
+    pub fn view(&self, now: DateTime<Utc>) -> Booking {
+        Booking {
+            id: self.id,
+            user: self.user_name.clone(),
+            model: self.model.clone(),
+            slot: self.slot,
+            start: self.start_at,
+            end: self.end_at,
+            booked_end: self.booked_end_at,
+            status: self.status(now),
+            created_at: self.created_at,
+            cancelled_at: self.cancelled_at,
+            ended_early_at: self.ended_early_at,
+            override_rules: self.override_rules,
+        }
+    }
+}
+
+/// A booking request after authentication.
+pub struct NewBooking<'a> {
+    pub user: &'a Username,
+    pub model: &'a str,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub override_rules: bool,
+    pub created_by: &'a str,
+}
+
+/// Creates a booking: every rule checked in one transaction under the user's lock
+/// and then the model's row lock (DESIGN.md, Booking store). The exclusion
+/// constraints only back this up.
+pub async fn create(
+    pool: &PgPool,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    req: NewBooking<'_>,
+) -> Result<BookingRow, ApiError> {
+    let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
+    let mut tx = pool.begin().await?;
+    lock_user(&mut tx, req.user.as_str()).await?;
+    let units: i32 = sqlx::query_scalar("SELECT units FROM gpu_model WHERE name = $1 FOR UPDATE")
+        .bind(req.model)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| ApiError::unknown_model(req.model))?;
+    let units = u32::try_from(units).unwrap_or(0);
+
+    let own = own_windows(&mut *tx, req.user.as_str()).await?;
+    rules::check_user(policy, now, &window, &own, req.override_rules)?;
+
+    let overlapping = held(&mut *tx, req.model, window.start(), window.end()).await?;
+    let overlapping_windows: Vec<Window> = overlapping.iter().map(|h| h.window).collect();
+    if !capacity::fits(units, &overlapping_windows, &window) {
+        return Err(capacity_refusal(&mut tx, req.model, units, &window).await?.into());
+    }
+    let slot = match capacity::free_slot(units, &overlapping, &window) {
+        Some(slot) => slot,
+        None => reassign_slots(&mut tx, req.model, units, now, &window).await?,
+    };
+
+    users::remember(&mut *tx, req.user).await?;
+    let row: BookingRow = sqlx::query_as(&format!(
+        "INSERT INTO booking (user_name, model, slot, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $8) RETURNING {COLUMNS}"
+    ))
+    .bind(req.user.as_str())
+    .bind(req.model)
+    .bind(slot)
+    .bind(window.start())
+    .bind(window.end())
+    .bind(req.override_rules)
+    .bind(req.created_by)
+    .bind(now)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(constraint_refusal)?;
+    let action = if req.override_rules { "booking.create_override" } else { "booking.create" };
+    audit::record(
+        &mut *tx,
+        audit::NewEvent {
+            at: now,
+            actor: req.created_by,
+            action,
+            subject: Some(req.model),
+            user: Some(req.user.as_str()),
+            booking_id: Some(row.id),
+            details: json!({ "start": row.start_at, "end": row.end_at, "slot": row.slot }),
+        },
+    )
+    .await?;
+    tx.commit().await.map_err(constraint_refusal)?;
+    Ok(row)
+}
+
+/// The user's bookings that are not cancelled, by their effective windows.
+async fn own_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Vec<Window>> {
+    let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> =
+        sqlx::query_as("SELECT start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL")
+            .bind(user)
+            .fetch_all(db)
+            .await?;
+    Ok(rows.into_iter().filter_map(|(s, e)| Window::new(s, e).ok()).collect())
+}
+
+/// The model's bookings (not cancelled) overlapping `[from, to)`, with slots.
+async fn held(db: impl PgExecutor<'_>, model: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> sqlx::Result<Vec<Held>> {
+    let rows: Vec<(i64, DateTime<Utc>, DateTime<Utc>, i32)> = sqlx::query_as(
+        "SELECT id, start_at, end_at, slot FROM booking
+         WHERE model = $1 AND cancelled_at IS NULL AND period && tstzrange($2, $3, '[)')",
+    )
+    .bind(model)
+    .bind(from)
+    .bind(to)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(id, s, e, slot)| Window::new(s, e).ok().map(|window| Held { id, window, slot }))
+        .collect())
+}
+
+/// No slot is free over the whole window although it fits by count: move
+/// planned bookings so that one is (see `capacity::replan`).
+async fn reassign_slots(
+    tx: &mut Transaction<'_, Postgres>,
+    model: &str,
+    units: u32,
+    now: DateTime<Utc>,
+    window: &Window,
+) -> Result<i32, ApiError> {
+    let future = held(&mut **tx, model, now, DateTime::<Utc>::MAX_UTC).await?;
+    let plan = capacity::replan(units, now, &future, window).ok_or_else(|| {
+        Refusal::new(RuleCode::Capacity, "No unit of this model can be assigned over that window.")
+    })?;
+    sqlx::query("SET CONSTRAINTS booking_slot_excl DEFERRED").execute(&mut **tx).await?;
+    for (id, slot) in &plan.moves {
+        sqlx::query("UPDATE booking SET slot = $2 WHERE id = $1")
+            .bind(id)
+            .bind(slot)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(plan.slot)
+}
+
+async fn capacity_refusal(
+    tx: &mut Transaction<'_, Postgres>,
+    model: &str,
+    units: u32,
+    window: &Window,
+) -> Result<Refusal, ApiError> {
+    let later = held(&mut **tx, model, window.start(), DateTime::<Utc>::MAX_UTC).await?;
+    let windows: Vec<Window> = later.iter().map(|h| h.window).collect();
+    let refusal = Refusal::new(
+        RuleCode::Capacity,
+        format!(
+            "All {units} units of {model} are booked at some point between {} and {}.",
+            rules::rfc3339(window.start()),
+            rules::rfc3339(window.end())
+        ),
+    );
+    Ok(match capacity::earliest_fit(units, &windows, window.start(), window.duration()) {
+        Some(t) => refusal.with_earliest(t),
+        None => refusal,
+    })
+}
+
+/// The exclusion constraints are the backstop: if one fires, the answer is still
+/// the rule it protects, not a 500.
+fn constraint_refusal(e: sqlx::Error) -> ApiError {
+    if let sqlx::Error::Database(db) = &e {
+        match db.constraint() {
+            Some("booking_slot_excl") => {
+                return Refusal::new(RuleCode::Capacity, "Every unit of this model is booked in that window.").into()
+            }
+            Some("booking_user_excl") => {
+                return Refusal::new(RuleCode::Overlap, "The user already holds a booking in that window.").into()
+            }
+            _ => {}
+        }
+    }
+    e.into()
+}
+
+pub async fn get(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<BookingRow>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM booking WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(db)
+        .await
+}
+
+pub struct Filter<'a> {
+    pub user: Option<&'a str>,
+    pub model: Option<&'a str>,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    pub limit: i64,
+}
+
+pub async fn list(db: impl PgExecutor<'_>, f: Filter<'_>) -> sqlx::Result<Vec<BookingRow>> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM booking
+         WHERE ($1::text IS NULL OR user_name = $1) AND ($2::text IS NULL OR model = $2)
+           AND ($3::timestamptz IS NULL OR end_at > $3) AND ($4::timestamptz IS NULL OR start_at < $4)
+         ORDER BY start_at DESC, id DESC LIMIT $5"
+    ))
+    .bind(f.user)
+    .bind(f.model)
+    .bind(f.from)
+    .bind(f.to)
+    .bind(f.limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Cancels a planned booking (it frees its unit and leaves no cooldown) or ends an
+/// active one now (the cooldown counts from now). Ended and cancelled bookings
+/// cannot change.
+pub async fn cancel_or_end(pool: &PgPool, id: i64, now: DateTime<Utc>, actor: &str) -> Result<BookingRow, ApiError> {
+    let not_found = || ApiError::NotFound(format!("no booking {id}"));
+    let first = get(pool, id).await?.ok_or_else(not_found)?;
+    let mut tx = pool.begin().await?;
+    lock_user(&mut tx, &first.user_name).await?;
+    sqlx::query("SELECT 1 FROM gpu_model WHERE name = $1 FOR UPDATE")
+        .bind(&first.model)
+        .execute(&mut *tx)
+        .await?;
+    let row: BookingRow = sqlx::query_as(&format!("SELECT {COLUMNS} FROM booking WHERE id = $1 FOR UPDATE"))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(not_found)?;
+    // Ending at the very instant it started would leave an empty window: that is
+    // a cancellation.
+    let (action, sql) = match row.status(now) {
+        BookingStatus::Planned => ("booking.cancel", "UPDATE booking SET cancelled_at = $2, updated_at = $2 WHERE id = $1"),
+        BookingStatus::Active if now <= row.start_at + TimeDelta::microseconds(1) => {
+            ("booking.cancel", "UPDATE booking SET cancelled_at = $2, updated_at = $2 WHERE id = $1")
+        }
+        BookingStatus::Active => (
+            "booking.end_early",
+            "UPDATE booking SET end_at = $2, ended_early_at = $2, updated_at = $2 WHERE id = $1",
+        ),
+        status @ (BookingStatus::Ended | BookingStatus::Cancelled) => {
+            return Err(ApiError::Conflict(
+                "not_cancellable",
+                format!("booking {id} is {} and cannot be cancelled or ended", status.as_str()),
+            ))
+        }
+    };
+    sqlx::query(sql).bind(id).bind(now).execute(&mut *tx).await?;
+    audit::record(
+        &mut *tx,
+        audit::NewEvent {
+            at: now,
+            actor,
+            action,
+            subject: Some(&row.model),
+            user: Some(&row.user_name),
+            booking_id: Some(id),
+            details: json!({ "start": row.start_at, "booked_end": row.booked_end_at }),
+        },
+    )
+    .await?;
+    let updated: BookingRow = sqlx::query_as(&format!("SELECT {COLUMNS} FROM booking WHERE id = $1"))
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(updated)
+}
+
+/// The user's (not cancelled) bookings' windows, for `next-start`.
+pub async fn user_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Vec<Window>> {
+    own_windows(db, user).await
+}
+
+/// The active booking of any of `users` at `now`, if one.
+pub async fn active_for(db: impl PgExecutor<'_>, users: &[String], now: DateTime<Utc>) -> sqlx::Result<Option<BookingRow>> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM booking
+         WHERE user_name = ANY($1) AND cancelled_at IS NULL AND start_at <= $2 AND end_at > $2
+         ORDER BY start_at LIMIT 1"
+    ))
+    .bind(users)
+    .bind(now)
+    .fetch_optional(db)
+    .await
+}

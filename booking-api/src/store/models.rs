@@ -1,0 +1,117 @@
+//! GPU models: declared by admins, counted by the controller.
+
+use chrono::{DateTime, Utc};
+use gpu_booking_core::window::Window;
+use serde::Serialize;
+use sqlx::PgExecutor;
+use utoipa::ToSchema;
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, ToSchema)]
+pub struct Model {
+    pub name: String,
+    /// Order among models when matching product names (first match wins).
+    pub position: i32,
+    /// Units (GPUs) of this model in the cluster.
+    pub units: i32,
+    /// Ordered wildcard patterns over `nvidia.com/gpu.product` values.
+    pub patterns: Vec<String>,
+    /// Extended resource naming this model, when the device plugin exposes one
+    /// (e.g. `nvidia.com/a100`); `nvidia.com/gpu` otherwise.
+    pub resource: Option<String>,
+    /// Default VRAM budget of a pod on this model, MiB.
+    pub gpumem_mib: i32,
+    /// Units in use right now, as last reported by the controller.
+    pub in_use: i32,
+    pub usage_reported_at: Option<DateTime<Utc>>,
+}
+
+impl Model {
+    /// Units an unbooked pod could take right now.
+    pub fn free_now(&self) -> i32 {
+        (self.units - self.in_use).max(0)
+    }
+}
+
+const COLUMNS: &str = "name, position, units, patterns, resource, gpumem_mib, in_use, usage_reported_at";
+
+pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Model>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM gpu_model ORDER BY position, name"))
+        .fetch_all(db)
+        .await
+}
+
+pub async fn get(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<Option<Model>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM gpu_model WHERE name = $1"))
+        .bind(name)
+        .fetch_optional(db)
+        .await
+}
+
+pub struct ModelSpec<'a> {
+    pub name: &'a str,
+    pub units: i32,
+    pub patterns: &'a [String],
+    pub resource: Option<&'a str>,
+    pub gpumem_mib: i32,
+    pub position: Option<i32>,
+}
+
+/// Creates or updates a model; a new model without a position goes last.
+pub async fn upsert(db: impl PgExecutor<'_>, m: ModelSpec<'_>, at: DateTime<Utc>) -> sqlx::Result<Model> {
+    sqlx::query_as(&format!(
+        "INSERT INTO gpu_model (name, position, units, patterns, resource, gpumem_mib, created_at, updated_at)
+         VALUES ($1, COALESCE($2, (SELECT COALESCE(max(position) + 1, 0) FROM gpu_model)), $3, $4, $5, $6, $7, $7)
+         ON CONFLICT (name) DO UPDATE SET
+            position = COALESCE($2, gpu_model.position), units = $3, patterns = $4, resource = $5,
+            gpumem_mib = $6, updated_at = $7
+         RETURNING {COLUMNS}"
+    ))
+    .bind(m.name)
+    .bind(m.position)
+    .bind(m.units)
+    .bind(m.patterns)
+    .bind(m.resource)
+    .bind(m.gpumem_mib)
+    .bind(at)
+    .fetch_one(db)
+    .await
+}
+
+/// Records what the controller counted; `units` too when it reports inventory.
+pub async fn set_usage(
+    db: impl PgExecutor<'_>,
+    name: &str,
+    in_use: i32,
+    units: Option<i32>,
+    at: DateTime<Utc>,
+) -> sqlx::Result<Option<Model>> {
+    sqlx::query_as(&format!(
+        "UPDATE gpu_model SET in_use = $2, units = COALESCE($3, units), usage_reported_at = $4, updated_at = $4
+         WHERE name = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(name)
+    .bind(in_use)
+    .bind(units)
+    .bind(at)
+    .fetch_optional(db)
+    .await
+}
+
+/// Windows of the model's bookings (not cancelled) that overlap `[from, to)`.
+pub async fn booked_windows(
+    db: impl PgExecutor<'_>,
+    model: &str,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> sqlx::Result<Vec<Window>> {
+    let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT start_at, end_at FROM booking
+         WHERE model = $1 AND cancelled_at IS NULL AND period && tstzrange($2, $3, '[)')",
+    )
+    .bind(model)
+    .bind(from)
+    .bind(to)
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().filter_map(|(s, e)| Window::new(s, e).ok()).collect())
+}

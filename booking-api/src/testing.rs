@@ -1,0 +1,74 @@
+//! Starting the real API in-process for tests of this and other crates (the
+//! webhook's end-to-end tests use it too).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use chrono::TimeDelta;
+use gpu_booking_core::policy::Policy;
+use rand::RngCore;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+
+use crate::app::AppState;
+use crate::auth::{mint_token, Authenticator, Role};
+use crate::clock::{Clock, SystemClock};
+use crate::metrics::Metrics;
+
+/// A running API on 127.0.0.1 with a fresh HS256 secret.
+pub struct TestApi {
+    pub url: String,
+    pub addr: SocketAddr,
+    pub pool: PgPool,
+    secret: Vec<u8>,
+}
+
+impl TestApi {
+    /// The real API with the default policy and the wall clock.
+    pub async fn start(pool: PgPool) -> anyhow::Result<TestApi> {
+        TestApi::start_with(pool, Policy::default(), Arc::new(SystemClock)).await
+    }
+
+    pub async fn start_with(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>) -> anyhow::Result<TestApi> {
+        let secret = random_secret();
+        let state = test_state(pool.clone(), policy, clock, &secret);
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let app = crate::app::router(state);
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(TestApi { url: format!("http://{addr}"), addr, pool, secret })
+    }
+
+    /// A token for `user`, with role `admin` or `service` if given, valid 1 h.
+    pub fn token(&self, user: &str, role: Option<&str>) -> String {
+        token_for(&self.secret, user, role)
+    }
+}
+
+/// State for driving the router without a socket.
+pub fn test_state(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>, secret: &[u8]) -> AppState {
+    AppState {
+        pool,
+        policy: Arc::new(policy),
+        clock,
+        auth: Authenticator::new(Some(secret), None, None, None),
+        metrics: Arc::new(Metrics::default()),
+    }
+}
+
+pub fn random_secret() -> Vec<u8> {
+    let mut secret = vec![0u8; 32];
+    rand::rng().fill_bytes(&mut secret);
+    hex::encode(secret).into_bytes()
+}
+
+pub fn token_for(secret: &[u8], user: &str, role: Option<&str>) -> String {
+    let role = match role {
+        Some("admin") => Some(Role::Admin),
+        Some("service") => Some(Role::Service),
+        _ => None,
+    };
+    mint_token(secret, user, role, TimeDelta::hours(1)).unwrap_or_default()
+}

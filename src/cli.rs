@@ -1,0 +1,72 @@
+//! The subcommands and their options (each component's options live in its crate).
+
+use chrono::TimeDelta;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use gpu_booking_api::auth::{mint_token, Role};
+use gpu_booking_api::config::{parse_duration, ApiArgs, AuthArgs, DatabaseArgs};
+use gpu_booking_api::server;
+
+#[derive(Debug, Parser)]
+#[command(name = "gpu-booking", version, about = "GPU booking and enforcement for JupyterHub on Kubernetes")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the booking REST API and the booking page (migrates first).
+    Api(ApiArgs),
+    /// Apply the database migrations and exit.
+    Migrate(DatabaseArgs),
+    /// Mint an HS256 bearer token with the configured secret.
+    Token(TokenArgs),
+    /// Run the API, the booking page and the webhook on a local Postgres, with
+    /// seeded models, and print the URLs and tokens to try them.
+    Demo(crate::demo::DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// The user the token names (claim `sub`).
+    #[arg(long)]
+    pub user: String,
+    /// A role to grant.
+    #[arg(long, value_enum)]
+    pub role: Option<RoleArg>,
+    /// Lifetime, e.g. 1h, 30days.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub ttl: TimeDelta,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RoleArg {
+    Admin,
+    Service,
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Api(args) => server::run(args).await,
+        Command::Migrate(db) => {
+            let pool = server::connect(&db).await?;
+            server::migrate(&pool).await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Token(args) => {
+            let secret = server::hs256_secret(&args.auth)?
+                .ok_or_else(|| anyhow::anyhow!("set GPU_BOOKING_JWT_SECRET or --jwt-secret-file"))?;
+            let role = args.role.map(|r| match r {
+                RoleArg::Admin => Role::Admin,
+                RoleArg::Service => Role::Service,
+            });
+            gpu_booking_core::username::Username::parse(&args.user)?;
+            println!("{}", mint_token(&secret, &args.user, role, args.ttl)?);
+            Ok(())
+        }
+        Command::Demo(args) => crate::demo::run(args).await,
+    }
+}

@@ -1,0 +1,169 @@
+//! `gpu-booking demo`: the system on a local Postgres with no set-up.
+//!
+//! Database, in order: `DATABASE_URL`; else a server on 127.0.0.1:5432 (its own
+//! database `gpu_booking_demo` is created); else a private cluster started with the
+//! system's `initdb`/`pg_ctl` under `target/demo-postgres`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+use chrono::TimeDelta;
+use clap::Args;
+use gpu_booking_api::auth::{mint_token, Authenticator, Role};
+use gpu_booking_api::config::{ApiArgs, AuthArgs, DatabaseArgs, LogFormat, PolicyArgs};
+use gpu_booking_api::server;
+use gpu_booking_api::store::models::{self, ModelSpec};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Address of the API and the booking page.
+    #[arg(long, env = "GPU_BOOKING_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Postgres to use instead of looking for one.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Where a private Postgres cluster goes if none is running.
+    #[arg(long, default_value = "target/demo-postgres")]
+    pub data_dir: PathBuf,
+}
+
+const DEMO_DB: &str = "gpu_booking_demo";
+const PRIVATE_PORT: u16 = 55432;
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    gpu_booking_api::config::init_logging(LogFormat::Plain);
+    let url = match &args.database_url {
+        Some(url) => url.clone(),
+        None => match local_server().await {
+            Some(url) => url,
+            None => private_cluster(&args.data_dir)?,
+        },
+    };
+    let database = DatabaseArgs { database_url: url.clone(), db_max_connections: 8 };
+    let pool = server::connect(&database).await?;
+    server::migrate(&pool).await?;
+    seed(&pool).await?;
+
+    // A fresh secret every run: demo tokens die with the demo.
+    let secret = gpu_booking_api::testing::random_secret();
+    let api_args = ApiArgs {
+        listen: args.listen,
+        database,
+        auth: AuthArgs { jwt_secret: Some(String::from_utf8(secret.clone())?), ..AuthArgs::default() },
+        policy: PolicyArgs::default(),
+        log_format: LogFormat::Plain,
+    };
+    let auth = Authenticator::new(Some(&secret), None, None, None);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let token = |user: &str, role| mint_token(&secret, user, role, TimeDelta::days(1));
+    println!("gpu-booking demo");
+    println!("  database:     {}", redact(&url));
+    println!("  booking page: http://{}/", args.listen);
+    println!("  OpenAPI:      http://{}/api/openapi.json", args.listen);
+    println!("  user token  (alice@example.com):  {}", token("alice@example.com", None)?);
+    println!("  admin token (admin@example.com):  {}", token("admin@example.com", Some(Role::Admin))?);
+    println!("  service token (webhook):          {}", token("webhook", Some(Role::Service))?);
+    println!("  try: curl -H \"Authorization: Bearer <user token>\" http://{}/api/v1/models", args.listen);
+    println!("Ctrl-C stops it.");
+    server::serve(listener, server::state(pool, &api_args, auth)).await
+}
+
+/// Seeds two models if the database has none: 2 x a100 (all in use, so unbooked
+/// GPU pods are stripped) and 4 x a6000 (free).
+async fn seed(pool: &PgPool) -> anyhow::Result<()> {
+    if !models::list(pool).await?.is_empty() {
+        return Ok(());
+    }
+    let now = chrono::Utc::now();
+    for (name, units, pattern, mib, in_use) in
+        [("a100", 2, "*A100*", 40960, 2), ("a6000", 4, "*A6000*", 49152, 0)]
+    {
+        let patterns = vec![pattern.to_string()];
+        let spec = ModelSpec { name, units, patterns: &patterns, resource: None, gpumem_mib: mib, position: None };
+        models::upsert(pool, spec, now).await?;
+        models::set_usage(pool, name, in_use, None, now).await?;
+    }
+    Ok(())
+}
+
+/// A server on 127.0.0.1:5432 with trust auth, and our database on it.
+async fn local_server() -> Option<String> {
+    for user in ["postgres", "root"] {
+        let admin = format!("postgres://{user}@127.0.0.1:5432/postgres");
+        let Ok(pool) = PgPoolOptions::new().max_connections(1).connect(&admin).await else {
+            continue;
+        };
+        let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+            .bind(DEMO_DB)
+            .fetch_optional(&pool)
+            .await
+            .ok()?;
+        if exists.is_none() {
+            sqlx::query(&format!("CREATE DATABASE {DEMO_DB}")).execute(&pool).await.ok()?;
+        }
+        return Some(format!("postgres://{user}@127.0.0.1:5432/{DEMO_DB}"));
+    }
+    None
+}
+
+/// Starts (creating if needed) a private cluster with the system's tools.
+fn private_cluster(dir: &Path) -> anyhow::Result<String> {
+    let bin = postgres_bin_dir().context("no Postgres server on 127.0.0.1:5432 and no initdb/pg_ctl found")?;
+    if is_root() {
+        bail!("no Postgres on 127.0.0.1:5432, and initdb refuses to run as root: set DATABASE_URL or run as a normal user");
+    }
+    let dir = std::path::absolute(dir)?;
+    if !dir.join("PG_VERSION").exists() {
+        std::fs::create_dir_all(&dir)?;
+        let ok = Command::new(bin.join("initdb"))
+            .args(["-D"])
+            .arg(&dir)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8"])
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "initdb failed");
+    }
+    let options = format!("-p {PRIVATE_PORT} -c listen_addresses=127.0.0.1 -k {}", dir.display());
+    let _ = Command::new(bin.join("pg_ctl"))
+        .arg("-D")
+        .arg(&dir)
+        .args(["-o", &options, "-l"])
+        .arg(dir.join("log"))
+        .args(["-w", "start"])
+        .status()?;
+    Ok(format!("postgres://postgres@127.0.0.1:{PRIVATE_PORT}/postgres"))
+}
+
+fn postgres_bin_dir() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p).find(|d| d.join("initdb").exists() && d.join("pg_ctl").exists())
+    });
+    on_path.or_else(|| {
+        let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|b| b.join("initdb").exists())
+            .collect();
+        versions.sort();
+        versions.pop()
+    })
+}
+
+fn is_root() -> bool {
+    std::env::var("USER").map(|u| u == "root").unwrap_or(false)
+        || Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n")).unwrap_or(false)
+}
+
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if url[scheme + 3..at].contains(':') => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
