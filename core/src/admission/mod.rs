@@ -1,1 +1,250 @@
-//! (placeholder, being written)
+//! Admission of GPU pods: what the webhook decides for a pod at creation, and the one
+//! JSON Patch planner that writes the decision into the pod.
+//!
+//! The steps, each in exactly one place:
+//!
+//! 1. [`detect_gpu`] (`detect.rs`): does any container or init container ask for a GPU
+//!    resource (`nvidia.com/gpu` or a configured per-model resource) above zero?
+//!    Pods that do not are allowed unchanged, without asking anyone.
+//! 2. [`identify`] (`identity.rs`): whose pod is it? The raw `hub.jupyter.org/username`
+//!    annotation first, else the label of the same name (escape-decoded when it
+//!    decodes, and looked up as a slug so that safe-scheme labels resolve too).
+//! 3. The webhook asks the booking service (I/O, not here) and hands the answer, or the
+//!    failure, to [`decide`] (`decision.rs`), which returns a [`Decision`].
+//! 4. [`plan`] (`patch.rs`) turns the decision into a [`json_patch::Patch`] over the pod
+//!    as it was sent. [`plan_cpu_only`] is the CPU-only step on its own, which the
+//!    controller reuses to recreate a pod without its GPU.
+//!
+//! Everything here works on the pod as a `serde_json::Value`, because a webhook must
+//! cope with every pod it is sent (including fields newer than our Kubernetes types),
+//! and a patch must address the JSON the API server holds, not a re-serialisation.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu_model::ModelName;
+
+mod decision;
+mod detect;
+mod identity;
+mod patch;
+mod quantity;
+
+pub use decision::{decide, BookingErrorPolicy, Decision, Lookup, Schedulability, StripReason};
+pub use detect::{detect_gpu, GpuRequest};
+pub use identity::{identify, Identity};
+pub use patch::{plan, plan_cpu_only, plan_cpu_only_because};
+pub use quantity::parse_quantity;
+
+/// Label: `high` for a pod of a booked user, `low` for a pod that got a free GPU without
+/// a booking (the controller may preempt it for a booked user).
+pub const PRIORITY_LABEL: &str = "gpu-booking/priority";
+/// Label: the id of the booking a high-priority pod runs under.
+pub const BOOKING_LABEL: &str = "gpu-booking/booking";
+/// Label: the model a GPU pod was admitted on (so the controller can find low-priority
+/// pods on the model a booked user needs without reading nodes).
+pub const MODEL_LABEL: &str = "gpu-booking/model";
+/// Annotation: why the GPU was removed from a pod.
+pub const GPU_REMOVED_ANNOTATION: &str = "gpu-booking.io/gpu-removed";
+/// KubeSpawner's key, used both as an annotation (raw name) and as a label (slug).
+pub const USERNAME_KEY: &str = "hub.jupyter.org/username";
+/// The variable the NVIDIA container runtime reads; `none` hides every device.
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+
+/// The default generic GPU resource of the NVIDIA device plugin.
+pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The default extended resource that carries a pod's VRAM budget, in MiB.
+pub const DEFAULT_GPUMEM_RESOURCE: &str = "gpu-booking.io/gpumem";
+/// The default annotation that tells the controller when to end a booked pod.
+pub const DEFAULT_TERMINATE_AT_ANNOTATION: &str = "terminate-at";
+/// The default node label that selects a model: the controller labels every GPU node
+/// with the model its product name maps to.
+pub const DEFAULT_MODEL_NODE_LABEL: &str = "gpu-booking.io/model";
+/// The default priority class of booked pods.
+pub const DEFAULT_HIGH_PRIORITY_CLASS: &str = "gpu-booking-high";
+/// The default priority class of pods that got a GPU without a booking.
+pub const DEFAULT_LOW_PRIORITY_CLASS: &str = "gpu-booking-low";
+
+/// How the webhook reads and writes pods; one value for the whole process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdmissionConfig {
+    /// Generic GPU resources (any model), e.g. `nvidia.com/gpu`.
+    pub gpu_resources: Vec<String>,
+    /// Per-model resources: resource name -> the model it names
+    /// (`nvidia.com/a100` -> `a100`, `nvidia.com/mig-1g.5gb` -> `mig-1g.5gb`).
+    pub model_resources: BTreeMap<String, ModelName>,
+    /// The extended resource that carries the VRAM budget (MiB).
+    pub gpumem_resource: String,
+    /// VRAM budget per GPU unit when neither the booking service nor
+    /// [`Self::model_gpumem_mib`] names one for the model; `None`: no budget.
+    pub default_gpumem_mib: Option<u64>,
+    /// VRAM budget per GPU unit for a model, used when the booking service does not
+    /// declare one (and for pods that are not looked up).
+    pub model_gpumem_mib: BTreeMap<ModelName, u64>,
+    /// The annotation that carries a booked pod's end (RFC 3339, UTC).
+    pub terminate_at_annotation: String,
+    /// The node label whose value is a model name; used as the node selector.
+    pub model_node_label: String,
+    /// Priority class of booked pods; `None`: leave the class alone.
+    pub high_priority_class: Option<String>,
+    /// Priority class of lent (low-priority) pods; `None`: leave the class alone.
+    pub low_priority_class: Option<String>,
+    /// What to do when the booking service cannot answer.
+    pub on_booking_error: BookingErrorPolicy,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            gpu_resources: vec![DEFAULT_GPU_RESOURCE.to_owned()],
+            model_resources: BTreeMap::new(),
+            gpumem_resource: DEFAULT_GPUMEM_RESOURCE.to_owned(),
+            default_gpumem_mib: None,
+            model_gpumem_mib: BTreeMap::new(),
+            terminate_at_annotation: DEFAULT_TERMINATE_AT_ANNOTATION.to_owned(),
+            model_node_label: DEFAULT_MODEL_NODE_LABEL.to_owned(),
+            high_priority_class: Some(DEFAULT_HIGH_PRIORITY_CLASS.to_owned()),
+            low_priority_class: Some(DEFAULT_LOW_PRIORITY_CLASS.to_owned()),
+            on_booking_error: BookingErrorPolicy::Allow,
+        }
+    }
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{what} {value:?} is not a qualified Kubernetes name ([prefix/]name)")]
+    NotAQualifiedName { what: &'static str, value: String },
+    #[error("the priority class {0:?} is not a valid object name")]
+    BadPriorityClass(String),
+    #[error("no GPU resource is configured")]
+    NoGpuResource,
+}
+
+impl AdmissionConfig {
+    /// Checks every key the planner writes, so that a typo fails at start-up instead of
+    /// making every GPU pod invalid.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.gpu_resources.is_empty() && self.model_resources.is_empty() {
+            return Err(ConfigError::NoGpuResource);
+        }
+        let names = self
+            .gpu_resources
+            .iter()
+            .map(|r| ("GPU resource", r))
+            .chain(self.model_resources.keys().map(|r| ("model resource", r)))
+            .chain([
+                ("VRAM budget resource", &self.gpumem_resource),
+                ("terminate-at annotation", &self.terminate_at_annotation),
+                ("model node label", &self.model_node_label),
+            ]);
+        for (what, value) in names {
+            if !is_qualified_name(value) {
+                return Err(ConfigError::NotAQualifiedName {
+                    what,
+                    value: value.clone(),
+                });
+            }
+        }
+        for class in [&self.high_priority_class, &self.low_priority_class]
+            .into_iter()
+            .flatten()
+        {
+            if !is_dns_subdomain(class) {
+                return Err(ConfigError::BadPriorityClass(class.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `resource` is one of the configured GPU resources, and for a per-model
+    /// resource, which model it names.
+    pub fn gpu_resource_model(&self, resource: &str) -> Option<Option<&ModelName>> {
+        if let Some(model) = self.model_resources.get(resource) {
+            Some(Some(model))
+        } else if self.gpu_resources.iter().any(|r| r == resource) {
+            Some(None)
+        } else {
+            None
+        }
+    }
+
+    /// The configured VRAM budget per unit of `model` (or the default).
+    pub fn gpumem_for(&self, model: Option<&ModelName>) -> Option<u64> {
+        model
+            .and_then(|m| self.model_gpumem_mib.get(m).copied())
+            .or(self.default_gpumem_mib)
+    }
+}
+
+/// `[prefix/]name` as Kubernetes checks label, annotation and resource keys: the name
+/// is 1..=63 of `[A-Za-z0-9._-]` starting and ending alphanumeric; the prefix a DNS
+/// subdomain.
+pub fn is_qualified_name(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    name_ok && prefix.is_none_or(is_dns_subdomain)
+}
+
+/// A lowercase RFC 1123 subdomain of at most 253 characters.
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|part| {
+            !part.is_empty()
+                && part.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && part.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid() {
+        assert_eq!(AdmissionConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn qualified_names() {
+        for ok in [
+            "terminate-at",
+            "nvidia.com/gpu",
+            "nvidia.com/mig-1g.5gb",
+            "gpu-booking.io/gpumem",
+        ] {
+            assert!(is_qualified_name(ok), "{ok}");
+        }
+        for bad in ["", "a/", "/a", "Nvidia.com/gpu", "a b", "-x", "x/y/z"] {
+            assert!(!is_qualified_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bad_keys_are_refused() {
+        let cfg = AdmissionConfig {
+            terminate_at_annotation: "terminate at".into(),
+            ..AdmissionConfig::default()
+        };
+        assert!(cfg.validate().is_err());
+        let cfg = AdmissionConfig {
+            high_priority_class: Some("High".into()),
+            ..AdmissionConfig::default()
+        };
+        assert!(cfg.validate().is_err());
+    }
+}

@@ -1,0 +1,498 @@
+//! The admission decision for a GPU pod, from the booking service's answer.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{AdmissionConfig, GpuRequest};
+use crate::gpu_model::ModelName;
+
+/// Kubernetes shows warnings to the user; it asks for at most 120 characters.
+pub const MAX_WARNING_CHARS: usize = 120;
+
+/// What to do with a GPU pod when the booking service cannot answer in time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BookingErrorPolicy {
+    /// Let the pod through unchanged (with a warning).
+    #[default]
+    Allow,
+    /// Remove its GPU, as for an unbooked user when nothing is free.
+    Strip,
+}
+
+impl FromStr for BookingErrorPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "allow" => Ok(Self::Allow),
+            "strip" => Ok(Self::Strip),
+            other => Err(format!("expected allow or strip, not {other:?}")),
+        }
+    }
+}
+
+impl fmt::Display for BookingErrorPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Allow => "allow",
+            Self::Strip => "strip",
+        })
+    }
+}
+
+/// The booking service's answer to `GET /api/v1/schedulability?user=|slug=`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedulability {
+    /// Whether the user has an active booking now.
+    pub schedulable: bool,
+    /// End of the active booking.
+    #[serde(default)]
+    pub until: Option<DateTime<Utc>>,
+    /// Model of the active booking.
+    #[serde(default)]
+    pub model: Option<ModelName>,
+    /// Id of the active booking.
+    #[serde(default)]
+    pub booking_id: Option<i64>,
+    /// The user the service resolved (from a name or a slug), if any.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Units of each model not in use right now.
+    #[serde(default)]
+    pub free: BTreeMap<ModelName, i64>,
+    /// Declared VRAM budget per unit of each model, in MiB.
+    #[serde(default)]
+    pub gpumem_mib: BTreeMap<ModelName, u64>,
+    /// When this user could start a booking, if the service knows.
+    #[serde(default)]
+    pub earliest_booking: Option<DateTime<Utc>>,
+}
+
+/// What the webhook learned about the pod's owner.
+#[derive(Debug, Clone, Copy)]
+pub enum Lookup<'a> {
+    /// The pod has no JupyterHub identity; nobody was asked.
+    NoIdentity,
+    /// The booking service answered.
+    Answer(&'a Schedulability),
+    /// The booking service failed (error status, timeout, unreadable body).
+    Failed(&'a str),
+}
+
+/// Why a GPU is taken from a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StripReason {
+    /// No booking and no free unit of the model (of any model, when `None`).
+    NothingFree { model: Option<ModelName> },
+    /// The pod names several GPU models at once; no node has them all.
+    SeveralModels,
+    /// The booking service failed and the policy is [`BookingErrorPolicy::Strip`].
+    BookingServiceError,
+}
+
+/// What happens to a GPU pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The owner has an active booking: high priority on the booked model until it ends.
+    Booked {
+        booking_id: i64,
+        model: ModelName,
+        until: DateTime<Utc>,
+        /// Budget per GPU unit.
+        gpumem_mib: Option<u64>,
+        /// No unit of the model is free: ask the controller to preempt a low-priority pod.
+        preempt: bool,
+    },
+    /// No booking, but a unit is free: the pod gets it at low priority (preemptible).
+    LowPriority {
+        model: ModelName,
+        gpumem_mib: Option<u64>,
+    },
+    /// The pod runs without its GPU.
+    Strip {
+        reason: StripReason,
+        earliest_booking: Option<DateTime<Utc>>,
+    },
+    /// A GPU pod with no JupyterHub identity: only the VRAM budget is added.
+    BudgetOnly { gpumem_mib: Option<u64> },
+    /// The booking service failed and the policy is [`BookingErrorPolicy::Allow`]:
+    /// the pod goes through unchanged.
+    Unchecked { message: String },
+}
+
+/// The decision for a pod that asks for `gpu`, given what is known about its owner.
+/// `now` decides whether a booking that the service calls active has already ended.
+pub fn decide(
+    gpu: &GpuRequest,
+    lookup: Lookup<'_>,
+    cfg: &AdmissionConfig,
+    now: DateTime<Utc>,
+) -> Decision {
+    let answer = match lookup {
+        Lookup::NoIdentity => {
+            return Decision::BudgetOnly {
+                gpumem_mib: cfg.gpumem_for(gpu.model()),
+            }
+        }
+        Lookup::Failed(message) => return on_booking_error(message, cfg),
+        Lookup::Answer(answer) => answer,
+    };
+    let budget = |model: &ModelName| {
+        answer
+            .gpumem_mib
+            .get(model)
+            .copied()
+            .or_else(|| cfg.gpumem_for(Some(model)))
+    };
+    if gpu.models.len() > 1 {
+        return Decision::Strip {
+            reason: StripReason::SeveralModels,
+            earliest_booking: None,
+        };
+    }
+    if answer.schedulable {
+        let (Some(booking_id), Some(model), Some(until)) =
+            (answer.booking_id, answer.model.as_ref(), answer.until)
+        else {
+            return on_booking_error(
+                "the booking service called the user booked but named no booking",
+                cfg,
+            );
+        };
+        let same_model = gpu.model().is_none_or(|asked| asked == model);
+        if until > now && same_model {
+            return Decision::Booked {
+                booking_id,
+                model: model.clone(),
+                until,
+                gpumem_mib: budget(model),
+                preempt: answer.free.get(model).is_none_or(|&free| free <= 0),
+            };
+        }
+    }
+    // Not booked (for this model, or any more): a free unit, else no GPU.
+    let free = |model: &ModelName| answer.free.get(model).copied().unwrap_or(0);
+    let lend = match gpu.model() {
+        Some(asked) => (free(asked) > 0).then_some(asked),
+        // The model with the most free units; the first by name among equals.
+        None => answer
+            .free
+            .iter()
+            .filter(|(_, &n)| n > 0)
+            .max_by(|(a, n), (b, m)| n.cmp(m).then_with(|| b.cmp(a)))
+            .map(|(model, _)| model),
+    };
+    match lend {
+        Some(model) => Decision::LowPriority {
+            model: model.clone(),
+            gpumem_mib: budget(model),
+        },
+        None => Decision::Strip {
+            reason: StripReason::NothingFree {
+                model: gpu.model().cloned(),
+            },
+            earliest_booking: answer.earliest_booking,
+        },
+    }
+}
+
+fn on_booking_error(message: &str, cfg: &AdmissionConfig) -> Decision {
+    match cfg.on_booking_error {
+        BookingErrorPolicy::Allow => Decision::Unchecked {
+            message: message.to_owned(),
+        },
+        BookingErrorPolicy::Strip => Decision::Strip {
+            reason: StripReason::BookingServiceError,
+            earliest_booking: None,
+        },
+    }
+}
+
+impl Decision {
+    /// A short stable name, for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Decision::Booked { .. } => "booked",
+            Decision::LowPriority { .. } => "low_priority",
+            Decision::Strip {
+                reason: StripReason::BookingServiceError,
+                ..
+            } => "booking_error_strip",
+            Decision::Strip { .. } => "strip",
+            Decision::BudgetOnly { .. } => "budget_only",
+            Decision::Unchecked { .. } => "booking_error_allow",
+        }
+    }
+
+    /// The audit action the webhook reports, if any.
+    pub fn audit_action(&self) -> Option<&'static str> {
+        match self {
+            Decision::Booked { .. } => Some("webhook.booked"),
+            Decision::LowPriority { .. } => Some("webhook.low-priority"),
+            Decision::Strip { .. } => Some("webhook.strip"),
+            Decision::Unchecked { .. } => Some("webhook.unchecked"),
+            Decision::BudgetOnly { .. } => None,
+        }
+    }
+
+    /// The booking and model to free a unit of, when the booked model is full.
+    pub fn preemption(&self) -> Option<(i64, &ModelName)> {
+        match self {
+            Decision::Booked {
+                booking_id,
+                model,
+                preempt: true,
+                ..
+            } => Some((*booking_id, model)),
+            _ => None,
+        }
+    }
+
+    /// Why the GPU was removed, for the pod annotation; `None` unless stripped.
+    pub fn removal_reason(&self) -> Option<String> {
+        let Decision::Strip { reason, .. } = self else {
+            return None;
+        };
+        Some(match reason {
+            StripReason::NothingFree { model: Some(model) } => {
+                format!("no free {model} GPU and no active booking")
+            }
+            StripReason::NothingFree { model: None } => {
+                "no free GPU and no active booking".to_owned()
+            }
+            StripReason::SeveralModels => "the pod asks for several GPU models at once".to_owned(),
+            StripReason::BookingServiceError => {
+                "the booking service could not be asked (policy: strip)".to_owned()
+            }
+        })
+    }
+
+    /// The admission warning shown to the user (at most [`MAX_WARNING_CHARS`]).
+    pub fn warning(&self) -> Option<String> {
+        let text = match self {
+            Decision::Booked { model, until, .. } => format!(
+                "gpu-booking: booked {model} GPU until {}",
+                until.format("%Y-%m-%d %H:%M UTC")
+            ),
+            Decision::LowPriority { model, .. } => format!(
+                "gpu-booking: {model} GPU lent without a booking; it may be reclaimed for a booked user"
+            ),
+            Decision::Strip {
+                reason,
+                earliest_booking,
+            } => {
+                let say = |why: &str| match earliest_booking {
+                    Some(t) => format!(
+                        "gpu-booking: GPU removed ({why}); you can book from {}",
+                        t.format("%Y-%m-%d %H:%M UTC")
+                    ),
+                    None => format!("gpu-booking: GPU removed ({why}); running on CPU"),
+                };
+                let text = say(&self.removal_reason().unwrap_or_default());
+                if text.chars().count() <= MAX_WARNING_CHARS {
+                    text
+                } else {
+                    // A long model name must not push the date out of the message.
+                    say(match reason {
+                        StripReason::NothingFree { .. } => "no free GPU and no active booking",
+                        _ => "see the pod's annotations",
+                    })
+                }
+            }
+            Decision::Unchecked { .. } => {
+                "gpu-booking: booking service unavailable; GPU admitted without a check".to_owned()
+            }
+            Decision::BudgetOnly { .. } => return None,
+        };
+        Some(truncate_chars(&text, MAX_WARNING_CHARS))
+    }
+}
+
+/// `text` cut to at most `max` characters, with an ellipsis when cut.
+fn truncate_chars(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn model(name: &str) -> ModelName {
+        ModelName::parse(name).unwrap()
+    }
+
+    fn now() -> DateTime<Utc> {
+        "2026-11-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn generic() -> GpuRequest {
+        GpuRequest {
+            units: 1,
+            models: BTreeSet::new(),
+        }
+    }
+
+    fn answer(booked: Option<&str>, free: &[(&str, i64)]) -> Schedulability {
+        Schedulability {
+            schedulable: booked.is_some(),
+            until: booked.map(|_| "2026-11-30T00:00:00Z".parse().unwrap()),
+            model: booked.map(model),
+            booking_id: booked.map(|_| 17),
+            user: Some("alice@example.com".into()),
+            free: free.iter().map(|(m, n)| (model(m), *n)).collect(),
+            gpumem_mib: [(model("a100"), 40960)].into_iter().collect(),
+            earliest_booking: Some("2026-12-01T09:00:00Z".parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn booked_with_a_free_unit_and_full() {
+        let cfg = AdmissionConfig::default();
+        let a = answer(Some("a100"), &[("a100", 1)]);
+        let d = decide(&generic(), Lookup::Answer(&a), &cfg, now());
+        assert!(matches!(
+            d,
+            Decision::Booked {
+                preempt: false,
+                gpumem_mib: Some(40960),
+                ..
+            }
+        ));
+        assert_eq!(d.preemption(), None);
+        let a = answer(Some("a100"), &[("a100", 0), ("a6000", 3)]);
+        let d = decide(&generic(), Lookup::Answer(&a), &cfg, now());
+        assert_eq!(d.preemption(), Some((17, &model("a100"))));
+    }
+
+    #[test]
+    fn ended_booking_is_not_a_booking() {
+        let cfg = AdmissionConfig::default();
+        let a = answer(Some("a100"), &[]);
+        let later = "2026-12-01T00:00:00Z".parse().unwrap();
+        let d = decide(&generic(), Lookup::Answer(&a), &cfg, later);
+        assert!(matches!(d, Decision::Strip { .. }), "{d:?}");
+    }
+
+    #[test]
+    fn unbooked_takes_the_model_with_most_free_units() {
+        let cfg = AdmissionConfig::default();
+        let a = answer(None, &[("a100", 1), ("a6000", 3), ("v100", 3)]);
+        let d = decide(&generic(), Lookup::Answer(&a), &cfg, now());
+        assert_eq!(
+            d,
+            Decision::LowPriority {
+                model: model("a6000"),
+                gpumem_mib: None
+            }
+        );
+    }
+
+    #[test]
+    fn unbooked_per_model_request_needs_that_model_free() {
+        let cfg = AdmissionConfig::default();
+        let gpu = GpuRequest {
+            units: 1,
+            models: [model("a100")].into_iter().collect(),
+        };
+        let a = answer(None, &[("a100", 0), ("a6000", 3)]);
+        let d = decide(&gpu, Lookup::Answer(&a), &cfg, now());
+        assert!(matches!(d, Decision::Strip { .. }));
+        let w = d.warning().unwrap();
+        assert!(
+            w.contains("no free a100 GPU") && w.contains("2026-12-01 09:00 UTC"),
+            "{w}"
+        );
+        assert!(w.chars().count() <= MAX_WARNING_CHARS);
+    }
+
+    #[test]
+    fn booked_on_another_model_than_asked_is_unbooked() {
+        let cfg = AdmissionConfig::default();
+        let gpu = GpuRequest {
+            units: 1,
+            models: [model("a6000")].into_iter().collect(),
+        };
+        let a = answer(Some("a100"), &[("a6000", 1)]);
+        let d = decide(&gpu, Lookup::Answer(&a), &cfg, now());
+        assert!(matches!(d, Decision::LowPriority { .. }), "{d:?}");
+    }
+
+    #[test]
+    fn booking_errors_follow_the_policy() {
+        let mut cfg = AdmissionConfig::default();
+        let d = decide(&generic(), Lookup::Failed("timeout"), &cfg, now());
+        assert!(matches!(d, Decision::Unchecked { .. }));
+        cfg.on_booking_error = BookingErrorPolicy::Strip;
+        let d = decide(&generic(), Lookup::Failed("timeout"), &cfg, now());
+        assert_eq!(d.kind(), "booking_error_strip");
+        // A "booked" answer without its booking is a service error too.
+        let mut a = answer(Some("a100"), &[]);
+        a.booking_id = None;
+        let d = decide(&generic(), Lookup::Answer(&a), &cfg, now());
+        assert_eq!(d.kind(), "booking_error_strip");
+    }
+
+    #[test]
+    fn no_identity_is_budget_only() {
+        let cfg = AdmissionConfig {
+            default_gpumem_mib: Some(8192),
+            ..AdmissionConfig::default()
+        };
+        let d = decide(&generic(), Lookup::NoIdentity, &cfg, now());
+        assert_eq!(
+            d,
+            Decision::BudgetOnly {
+                gpumem_mib: Some(8192)
+            }
+        );
+        assert_eq!(d.warning(), None);
+    }
+
+    #[test]
+    fn warnings_fit() {
+        let long = model(&"m".repeat(63));
+        let d = Decision::Strip {
+            reason: StripReason::NothingFree {
+                model: Some(long.clone()),
+            },
+            earliest_booking: Some(now()),
+        };
+        let w = d.warning().unwrap();
+        assert!(
+            w.chars().count() <= MAX_WARNING_CHARS && w.contains("2026-11-01 00:00 UTC"),
+            "{w}"
+        );
+        let d = Decision::LowPriority {
+            model: long,
+            gpumem_mib: None,
+        };
+        assert!(d.warning().unwrap().chars().count() <= MAX_WARNING_CHARS);
+    }
+
+    #[test]
+    fn answer_parses_the_service_contract() {
+        let body = r#"{"schedulable": true, "until": "2026-11-30T00:00:00Z", "model": "a100",
+            "booking_id": 17, "user": "alice@example.com", "free": {"a100": 0, "a6000": 3},
+            "gpumem_mib": {"a100": 40960, "a6000": 12288}, "earliest_booking": null}"#;
+        let a: Schedulability = serde_json::from_str(body).unwrap();
+        assert_eq!(a.free.get(&model("a6000")), Some(&3));
+        let unbooked = r#"{"schedulable": false, "until": null, "model": null, "booking_id": null,
+            "user": null, "free": {}, "gpumem_mib": {}, "earliest_booking": "2026-12-01T00:00:00+01:00"}"#;
+        let a: Schedulability = serde_json::from_str(unbooked).unwrap();
+        assert_eq!(
+            a.earliest_booking.unwrap().to_rfc3339(),
+            "2026-11-30T23:00:00+00:00"
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! Whose pod is it: the JupyterHub user behind a pod, from what KubeSpawner wrote.
+
+use serde_json::Value;
+
+use super::USERNAME_KEY;
+use crate::username::{escape_decode, Username};
+
+/// Longest label we look up as a slug. Valid label values have at most 63 characters,
+/// but KubeSpawner 6.x writes longer (invalid) ones for long names, and the API server
+/// only rejects them after mutating admission, so they reach us.
+const MAX_SLUG_LEN: usize = 256;
+
+/// Who a pod belongs to, and how to ask the booking service about them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// The raw user name from the `hub.jupyter.org/username` annotation.
+    User(Username),
+    /// The `hub.jupyter.org/username` label: an escape-scheme slug (then `decoded` is
+    /// the user name it stands for) or a safe-scheme slug, which only the booking
+    /// service can resolve. Looked up as a slug either way.
+    Slug {
+        slug: String,
+        decoded: Option<Username>,
+    },
+}
+
+impl Identity {
+    /// The query parameter for the booking service's schedulability lookup:
+    /// `("user", name)` or `("slug", label)`.
+    pub fn query(&self) -> (&'static str, &str) {
+        match self {
+            Identity::User(user) => ("user", user.as_str()),
+            Identity::Slug { slug, .. } => ("slug", slug),
+        }
+    }
+
+    /// The best user name we know without asking: the raw name, or the decoded slug.
+    pub fn username(&self) -> Option<&Username> {
+        match self {
+            Identity::User(user) => Some(user),
+            Identity::Slug { decoded, .. } => decoded.as_ref(),
+        }
+    }
+
+    /// A short text for logs and audit rows (`user alice@example.com`, `slug a-2db`).
+    pub fn describe(&self) -> String {
+        let (kind, value) = self.query();
+        format!("{kind} {value}")
+    }
+}
+
+/// The identity of `pod`: the annotation when it holds an acceptable user name, else the
+/// label when it can be a KubeSpawner slug; `None` for pods without either (and for
+/// values no JupyterHub could have written: control characters, oversized, ...).
+pub fn identify(pod: &Value) -> Option<Identity> {
+    let metadata = pod.get("metadata")?;
+    let annotation = metadata
+        .get("annotations")
+        .and_then(|a| a.get(USERNAME_KEY))
+        .and_then(Value::as_str);
+    if let Some(user) = annotation.and_then(|a| Username::parse(a).ok()) {
+        return Some(Identity::User(user));
+    }
+    let label = metadata
+        .get("labels")
+        .and_then(|l| l.get(USERNAME_KEY))
+        .and_then(Value::as_str)?;
+    if !is_slug(label) {
+        return None;
+    }
+    let decoded = escape_decode(label)
+        .ok()
+        .and_then(|name| Username::parse(&name).ok());
+    Some(Identity::Slug {
+        slug: label.to_owned(),
+        decoded,
+    })
+}
+
+/// Whether `label` can be a slug of either KubeSpawner scheme: non-empty, bounded, and
+/// only the characters a label value may hold.
+fn is_slug(label: &str) -> bool {
+    !label.is_empty()
+        && label.len() <= MAX_SLUG_LEN
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(annotation: Option<&str>, label: Option<&str>) -> Value {
+        let mut meta = json!({"name": "p"});
+        if let Some(a) = annotation {
+            meta["annotations"] = json!({ USERNAME_KEY: a });
+        }
+        if let Some(l) = label {
+            meta["labels"] = json!({ USERNAME_KEY: l });
+        }
+        json!({ "metadata": meta })
+    }
+
+    #[test]
+    fn annotation_first() {
+        let id = identify(&pod(
+            Some("alice@example.com"),
+            Some("alice-40example-2ecom"),
+        ))
+        .unwrap();
+        assert_eq!(id.query(), ("user", "alice@example.com"));
+    }
+
+    #[test]
+    fn escape_label_decodes_in_one_pass() {
+        let id = identify(&pod(None, Some("a-2d40b"))).unwrap();
+        assert_eq!(id.query(), ("slug", "a-2d40b"));
+        assert_eq!(id.username().map(Username::as_str), Some("a-40b"));
+    }
+
+    #[test]
+    fn safe_label_is_a_slug_without_decoding() {
+        let id = identify(&pod(None, Some("alice-example-com---ff8d9819"))).unwrap();
+        assert_eq!(id.query(), ("slug", "alice-example-com---ff8d9819"));
+        assert_eq!(id.username(), None);
+    }
+
+    #[test]
+    fn hostile_values() {
+        // A control character in the annotation: fall back to the label.
+        let id = identify(&pod(Some("eve\n"), Some("eve"))).unwrap();
+        assert_eq!(id.query(), ("slug", "eve"));
+        assert_eq!(identify(&pod(Some(""), None)), None);
+        assert_eq!(identify(&pod(None, Some("a&b=c"))), None);
+        assert_eq!(identify(&pod(None, Some(&"a".repeat(300)))), None);
+        assert_eq!(identify(&json!({"metadata": {"annotations": null}})), None);
+        assert_eq!(
+            identify(&json!({"metadata": {"labels": {USERNAME_KEY: 3}}})),
+            None
+        );
+        assert_eq!(identify(&json!(null)), None);
+    }
+}

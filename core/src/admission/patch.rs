@@ -1,0 +1,541 @@
+//! The one JSON Patch planner: a [`Decision`] written into a pod as RFC 6902 operations.
+//!
+//! Every operation is generated against, and at once applied to, a working copy of the
+//! pod, so each one is addressed to what is really there: a missing `annotations`,
+//! `labels`, `nodeSelector`, `env` or `resources` map is created by the operation that
+//! needs it, a present member is replaced, an absent one is never removed, and keys
+//! with `/` or `~` are escaped (`~1`, `~0`) by the pointer type. An operation that would
+//! not apply is dropped (a planner bug, caught by `debug_assert!` in the tests), so the
+//! returned patch always applies to the pod it was planned for.
+
+use chrono::SecondsFormat;
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
+use serde_json::{json, Map, Value};
+
+use super::detect::{container_gpu_units, CONTAINER_LISTS};
+use super::{
+    AdmissionConfig, Decision, BOOKING_LABEL, GPU_REMOVED_ANNOTATION, MODEL_LABEL,
+    NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL,
+};
+use crate::gpu_model::ModelName;
+
+/// The patch that carries out `decision` on `pod` (empty when nothing changes).
+pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
+    let mut ed = PodEditor::new(pod);
+    if !pod.is_object() {
+        return ed.finish();
+    }
+    match decision {
+        Decision::Booked {
+            booking_id,
+            model,
+            until,
+            gpumem_mib,
+            ..
+        } => {
+            ed.mark(Some("high"), Some(*booking_id), Some(model));
+            ed.set_annotation(
+                &cfg.terminate_at_annotation,
+                &until.to_rfc3339_opts(SecondsFormat::Secs, true),
+            );
+            ed.remove_annotation(GPU_REMOVED_ANNOTATION);
+            ed.select_model(cfg, Some(model));
+            match &cfg.high_priority_class {
+                Some(class) => ed.set_priority_class(class),
+                None => ed.demote_priority_class(cfg),
+            }
+            ed.apply_budget(cfg, *gpumem_mib);
+        }
+        Decision::LowPriority { model, gpumem_mib } => {
+            ed.mark(Some("low"), None, Some(model));
+            ed.remove_annotation(&cfg.terminate_at_annotation);
+            ed.remove_annotation(GPU_REMOVED_ANNOTATION);
+            ed.select_model(cfg, Some(model));
+            match &cfg.low_priority_class {
+                Some(class) => ed.set_priority_class(class),
+                None => ed.demote_priority_class(cfg),
+            }
+            ed.apply_budget(cfg, *gpumem_mib);
+        }
+        Decision::Strip { .. } => {
+            ed.cpu_only(cfg);
+            if let Some(reason) = decision.removal_reason() {
+                ed.set_annotation(GPU_REMOVED_ANNOTATION, &reason);
+            }
+        }
+        Decision::BudgetOnly { gpumem_mib } => {
+            // Our labels are ours to write: a pod cannot claim a booking by itself.
+            ed.mark(None, None, None);
+            ed.remove_annotation(&cfg.terminate_at_annotation);
+            ed.demote_priority_class(cfg);
+            ed.apply_budget(cfg, *gpumem_mib);
+        }
+        Decision::Unchecked { .. } => {}
+    }
+    ed.finish()
+}
+
+/// The CPU-only step on its own: every GPU resource and the VRAM budget removed from
+/// every container and init container (requests and limits), `NVIDIA_VISIBLE_DEVICES`
+/// set to `none` in each (replacing any value, creating `env` where absent), our labels,
+/// `terminate-at`, model node selector and priority class dropped. The controller
+/// applies it to recreate a pod without its GPU.
+pub fn plan_cpu_only(pod: &Value, cfg: &AdmissionConfig) -> Patch {
+    let mut ed = PodEditor::new(pod);
+    if pod.is_object() {
+        ed.cpu_only(cfg);
+    }
+    ed.finish()
+}
+
+/// [`plan_cpu_only`] plus the `gpu-booking.io/gpu-removed` annotation with `reason`.
+pub fn plan_cpu_only_because(pod: &Value, cfg: &AdmissionConfig, reason: &str) -> Patch {
+    let mut ed = PodEditor::new(pod);
+    if pod.is_object() {
+        ed.cpu_only(cfg);
+        ed.set_annotation(GPU_REMOVED_ANNOTATION, reason);
+    }
+    ed.finish()
+}
+
+/// A working copy of a pod and the operations that led to it.
+struct PodEditor {
+    pod: Value,
+    ops: Vec<PatchOperation>,
+}
+
+impl PodEditor {
+    fn new(pod: &Value) -> Self {
+        Self {
+            pod: pod.clone(),
+            ops: Vec::new(),
+        }
+    }
+
+    fn finish(self) -> Patch {
+        Patch(self.ops)
+    }
+
+    /// Applies `op` to the working copy and records it; drops it if it does not apply.
+    fn apply(&mut self, op: PatchOperation) {
+        match json_patch::patch(&mut self.pod, std::slice::from_ref(&op)) {
+            Ok(()) => self.ops.push(op),
+            Err(err) => debug_assert!(false, "planned an operation that does not apply: {err}"),
+        }
+    }
+
+    /// Sets the value at `path`, whose tokens name object members (or existing array
+    /// elements, followed by a member). Missing, null or non-object parents are
+    /// created as objects by the same operation. Nothing happens when the value is
+    /// already there.
+    fn set(&mut self, path: &[&str], value: Value) {
+        if let Some(op) = self.set_op(path, value) {
+            self.apply(op);
+        }
+    }
+
+    fn set_op(&self, path: &[&str], value: Value) -> Option<PatchOperation> {
+        let mut node = &self.pod;
+        for (i, token) in path.iter().enumerate() {
+            let here = || PointerBuf::from_tokens(path[..=i].iter().copied());
+            let last = i + 1 == path.len();
+            match node {
+                Value::Object(map) => {
+                    let child = map.get(*token);
+                    if last {
+                        return (child != Some(&value)).then(|| add(here(), value));
+                    }
+                    let next_is_index = path[i + 1].parse::<usize>().is_ok();
+                    match child {
+                        Some(c @ Value::Object(_)) => node = c,
+                        Some(c @ Value::Array(_)) if next_is_index => node = c,
+                        // Absent, null or of the wrong type: put the rest there anew.
+                        _ => return Some(add(here(), nest(&path[i + 1..], value))),
+                    }
+                }
+                Value::Array(items) => {
+                    let item = token.parse::<usize>().ok().and_then(|n| items.get(n))?;
+                    if last {
+                        return (item != &value).then(|| {
+                            PatchOperation::Replace(ReplaceOperation {
+                                path: here(),
+                                value,
+                            })
+                        });
+                    }
+                    node = item;
+                }
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// Removes the value at `path` if it is there.
+    fn remove(&mut self, path: &[&str]) {
+        let pointer = PointerBuf::from_tokens(path.iter().copied());
+        if !path.is_empty() && self.pod.pointer(pointer.as_str()).is_some() {
+            self.apply(PatchOperation::Remove(RemoveOperation { path: pointer }));
+        }
+    }
+
+    fn set_annotation(&mut self, key: &str, value: &str) {
+        self.set(&["metadata", "annotations", key], json!(value));
+    }
+
+    fn remove_annotation(&mut self, key: &str) {
+        self.remove(&["metadata", "annotations", key]);
+    }
+
+    /// Our labels: priority, booking id and model; `None` removes one.
+    fn mark(&mut self, priority: Option<&str>, booking: Option<i64>, model: Option<&ModelName>) {
+        let labels = [
+            (PRIORITY_LABEL, priority.map(str::to_owned)),
+            (BOOKING_LABEL, booking.map(|id| id.to_string())),
+            (MODEL_LABEL, model.map(|m| m.as_str().to_owned())),
+        ];
+        for (key, value) in labels {
+            match value {
+                Some(value) => self.set(&["metadata", "labels", key], json!(value)),
+                None => self.remove(&["metadata", "labels", key]),
+            }
+        }
+    }
+
+    /// Node selection of `model` (the controller labels GPU nodes with their model).
+    fn select_model(&mut self, cfg: &AdmissionConfig, model: Option<&ModelName>) {
+        let path = ["spec", "nodeSelector", cfg.model_node_label.as_str()];
+        match model {
+            Some(model) => self.set(&path, json!(model.as_str())),
+            None => self.remove(&path),
+        }
+    }
+
+    /// Sets the priority class. The API server's Priority plugin has already resolved
+    /// the old class into `spec.priority` (and `spec.preemptionPolicy`) and rejects a
+    /// pod whose priority does not match its class, so those go when the class changes.
+    fn set_priority_class(&mut self, class: &str) {
+        let current = self.pod.pointer("/spec/priorityClassName");
+        if current.and_then(Value::as_str) == Some(class) {
+            return;
+        }
+        self.set(&["spec", "priorityClassName"], json!(class));
+        self.remove(&["spec", "priority"]);
+        self.remove(&["spec", "preemptionPolicy"]);
+    }
+
+    /// A pod that is not booked must not run in our high class: the low class, or none.
+    fn demote_priority_class(&mut self, cfg: &AdmissionConfig) {
+        let current = self.pod.pointer("/spec/priorityClassName");
+        let current = current.and_then(Value::as_str);
+        if current.is_none() || current != cfg.high_priority_class.as_deref() {
+            return;
+        }
+        match &cfg.low_priority_class {
+            Some(low) => self.set_priority_class(low),
+            None => self.clear_priority_class(),
+        }
+    }
+
+    fn clear_priority_class(&mut self) {
+        self.remove(&["spec", "priorityClassName"]);
+        self.remove(&["spec", "priority"]);
+        self.remove(&["spec", "preemptionPolicy"]);
+    }
+
+    /// `(list, index)` of every container and init container, as the copy has them.
+    fn container_slots(&self) -> Vec<(&'static str, String)> {
+        CONTAINER_LISTS
+            .into_iter()
+            .flat_map(|list| {
+                let len = self
+                    .pod
+                    .get("spec")
+                    .and_then(|s| s.get(list))
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                (0..len).map(move |i| (list, i.to_string()))
+            })
+            .collect()
+    }
+
+    fn container(&self, list: &str, index: &str) -> Option<&Value> {
+        let index: usize = index.parse().ok()?;
+        self.pod.get("spec")?.get(list)?.get(index)
+    }
+
+    /// The VRAM budget on every GPU container: `per_unit` MiB times its GPU units, on
+    /// requests and limits alike (an extended resource needs both, equal). A container
+    /// with a budget of its own keeps it; one written on one side only is copied to
+    /// the other, and limits win when the two differ.
+    fn apply_budget(&mut self, cfg: &AdmissionConfig, per_unit: Option<u64>) {
+        let res = cfg.gpumem_resource.as_str();
+        for (list, index) in self.container_slots() {
+            let Some(container) = self.container(list, &index) else {
+                continue;
+            };
+            let units = container_gpu_units(container, cfg, &mut Default::default());
+            if units == 0 {
+                continue;
+            }
+            let own = |section: &str| {
+                container
+                    .get("resources")
+                    .and_then(|r| r.get(section))
+                    .and_then(|s| s.get(res))
+                    .filter(|v| !v.is_null())
+                    .cloned()
+            };
+            let budget = match (own("requests"), own("limits")) {
+                (_, Some(limit)) => limit,
+                (Some(request), None) => request,
+                (None, None) => match per_unit.filter(|&mib| mib > 0) {
+                    Some(mib) => json!(mib.saturating_mul(units).to_string()),
+                    None => continue,
+                },
+            };
+            let base = ["spec", list, index.as_str(), "resources"];
+            for section in ["requests", "limits"] {
+                let path = [&base[..], &[section, res]].concat();
+                self.set(&path, budget.clone());
+            }
+        }
+    }
+
+    /// Everything [`plan_cpu_only`] promises.
+    fn cpu_only(&mut self, cfg: &AdmissionConfig) {
+        for (list, index) in self.container_slots() {
+            self.strip_gpu_resources(cfg, list, &index);
+            self.hide_devices(list, &index);
+        }
+        self.mark(None, None, None);
+        self.remove_annotation(&cfg.terminate_at_annotation);
+        self.select_model(cfg, None);
+        let current = self.pod.pointer("/spec/priorityClassName");
+        let current = current.and_then(Value::as_str);
+        let ours = [&cfg.high_priority_class, &cfg.low_priority_class];
+        if current.is_some() && ours.iter().any(|c| c.as_deref() == current) {
+            self.clear_priority_class();
+        }
+    }
+
+    fn strip_gpu_resources(&mut self, cfg: &AdmissionConfig, list: &'static str, index: &str) {
+        for section in ["requests", "limits"] {
+            let keys: Vec<String> = self
+                .container(list, index)
+                .and_then(|c| c.get("resources"))
+                .and_then(|r| r.get(section))
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.keys()
+                        .filter(|k| {
+                            cfg.gpu_resource_model(k).is_some() || **k == cfg.gpumem_resource
+                        })
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            for key in keys {
+                self.remove(&["spec", list, index, "resources", section, &key]);
+            }
+        }
+    }
+
+    /// `NVIDIA_VISIBLE_DEVICES=none`: every entry of that name is replaced (a
+    /// `valueFrom` goes with it); without one, an entry is appended, and `env` created.
+    fn hide_devices(&mut self, list: &'static str, index: &str) {
+        let entry = json!({"name": NVIDIA_VISIBLE_DEVICES, "value": "none"});
+        let env = self.container(list, index).and_then(|c| c.get("env"));
+        let Some(items) = env.and_then(Value::as_array) else {
+            // Only a container object can get an `env`.
+            if self.container(list, index).is_some_and(Value::is_object) {
+                self.set(&["spec", list, index, "env"], json!([entry]));
+            }
+            return;
+        };
+        let hits: Vec<String> = items
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.get("name").and_then(Value::as_str) == Some(NVIDIA_VISIBLE_DEVICES))
+            .map(|(i, _)| i.to_string())
+            .collect();
+        if hits.is_empty() {
+            let path = PointerBuf::from_tokens(["spec", list, index, "env", "-"]);
+            self.apply(add(path, entry));
+        } else {
+            for hit in hits {
+                self.set(&["spec", list, index, "env", &hit], entry.clone());
+            }
+        }
+    }
+}
+
+fn add(path: PointerBuf, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation { path, value })
+}
+
+/// `value` wrapped in objects, one per token: `["a", "b"], v` -> `{"a": {"b": v}}`.
+fn nest(tokens: &[&str], value: Value) -> Value {
+    tokens.iter().rev().fold(value, |inner, token| {
+        let mut map = Map::new();
+        map.insert((*token).to_owned(), inner);
+        Value::Object(map)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::StripReason;
+
+    fn apply(pod: &Value, patch: &Patch) -> Value {
+        let mut out = pod.clone();
+        json_patch::patch(&mut out, &patch.0).expect("the patch applies");
+        out
+    }
+
+    fn booked() -> Decision {
+        Decision::Booked {
+            booking_id: 17,
+            model: ModelName::parse("a100").unwrap(),
+            until: "2026-11-30T00:00:00Z".parse().unwrap(),
+            gpumem_mib: Some(40960),
+            preempt: false,
+        }
+    }
+
+    #[test]
+    fn bare_pod_gets_every_map_created() {
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        ]}});
+        let patch = plan(&pod, &booked(), &AdmissionConfig::default());
+        let out = apply(&pod, &patch);
+        assert_eq!(
+            out["metadata"]["annotations"]["terminate-at"],
+            "2026-11-30T00:00:00Z"
+        );
+        assert_eq!(out["metadata"]["labels"]["gpu-booking/priority"], "high");
+        assert_eq!(out["metadata"]["labels"]["gpu-booking/booking"], "17");
+        assert_eq!(out["spec"]["nodeSelector"]["gpu-booking.io/model"], "a100");
+        assert_eq!(out["spec"]["priorityClassName"], "gpu-booking-high");
+        let res = &out["spec"]["containers"][0]["resources"];
+        assert_eq!(res["requests"]["gpu-booking.io/gpumem"], "40960");
+        assert_eq!(res["limits"]["gpu-booking.io/gpumem"], "40960");
+        // Keys with '/' are escaped in the pointers.
+        let text = serde_json::to_string(&patch).unwrap();
+        assert!(
+            text.contains("/metadata/labels/gpu-booking~1booking"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn priority_is_dropped_with_the_class() {
+        let pod = json!({"metadata": {}, "spec": {"priority": 0, "preemptionPolicy": "PreemptLowerPriority",
+            "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+        let out = apply(&pod, &plan(&pod, &booked(), &AdmissionConfig::default()));
+        assert!(out["spec"].get("priority").is_none());
+        assert!(out["spec"].get("preemptionPolicy").is_none());
+    }
+
+    #[test]
+    fn strip_replaces_the_device_variable_everywhere() {
+        let pod = json!({"metadata": {"labels": {"gpu-booking/priority": "high"}}, "spec": {
+        "initContainers": [{"name": "i", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+        "containers": [
+            {"name": "a", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+             "resources": {"limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": "1", "cpu": "1"}}},
+            {"name": "b", "env": [{"name": "X", "value": "1"}]}
+        ]}});
+        let d = Decision::Strip {
+            reason: StripReason::NothingFree { model: None },
+            earliest_booking: None,
+        };
+        let out = apply(&pod, &plan(&pod, &d, &AdmissionConfig::default()));
+        for c in ["initContainers", "containers"] {
+            for container in out["spec"][c].as_array().unwrap() {
+                let env = container["env"].as_array().unwrap();
+                let hits: Vec<_> = env
+                    .iter()
+                    .filter(|e| e["name"] == NVIDIA_VISIBLE_DEVICES)
+                    .collect();
+                assert_eq!(
+                    hits,
+                    vec![&json!({"name": NVIDIA_VISIBLE_DEVICES, "value": "none"})]
+                );
+            }
+        }
+        assert_eq!(
+            out["spec"]["containers"][0]["resources"]["limits"],
+            json!({"cpu": "1"})
+        );
+        assert_eq!(
+            out["spec"]["initContainers"][0]["resources"]["requests"],
+            json!({})
+        );
+        assert!(out["metadata"]["labels"]
+            .get("gpu-booking/priority")
+            .is_none());
+        assert!(out["metadata"]["annotations"][GPU_REMOVED_ANNOTATION].is_string());
+    }
+
+    #[test]
+    fn unchecked_changes_nothing_and_budget_only_unmarks() {
+        let pod = json!({"metadata": {"labels": {"gpu-booking/priority": "high"}},
+            "spec": {"priorityClassName": "gpu-booking-high", "priority": 1000000,
+                     "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+        let cfg = AdmissionConfig::default();
+        let unchecked = Decision::Unchecked {
+            message: "down".into(),
+        };
+        assert!(plan(&pod, &unchecked, &cfg).0.is_empty());
+        let out = apply(
+            &pod,
+            &plan(&pod, &Decision::BudgetOnly { gpumem_mib: None }, &cfg),
+        );
+        assert!(out["metadata"]["labels"]
+            .get("gpu-booking/priority")
+            .is_none());
+        assert_eq!(out["spec"]["priorityClassName"], "gpu-booking-low");
+        assert!(out["spec"].get("priority").is_none());
+    }
+
+    #[test]
+    fn own_budget_is_kept_and_made_equal() {
+        let pod = json!({"spec": {"containers": [{"resources": {
+            "limits": {"nvidia.com/gpu": "2", "gpu-booking.io/gpumem": "1000"}}}]}});
+        let out = apply(&pod, &plan(&pod, &booked(), &AdmissionConfig::default()));
+        let res = &out["spec"]["containers"][0]["resources"];
+        assert_eq!(res["requests"]["gpu-booking.io/gpumem"], "1000");
+        assert_eq!(res["limits"]["gpu-booking.io/gpumem"], "1000");
+        let pod =
+            json!({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}});
+        let out = apply(&pod, &plan(&pod, &booked(), &AdmissionConfig::default()));
+        assert_eq!(
+            out["spec"]["containers"][0]["resources"]["requests"]["gpu-booking.io/gpumem"],
+            "81920"
+        );
+    }
+
+    #[test]
+    fn null_and_odd_maps_are_replaced() {
+        let pod = json!({"metadata": {"annotations": null, "labels": []},
+            "spec": {"nodeSelector": null, "containers": [null, {"env": null, "resources": {"limits": {"nvidia.com/gpu": 1}}}]}});
+        for d in [
+            booked(),
+            Decision::Strip {
+                reason: StripReason::SeveralModels,
+                earliest_booking: None,
+            },
+        ] {
+            let out = apply(&pod, &plan(&pod, &d, &AdmissionConfig::default()));
+            assert!(out["metadata"]["annotations"].is_object());
+        }
+        // Not a pod at all: nothing to do, nothing that fails.
+        assert!(plan(&json!([1, 2]), &booked(), &AdmissionConfig::default())
+            .0
+            .is_empty());
+    }
+}
