@@ -1,0 +1,148 @@
+//! 32 concurrent clients make random creates and cancels against a 2-unit model
+//! over real HTTP for at least 10 seconds (GPU_BOOKING_CONCURRENCY_SECS to change),
+//! then SQL checks the invariants the rules promise. Zero violations allowed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DurationRound, TimeDelta, Utc};
+use gpu_booking_api::testing::TestApi;
+use rand::Rng;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+const CLIENTS: usize = 32;
+const USERS: usize = 48;
+
+#[derive(Default)]
+struct Tally {
+    created: AtomicU64,
+    refused: AtomicU64,
+    cancelled: AtomicU64,
+    server_errors: AtomicU64,
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
+    let api = TestApi::start(pool.clone()).await.unwrap();
+    let admin = api.token("admin@example.com", Some("admin"));
+    let http = reqwest::Client::new();
+    let put = http
+        .put(format!("{}/api/v1/models/a100", api.url))
+        .bearer_auth(&admin)
+        .json(&json!({"units": 2, "patterns": ["*A100*"], "gpumem_mib": 40960}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+
+    let secs: u64 = std::env::var("GPU_BOOKING_CONCURRENCY_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let tally = Arc::new(Tally::default());
+    let tokens: Arc<Vec<String>> =
+        Arc::new((0..USERS).map(|i| api.token(&format!("user{i}@example.com"), None)).collect());
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let (http, url, tokens, tally) = (http.clone(), api.url.clone(), tokens.clone(), tally.clone());
+        clients.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let (user, create, start_hours, days) = {
+                    let mut rng = rand::rng();
+                    (rng.random_range(0..USERS), rng.random_bool(0.7), rng.random_range(1..24 * 60), rng.random_range(1..=14))
+                };
+                let token = &tokens[user];
+                if create {
+                    // Whole hours from the next hour: windows collide often.
+                    let base = Utc::now().duration_trunc(TimeDelta::hours(1)).unwrap() + TimeDelta::hours(1);
+                    let start = base + TimeDelta::hours(start_hours);
+                    let end = start + TimeDelta::days(days);
+                    let r = http
+                        .post(format!("{url}/api/v1/bookings"))
+                        .bearer_auth(token)
+                        .json(&json!({"model": "a100", "start": start, "end": end}))
+                        .send()
+                        .await
+                        .unwrap();
+                    match r.status().as_u16() {
+                        201 => tally.created.fetch_add(1, Ordering::Relaxed),
+                        409 | 422 => tally.refused.fetch_add(1, Ordering::Relaxed),
+                        _ => tally.server_errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                } else {
+                    let list: Vec<Value> = http
+                        .get(format!("{url}/api/v1/bookings"))
+                        .bearer_auth(token)
+                        .send()
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                        .unwrap();
+                    if let Some(b) = list.iter().find(|b| b["status"] == "planned") {
+                        let r = http
+                            .delete(format!("{url}/api/v1/bookings/{}", b["id"]))
+                            .bearer_auth(token)
+                            .send()
+                            .await
+                            .unwrap();
+                        match r.status().as_u16() {
+                            200 => tally.cancelled.fetch_add(1, Ordering::Relaxed),
+                            409 => 0,
+                            _ => tally.server_errors.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                }
+            }
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    let (created, refused, cancelled) = (
+        tally.created.load(Ordering::Relaxed),
+        tally.refused.load(Ordering::Relaxed),
+        tally.cancelled.load(Ordering::Relaxed),
+    );
+    println!("created {created}, refused {refused}, cancelled {cancelled}");
+    assert_eq!(tally.server_errors.load(Ordering::Relaxed), 0, "no 5xx under contention");
+    assert!(created > 10 && refused > 10 && cancelled > 10, "the run exercised creates, refusals and cancels");
+
+    // The busiest instant of any set of intervals is one of their starts.
+    let overbooked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (
+           SELECT b.id FROM booking b JOIN booking o
+             ON o.model = b.model AND o.cancelled_at IS NULL AND o.period @> b.start_at
+           WHERE b.cancelled_at IS NULL GROUP BY b.id HAVING count(*) > 2) x",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(overbooked, 0, "an instant with more bookings than units");
+    let user_overlaps: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM booking a JOIN booking b
+           ON a.user_name = b.user_name AND a.id < b.id AND a.period && b.period
+         WHERE a.cancelled_at IS NULL AND b.cancelled_at IS NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(user_overlaps, 0, "a user with overlapping bookings");
+    let many_planned: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT user_name FROM booking
+           WHERE cancelled_at IS NULL AND start_at > now() GROUP BY user_name HAVING count(*) > 1) x",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(many_planned, 0, "a user with more than one planned booking");
+    let slot_clash: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM booking a JOIN booking b
+           ON a.model = b.model AND a.slot = b.slot AND a.id < b.id AND a.period && b.period
+         WHERE a.cancelled_at IS NULL AND b.cancelled_at IS NULL OR a.slot >= 2 AND a.cancelled_at IS NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(slot_clash, 0, "two bookings on one unit at once, or a slot beyond the units");
+}
