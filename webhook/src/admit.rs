@@ -1,0 +1,267 @@
+//! One admission review in, one out: parse leniently, detect, ask, decide, plan, report.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::Utc;
+use gpu_booking_core::admission::{
+    decide, detect_gpu, identify, plan, AdmissionConfig, Decision, GpuRequest, Identity, Lookup,
+    Schedulability,
+};
+use serde_json::{json, Value};
+use tracing::Instrument;
+
+use crate::booking::{BookingClient, BookingError};
+use crate::metrics::Metrics;
+use crate::review::{answer_version, RequestIn, ReviewIn, ReviewOut, API_VERSION_V1};
+
+/// The admission logic with its booking client and metrics; shared by all connections.
+pub struct Webhook {
+    cfg: AdmissionConfig,
+    booking: Arc<BookingClient>,
+    metrics: Arc<Metrics>,
+}
+
+impl Webhook {
+    pub fn new(cfg: AdmissionConfig, booking: Arc<BookingClient>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            cfg,
+            booking,
+            metrics,
+        }
+    }
+
+    pub fn config(&self) -> &AdmissionConfig {
+        &self.cfg
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The answer to the review in `body`. Never fails: a malformed review gets an
+    /// `invalid` answer (with the request's uid when it has one), anything that is not
+    /// a pod creation an unchanged `allowed`.
+    pub async fn review(&self, body: &[u8]) -> ReviewOut {
+        let started = Instant::now();
+        let (out, kind) = self.review_counted(body).await;
+        self.metrics.admitted(kind, started.elapsed());
+        out
+    }
+
+    async fn review_counted(&self, body: &[u8]) -> (ReviewOut, &'static str) {
+        let review: ReviewIn = match serde_json::from_slice(body) {
+            Ok(review) => review,
+            Err(e) => {
+                let out =
+                    ReviewOut::invalid(API_VERSION_V1, "", format!("not an AdmissionReview: {e}"));
+                return (out, "invalid");
+            }
+        };
+        let version = answer_version(&review);
+        let request = RequestIn::from_value(review.request.unwrap_or(Value::Null));
+        let uid = request.uid.clone();
+        let invalid = |message: &str| (ReviewOut::invalid(version, &uid, message), "invalid");
+        let kind = review.kind.as_ref();
+        if kind.is_some_and(|k| k.as_str() != Some("AdmissionReview")) {
+            return invalid("kind must be AdmissionReview");
+        }
+        if uid.is_empty() {
+            return invalid("the review has no request with a uid");
+        }
+        let is_pod = request.kind.as_deref() == Some("Pod")
+            && request.group.as_deref().unwrap_or("").is_empty();
+        if !is_pod || request.operation.as_deref() != Some("CREATE") {
+            // Not ours to judge (the webhook configuration should not even send these).
+            return (ReviewOut::allow(version, &uid), "ignored");
+        }
+        let Some(pod) = request.object.as_ref().filter(|o| o.is_object()) else {
+            return invalid("a pod creation without a pod object");
+        };
+        let span = tracing::info_span!(
+            "admission",
+            uid = %uid,
+            namespace = request.namespace.as_deref().unwrap_or(""),
+            pod = %pod_name(&request, pod),
+        );
+        self.admit_pod(version, &request, pod)
+            .instrument(span)
+            .await
+    }
+
+    async fn admit_pod(
+        &self,
+        version: &str,
+        req: &RequestIn,
+        pod: &Value,
+    ) -> (ReviewOut, &'static str) {
+        let allow = || ReviewOut::allow(version, &req.uid);
+        let gpu = match guarded(|| detect_gpu(pod, &self.cfg)) {
+            Ok(Some(gpu)) => gpu,
+            Ok(None) => return (allow(), "no_gpu"),
+            Err(()) => {
+                return (
+                    allow().with_warning(Some(INTERNAL.into())),
+                    "internal_error",
+                )
+            }
+        };
+        let identity = identify(pod);
+        let answer = match &identity {
+            Some(who) => Some(self.booking.schedulability(who).await),
+            None => None,
+        };
+        let failure = match &answer {
+            Some(Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        let lookup = match (&answer, &failure) {
+            (Some(Ok(a)), _) => Lookup::Answer(a),
+            (_, Some(message)) => Lookup::Failed(message),
+            _ => Lookup::NoIdentity,
+        };
+        let planned = guarded(|| {
+            let decision = decide(&gpu, lookup, &self.cfg, Utc::now());
+            let patch = plan(pod, &decision, &self.cfg);
+            (decision, patch)
+        });
+        let Ok((decision, patch)) = planned else {
+            return (
+                allow().with_warning(Some(INTERNAL.into())),
+                "internal_error",
+            );
+        };
+        let facts = Facts {
+            req,
+            pod,
+            gpu: &gpu,
+            identity: identity.as_ref(),
+            answer: answer.as_ref().and_then(|a| a.as_ref().ok()).map(|a| &**a),
+            failure: answer.as_ref().and_then(|a| a.as_ref().err()),
+        };
+        self.report(&facts, &decision, patch.0.len());
+        let out = allow().with_patch(&patch).with_warning(decision.warning());
+        (out, decision.kind())
+    }
+
+    /// Logs the decision and, unless this is a dry run, requests a preemption when the
+    /// booked model is full and reports the action to the audit log. Both calls run on
+    /// their own tasks: the answer does not wait for them.
+    fn report(&self, facts: &Facts<'_>, decision: &Decision, ops: usize) {
+        let subject = facts.subject();
+        let user = facts.user();
+        tracing::info!(
+            decision = decision.kind(),
+            who = facts.identity.map(Identity::describe).unwrap_or_default(),
+            user = user.as_deref().unwrap_or(""),
+            dry_run = facts.req.dry_run,
+            ops,
+            error = facts
+                .failure
+                .map(BookingError::to_string)
+                .unwrap_or_default(),
+            "GPU pod admitted"
+        );
+        if facts.req.dry_run {
+            return;
+        }
+        let booking_id = match decision {
+            Decision::Booked { booking_id, .. } => Some(*booking_id),
+            _ => None,
+        };
+        if let Some((booking_id, model)) = decision.preemption() {
+            self.booking.request_preemption(json!({
+                "model": model.as_str(),
+                "booking_id": booking_id,
+                "user": user,
+                "namespace": facts.namespace(),
+                "pod": facts.name(),
+            }));
+        }
+        if let Some(action) = decision.audit_action() {
+            let model = match decision {
+                Decision::Booked { model, .. } | Decision::LowPriority { model, .. } => {
+                    Some(model.as_str())
+                }
+                _ => None,
+            };
+            self.booking.audit(json!({
+                "action": action,
+                "subject": subject,
+                "user": user,
+                "booking_id": booking_id,
+                "details": {
+                    "uid": facts.req.uid,
+                    "decision": decision.kind(),
+                    "model": model,
+                    "gpu_units": facts.gpu.units,
+                    "identity": facts.identity.map(Identity::describe),
+                    "preempt": decision.preemption().is_some(),
+                    "reason": decision.removal_reason(),
+                    "warning": decision.warning(),
+                    "booking_error": facts.failure.map(BookingError::to_string),
+                },
+            }));
+        }
+    }
+}
+
+const INTERNAL: &str = "gpu-booking: internal error in the webhook; pod admitted unchanged";
+
+/// Runs pure code, turning a panic (a bug) into an error instead of a dropped connection.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, ()> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|_| {
+        tracing::error!("admission logic panicked; answering without a patch");
+    })
+}
+
+/// What is known about one admission, for logs and reports.
+struct Facts<'a> {
+    req: &'a RequestIn,
+    pod: &'a Value,
+    gpu: &'a GpuRequest,
+    identity: Option<&'a Identity>,
+    answer: Option<&'a Schedulability>,
+    failure: Option<&'a BookingError>,
+}
+
+impl Facts<'_> {
+    fn namespace(&self) -> Option<&str> {
+        self.req.namespace.as_deref().or_else(|| {
+            self.pod
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+        })
+    }
+
+    fn name(&self) -> String {
+        pod_name(self.req, self.pod)
+    }
+
+    fn subject(&self) -> String {
+        let subject = format!("{}/{}", self.namespace().unwrap_or(""), self.name());
+        subject.chars().take(512).collect()
+    }
+
+    /// The user the booking service resolved, else the one we know from the pod.
+    fn user(&self) -> Option<String> {
+        self.answer.and_then(|a| a.user.clone()).or_else(|| {
+            self.identity
+                .and_then(Identity::username)
+                .map(|u| u.as_str().to_owned())
+        })
+    }
+}
+
+/// The pod's name: from the request, the object, or its `generateName` prefix.
+fn pod_name(req: &RequestIn, pod: &Value) -> String {
+    let meta = pod.get("metadata");
+    let text = |key| meta.and_then(|m| m.get(key)).and_then(Value::as_str);
+    match (req.name.as_deref().filter(|n| !n.is_empty()), text("name")) {
+        (Some(name), _) | (None, Some(name)) => name.to_owned(),
+        (None, None) => text("generateName")
+            .map(|g| format!("{g}*"))
+            .unwrap_or_default(),
+    }
+}

@@ -1,0 +1,296 @@
+//! The booking service, as the webhook uses it: one schedulability lookup per GPU pod
+//! (shared by concurrent lookups for the same user and reused for a few seconds), and
+//! fire-and-forget preemption requests and audit reports.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpu_booking_core::admission::{Identity, Schedulability};
+use serde_json::Value;
+use tokio::sync::{OnceCell, Semaphore};
+
+use crate::metrics::{CallLabel, Metrics};
+use crate::tls::FileStamp;
+
+/// How long a failed lookup is shared before the next admission tries again.
+const ERROR_TTL: Duration = Duration::from_secs(1);
+/// Entries kept before expired ones are swept.
+const CACHE_SWEEP_AT: usize = 4096;
+/// Side calls (preemption, audit) in flight at most; beyond, they are dropped.
+const MAX_SIDE_CALLS: usize = 256;
+
+/// Why the booking service gave no usable answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BookingError {
+    #[error("booking service answered HTTP {0}")]
+    Status(u16),
+    #[error("booking service did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("booking service unreachable: {0}")]
+    Transport(String),
+    #[error("booking service sent an unreadable answer: {0}")]
+    Body(String),
+    #[error("no service token: {0}")]
+    Token(String),
+}
+
+impl BookingError {
+    fn outcome(&self) -> &'static str {
+        match self {
+            BookingError::Timeout(_) => "timeout",
+            _ => "error",
+        }
+    }
+}
+
+/// Where the service token comes from: a value, or a file (a mounted Secret) that is
+/// re-read when it changes, so a rotated token needs no restart.
+pub enum TokenSource {
+    Static(String),
+    File {
+        path: PathBuf,
+        cached: Mutex<(Option<FileStamp>, String)>,
+    },
+}
+
+impl TokenSource {
+    pub fn file(path: PathBuf) -> anyhow::Result<Self> {
+        let source = TokenSource::File {
+            path,
+            cached: Mutex::new((None, String::new())),
+        };
+        source.token().map_err(|e| anyhow::anyhow!(e))?;
+        Ok(source)
+    }
+
+    pub fn token(&self) -> Result<String, BookingError> {
+        match self {
+            TokenSource::Static(token) => Ok(token.clone()),
+            TokenSource::File { path, cached } => {
+                let stamp = FileStamp::of(path).ok();
+                let mut cached = cached.lock().unwrap_or_else(|e| e.into_inner());
+                if stamp.is_some() && cached.0 == stamp {
+                    return Ok(cached.1.clone());
+                }
+                let token = std::fs::read_to_string(path)
+                    .map_err(|e| BookingError::Token(format!("{}: {e}", path.display())))?
+                    .trim()
+                    .to_owned();
+                if token.is_empty() {
+                    return Err(BookingError::Token(format!("{} is empty", path.display())));
+                }
+                *cached = (stamp, token.clone());
+                Ok(token)
+            }
+        }
+    }
+}
+
+type Answer = Result<Arc<Schedulability>, BookingError>;
+
+struct Entry {
+    cell: OnceCell<(Instant, Answer)>,
+}
+
+impl Entry {
+    /// In flight, or answered less than its time to live ago.
+    fn is_fresh(&self, ttl: Duration, now: Instant) -> bool {
+        match self.cell.get() {
+            None => true,
+            Some((at, Ok(_))) => now.duration_since(*at) < ttl,
+            Some((at, Err(_))) => now.duration_since(*at) < ttl.min(ERROR_TTL),
+        }
+    }
+}
+
+/// The booking service client.
+pub struct BookingClient {
+    http: reqwest::Client,
+    base: String,
+    token: TokenSource,
+    timeout: Duration,
+    ttl: Duration,
+    cache: Mutex<HashMap<(&'static str, String), Arc<Entry>>>,
+    side_calls: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+}
+
+impl BookingClient {
+    pub fn new(
+        base: &str,
+        token: TokenSource,
+        timeout: Duration,
+        ttl: Duration,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(32)
+            .tcp_nodelay(true)
+            .user_agent(concat!("gpu-booking-webhook/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        let base = base.trim_end_matches('/').to_owned();
+        reqwest::Url::parse(&base).map_err(|e| anyhow::anyhow!("--booking-url {base:?}: {e}"))?;
+        Ok(Self {
+            http,
+            base,
+            token,
+            timeout,
+            ttl,
+            cache: Mutex::new(HashMap::new()),
+            side_calls: Arc::new(Semaphore::new(MAX_SIDE_CALLS)),
+            metrics,
+        })
+    }
+
+    /// The schedulability of `who`: from the cache when a fresh answer (or a lookup in
+    /// flight) exists, else one call; within the booking timeout either way.
+    pub async fn schedulability(&self, who: &Identity) -> Answer {
+        let (kind, value) = who.query();
+        let key = (kind, value.to_owned());
+        let now = Instant::now();
+        let (entry, hit) = {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            match cache.get(&key) {
+                Some(entry) if entry.is_fresh(self.ttl, now) => (entry.clone(), true),
+                _ => {
+                    if cache.len() >= CACHE_SWEEP_AT {
+                        cache.retain(|_, e| e.is_fresh(self.ttl, now));
+                    }
+                    let entry = Arc::new(Entry {
+                        cell: OnceCell::new(),
+                    });
+                    cache.insert(key, entry.clone());
+                    (entry, false)
+                }
+            }
+        };
+        Metrics::outcome(
+            &self.metrics.cache_lookups,
+            if hit { "hit" } else { "miss" },
+        );
+        let lookup = entry.cell.get_or_init(|| async {
+            let answer = self.fetch(kind, value).await.map(Arc::new);
+            (Instant::now(), answer)
+        });
+        match tokio::time::timeout(self.timeout, lookup).await {
+            Ok((_, answer)) => answer.clone(),
+            Err(_) => Err(BookingError::Timeout(self.timeout)),
+        }
+    }
+
+    async fn fetch(&self, kind: &str, value: &str) -> Result<Schedulability, BookingError> {
+        let started = Instant::now();
+        let result = self.fetch_uncounted(kind, value).await;
+        self.metrics
+            .booking_duration
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.outcome(),
+        };
+        Metrics::outcome(&self.metrics.booking_requests, outcome);
+        result
+    }
+
+    async fn fetch_uncounted(
+        &self,
+        kind: &str,
+        value: &str,
+    ) -> Result<Schedulability, BookingError> {
+        let token = self.token.token()?;
+        let response = self
+            .http
+            .get(format!("{}/api/v1/schedulability", self.base))
+            .query(&[(kind, value)])
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        let status = response.status();
+        if status != reqwest::StatusCode::OK {
+            return Err(BookingError::Status(status.as_u16()));
+        }
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        serde_json::from_slice(&body).map_err(|e| BookingError::Body(e.to_string()))
+    }
+
+    fn transport_error(&self, e: reqwest::Error) -> BookingError {
+        if e.is_timeout() {
+            BookingError::Timeout(self.timeout)
+        } else {
+            // The chain names the cause (connection refused, reset, ...).
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                text = format!("{text}: {cause}");
+                source = cause.source();
+            }
+            BookingError::Transport(text)
+        }
+    }
+
+    /// Asks the controller (through the service) to free a unit of a model. Returns at
+    /// once; the call runs on its own task.
+    pub fn request_preemption(self: &Arc<Self>, body: Value) {
+        self.side_call("preemption", "/api/v1/preemptions", body);
+    }
+
+    /// Reports an admission to the audit log. Returns at once.
+    pub fn audit(self: &Arc<Self>, body: Value) {
+        self.side_call("audit", "/api/v1/audit", body);
+    }
+
+    fn side_call(self: &Arc<Self>, call: &'static str, path: &'static str, body: Value) {
+        let count = |outcome| {
+            self.metrics
+                .side_calls
+                .get_or_create(&CallLabel { call, outcome })
+                .inc();
+        };
+        let Ok(permit) = self.side_calls.clone().try_acquire_owned() else {
+            tracing::warn!(call, "too many side calls in flight; dropped");
+            count("dropped");
+            return;
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let outcome = match this.post(path, &body).await {
+                Ok(()) => "ok",
+                Err(e) => {
+                    tracing::warn!(call, error = %e, "booking service call failed");
+                    "error"
+                }
+            };
+            this.metrics
+                .side_calls
+                .get_or_create(&CallLabel { call, outcome })
+                .inc();
+        });
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> Result<(), BookingError> {
+        let token = self.token.token()?;
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(BookingError::Status(response.status().as_u16()))
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Options of `gpu-booking webhook`; `--help` is the documentation.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use gpu_booking_core::admission::{
+    AdmissionConfig, BookingErrorPolicy, DEFAULT_GPUMEM_RESOURCE, DEFAULT_GPU_RESOURCE,
+    DEFAULT_HIGH_PRIORITY_CLASS, DEFAULT_LOW_PRIORITY_CLASS, DEFAULT_MODEL_NODE_LABEL,
+    DEFAULT_TERMINATE_AT_ANNOTATION,
+};
+use gpu_booking_core::gpu_model::ModelName;
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Json,
+    #[default]
+    Plain,
+}
+
+/// `--on-booking-error`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum OnBookingError {
+    /// Admit the pod unchanged, with a warning.
+    #[default]
+    Allow,
+    /// Remove the pod's GPU, with a warning.
+    Strip,
+}
+
+impl From<OnBookingError> for BookingErrorPolicy {
+    fn from(value: OnBookingError) -> Self {
+        match value {
+            OnBookingError::Allow => BookingErrorPolicy::Allow,
+            OnBookingError::Strip => BookingErrorPolicy::Strip,
+        }
+    }
+}
+
+/// Everything the webhook can be told; every option also reads an environment variable.
+#[derive(Debug, Clone, Args)]
+pub struct WebhookArgs {
+    /// HTTPS address of `POST /mutate`.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_WEBHOOK_LISTEN",
+        default_value = "0.0.0.0:8443"
+    )]
+    pub listen: SocketAddr,
+
+    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_WEBHOOK_ADMIN_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub admin_listen: SocketAddr,
+
+    /// PEM certificate chain of the serving certificate; re-read when the file changes
+    /// (a rotated Secret is picked up by the next connection, no restart).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_TLS_CERT")]
+    pub tls_cert: PathBuf,
+
+    /// PEM private key of the serving certificate; re-read with the certificate.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_TLS_KEY")]
+    pub tls_key: PathBuf,
+
+    /// Base URL of the booking service, e.g. http://gpu-booking-api:8080.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_BOOKING_URL")]
+    pub booking_url: String,
+
+    /// Service token (a JWT with the `service` role) for the booking service.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_WEBHOOK_SERVICE_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "service_token_file"
+    )]
+    pub service_token: Option<String>,
+
+    /// File holding the service token; re-read when it changes.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_SERVICE_TOKEN_FILE")]
+    pub service_token_file: Option<PathBuf>,
+
+    /// Longest wait for the booking service before `--on-booking-error` applies
+    /// (keep it well under the webhook timeout of the API server, 10 s at most).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_BOOKING_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub booking_timeout: Duration,
+
+    /// How long an answer of the booking service is reused for the same user or slug,
+    /// so that a burst of spawns makes one call (0s: no reuse).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_CACHE_TTL", default_value = "3s", value_parser = parse_duration)]
+    pub cache_ttl: Duration,
+
+    /// What to do with a GPU pod when the booking service fails or is too slow.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_ON_BOOKING_ERROR", value_enum, default_value_t = OnBookingError::Allow)]
+    pub on_booking_error: OnBookingError,
+
+    /// Annotation that carries a booked pod's end (RFC 3339, UTC) for the controller.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_TERMINATE_AT_ANNOTATION", default_value = DEFAULT_TERMINATE_AT_ANNOTATION)]
+    pub terminate_at_annotation: String,
+
+    /// Node label whose value is a model name; booked and lent pods get it as node
+    /// selector. The controller labels GPU nodes with it (a node selector on
+    /// nvidia.com/gpu.product cannot express a model that several products map to).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_MODEL_NODE_LABEL", default_value = DEFAULT_MODEL_NODE_LABEL)]
+    pub model_node_label: String,
+
+    /// Priority class of booked pods ("" leaves the class alone).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_HIGH_PRIORITY_CLASS", default_value = DEFAULT_HIGH_PRIORITY_CLASS)]
+    pub high_priority_class: String,
+
+    /// Priority class of pods that got a GPU without a booking ("" leaves it alone).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_LOW_PRIORITY_CLASS", default_value = DEFAULT_LOW_PRIORITY_CLASS)]
+    pub low_priority_class: String,
+
+    /// Generic GPU resources (any model); repeat or separate with commas.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_GPU_RESOURCE", value_delimiter = ',', default_value = DEFAULT_GPU_RESOURCE)]
+    pub gpu_resource: Vec<String>,
+
+    /// Extended resource that carries the VRAM budget in MiB.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_GPUMEM_RESOURCE", default_value = DEFAULT_GPUMEM_RESOURCE)]
+    pub gpumem_resource: String,
+
+    /// VRAM budget (MiB per GPU) for models without one of their own.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_DEFAULT_GPUMEM_MIB")]
+    pub default_gpumem_mib: Option<u64>,
+
+    /// VRAM budget of a model, MODEL=MIB (e.g. a100=40960); the booking service's
+    /// declared budget wins when it has one. Repeat or separate with commas.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_MODEL_GPUMEM", value_delimiter = ',', value_parser = parse_model_gpumem)]
+    pub model_gpumem: Vec<(ModelName, u64)>,
+
+    /// A per-model resource, MODEL=RESOURCE (e.g. a100=nvidia.com/a100,
+    /// mig-1g.5gb=nvidia.com/mig-1g.5gb). Repeat or separate with commas.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_MODEL_RESOURCE", value_delimiter = ',', value_parser = parse_model_resource)]
+    pub model_resource: Vec<(ModelName, String)>,
+
+    /// Log line format.
+    #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+impl WebhookArgs {
+    /// Arguments for tests and the demo: everything at its default.
+    pub fn with_defaults(
+        tls_cert: PathBuf,
+        tls_key: PathBuf,
+        booking_url: String,
+        service_token: String,
+    ) -> Self {
+        Self {
+            listen: ([0, 0, 0, 0], 8443).into(),
+            admin_listen: ([0, 0, 0, 0], 9090).into(),
+            tls_cert,
+            tls_key,
+            booking_url,
+            service_token: Some(service_token),
+            service_token_file: None,
+            booking_timeout: Duration::from_secs(2),
+            cache_ttl: Duration::from_secs(3),
+            on_booking_error: OnBookingError::Allow,
+            terminate_at_annotation: DEFAULT_TERMINATE_AT_ANNOTATION.into(),
+            model_node_label: DEFAULT_MODEL_NODE_LABEL.into(),
+            high_priority_class: DEFAULT_HIGH_PRIORITY_CLASS.into(),
+            low_priority_class: DEFAULT_LOW_PRIORITY_CLASS.into(),
+            gpu_resource: vec![DEFAULT_GPU_RESOURCE.into()],
+            gpumem_resource: DEFAULT_GPUMEM_RESOURCE.into(),
+            default_gpumem_mib: None,
+            model_gpumem: Vec::new(),
+            model_resource: Vec::new(),
+            log_format: LogFormat::Plain,
+        }
+    }
+
+    /// The pure admission configuration these options describe, checked.
+    pub fn admission_config(&self) -> anyhow::Result<AdmissionConfig> {
+        let class = |c: &str| (!c.is_empty()).then(|| c.to_owned());
+        let mut model_resources = BTreeMap::new();
+        for (model, resource) in &self.model_resource {
+            if let Some(other) = model_resources.insert(resource.clone(), model.clone()) {
+                bail!("--model-resource: {resource} is given for both {other} and {model}");
+            }
+        }
+        let cfg = AdmissionConfig {
+            gpu_resources: self.gpu_resource.clone(),
+            model_resources,
+            gpumem_resource: self.gpumem_resource.clone(),
+            default_gpumem_mib: self.default_gpumem_mib,
+            model_gpumem_mib: self.model_gpumem.iter().cloned().collect(),
+            terminate_at_annotation: self.terminate_at_annotation.clone(),
+            model_node_label: self.model_node_label.clone(),
+            high_priority_class: class(&self.high_priority_class),
+            low_priority_class: class(&self.low_priority_class),
+            on_booking_error: self.on_booking_error.into(),
+        };
+        cfg.validate().context("invalid webhook options")?;
+        Ok(cfg)
+    }
+}
+
+/// `2s`, `500ms`, `1m` (humantime), or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
+}
+
+fn split_pair(s: &str) -> Result<(ModelName, &str), String> {
+    let (model, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected MODEL=VALUE"))?;
+    let model = ModelName::parse(model.trim()).map_err(|e| e.to_string())?;
+    Ok((model, value.trim()))
+}
+
+fn parse_model_gpumem(s: &str) -> Result<(ModelName, u64), String> {
+    let (model, mib) = split_pair(s)?;
+    let mib = mib
+        .parse()
+        .map_err(|_| format!("{s:?}: the budget must be a whole number of MiB"))?;
+    Ok((model, mib))
+}
+
+fn parse_model_resource(s: &str) -> Result<(ModelName, String), String> {
+    let (model, resource) = split_pair(s)?;
+    Ok((model, resource.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: WebhookArgs,
+    }
+
+    #[test]
+    fn parses_every_option() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--tls-cert=c.pem",
+            "--tls-key=k.pem",
+            "--booking-url=http://api:8080",
+            "--service-token=t",
+            "--booking-timeout=500ms",
+            "--on-booking-error=strip",
+            "--model-gpumem=a100=40960,a6000=12288",
+            "--model-resource",
+            "a100=nvidia.com/a100",
+            "--model-resource",
+            "mig-1g.5gb=nvidia.com/mig-1g.5gb",
+            "--default-gpumem-mib=8192",
+            "--low-priority-class=",
+            "--log-format=json",
+        ])
+        .unwrap();
+        let args = cli.args;
+        assert_eq!(args.booking_timeout, Duration::from_millis(500));
+        let cfg = args.admission_config().unwrap();
+        assert_eq!(cfg.on_booking_error, BookingErrorPolicy::Strip);
+        assert_eq!(cfg.model_resources.len(), 2);
+        assert_eq!(cfg.model_gpumem_mib.len(), 2);
+        assert_eq!(cfg.low_priority_class, None);
+        assert_eq!(cfg.high_priority_class.as_deref(), Some("gpu-booking-high"));
+    }
+
+    #[test]
+    fn refuses_bad_values() {
+        let base = ["x", "--tls-cert=c", "--tls-key=k", "--booking-url=u"];
+        for bad in [
+            "--model-gpumem=A100=1",
+            "--model-gpumem=a100=lots",
+            "--model-resource=a100",
+            "--booking-timeout=soon",
+        ] {
+            assert!(
+                Cli::try_parse_from(base.iter().copied().chain([bad])).is_err(),
+                "{bad}"
+            );
+        }
+        let cli =
+            Cli::try_parse_from(base.iter().copied().chain(["--gpumem-resource=bad key"])).unwrap();
+        assert!(cli.args.admission_config().is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("-1").is_err());
+    }
+}

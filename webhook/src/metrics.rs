@@ -1,0 +1,163 @@
+//! Prometheus metrics of the webhook: `gpu_booking_webhook_*`, counters end in
+//! `_total`, durations are histograms in seconds.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabel {
+    /// `no_gpu`, `booked`, `low_priority`, `strip`, `budget_only`,
+    /// `booking_error_allow`, `booking_error_strip`, `ignored`, `invalid`, `internal_error`.
+    pub decision: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabel {
+    /// `preemption` or `audit`.
+    pub call: &'static str,
+    pub outcome: &'static str,
+}
+
+fn duration_histogram() -> Histogram {
+    // 50 µs .. ~6.5 s
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+}
+
+/// Every metric of the webhook, registered once in [`Metrics::new`].
+pub struct Metrics {
+    pub registry: Registry,
+    pub admissions: Family<DecisionLabel, Counter>,
+    pub admission_duration: Family<DecisionLabel, Histogram, fn() -> Histogram>,
+    pub booking_requests: Family<OutcomeLabel, Counter>,
+    pub booking_duration: Histogram,
+    pub cache_lookups: Family<OutcomeLabel, Counter>,
+    pub side_calls: Family<CallLabel, Counter>,
+    pub tls_reloads: Family<OutcomeLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("gpu_booking");
+        let admissions = Family::<DecisionLabel, Counter>::default();
+        let admission_duration =
+            Family::<DecisionLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+                duration_histogram as fn() -> Histogram,
+            );
+        let booking_requests = Family::<OutcomeLabel, Counter>::default();
+        let booking_duration = duration_histogram();
+        let cache_lookups = Family::<OutcomeLabel, Counter>::default();
+        let side_calls = Family::<CallLabel, Counter>::default();
+        let tls_reloads = Family::<OutcomeLabel, Counter>::default();
+        {
+            let r = registry.sub_registry_with_prefix("webhook");
+            r.register(
+                "admissions",
+                "Admission reviews answered, by decision",
+                admissions.clone(),
+            );
+            r.register_with_unit(
+                "admission_duration",
+                "Time to answer an admission review, by decision",
+                Unit::Seconds,
+                admission_duration.clone(),
+            );
+            r.register(
+                "booking_requests",
+                "Schedulability calls to the booking service, by outcome (ok, error, timeout)",
+                booking_requests.clone(),
+            );
+            r.register_with_unit(
+                "booking_request_duration",
+                "Duration of schedulability calls to the booking service",
+                Unit::Seconds,
+                booking_duration.clone(),
+            );
+            r.register(
+                "schedulability_cache",
+                "Schedulability lookups, by outcome (hit, miss)",
+                cache_lookups.clone(),
+            );
+            r.register(
+                "side_calls",
+                "Preemption requests and audit reports sent, by call and outcome",
+                side_calls.clone(),
+            );
+            r.register(
+                "tls_reloads",
+                "Serving certificate (re)loads, by outcome",
+                tls_reloads.clone(),
+            );
+        }
+        Self {
+            registry,
+            admissions,
+            admission_duration,
+            booking_requests,
+            booking_duration,
+            cache_lookups,
+            side_calls,
+            tls_reloads,
+        }
+    }
+
+    pub fn admitted(&self, decision: &'static str, took: Duration) {
+        let label = DecisionLabel { decision };
+        self.admissions.get_or_create(&label).inc();
+        self.admission_duration
+            .get_or_create(&label)
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn outcome(family: &Family<OutcomeLabel, Counter>, outcome: &'static str) {
+        family.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_convention() {
+        let m = Metrics::new();
+        m.admitted("booked", Duration::from_millis(1));
+        Metrics::outcome(&m.booking_requests, "ok");
+        let text = m.encode();
+        assert!(
+            text.contains("gpu_booking_webhook_admissions_total{decision=\"booked\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_booking_webhook_admission_duration_seconds_bucket"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_booking_webhook_booking_requests_total{outcome=\"ok\"} 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! The serving certificate, re-read when its files change.
+//!
+//! Kubernetes updates a mounted Secret by writing a new timestamped directory and
+//! swapping the `..data` symlink, so watching the files for writes sees nothing. Here
+//! each new connection `stat`s both paths (following the symlinks); when the file
+//! behind either changed (device, inode, size or mtime), both are read and parsed, and
+//! the next handshake uses the new pair. A half-rotated pair (a key that does not match
+//! the certificate yet) is refused and the old pair kept until the next connection.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use anyhow::Context;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConfig;
+
+use crate::metrics::Metrics;
+
+/// What identifies one version of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl FileStamp {
+    /// The stamp of the file `path` leads to (symlinks followed).
+    pub fn of(path: &Path) -> std::io::Result<Self> {
+        let meta = std::fs::metadata(path)?;
+        #[cfg(unix)]
+        let (dev, ino) = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino())
+        };
+        #[cfg(not(unix))]
+        let (dev, ino) = (0, 0);
+        Ok(Self {
+            dev,
+            ino,
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        })
+    }
+}
+
+struct Loaded {
+    stamps: (FileStamp, FileStamp),
+    pem: (Vec<u8>, Vec<u8>),
+    config: Arc<ServerConfig>,
+}
+
+/// The current TLS configuration of the webhook, kept in step with the files.
+pub struct CertStore {
+    cert: PathBuf,
+    key: PathBuf,
+    loaded: Mutex<Loaded>,
+    metrics: Arc<Metrics>,
+}
+
+impl CertStore {
+    /// Loads the pair; fails if it cannot be read or does not match.
+    pub fn load(cert: PathBuf, key: PathBuf, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
+        let stamps = (FileStamp::of(&cert)?, FileStamp::of(&key)?);
+        let pem = read_pair(&cert, &key)?;
+        let config = server_config(&pem.0, &pem.1)
+            .with_context(|| format!("loading {} and {}", cert.display(), key.display()))?;
+        Metrics::outcome(&metrics.tls_reloads, "ok");
+        Ok(Self {
+            cert,
+            key,
+            loaded: Mutex::new(Loaded {
+                stamps,
+                pem,
+                config,
+            }),
+            metrics,
+        })
+    }
+
+    /// The configuration for a new connection, reloaded first if the files changed.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        let stamps = FileStamp::of(&self.cert).and_then(|c| Ok((c, FileStamp::of(&self.key)?)));
+        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(stamps) = stamps else {
+            // Mid-swap or gone: keep serving what we have.
+            return loaded.config.clone();
+        };
+        if stamps == loaded.stamps {
+            return loaded.config.clone();
+        }
+        match read_pair(&self.cert, &self.key) {
+            Ok(pem) if pem == loaded.pem => loaded.stamps = stamps,
+            Ok(pem) => match server_config(&pem.0, &pem.1) {
+                Ok(config) => {
+                    tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
+                    Metrics::outcome(&self.metrics.tls_reloads, "ok");
+                    *loaded = Loaded {
+                        stamps,
+                        pem,
+                        config,
+                    };
+                }
+                Err(e) => {
+                    // Not recorded as seen: the next connection tries again.
+                    tracing::warn!(error = %e, "new certificate files refused; keeping the old ones");
+                    Metrics::outcome(&self.metrics.tls_reloads, "error");
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "certificate files unreadable; keeping the old ones");
+                Metrics::outcome(&self.metrics.tls_reloads, "error");
+            }
+        }
+        loaded.config.clone()
+    }
+}
+
+fn read_pair(cert: &Path, key: &Path) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    let c = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+    let k = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
+    Ok((c, k))
+}
+
+/// A rustls server configuration (ring provider, TLS 1.2 and 1.3, ALPN h2 and
+/// http/1.1) from a PEM certificate chain and key, refusing a key that does not match.
+pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> anyhow::Result<Arc<ServerConfig>> {
+    let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &cert_pem[..])
+        .collect::<Result<_, _>>()
+        .context("parsing the certificate PEM")?;
+    anyhow::ensure!(!certs.is_empty(), "no certificate in the certificate file");
+    let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &key_pem[..])
+        .context("parsing the key PEM")?
+        .context("no private key in the key file")?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("certificate and key do not form a pair")?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
