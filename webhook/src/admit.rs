@@ -36,6 +36,10 @@ impl Webhook {
         &self.cfg
     }
 
+    pub fn booking(&self) -> &Arc<BookingClient> {
+        &self.booking
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -114,6 +115,7 @@ pub struct BookingClient {
     ttl: Duration,
     cache: Mutex<HashMap<(&'static str, String), Arc<Entry>>>,
     side_calls: Arc<Semaphore>,
+    side_calls_started: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
@@ -143,6 +145,7 @@ impl BookingClient {
             ttl,
             cache: Mutex::new(HashMap::new()),
             side_calls: Arc::new(Semaphore::new(MAX_SIDE_CALLS)),
+            side_calls_started: AtomicU64::new(0),
             metrics,
         })
     }
@@ -248,7 +251,14 @@ impl BookingClient {
         self.side_call("audit", "/api/v1/audit", body);
     }
 
+    /// Preemption requests and audit reports started so far (counted before they are
+    /// sent, so a test can tell at once that none was started).
+    pub fn side_calls_started(&self) -> u64 {
+        self.side_calls_started.load(Ordering::SeqCst)
+    }
+
     fn side_call(self: &Arc<Self>, call: &'static str, path: &'static str, body: Value) {
+        self.side_calls_started.fetch_add(1, Ordering::SeqCst);
         let count = |outcome| {
             self.metrics
                 .side_calls
