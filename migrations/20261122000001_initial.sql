@@ -55,8 +55,8 @@ CREATE TABLE booking (
     CONSTRAINT booking_user_excl EXCLUDE USING gist (user_name WITH =, period WITH &&)
         WHERE (cancelled_at IS NULL)
 );
-CREATE INDEX booking_model_period_idx ON booking USING gist (model, period) WHERE cancelled_at IS NULL;
-CREATE INDEX booking_user_idx ON booking (user_name, start_at);
+-- No further indexes: the two exclusion constraints' GiST indexes serve the look-ups
+-- by (model, period) and by user, and every extra index is paid on each create.
 
 -- Requests from the webhook to free a unit of a model for a booked user; the
 -- controller takes them.
@@ -85,7 +85,6 @@ CREATE TABLE audit_event (
     booking_id bigint,
     details    jsonb NOT NULL DEFAULT '{}'::jsonb
 );
-CREATE INDEX audit_event_at_idx ON audit_event (at);
 
 CREATE FUNCTION audit_event_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

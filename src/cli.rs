@@ -7,7 +7,11 @@ use gpu_booking_api::config::{parse_duration, ApiArgs, AuthArgs, DatabaseArgs};
 use gpu_booking_api::server;
 
 #[derive(Debug, Parser)]
-#[command(name = "gpu-booking", version, about = "GPU booking and enforcement for JupyterHub on Kubernetes")]
+#[command(
+    name = "gpu-booking",
+    version,
+    about = "GPU booking and enforcement for JupyterHub on Kubernetes"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -57,8 +61,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Token(args) => {
-            let secret = server::hs256_secret(&args.auth)?
-                .ok_or_else(|| anyhow::anyhow!("set GPU_BOOKING_JWT_SECRET or --jwt-secret-file"))?;
+            let secret = server::hs256_secret(&args.auth)?.ok_or_else(|| {
+                anyhow::anyhow!("set GPU_BOOKING_JWT_SECRET or --jwt-secret-file")
+            })?;
             let role = args.role.map(|r| match r {
                 RoleArg::Admin => Role::Admin,
                 RoleArg::Service => Role::Service,

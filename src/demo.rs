@@ -42,7 +42,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             None => private_cluster(&args.data_dir)?,
         },
     };
-    let database = DatabaseArgs { database_url: url.clone(), db_max_connections: 8 };
+    let database = DatabaseArgs {
+        database_url: url.clone(),
+        db_max_connections: 8,
+    };
     let pool = server::connect(&database).await?;
     server::migrate(&pool).await?;
     seed(&pool).await?;
@@ -52,7 +55,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let api_args = ApiArgs {
         listen: args.listen,
         database,
-        auth: AuthArgs { jwt_secret: Some(String::from_utf8(secret.clone())?), ..AuthArgs::default() },
+        auth: AuthArgs {
+            jwt_secret: Some(String::from_utf8(secret.clone())?),
+            ..AuthArgs::default()
+        },
         policy: PolicyArgs::default(),
         log_format: LogFormat::Plain,
     };
@@ -65,10 +71,22 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("  database:     {}", redact(&url));
     println!("  booking page: http://{}/", args.listen);
     println!("  OpenAPI:      http://{}/api/openapi.json", args.listen);
-    println!("  user token  (alice@example.com):  {}", token("alice@example.com", None)?);
-    println!("  admin token (admin@example.com):  {}", token("admin@example.com", Some(Role::Admin))?);
-    println!("  service token (webhook):          {}", token("webhook", Some(Role::Service))?);
-    println!("  try: curl -H \"Authorization: Bearer <user token>\" http://{}/api/v1/models", args.listen);
+    println!(
+        "  user token  (alice@example.com):  {}",
+        token("alice@example.com", None)?
+    );
+    println!(
+        "  admin token (admin@example.com):  {}",
+        token("admin@example.com", Some(Role::Admin))?
+    );
+    println!(
+        "  service token (webhook):          {}",
+        token("webhook", Some(Role::Service))?
+    );
+    println!(
+        "  try: curl -H \"Authorization: Bearer <user token>\" http://{}/api/v1/models",
+        args.listen
+    );
     println!("Ctrl-C stops it.");
     server::serve(listener, server::state(pool, &api_args, auth)).await
 }
@@ -80,11 +98,19 @@ async fn seed(pool: &PgPool) -> anyhow::Result<()> {
         return Ok(());
     }
     let now = chrono::Utc::now();
-    for (name, units, pattern, mib, in_use) in
-        [("a100", 2, "*A100*", 40960, 2), ("a6000", 4, "*A6000*", 49152, 0)]
-    {
+    for (name, units, pattern, mib, in_use) in [
+        ("a100", 2, "*A100*", 40960, 2),
+        ("a6000", 4, "*A6000*", 49152, 0),
+    ] {
         let patterns = vec![pattern.to_string()];
-        let spec = ModelSpec { name, units, patterns: &patterns, resource: None, gpumem_mib: mib, position: None };
+        let spec = ModelSpec {
+            name,
+            units,
+            patterns: &patterns,
+            resource: None,
+            gpumem_mib: mib,
+            position: None,
+        };
         models::upsert(pool, spec, now).await?;
         models::set_usage(pool, name, in_use, None, now).await?;
     }
@@ -95,16 +121,24 @@ async fn seed(pool: &PgPool) -> anyhow::Result<()> {
 async fn local_server() -> Option<String> {
     for user in ["postgres", "root"] {
         let admin = format!("postgres://{user}@127.0.0.1:5432/postgres");
-        let Ok(pool) = PgPoolOptions::new().max_connections(1).connect(&admin).await else {
+        let Ok(pool) = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&admin)
+            .await
+        else {
             continue;
         };
-        let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-            .bind(DEMO_DB)
-            .fetch_optional(&pool)
-            .await
-            .ok()?;
+        let exists: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+                .bind(DEMO_DB)
+                .fetch_optional(&pool)
+                .await
+                .ok()?;
         if exists.is_none() {
-            sqlx::query(&format!("CREATE DATABASE {DEMO_DB}")).execute(&pool).await.ok()?;
+            sqlx::query(&format!("CREATE DATABASE {DEMO_DB}"))
+                .execute(&pool)
+                .await
+                .ok()?;
         }
         return Some(format!("postgres://{user}@127.0.0.1:5432/{DEMO_DB}"));
     }
@@ -113,7 +147,8 @@ async fn local_server() -> Option<String> {
 
 /// Starts (creating if needed) a private cluster with the system's tools.
 fn private_cluster(dir: &Path) -> anyhow::Result<String> {
-    let bin = postgres_bin_dir().context("no Postgres server on 127.0.0.1:5432 and no initdb/pg_ctl found")?;
+    let bin = postgres_bin_dir()
+        .context("no Postgres server on 127.0.0.1:5432 and no initdb/pg_ctl found")?;
     if is_root() {
         bail!("no Postgres on 127.0.0.1:5432, and initdb refuses to run as root: set DATABASE_URL or run as a normal user");
     }
@@ -128,7 +163,10 @@ fn private_cluster(dir: &Path) -> anyhow::Result<String> {
             .success();
         anyhow::ensure!(ok, "initdb failed");
     }
-    let options = format!("-p {PRIVATE_PORT} -c listen_addresses=127.0.0.1 -k {}", dir.display());
+    let options = format!(
+        "-p {PRIVATE_PORT} -c listen_addresses=127.0.0.1 -k {}",
+        dir.display()
+    );
     let _ = Command::new(bin.join("pg_ctl"))
         .arg("-D")
         .arg(&dir)
@@ -136,7 +174,9 @@ fn private_cluster(dir: &Path) -> anyhow::Result<String> {
         .arg(dir.join("log"))
         .args(["-w", "start"])
         .status()?;
-    Ok(format!("postgres://postgres@127.0.0.1:{PRIVATE_PORT}/postgres"))
+    Ok(format!(
+        "postgres://postgres@127.0.0.1:{PRIVATE_PORT}/postgres"
+    ))
 }
 
 fn postgres_bin_dir() -> Option<PathBuf> {
@@ -156,7 +196,11 @@ fn postgres_bin_dir() -> Option<PathBuf> {
 
 fn is_root() -> bool {
     std::env::var("USER").map(|u| u == "root").unwrap_or(false)
-        || Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n")).unwrap_or(false)
+        || Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| o.stdout.starts_with(b"0\n"))
+            .unwrap_or(false)
 }
 
 fn redact(url: &str) -> String {

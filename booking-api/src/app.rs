@@ -27,7 +27,10 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
         .route("/bookings", get(bookings::list).post(bookings::create))
-        .route("/bookings/{id}", get(bookings::get).delete(bookings::cancel))
+        .route(
+            "/bookings/{id}",
+            get(bookings::get).delete(bookings::cancel),
+        )
         .route("/me/next-start", get(me::next_start))
         .route("/models", get(models::list))
         .route("/models/{name}", put(models::put))
@@ -35,16 +38,25 @@ pub fn router(state: AppState) -> Router {
         .route("/models/{name}/availability", get(models::availability))
         .route("/schedulability", get(schedulability::get))
         .route("/audit", get(audit::list).post(audit::report))
-        .route("/preemptions", get(preemptions::open).post(preemptions::request))
+        .route(
+            "/preemptions",
+            get(preemptions::open).post(preemptions::request),
+        )
         .route("/preemptions/{id}", put(preemptions::handle));
     Router::new()
         .nest("/api/v1", api)
-        .route("/api/openapi.json", get(|| async { axum::Json(ApiDoc::openapi()) }))
+        .route(
+            "/api/openapi.json",
+            get(|| async { axum::Json(ApiDoc::openapi()) }),
+        )
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .merge(crate::page::routes())
         .fallback(|| async { crate::error::ApiError::NotFound("no such route".into()) })
-        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
+        ))
         .with_state(state)
 }

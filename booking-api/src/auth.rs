@@ -7,7 +7,9 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use chrono::{TimeDelta, Utc};
 use gpu_booking_core::username::Username;
-use jsonwebtoken::{decode, decode_header, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use jsonwebtoken::{
+    decode, decode_header, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -44,7 +46,9 @@ impl Caller {
         if self.service || self.admin {
             Ok(())
         } else {
-            Err(ApiError::Forbidden("this needs the service or admin role".into()))
+            Err(ApiError::Forbidden(
+                "this needs the service or admin role".into(),
+            ))
         }
     }
 
@@ -53,7 +57,9 @@ impl Caller {
         if self.admin || self.user.as_str() == owner {
             Ok(())
         } else {
-            Err(ApiError::Forbidden("this booking belongs to another user".into()))
+            Err(ApiError::Forbidden(
+                "this booking belongs to another user".into(),
+            ))
         }
     }
 }
@@ -119,13 +125,25 @@ impl Authenticator {
         let header = decode_header(token).map_err(|_| unauthorized("malformed"))?;
         let claims = match header.alg {
             Algorithm::HS256 => {
-                let key = self.hs256.as_ref().ok_or_else(|| unauthorized("HS256 tokens are not accepted"))?;
+                let key = self
+                    .hs256
+                    .as_ref()
+                    .ok_or_else(|| unauthorized("HS256 tokens are not accepted"))?;
                 decode::<Claims>(token, key, &self.validation(Algorithm::HS256))
             }
             alg @ (Algorithm::RS256 | Algorithm::ES256) => {
-                let jwks = self.jwks.as_ref().ok_or_else(|| unauthorized("no JWKS configured"))?;
-                let kid = header.kid.as_deref().ok_or_else(|| unauthorized("no key id"))?;
-                let key = jwks.key(kid, alg).await.ok_or_else(|| unauthorized("unknown key"))?;
+                let jwks = self
+                    .jwks
+                    .as_ref()
+                    .ok_or_else(|| unauthorized("no JWKS configured"))?;
+                let kid = header
+                    .kid
+                    .as_deref()
+                    .ok_or_else(|| unauthorized("no key id"))?;
+                let key = jwks
+                    .key(kid, alg)
+                    .await
+                    .ok_or_else(|| unauthorized("unknown key"))?;
                 decode::<Claims>(token, &key, &self.validation(alg))
             }
             _ => return Err(unauthorized("algorithm not accepted")),
@@ -139,8 +157,12 @@ impl Authenticator {
             _ => unauthorized("rejected"),
         })?
         .claims;
-        let name = claims.email.or(claims.sub).ok_or_else(|| unauthorized("no email or sub claim"))?;
-        let user = Username::parse(&name).map_err(|e| ApiError::Unauthorized(format!("invalid token: user name: {e}")))?;
+        let name = claims
+            .email
+            .or(claims.sub)
+            .ok_or_else(|| unauthorized("no email or sub claim"))?;
+        let user = Username::parse(&name)
+            .map_err(|e| ApiError::Unauthorized(format!("invalid token: user name: {e}")))?;
         let roles = claims
             .roles
             .iter()
@@ -153,7 +175,11 @@ impl Authenticator {
                 _ => {}
             }
         }
-        Ok(Caller { user, admin, service })
+        Ok(Caller {
+            user,
+            admin,
+            service,
+        })
     }
 }
 
@@ -168,16 +194,26 @@ impl FromRequestParts<AppState> for Caller {
         let token = header
             .to_str()
             .ok()
-            .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+            .and_then(|h| {
+                h.strip_prefix("Bearer ")
+                    .or_else(|| h.strip_prefix("bearer "))
+            })
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| ApiError::Unauthorized("the Authorization header must be `Bearer <token>`".into()))?;
+            .ok_or_else(|| {
+                ApiError::Unauthorized("the Authorization header must be `Bearer <token>`".into())
+            })?;
         state.auth.verify(token).await
     }
 }
 
 /// Mints an HS256 token for `user` with the given role, valid for `ttl`.
-pub fn mint_token(secret: &[u8], user: &str, role: Option<Role>, ttl: TimeDelta) -> anyhow::Result<String> {
+pub fn mint_token(
+    secret: &[u8],
+    user: &str,
+    role: Option<Role>,
+    ttl: TimeDelta,
+) -> anyhow::Result<String> {
     let roles: Vec<&str> = match role {
         Some(Role::Admin) => vec!["admin"],
         Some(Role::Service) => vec!["service"],
@@ -190,5 +226,9 @@ pub fn mint_token(secret: &[u8], user: &str, role: Option<Role>, ttl: TimeDelta)
         "iat": now.timestamp(),
         "exp": (now + ttl).timestamp(),
     });
-    Ok(encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret))?)
+    Ok(encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret),
+    )?)
 }

@@ -23,7 +23,11 @@ impl JwksCache {
             .timeout(Duration::from_secs(5))
             .build()
             .unwrap_or_default();
-        JwksCache { url, client, state: Mutex::new(None) }
+        JwksCache {
+            url,
+            client,
+            state: Mutex::new(None),
+        }
     }
 
     /// The key with this id, usable for `alg`, fetching the set again if needed.
@@ -55,7 +59,14 @@ impl JwksCache {
     }
 
     async fn fetch(&self) -> anyhow::Result<JwkSet> {
-        Ok(self.client.get(&self.url).send().await?.error_for_status()?.json().await?)
+        Ok(self
+            .client
+            .get(&self.url)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
     }
 }
 

@@ -44,7 +44,11 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.0005, 2.0, 14))
         });
         let booking_creates = Family::<ResultLabels, Counter>::default();
-        registry.register("http_requests", "HTTP requests by route and status", requests.clone());
+        registry.register(
+            "http_requests",
+            "HTTP requests by route and status",
+            requests.clone(),
+        );
         registry.register(
             "http_request_duration_seconds",
             "HTTP request duration by route",
@@ -55,7 +59,12 @@ impl Default for Metrics {
             "Booking create attempts by result",
             booking_creates.clone(),
         );
-        Metrics { registry, requests, duration, booking_creates }
+        Metrics {
+            registry,
+            requests,
+            duration,
+            booking_creates,
+        }
     }
 }
 
@@ -81,10 +90,16 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
     let response = next.run(req).await;
     let m = &state.metrics;
     m.duration
-        .get_or_create(&RouteLabels { route: route.clone() })
+        .get_or_create(&RouteLabels {
+            route: route.clone(),
+        })
         .observe(started.elapsed().as_secs_f64());
     m.requests
-        .get_or_create(&RequestLabels { method, route, status: response.status().as_u16() })
+        .get_or_create(&RequestLabels {
+            method,
+            route,
+            status: response.status().as_u16(),
+        })
         .inc();
     response
 }

@@ -14,9 +14,18 @@ const STYLE_CSS: &str = include_str!("../assets/style.css");
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
-        .route("/assets/app.js", get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }))
-        .route("/assets/style.css", get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }))
+        .route(
+            "/",
+            get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
+        )
+        .route(
+            "/assets/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/assets/style.css",
+            get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
+        )
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {

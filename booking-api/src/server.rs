@@ -78,7 +78,9 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     let auth = authenticator(&args.auth)?;
     let pool = connect(&args.database).await?;
     migrate(&pool).await?;
-    let listener = TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %args.listen, "booking API listening");
     serve(listener, state(pool, &args, auth)).await
 }

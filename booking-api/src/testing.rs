@@ -29,7 +29,11 @@ impl TestApi {
         TestApi::start_with(pool, Policy::default(), Arc::new(SystemClock)).await
     }
 
-    pub async fn start_with(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>) -> anyhow::Result<TestApi> {
+    pub async fn start_with(
+        pool: PgPool,
+        policy: Policy,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<TestApi> {
         let secret = random_secret();
         let state = test_state(pool.clone(), policy, clock, &secret);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -38,7 +42,12 @@ impl TestApi {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Ok(TestApi { url: format!("http://{addr}"), addr, pool, secret })
+        Ok(TestApi {
+            url: format!("http://{addr}"),
+            addr,
+            pool,
+            secret,
+        })
     }
 
     /// A token for `user`, with role `admin` or `service` if given, valid 1 h.

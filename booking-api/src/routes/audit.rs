@@ -35,9 +35,9 @@ pub struct Recorded {
 
 fn bounded(name: &str, value: Option<&str>, max: usize) -> Result<(), ApiError> {
     match value {
-        Some(v) if v.is_empty() || v.len() > max || v.chars().any(char::is_control) => Err(ApiError::Invalid(
-            format!("{name} must be 1 to {max} printable characters"),
-        )),
+        Some(v) if v.is_empty() || v.len() > max || v.chars().any(char::is_control) => Err(
+            ApiError::Invalid(format!("{name} must be 1 to {max} printable characters")),
+        ),
         _ => Ok(()),
     }
 }
@@ -57,7 +57,11 @@ pub async fn report(
     if body.details.to_string().len() > 64 * 1024 {
         return Err(ApiError::Invalid("details must be under 64 KiB".into()));
     }
-    let details = if body.details.is_null() { Value::Object(Default::default()) } else { body.details };
+    let details = if body.details.is_null() {
+        Value::Object(Default::default())
+    } else {
+        body.details
+    };
     let id = audit::record(
         &state.pool,
         audit::NewEvent {
@@ -98,6 +102,13 @@ pub async fn list(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::Invalid("limit must be between 1 and 1000".into()));
     }
-    let events = audit::list(&state.pool, q.action.as_deref(), q.user.as_deref(), q.before, limit).await?;
+    let events = audit::list(
+        &state.pool,
+        q.action.as_deref(),
+        q.user.as_deref(),
+        q.before,
+        limit,
+    )
+    .await?;
     Ok(axum::Json(events))
 }

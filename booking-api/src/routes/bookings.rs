@@ -40,7 +40,9 @@ pub async fn create(
     Json(body): Json<CreateBooking>,
 ) -> Result<(StatusCode, axum::Json<Booking>), ApiError> {
     if (body.user.is_some() || body.override_rules) && !caller.admin {
-        return Err(ApiError::Forbidden("only admins may book for another user or override the rules".into()));
+        return Err(ApiError::Forbidden(
+            "only admins may book for another user or override the rules".into(),
+        ));
     }
     let user = match &body.user {
         Some(name) => Username::parse(name).map_err(|e| ApiError::Invalid(format!("user: {e}")))?,
@@ -68,7 +70,9 @@ pub async fn create(
     state
         .metrics
         .booking_creates
-        .get_or_create(&ResultLabels { result: outcome.to_string() })
+        .get_or_create(&ResultLabels {
+            result: outcome.to_string(),
+        })
         .inc();
     Ok((StatusCode::CREATED, axum::Json(result?.view(now))))
 }
@@ -115,7 +119,13 @@ pub async fn list(
     }
     let rows = bookings::list(
         &state.pool,
-        bookings::Filter { user, model: q.model.as_deref(), from: q.from, to: q.to, limit },
+        bookings::Filter {
+            user,
+            model: q.model.as_deref(),
+            from: q.from,
+            to: q.to,
+            limit,
+        },
     )
     .await?;
     let now = state.clock.now();

@@ -22,7 +22,10 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.encode(),
     )
 }

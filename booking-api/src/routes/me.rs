@@ -41,7 +41,11 @@ pub struct NextStart {
 
 impl From<Reason> for ReasonView {
     fn from(r: Reason) -> Self {
-        ReasonView { code: r.code.as_str().to_string(), message: r.message, until: r.until }
+        ReasonView {
+            code: r.code.as_str().to_string(),
+            message: r.message,
+            until: r.until,
+        }
     }
 }
 
@@ -56,7 +60,8 @@ pub async fn next_start(
     let policy = &state.policy;
     let min_days = (policy.min_duration.num_seconds() + 86_399) / 86_400;
     let days = q.days.unwrap_or(min_days.max(1));
-    let duration = TimeDelta::try_days(days).ok_or_else(|| ApiError::Invalid("days is out of range".into()))?;
+    let duration = TimeDelta::try_days(days)
+        .ok_or_else(|| ApiError::Invalid("days is out of range".into()))?;
     let now = state.clock.now();
     // The duration rules, checked as a booking starting now would be.
     rules::check_request(policy, now, now, now + duration, false)?;
@@ -65,15 +70,29 @@ pub async fn next_start(
         .ok_or_else(|| ApiError::unknown_model(&q.model))?;
     let own = bookings::user_windows(&state.pool, caller.user.as_str()).await?;
     let (after_rules, mut reasons) = rules::earliest_start_for_user(policy, now, &own);
-    let booked = models::booked_windows(&state.pool, &model.name, after_rules, DateTime::<Utc>::MAX_UTC).await?;
+    let booked = models::booked_windows(
+        &state.pool,
+        &model.name,
+        after_rules,
+        DateTime::<Utc>::MAX_UTC,
+    )
+    .await?;
     let units = u32::try_from(model.units).unwrap_or(0);
-    let earliest = capacity::earliest_fit(units, &booked, after_rules, duration).ok_or_else(|| {
-        ApiError::Rule(rules::Refusal::new(RuleCode::Capacity, format!("{} has no units", model.name)))
-    })?;
+    let earliest =
+        capacity::earliest_fit(units, &booked, after_rules, duration).ok_or_else(|| {
+            ApiError::Rule(rules::Refusal::new(
+                RuleCode::Capacity,
+                format!("{} has no units", model.name),
+            ))
+        })?;
     if earliest > after_rules {
         reasons.push(Reason {
             code: RuleCode::Capacity,
-            message: format!("all units of {} booked until {}", model.name, rules::rfc3339(earliest)),
+            message: format!(
+                "all units of {} booked until {}",
+                model.name,
+                rules::rfc3339(earliest)
+            ),
             until: earliest,
         });
     }

@@ -13,8 +13,8 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
-use crate::store::models::{self, Model, ModelSpec};
 use crate::store::audit;
+use crate::store::models::{self, Model, ModelSpec};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ModelView {
@@ -26,10 +26,19 @@ pub struct ModelView {
 
 #[utoipa::path(get, path = "/api/v1/models", tag = "models",
     responses((status = 200, body = [ModelView])), security(("bearer" = [])))]
-pub async fn list(State(state): State<AppState>, _caller: Caller) -> Result<axum::Json<Vec<ModelView>>, ApiError> {
+pub async fn list(
+    State(state): State<AppState>,
+    _caller: Caller,
+) -> Result<axum::Json<Vec<ModelView>>, ApiError> {
     let models = models::list(&state.pool).await?;
     Ok(axum::Json(
-        models.into_iter().map(|m| ModelView { free: m.free_now(), model: m }).collect(),
+        models
+            .into_iter()
+            .map(|m| ModelView {
+                free: m.free_now(),
+                model: m,
+            })
+            .collect(),
     ))
 }
 
@@ -62,7 +71,9 @@ pub async fn put(
     caller.require_admin()?;
     let name = ModelName::parse(&name).map_err(|e| ApiError::Invalid(e.to_string()))?;
     if body.units < 0 || body.units > 100_000 {
-        return Err(ApiError::Invalid("units must be between 0 and 100000".into()));
+        return Err(ApiError::Invalid(
+            "units must be between 0 and 100000".into(),
+        ));
     }
     if body.gpumem_mib < 0 {
         return Err(ApiError::Invalid("gpumem_mib must not be negative".into()));
@@ -75,7 +86,9 @@ pub async fn put(
     }
     if let Some(r) = &body.resource {
         if r.is_empty() || r.len() > 253 || r.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err(ApiError::Invalid("resource must be an extended resource name".into()));
+            return Err(ApiError::Invalid(
+                "resource must be an extended resource name".into(),
+            ));
         }
     }
     let now = state.clock.now();
@@ -131,11 +144,19 @@ pub async fn put_usage(
 ) -> Result<axum::Json<Model>, ApiError> {
     caller.require_service()?;
     if body.in_use < 0 || body.units.is_some_and(|u| !(0..=100_000).contains(&u)) {
-        return Err(ApiError::Invalid("in_use and units must be between 0 and 100000".into()));
+        return Err(ApiError::Invalid(
+            "in_use and units must be between 0 and 100000".into(),
+        ));
     }
-    let model = models::set_usage(&state.pool, &name, body.in_use, body.units, state.clock.now())
-        .await?
-        .ok_or_else(|| ApiError::unknown_model(&name))?;
+    let model = models::set_usage(
+        &state.pool,
+        &name,
+        body.in_use,
+        body.units,
+        state.clock.now(),
+    )
+    .await?
+    .ok_or_else(|| ApiError::unknown_model(&name))?;
     Ok(axum::Json(model))
 }
 
@@ -167,11 +188,15 @@ pub struct Availability {
 fn parse_day(s: &str) -> Result<NaiveDate, ApiError> {
     NaiveDate::parse_from_str(s, "%Y-%m-%d")
         .or_else(|_| DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc).date_naive()))
-        .map_err(|_| ApiError::BadRequest(format!("{s:?} is neither YYYY-MM-DD nor an RFC 3339 time")))
+        .map_err(|_| {
+            ApiError::BadRequest(format!("{s:?} is neither YYYY-MM-DD nor an RFC 3339 time"))
+        })
 }
 
 fn day_start(d: NaiveDate) -> DateTime<Utc> {
-    d.and_hms_opt(0, 0, 0).map(|t| t.and_utc()).unwrap_or(DateTime::<Utc>::MIN_UTC)
+    d.and_hms_opt(0, 0, 0)
+        .map(|t| t.and_utc())
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 #[utoipa::path(get, path = "/api/v1/models/{name}/availability", tag = "models",
@@ -194,20 +219,31 @@ pub async fn availability(
     };
     let span = (to - from).num_days();
     if !(1..=366).contains(&span) {
-        return Err(ApiError::Invalid("to must be 1 to 366 days after from".into()));
+        return Err(ApiError::Invalid(
+            "to must be 1 to 366 days after from".into(),
+        ));
     }
     let model = models::get(&state.pool, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no model {name:?}")))?;
-    let booked = models::booked_windows(&state.pool, &model.name, day_start(from), day_start(to)).await?;
+    let booked =
+        models::booked_windows(&state.pool, &model.name, day_start(from), day_start(to)).await?;
     let units = u32::try_from(model.units).unwrap_or(0);
     let days = (0..span)
         .filter_map(|i| {
             let date = from + TimeDelta::days(i);
             let day = Window::new(day_start(date), day_start(date + TimeDelta::days(1))).ok()?;
             let peak = capacity::peak_in(&booked, &day) as u32;
-            Some(DayAvailability { date, free: units.saturating_sub(peak), booked: peak })
+            Some(DayAvailability {
+                date,
+                free: units.saturating_sub(peak),
+                booked: peak,
+            })
         })
         .collect();
-    Ok(axum::Json(Availability { model: model.name, units: model.units, days }))
+    Ok(axum::Json(Availability {
+        model: model.name,
+        units: model.units,
+        days,
+    }))
 }

@@ -34,12 +34,23 @@ pub async fn request(
     Json(body): Json<RequestPreemption>,
 ) -> Result<(StatusCode, axum::Json<Recorded>), ApiError> {
     caller.require_service()?;
-    for (name, v) in [("namespace", &body.namespace), ("pod", &body.pod), ("user", &body.user)] {
-        if v.as_ref().is_some_and(|v| v.len() > 256 || v.chars().any(char::is_control)) {
-            return Err(ApiError::Invalid(format!("{name} must be at most 256 printable characters")));
+    for (name, v) in [
+        ("namespace", &body.namespace),
+        ("pod", &body.pod),
+        ("user", &body.user),
+    ] {
+        if v.as_ref()
+            .is_some_and(|v| v.len() > 256 || v.chars().any(char::is_control))
+        {
+            return Err(ApiError::Invalid(format!(
+                "{name} must be at most 256 printable characters"
+            )));
         }
     }
-    if crate::store::models::get(&state.pool, &body.model).await?.is_none() {
+    if crate::store::models::get(&state.pool, &body.model)
+        .await?
+        .is_none()
+    {
         return Err(ApiError::unknown_model(&body.model));
     }
     let now = state.clock.now();
@@ -81,7 +92,10 @@ pub async fn request(
 #[utoipa::path(get, path = "/api/v1/preemptions", tag = "webhook",
     responses((status = 200, body = [Preemption]), (status = 403, body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn open(State(state): State<AppState>, caller: Caller) -> Result<axum::Json<Vec<Preemption>>, ApiError> {
+pub async fn open(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<axum::Json<Vec<Preemption>>, ApiError> {
     caller.require_service()?;
     Ok(axum::Json(preemptions::open(&state.pool).await?))
 }
@@ -105,7 +119,9 @@ pub async fn handle(
 ) -> Result<axum::Json<Preemption>, ApiError> {
     caller.require_service()?;
     if body.outcome.is_empty() || body.outcome.len() > 512 {
-        return Err(ApiError::Invalid("outcome must be 1 to 512 characters".into()));
+        return Err(ApiError::Invalid(
+            "outcome must be 1 to 512 characters".into(),
+        ));
     }
     preemptions::handle(&state.pool, id, &body.outcome, state.clock.now())
         .await?

@@ -54,16 +54,23 @@ pub async fn get(
     caller.require_service()?;
     let candidates: Vec<String> = match (&q.user, &q.slug) {
         (Some(user), None) => {
-            let user = Username::parse(user).map_err(|e| ApiError::Invalid(format!("user: {e}")))?;
+            let user =
+                Username::parse(user).map_err(|e| ApiError::Invalid(format!("user: {e}")))?;
             vec![user.into_inner()]
         }
         (None, Some(slug)) => {
             if slug.is_empty() || slug.len() > 256 || slug.chars().any(char::is_control) {
-                return Err(ApiError::Invalid("slug must be 1 to 256 printable characters".into()));
+                return Err(ApiError::Invalid(
+                    "slug must be 1 to 256 printable characters".into(),
+                ));
             }
             users::by_slug(&state.pool, slug).await?
         }
-        _ => return Err(ApiError::Invalid("give exactly one of user and slug".into())),
+        _ => {
+            return Err(ApiError::Invalid(
+                "give exactly one of user and slug".into(),
+            ))
+        }
     };
     let now = state.clock.now();
     let active = if candidates.is_empty() {
@@ -72,8 +79,14 @@ pub async fn get(
         bookings::active_for(&state.pool, &candidates, now).await?
     };
     let models = models::list(&state.pool).await?;
-    let free = models.iter().map(|m| (m.name.clone(), m.free_now())).collect();
-    let gpumem_mib = models.iter().map(|m| (m.name.clone(), m.gpumem_mib)).collect();
+    let free = models
+        .iter()
+        .map(|m| (m.name.clone(), m.free_now()))
+        .collect();
+    let gpumem_mib = models
+        .iter()
+        .map(|m| (m.name.clone(), m.gpumem_mib))
+        .collect();
     let answer = match active {
         Some(b) => Schedulability {
             schedulable: true,

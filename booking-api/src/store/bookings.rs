@@ -11,7 +11,9 @@ use serde_json::json;
 use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
 use utoipa::ToSchema;
 
-use super::{audit, lock_user, users};
+use gpu_booking_core::username::slugs;
+
+use super::{audit, lock_user_and_model};
 use crate::error::ApiError;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -105,31 +107,68 @@ pub async fn create(
 ) -> Result<BookingRow, ApiError> {
     let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
     let mut tx = pool.begin().await?;
-    lock_user(&mut tx, req.user.as_str()).await?;
-    let units: i32 = sqlx::query_scalar("SELECT units FROM gpu_model WHERE name = $1 FOR UPDATE")
-        .bind(req.model)
-        .fetch_optional(&mut *tx)
+    let units = lock_user_and_model(&mut tx, req.user.as_str(), req.model)
         .await?
         .ok_or_else(|| ApiError::unknown_model(req.model))?;
     let units = u32::try_from(units).unwrap_or(0);
 
-    let own = own_windows(&mut *tx, req.user.as_str()).await?;
-    rules::check_user(policy, now, &window, &own, req.override_rules)?;
+    // The user's bookings and the model's bookings over the window, in one read.
+    let rows: Vec<(bool, i64, DateTime<Utc>, DateTime<Utc>, i32)> = sqlx::query_as(
+        "SELECT true, id, start_at, end_at, slot FROM booking WHERE user_name = $1 AND cancelled_at IS NULL
+         UNION ALL
+         SELECT false, id, start_at, end_at, slot FROM booking
+         WHERE model = $2 AND cancelled_at IS NULL AND period && tstzrange($3, $4, '[)')",
+    )
+    .bind(req.user.as_str())
+    .bind(req.model)
+    .bind(window.start())
+    .bind(window.end())
+    .fetch_all(&mut *tx)
+    .await?;
+    let (own, overlapping): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.0);
+    let own: Vec<Window> = own
+        .into_iter()
+        .filter_map(|r| Window::new(r.2, r.3).ok())
+        .collect();
+    let overlapping: Vec<Held> = overlapping
+        .into_iter()
+        .filter_map(|(_, id, s, e, slot)| {
+            Window::new(s, e)
+                .ok()
+                .map(|window| Held { id, window, slot })
+        })
+        .collect();
 
-    let overlapping = held(&mut *tx, req.model, window.start(), window.end()).await?;
+    rules::check_user(policy, now, &window, &own, req.override_rules)?;
     let overlapping_windows: Vec<Window> = overlapping.iter().map(|h| h.window).collect();
     if !capacity::fits(units, &overlapping_windows, &window) {
-        return Err(capacity_refusal(&mut tx, req.model, units, &window).await?.into());
+        return Err(capacity_refusal(&mut tx, req.model, units, &window)
+            .await?
+            .into());
     }
     let slot = match capacity::free_slot(units, &overlapping, &window) {
         Some(slot) => slot,
         None => reassign_slots(&mut tx, req.model, units, now, &window).await?,
     };
 
-    users::remember(&mut *tx, req.user).await?;
+    // The user (for slug look-ups), the booking and its audit row in one statement.
+    let action = if req.override_rules {
+        "booking.create_override"
+    } else {
+        "booking.create"
+    };
+    let user_slugs = slugs(req.user.as_str());
     let row: BookingRow = sqlx::query_as(&format!(
-        "INSERT INTO booking (user_name, model, slot, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $8) RETURNING {COLUMNS}"
+        "WITH known AS (
+            INSERT INTO app_user (name, escape_slug, safe_slug) VALUES ($1, $9, $10) ON CONFLICT (name) DO NOTHING
+         ), created AS (
+            INSERT INTO booking (user_name, model, slot, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at)
+            VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $8) RETURNING *
+         ), audited AS (
+            INSERT INTO audit_event (at, actor, action, subject, user_name, booking_id, details)
+            SELECT $8, $7, $11, $2, $1, id, jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot) FROM created
+         )
+         SELECT {COLUMNS} FROM created"
     ))
     .bind(req.user.as_str())
     .bind(req.model)
@@ -139,39 +178,37 @@ pub async fn create(
     .bind(req.override_rules)
     .bind(req.created_by)
     .bind(now)
+    .bind(&user_slugs.escape)
+    .bind(&user_slugs.safe)
+    .bind(action)
     .fetch_one(&mut *tx)
     .await
     .map_err(constraint_refusal)?;
-    let action = if req.override_rules { "booking.create_override" } else { "booking.create" };
-    audit::record(
-        &mut *tx,
-        audit::NewEvent {
-            at: now,
-            actor: req.created_by,
-            action,
-            subject: Some(req.model),
-            user: Some(req.user.as_str()),
-            booking_id: Some(row.id),
-            details: json!({ "start": row.start_at, "end": row.end_at, "slot": row.slot }),
-        },
-    )
-    .await?;
     tx.commit().await.map_err(constraint_refusal)?;
     Ok(row)
 }
 
 /// The user's bookings that are not cancelled, by their effective windows.
 async fn own_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Vec<Window>> {
-    let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> =
-        sqlx::query_as("SELECT start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL")
-            .bind(user)
-            .fetch_all(db)
-            .await?;
-    Ok(rows.into_iter().filter_map(|(s, e)| Window::new(s, e).ok()).collect())
+    let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL",
+    )
+    .bind(user)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(s, e)| Window::new(s, e).ok())
+        .collect())
 }
 
 /// The model's bookings (not cancelled) overlapping `[from, to)`, with slots.
-async fn held(db: impl PgExecutor<'_>, model: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> sqlx::Result<Vec<Held>> {
+async fn held(
+    db: impl PgExecutor<'_>,
+    model: &str,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> sqlx::Result<Vec<Held>> {
     let rows: Vec<(i64, DateTime<Utc>, DateTime<Utc>, i32)> = sqlx::query_as(
         "SELECT id, start_at, end_at, slot FROM booking
          WHERE model = $1 AND cancelled_at IS NULL AND period && tstzrange($2, $3, '[)')",
@@ -183,7 +220,11 @@ async fn held(db: impl PgExecutor<'_>, model: &str, from: DateTime<Utc>, to: Dat
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(id, s, e, slot)| Window::new(s, e).ok().map(|window| Held { id, window, slot }))
+        .filter_map(|(id, s, e, slot)| {
+            Window::new(s, e)
+                .ok()
+                .map(|window| Held { id, window, slot })
+        })
         .collect())
 }
 
@@ -198,9 +239,14 @@ async fn reassign_slots(
 ) -> Result<i32, ApiError> {
     let future = held(&mut **tx, model, now, DateTime::<Utc>::MAX_UTC).await?;
     let plan = capacity::replan(units, now, &future, window).ok_or_else(|| {
-        Refusal::new(RuleCode::Capacity, "No unit of this model can be assigned over that window.")
+        Refusal::new(
+            RuleCode::Capacity,
+            "No unit of this model can be assigned over that window.",
+        )
     })?;
-    sqlx::query("SET CONSTRAINTS booking_slot_excl DEFERRED").execute(&mut **tx).await?;
+    sqlx::query("SET CONSTRAINTS booking_slot_excl DEFERRED")
+        .execute(&mut **tx)
+        .await?;
     for (id, slot) in &plan.moves {
         sqlx::query("UPDATE booking SET slot = $2 WHERE id = $1")
             .bind(id)
@@ -227,10 +273,12 @@ async fn capacity_refusal(
             rules::rfc3339(window.end())
         ),
     );
-    Ok(match capacity::earliest_fit(units, &windows, window.start(), window.duration()) {
-        Some(t) => refusal.with_earliest(t),
-        None => refusal,
-    })
+    Ok(
+        match capacity::earliest_fit(units, &windows, window.start(), window.duration()) {
+            Some(t) => refusal.with_earliest(t),
+            None => refusal,
+        },
+    )
 }
 
 /// The exclusion constraints are the backstop: if one fires, the answer is still
@@ -239,10 +287,18 @@ fn constraint_refusal(e: sqlx::Error) -> ApiError {
     if let sqlx::Error::Database(db) = &e {
         match db.constraint() {
             Some("booking_slot_excl") => {
-                return Refusal::new(RuleCode::Capacity, "Every unit of this model is booked in that window.").into()
+                return Refusal::new(
+                    RuleCode::Capacity,
+                    "Every unit of this model is booked in that window.",
+                )
+                .into()
             }
             Some("booking_user_excl") => {
-                return Refusal::new(RuleCode::Overlap, "The user already holds a booking in that window.").into()
+                return Refusal::new(
+                    RuleCode::Overlap,
+                    "The user already holds a booking in that window.",
+                )
+                .into()
             }
             _ => {}
         }
@@ -284,27 +340,34 @@ pub async fn list(db: impl PgExecutor<'_>, f: Filter<'_>) -> sqlx::Result<Vec<Bo
 /// Cancels a planned booking (it frees its unit and leaves no cooldown) or ends an
 /// active one now (the cooldown counts from now). Ended and cancelled bookings
 /// cannot change.
-pub async fn cancel_or_end(pool: &PgPool, id: i64, now: DateTime<Utc>, actor: &str) -> Result<BookingRow, ApiError> {
+pub async fn cancel_or_end(
+    pool: &PgPool,
+    id: i64,
+    now: DateTime<Utc>,
+    actor: &str,
+) -> Result<BookingRow, ApiError> {
     let not_found = || ApiError::NotFound(format!("no booking {id}"));
     let first = get(pool, id).await?.ok_or_else(not_found)?;
     let mut tx = pool.begin().await?;
-    lock_user(&mut tx, &first.user_name).await?;
-    sqlx::query("SELECT 1 FROM gpu_model WHERE name = $1 FOR UPDATE")
-        .bind(&first.model)
-        .execute(&mut *tx)
-        .await?;
-    let row: BookingRow = sqlx::query_as(&format!("SELECT {COLUMNS} FROM booking WHERE id = $1 FOR UPDATE"))
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(not_found)?;
+    lock_user_and_model(&mut tx, &first.user_name, &first.model).await?;
+    let row: BookingRow = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM booking WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or_else(not_found)?;
     // Ending at the very instant it started would leave an empty window: that is
     // a cancellation.
     let (action, sql) = match row.status(now) {
-        BookingStatus::Planned => ("booking.cancel", "UPDATE booking SET cancelled_at = $2, updated_at = $2 WHERE id = $1"),
-        BookingStatus::Active if now <= row.start_at + TimeDelta::microseconds(1) => {
-            ("booking.cancel", "UPDATE booking SET cancelled_at = $2, updated_at = $2 WHERE id = $1")
-        }
+        BookingStatus::Planned => (
+            "booking.cancel",
+            "UPDATE booking SET cancelled_at = $2, updated_at = $2 WHERE id = $1",
+        ),
+        BookingStatus::Active if now <= row.start_at + TimeDelta::microseconds(1) => (
+            "booking.cancel",
+            "UPDATE booking SET cancelled_at = $2, updated_at = $2 WHERE id = $1",
+        ),
         BookingStatus::Active => (
             "booking.end_early",
             "UPDATE booking SET end_at = $2, ended_early_at = $2, updated_at = $2 WHERE id = $1",
@@ -312,11 +375,18 @@ pub async fn cancel_or_end(pool: &PgPool, id: i64, now: DateTime<Utc>, actor: &s
         status @ (BookingStatus::Ended | BookingStatus::Cancelled) => {
             return Err(ApiError::Conflict(
                 "not_cancellable",
-                format!("booking {id} is {} and cannot be cancelled or ended", status.as_str()),
+                format!(
+                    "booking {id} is {} and cannot be cancelled or ended",
+                    status.as_str()
+                ),
             ))
         }
     };
-    sqlx::query(sql).bind(id).bind(now).execute(&mut *tx).await?;
+    sqlx::query(sql)
+        .bind(id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
     audit::record(
         &mut *tx,
         audit::NewEvent {
@@ -330,10 +400,11 @@ pub async fn cancel_or_end(pool: &PgPool, id: i64, now: DateTime<Utc>, actor: &s
         },
     )
     .await?;
-    let updated: BookingRow = sqlx::query_as(&format!("SELECT {COLUMNS} FROM booking WHERE id = $1"))
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
+    let updated: BookingRow =
+        sqlx::query_as(&format!("SELECT {COLUMNS} FROM booking WHERE id = $1"))
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
     tx.commit().await?;
     Ok(updated)
 }
@@ -344,7 +415,11 @@ pub async fn user_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<V
 }
 
 /// The active booking of any of `users` at `now`, if one.
-pub async fn active_for(db: impl PgExecutor<'_>, users: &[String], now: DateTime<Utc>) -> sqlx::Result<Option<BookingRow>> {
+pub async fn active_for(
+    db: impl PgExecutor<'_>,
+    users: &[String],
+    now: DateTime<Utc>,
+) -> sqlx::Result<Option<BookingRow>> {
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM booking
          WHERE user_name = ANY($1) AND cancelled_at IS NULL AND start_at <= $2 AND end_at > $2

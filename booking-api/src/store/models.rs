@@ -32,12 +32,15 @@ impl Model {
     }
 }
 
-const COLUMNS: &str = "name, position, units, patterns, resource, gpumem_mib, in_use, usage_reported_at";
+const COLUMNS: &str =
+    "name, position, units, patterns, resource, gpumem_mib, in_use, usage_reported_at";
 
 pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Model>> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM gpu_model ORDER BY position, name"))
-        .fetch_all(db)
-        .await
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM gpu_model ORDER BY position, name"
+    ))
+    .fetch_all(db)
+    .await
 }
 
 pub async fn get(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<Option<Model>> {
@@ -57,7 +60,11 @@ pub struct ModelSpec<'a> {
 }
 
 /// Creates or updates a model; a new model without a position goes last.
-pub async fn upsert(db: impl PgExecutor<'_>, m: ModelSpec<'_>, at: DateTime<Utc>) -> sqlx::Result<Model> {
+pub async fn upsert(
+    db: impl PgExecutor<'_>,
+    m: ModelSpec<'_>,
+    at: DateTime<Utc>,
+) -> sqlx::Result<Model> {
     sqlx::query_as(&format!(
         "INSERT INTO gpu_model (name, position, units, patterns, resource, gpumem_mib, created_at, updated_at)
          VALUES ($1, COALESCE($2, (SELECT COALESCE(max(position) + 1, 0) FROM gpu_model)), $3, $4, $5, $6, $7, $7)
@@ -113,5 +120,8 @@ pub async fn booked_windows(
     .bind(to)
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().filter_map(|(s, e)| Window::new(s, e).ok()).collect())
+    Ok(rows
+        .into_iter()
+        .filter_map(|(s, e)| Window::new(s, e).ok())
+        .collect())
 }

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust tests on the real Postgres, then the browser tests.
+# Needs Postgres on 127.0.0.1:5432 with trust auth (DATABASE_URL to use another).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+
+cargo test --workspace --all-targets
+# Doc tests are not in --all-targets.
+cargo test --workspace --doc
+
+if [ -x tests/browser/run.sh ]; then
+  cargo build -p gpu-booking
+  GPU_BOOKING_BIN="$PWD/target/debug/gpu-booking" tests/browser/run.sh
+fi
