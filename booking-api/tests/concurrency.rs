@@ -37,24 +37,37 @@ async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
         .unwrap();
     assert_eq!(put.status(), 200);
 
-    let secs: u64 = std::env::var("GPU_BOOKING_CONCURRENCY_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let secs: u64 = std::env::var("GPU_BOOKING_CONCURRENCY_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
     let deadline = Instant::now() + Duration::from_secs(secs);
     let tally = Arc::new(Tally::default());
-    let tokens: Arc<Vec<String>> =
-        Arc::new((0..USERS).map(|i| api.token(&format!("user{i}@example.com"), None)).collect());
+    let tokens: Arc<Vec<String>> = Arc::new(
+        (0..USERS)
+            .map(|i| api.token(&format!("user{i}@example.com"), None))
+            .collect(),
+    );
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
-        let (http, url, tokens, tally) = (http.clone(), api.url.clone(), tokens.clone(), tally.clone());
+        let (http, url, tokens, tally) =
+            (http.clone(), api.url.clone(), tokens.clone(), tally.clone());
         clients.push(tokio::spawn(async move {
             while Instant::now() < deadline {
                 let (user, create, start_hours, days) = {
                     let mut rng = rand::rng();
-                    (rng.random_range(0..USERS), rng.random_bool(0.7), rng.random_range(1..24 * 60), rng.random_range(1..=14))
+                    (
+                        rng.random_range(0..USERS),
+                        rng.random_bool(0.7),
+                        rng.random_range(1..24 * 60),
+                        rng.random_range(1..=14),
+                    )
                 };
                 let token = &tokens[user];
                 if create {
                     // Whole hours from the next hour: windows collide often.
-                    let base = Utc::now().duration_trunc(TimeDelta::hours(1)).unwrap() + TimeDelta::hours(1);
+                    let base = Utc::now().duration_trunc(TimeDelta::hours(1)).unwrap()
+                        + TimeDelta::hours(1);
                     let start = base + TimeDelta::hours(start_hours);
                     let end = start + TimeDelta::days(days);
                     let r = http
@@ -105,8 +118,15 @@ async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
         tally.cancelled.load(Ordering::Relaxed),
     );
     println!("created {created}, refused {refused}, cancelled {cancelled}");
-    assert_eq!(tally.server_errors.load(Ordering::Relaxed), 0, "no 5xx under contention");
-    assert!(created > 10 && refused > 10 && cancelled > 10, "the run exercised creates, refusals and cancels");
+    assert_eq!(
+        tally.server_errors.load(Ordering::Relaxed),
+        0,
+        "no 5xx under contention"
+    );
+    assert!(
+        created > 10 && refused > 10 && cancelled > 10,
+        "the run exercised creates, refusals and cancels"
+    );
 
     // The busiest instant of any set of intervals is one of their starts.
     let overbooked: i64 = sqlx::query_scalar(
@@ -144,5 +164,8 @@ async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(slot_clash, 0, "two bookings on one unit at once, or a slot beyond the units");
+    assert_eq!(
+        slot_clash, 0,
+        "two bookings on one unit at once, or a slot beyond the units"
+    );
 }
