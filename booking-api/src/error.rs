@@ -93,6 +93,15 @@ impl From<sqlx::Error> for ApiError {
             sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
                 ApiError::Unavailable(e)
             }
+            // Class 22 (data exception: a NUL byte, a value out of range) is the
+            // caller's input that got past validation; 23503 names a row that does
+            // not exist. Neither is the server's fault.
+            sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("22")) => {
+                ApiError::BadRequest(format!("invalid value: {}", db.message()))
+            }
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("23503") => {
+                ApiError::Invalid("the request refers to something that does not exist".into())
+            }
             _ => ApiError::Internal(e.into()),
         }
     }

@@ -4,7 +4,7 @@
 //! locks, with the user's bookings and the model's bookings read under those locks.
 //! Capacity (which needs the model's bookings) is in [`crate::capacity`].
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use serde::Serialize;
 
 use crate::policy::{human_duration, Policy};
@@ -87,6 +87,12 @@ pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
+/// Times a booking may hold: far enough from chrono's and Postgres' limits that
+/// adding any policy duration cannot overflow.
+pub fn in_supported_range(t: DateTime<Utc>) -> bool {
+    (1970..=9999).contains(&t.year())
+}
+
 /// Checks that need only the request: a non-empty window, not in the past, a
 /// duration within the policy. An admin override skips all but the first.
 pub fn check_request(
@@ -106,6 +112,12 @@ pub fn check_request(
             ),
         )
     })?;
+    if !(in_supported_range(start) && in_supported_range(end)) {
+        return Err(Refusal::new(
+            RuleCode::InvalidWindow,
+            "Bookings must start and end between the years 1970 and 9999.",
+        ));
+    }
     if override_rules {
         return Ok(window);
     }

@@ -1,7 +1,7 @@
 //! `/api/v1/models`: the inventory, its usage, and free units per day.
 
 use axum::extract::State;
-use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, Utc};
 use gpu_booking_core::capacity;
 use gpu_booking_core::gpu_model::{ModelName, ModelPattern};
 use gpu_booking_core::window::Window;
@@ -186,11 +186,15 @@ pub struct Availability {
 }
 
 fn parse_day(s: &str) -> Result<NaiveDate, ApiError> {
-    NaiveDate::parse_from_str(s, "%Y-%m-%d")
+    let day = NaiveDate::parse_from_str(s, "%Y-%m-%d")
         .or_else(|_| DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc).date_naive()))
         .map_err(|_| {
             ApiError::BadRequest(format!("{s:?} is neither YYYY-MM-DD nor an RFC 3339 time"))
-        })
+        })?;
+    if !(1970..=9998).contains(&day.year()) {
+        return Err(ApiError::Invalid(format!("{s:?} is outside the years 1970 to 9998")));
+    }
+    Ok(day)
 }
 
 fn day_start(d: NaiveDate) -> DateTime<Utc> {
