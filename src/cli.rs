@@ -25,6 +25,8 @@ pub enum Command {
     Migrate(DatabaseArgs),
     /// Mint an HS256 bearer token with the configured secret.
     Token(TokenArgs),
+    /// Serve the mutating admission webhook (HTTPS) and its health/metrics port.
+    Webhook(gpu_booking_webhook::WebhookArgs),
     /// Run the API, the booking page and the webhook on a local Postgres, with
     /// seeded models, and print the URLs and tokens to try them.
     Demo(crate::demo::DemoArgs),
@@ -72,6 +74,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", mint_token(&secret, &args.user, role, args.ttl)?);
             Ok(())
         }
+        Command::Webhook(args) => gpu_booking_webhook::run(args).await,
         Command::Demo(args) => crate::demo::run(args).await,
     }
 }

@@ -25,6 +25,15 @@ pub struct DemoArgs {
     /// Postgres to use instead of looking for one.
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: Option<String>,
+    /// Address of the admission webhook (HTTPS, a demo certificate).
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    pub webhook_listen: std::net::SocketAddr,
+    /// Address of the webhook's health and metrics.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub webhook_admin_listen: std::net::SocketAddr,
+    /// Where the demo's CA and webhook certificate are written.
+    #[arg(long, default_value = "target/demo-certs")]
+    pub cert_dir: PathBuf,
     /// Where a private Postgres cluster goes if none is running.
     #[arg(long, default_value = "target/demo-postgres")]
     pub data_dir: PathBuf,
@@ -67,6 +76,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let token = |user: &str, role| mint_token(&secret, user, role, TimeDelta::days(1));
+    let service_token = token("webhook", Some(Role::Service))?;
+    let ca = start_webhook(&args, &service_token).await?;
     println!("gpu-booking demo");
     println!("  database:     {}", redact(&url));
     println!("  booking page: http://{}/", args.listen);
@@ -79,16 +90,67 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "  admin token (admin@example.com):  {}",
         token("admin@example.com", Some(Role::Admin))?
     );
+    println!("  service token (webhook):          {service_token}");
+    println!("  webhook:      https://{}/mutate (CA: {})", args.webhook_listen, ca.display());
+    println!("  try: curl -H \"Authorization: Bearer <user token>\" http://{}/api/v1/models", args.listen);
     println!(
-        "  service token (webhook):          {}",
-        token("webhook", Some(Role::Service))?
-    );
-    println!(
-        "  try: curl -H \"Authorization: Bearer <user token>\" http://{}/api/v1/models",
-        args.listen
+        "  try: curl --cacert {} -H 'Content-Type: application/json' --data @examples/admission/unbooked-user-gpu-pod.json https://{}/mutate",
+        ca.display(),
+        args.webhook_listen
     );
     println!("Ctrl-C stops it.");
     server::serve(listener, server::state(pool, &api_args, auth)).await
+}
+
+/// Starts the webhook in the background with a fresh demo CA and serving
+/// certificate for localhost; returns the CA's path for `curl --cacert`.
+async fn start_webhook(args: &DemoArgs, service_token: &str) -> anyhow::Result<PathBuf> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let dir = &args.cert_dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "gpu-booking demo CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let mut params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+    params.distinguished_name.push(DnType::CommonName, "gpu-booking demo webhook");
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &ca)?;
+    let (ca_path, cert_path, key_path) = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&ca_path, ca.pem())?;
+    std::fs::write(&cert_path, cert.pem())?;
+    std::fs::write(&key_path, key.serialize_pem())?;
+
+    // The webhook's own option parser fills in every default.
+    #[derive(clap::Parser)]
+    struct WebhookCli {
+        #[command(flatten)]
+        args: gpu_booking_webhook::WebhookArgs,
+    }
+    let webhook_args = <WebhookCli as clap::Parser>::try_parse_from([
+        "webhook".to_string(),
+        format!("--listen={}", args.webhook_listen),
+        format!("--admin-listen={}", args.webhook_admin_listen),
+        format!("--tls-cert={}", cert_path.display()),
+        format!("--tls-key={}", key_path.display()),
+        format!("--booking-url=http://{}", args.listen),
+        format!("--service-token={service_token}"),
+    ])?
+    .args;
+    let server = gpu_booking_webhook::WebhookServer::from_args(&webhook_args)?;
+    let listener = tokio::net::TcpListener::bind(args.webhook_listen)
+        .await
+        .with_context(|| format!("binding {}", args.webhook_listen))?;
+    let admin = tokio::net::TcpListener::bind(args.webhook_admin_listen)
+        .await
+        .with_context(|| format!("binding {}", args.webhook_admin_listen))?;
+    tokio::spawn(gpu_booking_webhook::serve_plain(admin, server.admin_router(), std::future::pending()));
+    tokio::spawn(async move {
+        if let Err(e) = server.serve(listener, std::future::pending()).await {
+            tracing::error!(error = %e, "the demo webhook stopped");
+        }
+    });
+    Ok(ca_path)
 }
 
 /// Seeds two models if the database has none: 2 x a100 (all in use, so unbooked
