@@ -87,53 +87,44 @@ pub fn free_slot(units: u32, overlapping: &[Held], window: &Window) -> Option<i3
     })
 }
 
-/// Assigns slots to the planned bookings (those starting after `now`) and the new
-/// one so that every booking that fits by count gets a slot. Bookings that have
-/// started keep theirs. Greedy in order of start is optimal for intervals: when a
-/// booking starts, every slot taken at that instant belongs to a booking that
-/// contains the instant, and there are fewer of those than units if it fits by
-/// count. This holds because every started booking starts before every movable
-/// one; a new window that starts before `now` (an admin's override) can only take
-/// a free slot, see [`free_slot`]. Planned bookings keep their slot when it is free.
+/// Assigns slots so that every booking that fits by count gets one. Bookings that
+/// start before `keep_before` keep their slot; the others and the new one are
+/// placed greedily in order of start. Greedy by start is optimal for intervals:
+/// when a booking starts, every slot taken at that instant belongs to a booking
+/// that contains the instant, and there are fewer of those than units if it fits
+/// by count. That needs every kept booking to start before every placed one,
+/// which `keep_before` guarantees. Callers pass a moment just after `now` (only
+/// planned bookings move) or, for an admin's booking in the past, its start
+/// (slots are bookkeeping, not physical cards, so renumbering is harmless).
+/// Bookings keep their slot when it is free.
 pub fn replan(
     units: u32,
-    now: DateTime<Utc>,
+    keep_before: DateTime<Utc>,
     bookings: &[Held],
     new_window: &Window,
 ) -> Option<SlotPlan> {
     const NEW: i64 = i64::MIN;
-    if new_window.start() < now {
+    if new_window.start() < keep_before {
         return None;
     }
-    // Busy-until per slot, from the bookings that have started and end after now.
     let mut busy_until: Vec<Option<DateTime<Utc>>> = vec![None; units as usize];
-    for h in bookings.iter().filter(|h| h.window.start() <= now) {
-        if let Some(slot) = usize::try_from(h.slot)
-            .ok()
-            .filter(|s| *s < busy_until.len())
-        {
+    for h in bookings.iter().filter(|h| h.window.start() < keep_before) {
+        if let Some(b) = usize::try_from(h.slot).ok().and_then(|s| busy_until.get_mut(s)) {
             let end = h.window.end();
-            busy_until[slot] = Some(busy_until[slot].map_or(end, |b| b.max(end)));
+            *b = Some(b.map_or(end, |b| b.max(end)));
         }
     }
-    let mut movable: Vec<Held> = bookings
+    let mut placed: Vec<Held> = bookings
         .iter()
-        .filter(|h| h.window.start() > now)
+        .filter(|h| h.window.start() >= keep_before)
         .copied()
         .collect();
-    movable.push(Held {
-        id: NEW,
-        window: *new_window,
-        slot: -1,
-    });
-    movable.sort_by_key(|h| (h.window.start(), h.id == NEW, h.id));
+    placed.push(Held { id: NEW, window: *new_window, slot: -1 });
+    placed.sort_by_key(|h| (h.window.start(), h.id == NEW, h.id));
 
     let free_at = |busy: &Option<DateTime<Utc>>, t: DateTime<Utc>| busy.is_none_or(|b| b <= t);
-    let mut plan = SlotPlan {
-        slot: -1,
-        moves: Vec::new(),
-    };
-    for h in movable {
+    let mut plan = SlotPlan { slot: -1, moves: Vec::new() };
+    for h in placed {
         let start = h.window.start();
         let keep = usize::try_from(h.slot)
             .ok()
@@ -235,6 +226,16 @@ mod tests {
         let plan = replan(2, now, &bookings, &w(15, 35)).unwrap();
         assert_eq!(plan.slot, 0);
         assert_eq!(plan.moves, vec![(2, 1)]);
+    }
+
+    #[test]
+    fn a_past_window_renumbers_the_bookings_from_its_start() {
+        // Ended [0,5) on slot 0, running [6,15) on slot 1; an override [2,8)
+        // fits by count only if [6,15) moves to slot 0.
+        let bookings = [held(1, 0, 5, 0), held(2, 6, 15, 1)];
+        let plan = replan(2, t(2), &bookings, &w(2, 8)).unwrap();
+        assert_eq!(plan, SlotPlan { slot: 1, moves: vec![(2, 0)] });
+        assert_eq!(replan(2, t(3), &bookings, &w(2, 8)), None, "must start at or after keep_before");
     }
 
     #[test]

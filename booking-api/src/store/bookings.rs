@@ -237,8 +237,10 @@ async fn reassign_slots(
     now: DateTime<Utc>,
     window: &Window,
 ) -> Result<i32, ApiError> {
-    let future = held(&mut **tx, model, now, DateTime::<Utc>::MAX_UTC).await?;
-    let plan = capacity::replan(units, now, &future, window).ok_or_else(|| {
+    // Only planned bookings move, unless an admin books the past.
+    let keep_before = (now + TimeDelta::microseconds(1)).min(window.start());
+    let future = held(&mut **tx, model, keep_before, DateTime::<Utc>::MAX_UTC).await?;
+    let plan = capacity::replan(units, keep_before, &future, window).ok_or_else(|| {
         Refusal::new(
             RuleCode::Capacity,
             "No unit of this model can be assigned over that window.",
