@@ -60,7 +60,13 @@ impl Resp {
     /// The created booking; fails the test with the refusal otherwise.
     #[track_caller]
     fn created(&self) -> &Value {
-        assert_eq!(self.status, StatusCode::CREATED, "want 201, got {}: {}", self.status, self.text);
+        assert_eq!(
+            self.status,
+            StatusCode::CREATED,
+            "want 201, got {}: {}",
+            self.status,
+            self.text
+        );
         &self.json
     }
 
@@ -79,21 +85,38 @@ impl Resp {
             "want {status} {code}, got: {}",
             self.text
         );
-        assert!(self.json["message"].as_str().is_some_and(|m| !m.is_empty()), "no message: {}", self.text);
-        assert_eq!(time_field(&self.json, "earliest_start"), earliest, "earliest_start of {}", self.text);
+        assert!(
+            self.json["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "no message: {}",
+            self.text
+        );
+        assert_eq!(
+            time_field(&self.json, "earliest_start"),
+            earliest,
+            "earliest_start of {}",
+            self.text
+        );
     }
 
     #[track_caller]
     fn ok(&self) -> &Value {
-        assert_eq!(self.status, StatusCode::OK, "want 200, got {}: {}", self.status, self.text);
+        assert_eq!(
+            self.status,
+            StatusCode::OK,
+            "want 200, got {}: {}",
+            self.status,
+            self.text
+        );
         &self.json
     }
 }
 
 fn time_field(v: &Value, key: &str) -> Option<DateTime<Utc>> {
-    v.get(key)
-        .and_then(Value::as_str)
-        .map(|s| DateTime::parse_from_rfc3339(s).expect("an RFC 3339 time").with_timezone(&Utc))
+    v.get(key).and_then(Value::as_str).map(|s| {
+        DateTime::parse_from_rfc3339(s)
+            .expect("an RFC 3339 time")
+            .with_timezone(&Utc)
+    })
 }
 
 struct Api {
@@ -110,11 +133,21 @@ impl Api {
 
     async fn with_policy(pool: PgPool, models: &[(&str, i32)], policy: Policy) -> Api {
         let clock = ManualClock::new(t0());
-        let app = gpu_booking_api::app::router(test_state(pool.clone(), policy, Arc::new(clock.clone()), SECRET));
+        let app = gpu_booking_api::app::router(test_state(
+            pool.clone(),
+            policy,
+            Arc::new(clock.clone()),
+            SECRET,
+        ));
         let api = Api { app, clock, pool };
         for (name, units) in models {
             let r = api
-                .call(Method::PUT, &format!("/api/v1/models/{name}"), &admin(), Some(json!({"units": units})))
+                .call(
+                    Method::PUT,
+                    &format!("/api/v1/models/{name}"),
+                    &admin(),
+                    Some(json!({"units": units})),
+                )
                 .await;
             r.ok();
         }
@@ -127,18 +160,32 @@ impl Api {
     }
 
     async fn call(&self, method: Method, uri: &str, token: &str, body: Option<Value>) -> Resp {
-        let req = Request::builder().method(method).uri(uri).header(header::AUTHORIZATION, format!("Bearer {token}"));
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {token}"));
         let req = match body {
-            Some(b) => req.header(header::CONTENT_TYPE, "application/json").body(Body::from(b.to_string())),
+            Some(b) => req
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(b.to_string())),
             None => req.body(Body::empty()),
         }
         .unwrap();
-        let resp = self.app.clone().oneshot(req).await.expect("the router is infallible");
+        let resp = self
+            .app
+            .clone()
+            .oneshot(req)
+            .await
+            .expect("the router is infallible");
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let text = String::from_utf8_lossy(&bytes).into_owned();
         assert!(!status.is_server_error(), "server error {status}: {text}");
-        Resp { status, json: serde_json::from_slice(&bytes).unwrap_or(Value::Null), text }
+        Resp {
+            status,
+            json: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            text,
+        }
     }
 
     /// `who` books `model` over `[start, end)` for themselves.
@@ -153,7 +200,14 @@ impl Api {
     }
 
     /// An admin books for `who`, with or without the override.
-    async fn admin_book(&self, who: &str, model: &str, start: DateTime<Utc>, end: DateTime<Utc>, over: bool) -> Resp {
+    async fn admin_book(
+        &self,
+        who: &str,
+        model: &str,
+        start: DateTime<Utc>,
+        end: DateTime<Utc>,
+        over: bool,
+    ) -> Resp {
         self.call(
             Method::POST,
             "/api/v1/bookings",
@@ -164,11 +218,25 @@ impl Api {
     }
 
     async fn delete(&self, who: &str, id: i64) -> Resp {
-        self.call(Method::DELETE, &format!("/api/v1/bookings/{id}"), &user(who), None).await
+        self.call(
+            Method::DELETE,
+            &format!("/api/v1/bookings/{id}"),
+            &user(who),
+            None,
+        )
+        .await
     }
 
     async fn get_booking(&self, id: i64) -> Value {
-        self.call(Method::GET, &format!("/api/v1/bookings/{id}"), &admin(), None).await.ok().clone()
+        self.call(
+            Method::GET,
+            &format!("/api/v1/bookings/{id}"),
+            &admin(),
+            None,
+        )
+        .await
+        .ok()
+        .clone()
     }
 
     async fn next_start(&self, who: &str, model: &str, days: Option<i64>) -> Value {
@@ -176,7 +244,10 @@ impl Api {
             Some(d) => format!("/api/v1/me/next-start?model={model}&days={d}"),
             None => format!("/api/v1/me/next-start?model={model}"),
         };
-        self.call(Method::GET, &uri, &user(who), None).await.ok().clone()
+        self.call(Method::GET, &uri, &user(who), None)
+            .await
+            .ok()
+            .clone()
     }
 
     async fn sql_count(&self, sql: &str) -> i64 {
@@ -192,14 +263,20 @@ impl Api {
                  WHERE a.cancelled_at IS NULL AND b.cancelled_at IS NULL",
             )
             .await;
-        assert_eq!(slot_clash, 0, "two live bookings share a slot of a model at the same time");
+        assert_eq!(
+            slot_clash, 0,
+            "two live bookings share a slot of a model at the same time"
+        );
         let slot_range = self
             .sql_count(
                 "SELECT count(*) FROM booking b JOIN gpu_model m ON m.name = b.model
                  WHERE b.cancelled_at IS NULL AND (b.slot < 0 OR b.slot >= m.units)",
             )
             .await;
-        assert_eq!(slot_range, 0, "a live booking holds a slot the model does not have");
+        assert_eq!(
+            slot_range, 0,
+            "a live booking holds a slot the model does not have"
+        );
         let user_clash = self
             .sql_count(
                 "SELECT count(*) FROM booking a JOIN booking b
@@ -232,7 +309,9 @@ fn status_of(v: &Value) -> &str {
 async fn start_exactly_now_is_accepted_one_second_earlier_is_not(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 4)]).await;
     let now = api.now();
-    api.book("alice", "a100", now - secs(1), now + days(1)).await.refused(422, "start_in_past", Some(now));
+    api.book("alice", "a100", now - secs(1), now + days(1))
+        .await
+        .refused(422, "start_in_past", Some(now));
     let b = api.book("alice", "a100", now, now + days(1)).await;
     let b = b.created();
     assert_eq!(status_of(b), "active");
@@ -242,16 +321,23 @@ async fn start_exactly_now_is_accepted_one_second_earlier_is_not(pool: PgPool) {
     // Also a second before now with a sub-second clock: the limit is exact.
     api.clock.advance(TimeDelta::milliseconds(500));
     let now = api.now();
-    api.book("bob", "a100", now - TimeDelta::milliseconds(1), now + days(1))
-        .await
-        .refused(422, "start_in_past", Some(now));
+    api.book(
+        "bob",
+        "a100",
+        now - TimeDelta::milliseconds(1),
+        now + days(1),
+    )
+    .await
+    .refused(422, "start_in_past", Some(now));
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn duration_at_least_24_hours(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 4)]).await;
     let s = api.now() + hours(5);
-    api.book("alice", "a100", s, s + hours(24) - secs(1)).await.refused(422, "duration_too_short", None);
+    api.book("alice", "a100", s, s + hours(24) - secs(1))
+        .await
+        .refused(422, "duration_too_short", None);
     let b = api.book("alice", "a100", s, s + hours(24)).await;
     assert_eq!(time_field(b.created(), "end"), Some(s + hours(24)));
     assert_eq!(status_of(b.created()), "planned");
@@ -261,7 +347,9 @@ async fn duration_at_least_24_hours(pool: PgPool) {
 async fn duration_at_most_14_days(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 4)]).await;
     let s = api.now() + hours(5);
-    api.book("alice", "a100", s, s + days(14) + secs(1)).await.refused(422, "duration_too_long", None);
+    api.book("alice", "a100", s, s + days(14) + secs(1))
+        .await
+        .refused(422, "duration_too_long", None);
     api.book("alice", "a100", s, s + days(14)).await.created();
 }
 
@@ -287,7 +375,9 @@ async fn no_second_booking_while_one_is_active(pool: PgPool) {
         .refused(409, "active_booking_exists", Some(end + days(14)));
     assert_eq!(status_of(&api.get_booking(first).await), "active");
     // Another user is not affected.
-    api.book("bob", "a100", end + days(1), end + days(2)).await.created();
+    api.book("bob", "a100", end + days(1), end + days(2))
+        .await
+        .created();
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -302,7 +392,11 @@ async fn at_most_one_planned_booking(pool: PgPool) {
             .refused(409, "future_booking_exists", Some(e + days(14)));
     }
     // A booking before the planned one is also a second planned booking.
-    api.book("alice", "a100", now, now + days(1)).await.refused(409, "future_booking_exists", Some(e + days(14)));
+    api.book("alice", "a100", now, now + days(1)).await.refused(
+        409,
+        "future_booking_exists",
+        Some(e + days(14)),
+    );
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -314,9 +408,13 @@ async fn cooldown_is_exact_to_the_second(pool: PgPool) {
     api.clock.set(end);
     assert_eq!(status_of(&api.get_booking(id).await), "ended");
     let ok = end + days(14);
-    api.book("alice", "a100", ok - secs(1), ok + days(1)).await.refused(409, "cooldown", Some(ok));
+    api.book("alice", "a100", ok - secs(1), ok + days(1))
+        .await
+        .refused(409, "cooldown", Some(ok));
     // Right after it ended, too.
-    api.book("alice", "a100", end, end + days(1)).await.refused(409, "cooldown", Some(ok));
+    api.book("alice", "a100", end, end + days(1))
+        .await
+        .refused(409, "cooldown", Some(ok));
     let b = api.book("alice", "a100", ok, ok + days(1)).await;
     assert_eq!(time_field(b.created(), "start"), Some(ok));
 }
@@ -325,7 +423,10 @@ async fn cooldown_is_exact_to_the_second(pool: PgPool) {
 async fn cancelling_a_planned_booking_leaves_no_cooldown(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 1)]).await;
     let now = api.now();
-    let id = api.book("alice", "a100", now + days(1), now + days(3)).await.id();
+    let id = api
+        .book("alice", "a100", now + days(1), now + days(3))
+        .await
+        .id();
     let r = api.delete("alice", id).await;
     let b = r.ok();
     assert_eq!(status_of(b), "cancelled");
@@ -333,11 +434,14 @@ async fn cancelling_a_planned_booking_leaves_no_cooldown(pool: PgPool) {
     assert_eq!(b["ended_early_at"], Value::Null);
     // The unit is free and no cooldown applies: the same window, and one
     // starting right now, are both bookable at once.
-    api.book("bob", "a100", now + days(1), now + days(3)).await.created();
+    api.book("bob", "a100", now + days(1), now + days(3))
+        .await
+        .created();
     let r = api.book("alice", "a100", now, now + days(1)).await;
     assert_eq!(status_of(r.created()), "active");
     assert_eq!(
-        api.sql_count("SELECT count(*) FROM audit_event WHERE action = 'booking.cancel'").await,
+        api.sql_count("SELECT count(*) FROM audit_event WHERE action = 'booking.cancel'")
+            .await,
         1
     );
     api.assert_invariants().await;
@@ -349,8 +453,14 @@ async fn deleting_a_booking_at_its_first_instant_cancels_it(pool: PgPool) {
     let now = api.now();
     let id = api.book("alice", "a100", now, now + days(2)).await.id();
     let b = api.delete("alice", id).await;
-    assert_eq!(status_of(b.ok()), "cancelled", "ending at its start would leave an empty booking");
-    api.book("alice", "a100", now, now + days(1)).await.created();
+    assert_eq!(
+        status_of(b.ok()),
+        "cancelled",
+        "ending at its start would leave an empty booking"
+    );
+    api.book("alice", "a100", now, now + days(1))
+        .await
+        .created();
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -368,12 +478,20 @@ async fn ending_early_starts_the_cooldown_then(pool: PgPool) {
     assert_eq!(time_field(b, "booked_end"), Some(booked_end));
     assert_eq!(time_field(b, "ended_early_at"), Some(early));
     assert_eq!(b["cancelled_at"], Value::Null);
-    assert_eq!(api.sql_count("SELECT count(*) FROM audit_event WHERE action = 'booking.end_early'").await, 1);
+    assert_eq!(
+        api.sql_count("SELECT count(*) FROM audit_event WHERE action = 'booking.end_early'")
+            .await,
+        1
+    );
     // The unit is free from that moment (1 unit).
-    api.book("bob", "a100", early, early + days(1)).await.created();
+    api.book("bob", "a100", early, early + days(1))
+        .await
+        .created();
     // Cooldown from the real end, not the booked one.
     let ok = early + days(14);
-    api.book("alice", "a100", ok - secs(1), ok + days(1)).await.refused(409, "cooldown", Some(ok));
+    api.book("alice", "a100", ok - secs(1), ok + days(1))
+        .await
+        .refused(409, "cooldown", Some(ok));
     api.book("alice", "a100", ok, ok + days(1)).await.created();
     assert!(ok < booked_end + days(14));
     api.assert_invariants().await;
@@ -384,22 +502,40 @@ async fn ended_and_cancelled_bookings_cannot_be_deleted(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 3)]).await;
     let now = api.now();
     let ended = api.book("alice", "a100", now, now + days(1)).await.id();
-    let cancelled = api.book("bob", "a100", now + days(1), now + days(2)).await.id();
+    let cancelled = api
+        .book("bob", "a100", now + days(1), now + days(2))
+        .await
+        .id();
     api.delete("bob", cancelled).await.ok();
     let early = api.book("carol", "a100", now, now + days(3)).await.id();
     api.clock.set(now + days(1));
     api.delete("carol", early).await.ok();
     assert_eq!(status_of(&api.get_booking(ended).await), "ended");
     let audit_before = api.sql_count("SELECT count(*) FROM audit_event").await;
-    for (who, id, what) in [("alice", ended, "ended"), ("bob", cancelled, "cancelled"), ("carol", early, "ended early")] {
+    for (who, id, what) in [
+        ("alice", ended, "ended"),
+        ("bob", cancelled, "cancelled"),
+        ("carol", early, "ended early"),
+    ] {
         let r = api.delete(who, id).await;
         assert_eq!(r.status, 409, "{what}: {}", r.text);
         assert_eq!(r.json["error"], "not_cancellable", "{what}: {}", r.text);
         // An admin cannot either.
-        let r = api.call(Method::DELETE, &format!("/api/v1/bookings/{id}"), &admin(), None).await;
+        let r = api
+            .call(
+                Method::DELETE,
+                &format!("/api/v1/bookings/{id}"),
+                &admin(),
+                None,
+            )
+            .await;
         assert_eq!(r.status, 409, "{what} by an admin: {}", r.text);
     }
-    assert_eq!(api.sql_count("SELECT count(*) FROM audit_event").await, audit_before, "refusals are not audited as changes");
+    assert_eq!(
+        api.sql_count("SELECT count(*) FROM audit_event").await,
+        audit_before,
+        "refusals are not audited as changes"
+    );
     // And nothing moved.
     let b = api.get_booking(early).await;
     assert_eq!(time_field(&b, "end"), Some(now + days(1)));
@@ -418,21 +554,41 @@ async fn capacity_with_units(pool: PgPool, n: i32) {
         slots.push(r.created()["slot"].as_i64().unwrap());
     }
     slots.sort_unstable();
-    assert_eq!(slots, (0..i64::from(n)).collect::<Vec<_>>(), "each booking holds its own unit");
+    assert_eq!(
+        slots,
+        (0..i64::from(n)).collect::<Vec<_>>(),
+        "each booking holds its own unit"
+    );
     // The N+1th, fully inside, partly overlapping at either end, or covering.
     let extra = format!("user{n}");
-    api.book(&extra, "gpu", s, e).await.refused(409, "capacity", Some(e));
-    api.book(&extra, "gpu", s + hours(12), e + days(1)).await.refused(409, "capacity", Some(e));
-    api.book(&extra, "gpu", s - days(1) + hours(1), s + hours(1)).await.refused(409, "capacity", Some(e));
-    api.book(&extra, "gpu", e - secs(1), e + days(1)).await.refused(409, "capacity", Some(e));
+    api.book(&extra, "gpu", s, e)
+        .await
+        .refused(409, "capacity", Some(e));
+    api.book(&extra, "gpu", s + hours(12), e + days(1))
+        .await
+        .refused(409, "capacity", Some(e));
+    api.book(&extra, "gpu", s - days(1) + hours(1), s + hours(1))
+        .await
+        .refused(409, "capacity", Some(e));
+    api.book(&extra, "gpu", e - secs(1), e + days(1))
+        .await
+        .refused(409, "capacity", Some(e));
     // Touching windows fit: [e, ...) and [..., s).
     let r = api.book(&extra, "gpu", e, e + days(1)).await;
     r.created();
-    api.book(&format!("user{}", n + 1), "gpu", s - days(1), s).await.created();
+    api.book(&format!("user{}", n + 1), "gpu", s - days(1), s)
+        .await
+        .created();
     // With one unit, the first free day is after the extra booking; with more,
     // now (only user{n+1} holds a unit on day 0).
     let want = if n == 1 { e + days(1) } else { now };
-    assert_eq!(time_field(&api.next_start("late", "gpu", Some(1)).await, "earliest_start"), Some(want));
+    assert_eq!(
+        time_field(
+            &api.next_start("late", "gpu", Some(1)).await,
+            "earliest_start"
+        ),
+        Some(want)
+    );
     api.assert_invariants().await;
 }
 
@@ -458,15 +614,27 @@ async fn capacity_earliest_start_is_where_it_fits(pool: PgPool) {
     let api = Api::new(pool, &[("gpu", 2)]).await;
     let now = api.now();
     api.book("a", "gpu", now, now + days(4)).await.created();
-    api.book("b", "gpu", now + days(1), now + days(3)).await.created();
-    api.book("c", "gpu", now + days(4), now + days(6)).await.created();
-    api.book("d", "gpu", now + days(5), now + days(10)).await.created();
+    api.book("b", "gpu", now + days(1), now + days(3))
+        .await
+        .created();
+    api.book("c", "gpu", now + days(4), now + days(6))
+        .await
+        .created();
+    api.book("d", "gpu", now + days(5), now + days(10))
+        .await
+        .created();
     // [1,3) is full (a, b); from day 3 two days hold one booking at a time
     // (a until 4, c from 4, d from 5 only after).
-    api.book("x", "gpu", now + days(1), now + days(3)).await.refused(409, "capacity", Some(now + days(3)));
-    api.book("x", "gpu", now + days(3), now + days(5)).await.created();
+    api.book("x", "gpu", now + days(1), now + days(3))
+        .await
+        .refused(409, "capacity", Some(now + days(3)));
+    api.book("x", "gpu", now + days(3), now + days(5))
+        .await
+        .created();
     // Now [3,4) has a,x; [4,5) c,x; [5,6) c,d: full until day 6.
-    api.book("y", "gpu", now + days(3), now + days(5)).await.refused(409, "capacity", Some(now + days(6)));
+    api.book("y", "gpu", now + days(3), now + days(5))
+        .await
+        .refused(409, "capacity", Some(now + days(6)));
     api.assert_invariants().await;
 }
 
@@ -491,7 +659,9 @@ async fn a_cancellation_gap_is_used_by_moving_a_planned_booking(pool: PgPool) {
     assert_eq!((e_slot, c_slot), (1, 0), "c moved to slot 0, e took slot 1");
     api.assert_invariants().await;
     // Full now: nothing else fits over [3,5).
-    api.book("f", "gpu", now + days(3), now + days(5)).await.refused(409, "capacity", Some(now + days(5)));
+    api.book("f", "gpu", now + days(3), now + days(5))
+        .await
+        .refused(409, "capacity", Some(now + days(5)));
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -509,7 +679,11 @@ async fn started_bookings_keep_their_slot_when_planned_ones_move(pool: PgPool) {
     api.clock.set(now + days(2) + hours(12));
     let e = api.book("e", "gpu", now + days(3), now + days(7)).await;
     assert_eq!(e.created()["slot"], 0);
-    assert_eq!(api.get_booking(a.id()).await["slot"], 1, "an active booking never changes slot");
+    assert_eq!(
+        api.get_booking(a.id()).await["slot"],
+        1,
+        "an active booking never changes slot"
+    );
     assert_eq!(api.get_booking(z.id()).await["slot"], 0);
     assert_eq!(api.get_booking(c.id()).await["slot"], 1);
     api.assert_invariants().await;
@@ -523,7 +697,9 @@ async fn admin_override_skips_the_rules_but_not_capacity_or_overlap(pool: PgPool
     let api = Api::new(pool, &[("a100", 2), ("one", 1)]).await;
     let now = api.now();
     // A past booking (an import), ending 9 days ago: alice is in her cooldown.
-    let past = api.admin_book("alice", "a100", now - days(10), now - days(9), true).await;
+    let past = api
+        .admin_book("alice", "a100", now - days(10), now - days(9), true)
+        .await;
     let p = past.created();
     assert_eq!(status_of(p), "ended");
     assert_eq!(p["override"], true);
@@ -533,14 +709,39 @@ async fn admin_override_skips_the_rules_but_not_capacity_or_overlap(pool: PgPool
         .await
         .refused(409, "cooldown", Some(now - days(9) + days(14)));
     // ... with it, a 2-hour booking inside the cooldown is accepted,
-    let short = api.admin_book("alice", "a100", now + days(1), now + days(1) + hours(2), true).await;
+    let short = api
+        .admin_book(
+            "alice",
+            "a100",
+            now + days(1),
+            now + days(1) + hours(2),
+            true,
+        )
+        .await;
     assert_eq!(status_of(short.created()), "planned");
     // and a second planned one, and one over 14 days, and one starting in the past.
-    api.admin_book("alice", "a100", now + days(3), now + days(3) + secs(1), true).await.created();
-    api.admin_book("alice", "a100", now + days(20), now + days(50), true).await.created();
-    api.admin_book("alice", "a100", now - hours(1), now + hours(1), true).await.created();
+    api.admin_book(
+        "alice",
+        "a100",
+        now + days(3),
+        now + days(3) + secs(1),
+        true,
+    )
+    .await
+    .created();
+    api.admin_book("alice", "a100", now + days(20), now + days(50), true)
+        .await
+        .created();
+    api.admin_book("alice", "a100", now - hours(1), now + hours(1), true)
+        .await
+        .created();
     let overrides = api
-        .call(Method::GET, "/api/v1/audit?action=booking.create_override", &admin(), None)
+        .call(
+            Method::GET,
+            "/api/v1/audit?action=booking.create_override",
+            &admin(),
+            None,
+        )
         .await;
     let overrides = overrides.ok().as_array().unwrap().clone();
     assert_eq!(overrides.len(), 5, "{overrides:?}");
@@ -550,19 +751,61 @@ async fn admin_override_skips_the_rules_but_not_capacity_or_overlap(pool: PgPool
         assert!(e["booking_id"].as_i64().is_some());
     }
     // The user's own overlap still refuses.
-    api.admin_book("alice", "a100", now + days(1) + hours(1), now + days(2), true).await.refused(409, "overlap", None);
-    api.admin_book("alice", "a100", now - days(9) - secs(1), now - days(8), true).await.refused(409, "overlap", None);
+    api.admin_book(
+        "alice",
+        "a100",
+        now + days(1) + hours(1),
+        now + days(2),
+        true,
+    )
+    .await
+    .refused(409, "overlap", None);
+    api.admin_book(
+        "alice",
+        "a100",
+        now - days(9) - secs(1),
+        now - days(8),
+        true,
+    )
+    .await
+    .refused(409, "overlap", None);
     // Capacity still refuses: "one" has one unit, held by bob.
-    api.book("bob", "one", now + days(5), now + days(7)).await.created();
-    let r = api.admin_book("carol", "one", now + days(6), now + days(6) + hours(2), true).await;
+    api.book("bob", "one", now + days(5), now + days(7))
+        .await
+        .created();
+    let r = api
+        .admin_book(
+            "carol",
+            "one",
+            now + days(6),
+            now + days(6) + hours(2),
+            true,
+        )
+        .await;
     r.refused(409, "capacity", Some(now + days(7)));
     // And 2 units of a100 are 2 units, override or not.
-    api.admin_book("dave", "a100", now + days(1), now + days(1) + hours(1), true).await.created();
-    api.admin_book("erin", "a100", now + days(1), now + days(1) + hours(1), true)
-        .await
-        .refused(409, "capacity", Some(now + days(1) + hours(1)));
+    api.admin_book(
+        "dave",
+        "a100",
+        now + days(1),
+        now + days(1) + hours(1),
+        true,
+    )
+    .await
+    .created();
+    api.admin_book(
+        "erin",
+        "a100",
+        now + days(1),
+        now + days(1) + hours(1),
+        true,
+    )
+    .await
+    .refused(409, "capacity", Some(now + days(1) + hours(1)));
     // An empty window is never accepted.
-    api.admin_book("erin", "a100", now + days(90), now + days(90), true).await.refused(422, "invalid_window", None);
+    api.admin_book("erin", "a100", now + days(90), now + days(90), true)
+        .await
+        .refused(422, "invalid_window", None);
     api.assert_invariants().await;
 }
 
@@ -579,27 +822,44 @@ async fn admin_booking_for_a_user_obeys_that_users_rules(pool: PgPool) {
     )
     .await
     .created();
-    api.book("alice", "a100", now + days(1), now + days(2)).await.created();
+    api.book("alice", "a100", now + days(1), now + days(2))
+        .await
+        .created();
     api.admin_book("alice", "a100", now + days(30), now + days(31), false)
         .await
         .refused(409, "future_booking_exists", Some(now + days(16)));
     api.admin_book("bob", "a100", now - secs(1), now + days(1), false)
         .await
         .refused(422, "start_in_past", Some(now));
-    api.admin_book("bob", "a100", now, now + hours(2), false).await.refused(422, "duration_too_short", None);
-    let r = api.admin_book("bob", "a100", now, now + days(1), false).await;
+    api.admin_book("bob", "a100", now, now + hours(2), false)
+        .await
+        .refused(422, "duration_too_short", None);
+    let r = api
+        .admin_book("bob", "a100", now, now + days(1), false)
+        .await;
     let b = r.created();
     assert_eq!(b["user"], "bob");
     assert_eq!(b["override"], false);
     assert_eq!(status_of(b), "active");
     // Bob's rules now apply to bob, whoever books.
-    api.book("bob", "a100", now + days(20), now + days(21)).await.refused(409, "active_booking_exists", Some(now + days(15)));
-    let events = api.call(Method::GET, "/api/v1/audit?action=booking.create&user=bob", &admin(), None).await;
+    api.book("bob", "a100", now + days(20), now + days(21))
+        .await
+        .refused(409, "active_booking_exists", Some(now + days(15)));
+    let events = api
+        .call(
+            Method::GET,
+            "/api/v1/audit?action=booking.create&user=bob",
+            &admin(),
+            None,
+        )
+        .await;
     let events = events.ok().as_array().unwrap().clone();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0]["actor"], "root@lab");
     // Bob sees it as his.
-    let mine = api.call(Method::GET, "/api/v1/bookings", &user("bob"), None).await;
+    let mine = api
+        .call(Method::GET, "/api/v1/bookings", &user("bob"), None)
+        .await;
     assert_eq!(mine.ok().as_array().unwrap().len(), 1);
 }
 
@@ -615,7 +875,12 @@ async fn next_start_in_each_situation(pool: PgPool) {
             .as_array()
             .unwrap()
             .iter()
-            .map(|r| (r["code"].as_str().unwrap().to_string(), time_field(r, "until")))
+            .map(|r| {
+                (
+                    r["code"].as_str().unwrap().to_string(),
+                    time_field(r, "until"),
+                )
+            })
             .collect()
     };
 
@@ -627,7 +892,9 @@ async fn next_start_in_each_situation(pool: PgPool) {
     assert_eq!(n["reasons"], json!([]));
 
     // An active booking: its end plus the cooldown, both reasons.
-    api.book("alice", "a100", now, now + days(2)).await.created();
+    api.book("alice", "a100", now, now + days(2))
+        .await
+        .created();
     let n = api.next_start("alice", "a100", Some(3)).await;
     assert_eq!(time_field(&n, "earliest_start"), Some(now + days(16)));
     assert_eq!(time_field(&n, "earliest_end"), Some(now + days(19)));
@@ -640,7 +907,9 @@ async fn next_start_in_each_situation(pool: PgPool) {
     );
 
     // A planned booking: its end plus the cooldown.
-    api.book("bob", "a100", now + days(1), now + days(3)).await.created();
+    api.book("bob", "a100", now + days(1), now + days(3))
+        .await
+        .created();
     let n = api.next_start("bob", "a100", None).await;
     assert_eq!(time_field(&n, "earliest_start"), Some(now + days(17)));
     assert_eq!(
@@ -652,30 +921,43 @@ async fn next_start_in_each_situation(pool: PgPool) {
     );
 
     // Capacity: "one" is booked by carol for 10 days, then free.
-    api.book("carol", "one", now, now + days(10)).await.created();
+    api.book("carol", "one", now, now + days(10))
+        .await
+        .created();
     let n = api.next_start("dave", "one", Some(2)).await;
     assert_eq!(time_field(&n, "earliest_start"), Some(now + days(10)));
     assert_eq!(codes(&n), vec![("capacity".into(), Some(now + days(10)))]);
 
     // A gap of exactly 2 days fits 2 days, not 3.
-    api.book("erin", "one", now + days(12), now + days(14)).await.created();
+    api.book("erin", "one", now + days(12), now + days(14))
+        .await
+        .created();
     let n = api.next_start("dave", "one", Some(2)).await;
     assert_eq!(time_field(&n, "earliest_start"), Some(now + days(10)));
     let n = api.next_start("dave", "one", Some(3)).await;
     assert_eq!(time_field(&n, "earliest_start"), Some(now + days(14)));
     // What next-start says is bookable, to the second.
-    api.book("dave", "one", now + days(14) - secs(1), now + days(17)).await.refused(409, "capacity", Some(now + days(14)));
-    api.book("dave", "one", now + days(14), now + days(17)).await.created();
+    api.book("dave", "one", now + days(14) - secs(1), now + days(17))
+        .await
+        .refused(409, "capacity", Some(now + days(14)));
+    api.book("dave", "one", now + days(14), now + days(17))
+        .await
+        .created();
 
     // Cooldown and capacity together: frank's cooldown (after an imported
     // booking that ended yesterday) ends on day 13, when "one" is erin's and then
     // dave's until day 17.
-    api.admin_book("frank", "a100", now - days(5), now - days(1), true).await.created();
+    api.admin_book("frank", "a100", now - days(5), now - days(1), true)
+        .await
+        .created();
     let n = api.next_start("frank", "one", Some(1)).await;
     assert_eq!(time_field(&n, "earliest_start"), Some(now + days(17)));
     assert_eq!(
         codes(&n),
-        vec![("cooldown".into(), Some(now + days(13))), ("capacity".into(), Some(now + days(17)))]
+        vec![
+            ("cooldown".into(), Some(now + days(13))),
+            ("capacity".into(), Some(now + days(17)))
+        ]
     );
 
     // After the active booking has ended: the cooldown only; and it is exact.
@@ -683,9 +965,12 @@ async fn next_start_in_each_situation(pool: PgPool) {
     let n = api.next_start("alice", "a100", None).await;
     assert_eq!(time_field(&n, "earliest_start"), Some(now + days(16)));
     assert_eq!(codes(&n), vec![("cooldown".into(), Some(now + days(16)))]);
-    api.book("alice", "a100", now + days(16) - secs(1), now + days(17)).await.refused(409, "cooldown", Some(now + days(16)));
-    api.book("alice", "a100", now + days(16), now + days(17)).await.created();
-
+    api.book("alice", "a100", now + days(16) - secs(1), now + days(17))
+        .await
+        .refused(409, "cooldown", Some(now + days(16)));
+    api.book("alice", "a100", now + days(16), now + days(17))
+        .await
+        .created();
 }
 
 // ---------------------------------------------------------------------------
@@ -699,15 +984,43 @@ async fn schedulability_by_user_and_by_slug(pool: PgPool) {
     assert_eq!(slugs.escape, "alice-40example-2ecom");
     assert_eq!(slugs.safe, "alice-example-com---ff8d9819");
 
-    api.call(Method::PUT, "/api/v1/models/a100/usage", &service(), Some(json!({"in_use": 1}))).await.ok();
-    api.call(Method::PUT, "/api/v1/models/a6000/usage", &service(), Some(json!({"in_use": 2}))).await.ok();
+    api.call(
+        Method::PUT,
+        "/api/v1/models/a100/usage",
+        &service(),
+        Some(json!({"in_use": 1})),
+    )
+    .await
+    .ok();
+    api.call(
+        Method::PUT,
+        "/api/v1/models/a6000/usage",
+        &service(),
+        Some(json!({"in_use": 2})),
+    )
+    .await
+    .ok();
     let end = now + days(2);
     let id = api.book("alice@example.com", "a100", now, end).await.id();
-    api.book("bob", "a6000", now + days(1), now + days(3)).await.created();
+    api.book("bob", "a6000", now + days(1), now + days(3))
+        .await
+        .created();
 
     let free = json!({"a100": 3, "a6000": 0});
-    for q in ["user=alice%40example.com", "slug=alice-40example-2ecom", "slug=alice-example-com---ff8d9819", "slug=alice%40example.com"] {
-        let r = api.call(Method::GET, &format!("/api/v1/schedulability?{q}"), &service(), None).await;
+    for q in [
+        "user=alice%40example.com",
+        "slug=alice-40example-2ecom",
+        "slug=alice-example-com---ff8d9819",
+        "slug=alice%40example.com",
+    ] {
+        let r = api
+            .call(
+                Method::GET,
+                &format!("/api/v1/schedulability?{q}"),
+                &service(),
+                None,
+            )
+            .await;
         let s = r.ok();
         assert_eq!(s["schedulable"], true, "{q}: {s}");
         assert_eq!(time_field(s, "until"), Some(end), "{q}");
@@ -717,32 +1030,93 @@ async fn schedulability_by_user_and_by_slug(pool: PgPool) {
         assert_eq!(s["free"], free, "{q}");
     }
     // Planned only: not schedulable; when a new booking could start.
-    let r = api.call(Method::GET, "/api/v1/schedulability?user=bob", &service(), None).await;
+    let r = api
+        .call(
+            Method::GET,
+            "/api/v1/schedulability?user=bob",
+            &service(),
+            None,
+        )
+        .await;
     let s = r.ok();
     assert_eq!(s["schedulable"], false);
     assert_eq!(s["user"], "bob");
     assert_eq!(s["until"], Value::Null);
     assert_eq!(time_field(s, "earliest_booking"), Some(now + days(17)));
     // A slug nobody has: nobody, free units still told.
-    let r = api.call(Method::GET, "/api/v1/schedulability?slug=nobody-2dhere", &service(), None).await;
+    let r = api
+        .call(
+            Method::GET,
+            "/api/v1/schedulability?slug=nobody-2dhere",
+            &service(),
+            None,
+        )
+        .await;
     let s = r.ok();
-    assert_eq!((s["schedulable"].clone(), s["user"].clone()), (json!(false), Value::Null));
+    assert_eq!(
+        (s["schedulable"].clone(), s["user"].clone()),
+        (json!(false), Value::Null)
+    );
     assert_eq!(s["free"], free);
     // Usage is what the controller says; more in use than units is 0 free.
-    api.call(Method::PUT, "/api/v1/models/a100/usage", &admin(), Some(json!({"in_use": 4}))).await.ok();
-    api.call(Method::PUT, "/api/v1/models/a6000/usage", &service(), Some(json!({"in_use": 0, "units": 5}))).await.ok();
-    let r = api.call(Method::GET, "/api/v1/schedulability?user=carol", &service(), None).await;
+    api.call(
+        Method::PUT,
+        "/api/v1/models/a100/usage",
+        &admin(),
+        Some(json!({"in_use": 4})),
+    )
+    .await
+    .ok();
+    api.call(
+        Method::PUT,
+        "/api/v1/models/a6000/usage",
+        &service(),
+        Some(json!({"in_use": 0, "units": 5})),
+    )
+    .await
+    .ok();
+    let r = api
+        .call(
+            Method::GET,
+            "/api/v1/schedulability?user=carol",
+            &service(),
+            None,
+        )
+        .await;
     assert_eq!(r.ok()["free"], json!({"a100": 0, "a6000": 5}));
-    let models = api.call(Method::GET, "/api/v1/models", &user("carol"), None).await;
+    let models = api
+        .call(Method::GET, "/api/v1/models", &user("carol"), None)
+        .await;
     let models = models.ok().as_array().unwrap().clone();
     let a100 = models.iter().find(|m| m["name"] == "a100").unwrap();
-    assert_eq!((a100["units"].clone(), a100["in_use"].clone(), a100["free"].clone()), (json!(4), json!(4), json!(0)));
+    assert_eq!(
+        (
+            a100["units"].clone(),
+            a100["in_use"].clone(),
+            a100["free"].clone()
+        ),
+        (json!(4), json!(4), json!(0))
+    );
     // At the booking's end it is over.
     api.clock.set(end - secs(1));
-    let r = api.call(Method::GET, "/api/v1/schedulability?slug=alice-example-com---ff8d9819", &service(), None).await;
+    let r = api
+        .call(
+            Method::GET,
+            "/api/v1/schedulability?slug=alice-example-com---ff8d9819",
+            &service(),
+            None,
+        )
+        .await;
     assert_eq!(r.ok()["schedulable"], true);
     api.clock.set(end);
-    let r = api.call(Method::GET, "/api/v1/schedulability?slug=alice-example-com---ff8d9819", &service(), None).await;
+    let r = api
+        .call(
+            Method::GET,
+            "/api/v1/schedulability?slug=alice-example-com---ff8d9819",
+            &service(),
+            None,
+        )
+        .await;
     let s = r.ok();
     assert_eq!(s["schedulable"], false);
     assert_eq!(s["user"], "alice@example.com");
@@ -753,12 +1127,29 @@ async fn schedulability_by_user_and_by_slug(pool: PgPool) {
 async fn availability_per_day(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 2)]).await;
     let now = api.now(); // midnight of day 0
-    api.book("alice", "a100", now + days(1) + hours(12), now + days(3) + hours(12)).await.created();
-    api.book("bob", "a100", now + days(2), now + days(3)).await.created();
-    let carol = api.book("carol", "a100", now + days(4), now + days(5)).await.id();
+    api.book(
+        "alice",
+        "a100",
+        now + days(1) + hours(12),
+        now + days(3) + hours(12),
+    )
+    .await
+    .created();
+    api.book("bob", "a100", now + days(2), now + days(3))
+        .await
+        .created();
+    let carol = api
+        .book("carol", "a100", now + days(4), now + days(5))
+        .await
+        .id();
     api.delete("carol", carol).await.ok();
     let r = api
-        .call(Method::GET, "/api/v1/models/a100/availability?from=2030-01-07&to=2030-01-13", &user("x"), None)
+        .call(
+            Method::GET,
+            "/api/v1/models/a100/availability?from=2030-01-07&to=2030-01-13",
+            &user("x"),
+            None,
+        )
         .await;
     let a = r.ok();
     assert_eq!(a["model"], "a100");
@@ -767,16 +1158,36 @@ async fn availability_per_day(pool: PgPool) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|d| (d["date"].as_str().unwrap().parse().unwrap(), d["free"].as_u64().unwrap(), d["booked"].as_u64().unwrap()))
+        .map(|d| {
+            (
+                d["date"].as_str().unwrap().parse().unwrap(),
+                d["free"].as_u64().unwrap(),
+                d["booked"].as_u64().unwrap(),
+            )
+        })
         .collect();
     let d = |n: u32| NaiveDate::from_ymd_opt(2030, 1, 7 + n).unwrap();
     assert_eq!(
         days_seen,
-        vec![(d(0), 2, 0), (d(1), 1, 1), (d(2), 0, 2), (d(3), 1, 1), (d(4), 2, 0), (d(5), 2, 0)],
+        vec![
+            (d(0), 2, 0),
+            (d(1), 1, 1),
+            (d(2), 0, 2),
+            (d(3), 1, 1),
+            (d(4), 2, 0),
+            (d(5), 2, 0)
+        ],
         "the cancelled booking of day 4 does not count"
     );
     // Default span: 28 days from today.
-    let r = api.call(Method::GET, "/api/v1/models/a100/availability", &user("x"), None).await;
+    let r = api
+        .call(
+            Method::GET,
+            "/api/v1/models/a100/availability",
+            &user("x"),
+            None,
+        )
+        .await;
     let a = r.ok();
     assert_eq!(a["days"].as_array().unwrap().len(), 28);
     assert_eq!(a["days"][0]["date"], "2030-01-07");
@@ -789,13 +1200,28 @@ async fn availability_per_day(pool: PgPool) {
 async fn every_change_is_audited_and_the_audit_table_is_append_only(pool: PgPool) {
     let api = Api::new(pool.clone(), &[("a100", 2)]).await;
     let now = api.now();
-    let id = api.book("alice", "a100", now + days(1), now + days(2)).await.id();
+    let id = api
+        .book("alice", "a100", now + days(1), now + days(2))
+        .await
+        .id();
     api.delete("alice", id).await.ok();
     let id = api.book("alice", "a100", now, now + days(2)).await.id();
     api.clock.set(now + days(1));
     api.delete("alice", id).await.ok();
-    let actions: Vec<String> = sqlx::query_scalar("SELECT action FROM audit_event ORDER BY id").fetch_all(&pool).await.unwrap();
-    assert_eq!(actions, ["model.put", "booking.create", "booking.cancel", "booking.create", "booking.end_early"]);
+    let actions: Vec<String> = sqlx::query_scalar("SELECT action FROM audit_event ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        actions,
+        [
+            "model.put",
+            "booking.create",
+            "booking.cancel",
+            "booking.create",
+            "booking.end_early"
+        ]
+    );
     let before = api.sql_count("SELECT count(*) FROM audit_event").await;
 
     for sql in [
@@ -809,16 +1235,24 @@ async fn every_change_is_audited_and_the_audit_table_is_append_only(pool: PgPool
         assert!(err.to_string().contains("append-only"), "{sql}: {err}");
     }
     let actions_after: Vec<String> =
-        sqlx::query_scalar("SELECT action FROM audit_event ORDER BY id").fetch_all(&pool).await.unwrap();
+        sqlx::query_scalar("SELECT action FROM audit_event ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     assert_eq!(actions_after, actions);
-    assert_eq!(api.sql_count("SELECT count(*) FROM audit_event").await, before);
+    assert_eq!(
+        api.sql_count("SELECT count(*) FROM audit_event").await,
+        before
+    );
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn the_exclusion_constraints_are_a_backstop(pool: PgPool) {
     let api = Api::new(pool.clone(), &[("a100", 2)]).await;
     let now = api.now();
-    api.book("alice", "a100", now + days(1), now + days(3)).await.created();
+    api.book("alice", "a100", now + days(1), now + days(3))
+        .await
+        .created();
     let insert = |user: &'static str, slot: i32, from: i64, to: i64| {
         let pool = pool.clone();
         async move {
@@ -861,17 +1295,23 @@ async fn override_past_window_that_fits_by_count_gets_a_slot(pool: PgPool) {
     let api = Api::new(pool, &[("gpu", 2)]).await;
     let now = api.now();
     // Slot 0: a, ended on day -5.
-    let a = api.admin_book("a", "gpu", now - days(10), now - days(5), true).await;
+    let a = api
+        .admin_book("a", "gpu", now - days(10), now - days(5), true)
+        .await;
     assert_eq!(a.created()["slot"], 0);
     // x holds slot 0 over [1,5) so that b, running since day -4, gets slot 1;
     // then x cancels.
     let x = api.book("x", "gpu", now + days(1), now + days(5)).await;
     assert_eq!(x.created()["slot"], 0);
-    let b = api.admin_book("b", "gpu", now - days(4), now + days(5), true).await;
+    let b = api
+        .admin_book("b", "gpu", now - days(4), now + days(5), true)
+        .await;
     assert_eq!(b.created()["slot"], 1);
     api.delete("x", x.id()).await.ok();
     // d over [-8,-2): with a on [-10,-5) and b on [-4,5), at most 2 at once.
-    let r = api.admin_book("d", "gpu", now - days(8), now - days(2), true).await;
+    let r = api
+        .admin_book("d", "gpu", now - days(8), now - days(2), true)
+        .await;
     assert_eq!(
         r.status,
         StatusCode::CREATED,
@@ -886,24 +1326,86 @@ async fn list_filters(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 2), ("a6000", 2)]).await;
     let now = api.now();
     let a1 = api.book("alice", "a100", now, now + days(2)).await.id();
-    let b1 = api.book("bob", "a6000", now + days(3), now + days(5)).await.id();
-    let c1 = api.admin_book("carol", "a100", now - days(20), now - days(19), true).await.id();
-    let ids = |r: Resp| -> Vec<i64> { r.ok().as_array().unwrap().iter().map(|b| b["id"].as_i64().unwrap()).collect() };
-    assert_eq!(ids(api.call(Method::GET, "/api/v1/bookings", &user("alice"), None).await), vec![a1]);
+    let b1 = api
+        .book("bob", "a6000", now + days(3), now + days(5))
+        .await
+        .id();
+    let c1 = api
+        .admin_book("carol", "a100", now - days(20), now - days(19), true)
+        .await
+        .id();
+    let ids = |r: Resp| -> Vec<i64> {
+        r.ok()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["id"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        ids(api
+            .call(Method::GET, "/api/v1/bookings", &user("alice"), None)
+            .await),
+        vec![a1]
+    );
     // Newest start first.
-    assert_eq!(ids(api.call(Method::GET, "/api/v1/bookings?all=true", &admin(), None).await), vec![b1, a1, c1]);
-    assert_eq!(ids(api.call(Method::GET, "/api/v1/bookings?all=true&model=a100", &admin(), None).await), vec![a1, c1]);
-    assert_eq!(ids(api.call(Method::GET, "/api/v1/bookings?user=carol", &admin(), None).await), vec![c1]);
-    assert_eq!(ids(api.call(Method::GET, "/api/v1/bookings?all=true&limit=1", &admin(), None).await), vec![b1]);
+    assert_eq!(
+        ids(api
+            .call(Method::GET, "/api/v1/bookings?all=true", &admin(), None)
+            .await),
+        vec![b1, a1, c1]
+    );
+    assert_eq!(
+        ids(api
+            .call(
+                Method::GET,
+                "/api/v1/bookings?all=true&model=a100",
+                &admin(),
+                None
+            )
+            .await),
+        vec![a1, c1]
+    );
+    assert_eq!(
+        ids(api
+            .call(Method::GET, "/api/v1/bookings?user=carol", &admin(), None)
+            .await),
+        vec![c1]
+    );
+    assert_eq!(
+        ids(api
+            .call(
+                Method::GET,
+                "/api/v1/bookings?all=true&limit=1",
+                &admin(),
+                None
+            )
+            .await),
+        vec![b1]
+    );
     let from = rfc(now + days(2)).replace('+', "%2B");
     assert_eq!(
-        ids(api.call(Method::GET, &format!("/api/v1/bookings?all=true&from={from}"), &admin(), None).await),
+        ids(api
+            .call(
+                Method::GET,
+                &format!("/api/v1/bookings?all=true&from={from}"),
+                &admin(),
+                None
+            )
+            .await),
         vec![b1],
         "bookings ending after `from` (a1 ends exactly then)"
     );
     let to = rfc(now);
     assert_eq!(
-        ids(api.call(Method::GET, &format!("/api/v1/bookings?all=true&to={to}"), &admin(), None).await),
+        ids(api
+            .call(
+                Method::GET,
+                &format!("/api/v1/bookings?all=true&to={to}"),
+                &admin(),
+                None
+            )
+            .await),
         vec![c1],
         "bookings starting before `to` (a1 starts exactly then)"
     );
