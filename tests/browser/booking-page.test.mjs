@@ -69,7 +69,8 @@ describe('booking page', () => {
     assert.ok(outline.width >= 2, 'the outline is at least 2px');
     await page.keyboard.press('Enter');
     await page.locator('#who-text', { hasText: `Signed in as ${USER}` }).waitFor();
-    assert.equal(await page.evaluate(() => document.activeElement.id), 'book-title', 'focus moves to the view');
+    // Focus moves to the new view's heading.
+    await page.waitForFunction(() => document.activeElement && document.activeElement.id === 'book-title');
     // Sign out clears the token kept in the tab.
     await page.getByRole('button', { name: 'Sign out' }).click();
     await page.locator('#view-signin').waitFor();
