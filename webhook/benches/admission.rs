@@ -1,1 +1,495 @@
-fn main() {}
+//! Admissions per second and latency over TLS with keep-alive, against a baseline in the
+//! same run: a minimal rustls + hyper server that answers a fixed AdmissionReview.
+//!
+//! `cargo bench -p gpu-booking-webhook` runs the full benchmark (about 30 s); run as a
+//! test (`cargo test --all-targets`), it only checks that every target answers, briefly.
+//!
+//! Targets:
+//! - baseline: reads the body, answers a fixed `allowed` review;
+//! - (a) the webhook, a KubeSpawner pod without GPU (no call to anyone);
+//! - (b) the webhook, a booked user's GPU pod: the booking service is a local stub HTTP
+//!   server behind the webhook's schedulability cache (TTL 3 s, so about one call every
+//!   3 s), and each admission reports an audit row to the stub on its own task, as in
+//!   production; and the same with `dryRun` (no audit call), to show what the audit
+//!   report costs.
+//!
+//! - our TLS + axum stack answering a fixed review (no admission logic), for scale.
+//!
+//! Two measurements per target: closed loop (16 connections sending back to back:
+//! throughput) and open loop at a fixed rate (2,000 requests/s over 16 connections:
+//! latency). Latency runs from the moment a request is written to its full response.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::routing::{get, post};
+use gpu_booking_webhook::{WebhookArgs, WebhookServer};
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+const CONNECTIONS: usize = 16;
+
+struct Settings {
+    closed_for: Duration,
+    rate: f64,
+    rate_for: Duration,
+    warmup: Duration,
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let settings = if full {
+        Settings {
+            closed_for: Duration::from_secs(4),
+            rate: 2000.0,
+            rate_for: Duration::from_secs(4),
+            warmup: Duration::from_secs(1),
+        }
+    } else {
+        Settings {
+            closed_for: Duration::from_millis(300),
+            rate: 200.0,
+            rate_for: Duration::from_millis(300),
+            warmup: Duration::from_millis(50),
+        }
+    };
+
+    // The servers get their own runtime (two workers, like the webhook's pod on two
+    // cores); the load generator another. Everything shares this machine's cores.
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("server")
+        .enable_all()
+        .build()
+        .unwrap();
+    let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("client")
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let pki = Pki::new();
+    let dir = std::env::temp_dir().join(format!("gpu-booking-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tls.crt"), &pki.cert_pem).unwrap();
+    std::fs::write(dir.join("tls.key"), &pki.key_pem).unwrap();
+
+    let stub = server_rt.block_on(start_stub());
+    let baseline = server_rt.block_on(start_baseline(&pki));
+    let webhook = server_rt.block_on(start_webhook(&dir, &stub));
+    let framework = server_rt.block_on(start_framework(&dir));
+
+    let nogpu = review("bench-nogpu", "7.1.0-alice-at-example.com-nogpu.json");
+    let gpu = review("bench-gpu", "7.1.0-alice-at-example.com-gpu.json");
+    let gpu_dry = {
+        let mut v: Value = serde_json::from_slice(&gpu).unwrap();
+        v["request"]["dryRun"] = json!(true);
+        Bytes::from(serde_json::to_vec(&v).unwrap())
+    };
+    let client = Client::new(&pki.ca_pem);
+
+    // The answers are what they should be before anything is timed.
+    client_rt.block_on(async {
+        let mut conn = client.connect(webhook).await;
+        let a = conn.post(&nogpu).await;
+        assert!(
+            a.contains("\"allowed\":true") && !a.contains("patch"),
+            "{a}"
+        );
+        let b = conn.post(&gpu).await;
+        assert!(
+            b.contains("\"allowed\":true") && b.contains("\"patch\""),
+            "{b}"
+        );
+        assert!(b.contains("booked a6000"), "{b}");
+        let mut conn = client.connect(baseline).await;
+        assert!(conn.post(&nogpu).await.contains("\"allowed\":true"));
+    });
+
+    let targets = [
+        ("baseline (fixed answer)", baseline, &nogpu),
+        ("our TLS + axum stack, fixed answer", framework, &nogpu),
+        ("(a) webhook, pod without GPU", webhook, &nogpu),
+        ("(b) webhook, booked GPU pod", webhook, &gpu),
+        ("(b) same, dryRun (no audit call)", webhook, &gpu_dry),
+    ];
+    let mut results = Vec::new();
+    // BENCH_ONLY=<part of a target name> runs one target (for profiling).
+    let only = std::env::var("BENCH_ONLY").ok();
+    for (name, addr, body) in targets {
+        if only.as_deref().is_some_and(|o| !name.contains(o)) {
+            continue;
+        }
+        let closed = client_rt.block_on(closed_loop(&client, addr, body, &settings));
+        let open = client_rt.block_on(open_loop(&client, addr, body, &settings));
+        results.push((name, closed, open));
+    }
+
+    println!();
+    println!(
+        "admission benchmark: TLS 1.3, HTTP/1.1 keep-alive, {CONNECTIONS} connections, {} body bytes (a), {} (b)",
+        nogpu.len(),
+        gpu.len()
+    );
+    println!(
+        "{:<36} {:>12} {:>9} {:>9}   {:>12} {:>9} {:>9} {:>9}",
+        "target", "closed req/s", "p50 ms", "p99 ms", "open req/s", "p50 ms", "p99 ms", "max ms"
+    );
+    for (name, closed, open) in &results {
+        println!(
+            "{:<36} {:>12.0} {:>9.3} {:>9.3}   {:>12.0} {:>9.3} {:>9.3} {:>9.3}",
+            name,
+            closed.rate,
+            closed.p(0.50),
+            closed.p(0.99),
+            open.rate,
+            open.p(0.50),
+            open.p(0.99),
+            open.p(1.0)
+        );
+    }
+    let Some(base) = results
+        .iter()
+        .find(|r| r.0.starts_with("baseline"))
+        .map(|r| r.1.rate)
+    else {
+        return;
+    };
+    for (name, closed, open) in results.iter().filter(|r| !r.0.starts_with("baseline")) {
+        println!(
+            "{name}: {:.2} of the baseline's throughput; p99 at {:.0} req/s: {:.3} ms",
+            closed.rate / base,
+            settings.rate,
+            open.p(0.99)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(server_rt);
+}
+
+struct Pki {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "bench CA");
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "webhook");
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &ca).unwrap();
+        Self {
+            ca_pem: ca.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+}
+
+fn review(uid: &str, file: &str) -> Bytes {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/kubespawner")
+        .join(file);
+    let mut pod: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    pod["metadata"]["namespace"] = json!("jhub");
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "jhub",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:jhub:hub"},
+            "object": pod,
+            "dryRun": false
+        }
+    });
+    Bytes::from(serde_json::to_vec(&review).unwrap())
+}
+
+/// The booking service: alice is booked on a6000 (a unit free: no preemption).
+async fn start_stub() -> SocketAddr {
+    let answer = json!({"schedulable": true, "until": "2099-11-30T00:00:00Z", "model": "a6000",
+        "booking_id": 18, "user": "alice@example.com", "free": {"a100": 0, "a6000": 2},
+        "gpumem_mib": {"a100": 40960, "a6000": 49152}, "earliest_booking": null});
+    let app = axum::Router::new()
+        .route(
+            "/api/v1/schedulability",
+            get(move || {
+                let answer = answer.clone();
+                async move { axum::Json(answer) }
+            }),
+        )
+        .route(
+            "/api/v1/audit",
+            post(|| async { (axum::http::StatusCode::CREATED, "{\"id\":1}") }),
+        )
+        .route(
+            "/api/v1/preemptions",
+            post(|| async { (axum::http::StatusCode::ACCEPTED, "{\"id\":1}") }),
+        );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
+async fn start_webhook(dir: &std::path::Path, stub: &SocketAddr) -> SocketAddr {
+    let args = WebhookArgs::with_defaults(
+        dir.join("tls.crt"),
+        dir.join("tls.key"),
+        format!("http://{stub}"),
+        "bench-token".into(),
+    );
+    let server = Arc::new(WebhookServer::from_args(&args).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = server.serve(listener, std::future::pending()).await;
+    });
+    addr
+}
+
+/// The baseline: TLS, HTTP/1.1, read the body, answer fixed bytes.
+async fn start_baseline(pki: &Pki) -> SocketAddr {
+    let config =
+        gpu_booking_webhook::tls::server_config(pki.cert_pem.as_bytes(), pki.key_pem.as_bytes())
+            .unwrap();
+    let acceptor = TlsAcceptor::from(config);
+    let answer = Bytes::from_static(
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"bench","allowed":true}}"#,
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let answer = answer.clone();
+                        async move {
+                            let _ = req.into_body().collect().await;
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .header("content-type", "application/json")
+                                    .body(Full::new(answer))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+struct Client {
+    connector: TlsConnector,
+}
+
+struct Conn {
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+impl Client {
+    fn new(ca_pem: &str) -> Self {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Self {
+            connector: TlsConnector::from(Arc::new(config)),
+        }
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Conn {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.set_nodelay(true).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let tls = self.connector.connect(name, tcp).await.unwrap();
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        Conn { send }
+    }
+}
+
+impl Conn {
+    async fn post(&mut self, body: &Bytes) -> String {
+        let bytes = self.post_bytes(body).await;
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    async fn post_bytes(&mut self, body: &Bytes) -> Bytes {
+        self.send.ready().await.unwrap();
+        let request = Request::post("/mutate?timeout=10s")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(body.clone()))
+            .unwrap();
+        let response = self.send.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+}
+
+struct Measured {
+    rate: f64,
+    /// Sorted latencies, seconds.
+    latencies: Vec<f64>,
+}
+
+impl Measured {
+    /// Quantile `q` in milliseconds.
+    fn p(&self, q: f64) -> f64 {
+        if self.latencies.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((self.latencies.len() as f64 - 1.0) * q).round() as usize;
+        self.latencies[i] * 1000.0
+    }
+
+    fn from(mut latencies: Vec<f64>, took: Duration) -> Self {
+        latencies.sort_by(f64::total_cmp);
+        Self {
+            rate: latencies.len() as f64 / took.as_secs_f64(),
+            latencies,
+        }
+    }
+}
+
+/// Every connection sends back to back for the duration (after a warm-up).
+async fn closed_loop(client: &Client, addr: SocketAddr, body: &Bytes, s: &Settings) -> Measured {
+    let mut conns = Vec::new();
+    for _ in 0..CONNECTIONS {
+        conns.push(client.connect(addr).await);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut conn in conns {
+        let (stop, measuring, body) = (stop.clone(), measuring.clone(), body.clone());
+        tasks.spawn(async move {
+            let mut lat = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                conn.post_bytes(&body).await;
+                if measuring.load(Ordering::Relaxed) {
+                    lat.push(t.elapsed().as_secs_f64());
+                }
+            }
+            lat
+        });
+    }
+    tokio::time::sleep(s.warmup).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(s.closed_for).await;
+    measuring.store(false, Ordering::Relaxed);
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    while let Some(lat) = tasks.join_next().await {
+        all.extend(lat.unwrap());
+    }
+    Measured::from(all, took)
+}
+
+/// Requests at a fixed rate, spread over the connections (request i goes out at
+/// start + i/rate on connection i mod N).
+async fn open_loop(client: &Client, addr: SocketAddr, body: &Bytes, s: &Settings) -> Measured {
+    let mut conns = Vec::new();
+    for _ in 0..CONNECTIONS {
+        conns.push(client.connect(addr).await);
+    }
+    let warm = (s.rate * s.warmup.as_secs_f64()) as usize;
+    let total = warm + (s.rate * s.rate_for.as_secs_f64()) as usize;
+    let interval = Duration::from_secs_f64(1.0 / s.rate);
+    let start = tokio::time::Instant::now() + Duration::from_millis(20);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (j, mut conn) in conns.into_iter().enumerate() {
+        let body = body.clone();
+        tasks.spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = j;
+            while i < total {
+                tokio::time::sleep_until(start + interval * i as u32).await;
+                let t = Instant::now();
+                conn.post_bytes(&body).await;
+                if i >= warm {
+                    lat.push(t.elapsed().as_secs_f64());
+                }
+                i += CONNECTIONS;
+            }
+            lat
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(lat) = tasks.join_next().await {
+        all.extend(lat.unwrap());
+    }
+    let measured_for = interval * (total - warm) as u32;
+    let mut m = Measured::from(all, measured_for);
+    // The rate offered; a server that cannot keep up shows in the latencies.
+    m.rate = m.latencies.len() as f64 / measured_for.as_secs_f64();
+    m
+}
+
+/// The webhook's own serving stack (`serve_tls`: certificate store, hyper-util auto,
+/// axum) answering a fixed review: what the stack costs before any admission logic.
+async fn start_framework(dir: &std::path::Path) -> SocketAddr {
+    let metrics = Arc::new(gpu_booking_webhook::Metrics::new());
+    let certs =
+        gpu_booking_webhook::CertStore::load(dir.join("tls.crt"), dir.join("tls.key"), metrics);
+    let certs = Arc::new(certs.unwrap());
+    let app = axum::Router::new().route("/mutate", post(|body: axum::body::Body| async move {
+        let b = axum::body::to_bytes(body, 3 << 20).await.unwrap();
+        std::hint::black_box(b);
+        ([("content-type", "application/json")], r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"bench","allowed":true}}"#)
+    }));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = gpu_booking_webhook::serve_tls(listener, certs, app, std::future::pending()).await;
+    });
+    addr
+}

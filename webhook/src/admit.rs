@@ -19,14 +19,23 @@ use crate::review::{answer_version, RequestIn, ReviewIn, ReviewOut, API_VERSION_
 /// The admission logic with its booking client and metrics; shared by all connections.
 pub struct Webhook {
     cfg: AdmissionConfig,
+    /// Every configured GPU resource name, for [`Webhook::surely_no_gpu`].
+    gpu_names: Vec<memchr::memmem::Finder<'static>>,
     booking: Arc<BookingClient>,
     metrics: Arc<Metrics>,
 }
 
 impl Webhook {
     pub fn new(cfg: AdmissionConfig, booking: Arc<BookingClient>, metrics: Arc<Metrics>) -> Self {
+        let gpu_names = cfg
+            .gpu_resources
+            .iter()
+            .chain(cfg.model_resources.keys())
+            .map(|name| memchr::memmem::Finder::new(name.as_bytes()).into_owned())
+            .collect();
         Self {
             cfg,
+            gpu_names,
             booking,
             metrics,
         }
@@ -55,6 +64,9 @@ impl Webhook {
     }
 
     async fn review_counted(&self, body: &[u8]) -> (ReviewOut, &'static str) {
+        if let Some(answer) = self.skim(body) {
+            return answer;
+        }
         let review: ReviewIn = match serde_json::from_slice(body) {
             Ok(review) => review,
             Err(e) => {
@@ -92,6 +104,57 @@ impl Webhook {
         self.admit_pod(version, &request, pod)
             .instrument(span)
             .await
+    }
+
+    /// The fast path for the common case, a pod without a GPU (or a review that is not
+    /// a pod creation): a skim that builds only the uid and the containers' resources,
+    /// skipping the rest of the pod unparsed, answers it. `None` sends the review
+    /// through the full path (GPU pods, and anything the skim cannot read). GPU
+    /// detection is the same [`detect_gpu`] on the skimmed resources.
+    fn skim(&self, body: &[u8]) -> Option<(ReviewOut, &'static str)> {
+        if self.surely_no_gpu(body) {
+            let review: skim::Review<'_, serde::de::IgnoredAny> =
+                serde_json::from_slice(body).ok()?;
+            let (version, uid, creation, object) = review.parts()?;
+            if !creation {
+                return Some((ReviewOut::allow(version, &uid), "ignored"));
+            }
+            object?;
+            return Some((ReviewOut::allow(version, &uid), "no_gpu"));
+        }
+        let review: skim::Review<'_, skim::Pod> = serde_json::from_slice(body).ok()?;
+        let (version, uid, creation, pod) = review.parts()?;
+        if !creation {
+            return Some((ReviewOut::allow(version, &uid), "ignored"));
+        }
+        let spec = pod?.spec.unwrap_or_default();
+        let list = |containers: Option<Vec<skim::Container>>| {
+            let containers = containers.unwrap_or_default().into_iter().map(|c| {
+                let mut map = serde_json::Map::new();
+                map.insert("resources".into(), c.resources.unwrap_or(Value::Null));
+                Value::Object(map)
+            });
+            Value::Array(containers.collect())
+        };
+        let mut spec_map = serde_json::Map::new();
+        spec_map.insert("containers".into(), list(spec.containers));
+        spec_map.insert("initContainers".into(), list(spec.init_containers));
+        let mut pod_map = serde_json::Map::new();
+        pod_map.insert("spec".into(), Value::Object(spec_map));
+        let resources = Value::Object(pod_map);
+        match guarded(|| detect_gpu(&resources, &self.cfg)) {
+            Ok(None) => Some((ReviewOut::allow(version, &uid), "no_gpu")),
+            _ => None,
+        }
+    }
+
+    /// True when no GPU resource can be named anywhere in `body`: none of their names
+    /// occurs literally, and there is no escape (`\u`, `\/`) that could spell one. A
+    /// byte search, far cheaper than reading the pod; `false` only means "look".
+    fn surely_no_gpu(&self, body: &[u8]) -> bool {
+        let spelled_with_escapes =
+            memchr::memchr_iter(b'\\', body).any(|i| matches!(body.get(i + 1), Some(b'u' | b'/')));
+        !spelled_with_escapes && self.gpu_names.iter().all(|name| name.find(body).is_none())
     }
 
     async fn admit_pod(
@@ -267,5 +330,114 @@ fn pod_name(req: &RequestIn, pod: &Value) -> String {
         (None, None) => text("generateName")
             .map(|g| format!("{g}*"))
             .unwrap_or_default(),
+    }
+}
+
+/// Borrowed, partial views of a review: only the fields the fast path reads; serde
+/// skips everything else without building it.
+mod skim {
+    use std::borrow::Cow;
+
+    use serde::Deserialize;
+    use serde_json::Value;
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    #[serde(bound(deserialize = "O: Deserialize<'de>"))]
+    pub struct Review<'a, O> {
+        #[serde(borrow, default)]
+        pub api_version: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub kind: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        pub request: Option<Request<'a, O>>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    #[serde(bound(deserialize = "O: Deserialize<'de>"))]
+    pub struct Request<'a, O> {
+        #[serde(default)]
+        pub uid: Option<String>,
+        #[serde(default)]
+        pub kind: Option<Kind>,
+        #[serde(borrow, default)]
+        pub operation: Option<Cow<'a, str>>,
+        #[serde(default)]
+        pub object: Option<MapOnly<O>>,
+    }
+
+    impl<O> Review<'_, O> {
+        /// (answer version, uid, is a pod creation, the object) when the review is
+        /// well-formed as far as the fast path can tell; `None` sends it the full way.
+        pub fn parts(self) -> Option<(&'static str, String, bool, Option<O>)> {
+            if self.kind.as_deref().is_some_and(|k| k != "AdmissionReview") {
+                return None;
+            }
+            let version = match self.api_version.as_deref() {
+                Some(crate::review::API_VERSION_V1BETA1) => crate::review::API_VERSION_V1BETA1,
+                _ => crate::review::API_VERSION_V1,
+            };
+            let request = self.request?;
+            let uid = request.uid.filter(|u| !u.is_empty())?;
+            let kind = request.kind.unwrap_or_default();
+            let is_pod = kind.kind.as_deref() == Some("Pod")
+                && kind.group.as_deref().unwrap_or("").is_empty();
+            let creation = is_pod && request.operation.as_deref() == Some("CREATE");
+            let object = request.object.map(|MapOnly(o)| o);
+            Some((version, uid, creation, object))
+        }
+    }
+
+    /// `T` read from a JSON object only (serde would also read a struct from an
+    /// array, which the full path refuses).
+    pub struct MapOnly<T>(pub T);
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for MapOnly<T> {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct Visit<T>(std::marker::PhantomData<T>);
+            impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+                type Value = MapOnly<T>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    map: A,
+                ) -> Result<Self::Value, A::Error> {
+                    T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(MapOnly)
+                }
+            }
+            deserializer.deserialize_map(Visit(std::marker::PhantomData))
+        }
+    }
+
+    #[derive(Deserialize, Default)]
+    pub struct Kind {
+        #[serde(default)]
+        pub group: Option<String>,
+        #[serde(default)]
+        pub kind: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Pod {
+        #[serde(default)]
+        pub spec: Option<Spec>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Spec {
+        #[serde(default)]
+        pub containers: Option<Vec<Container>>,
+        #[serde(default)]
+        pub init_containers: Option<Vec<Container>>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Container {
+        #[serde(default)]
+        pub resources: Option<Value>,
     }
 }

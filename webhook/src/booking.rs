@@ -5,12 +5,12 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use gpu_booking_core::admission::{Identity, Schedulability};
 use serde_json::Value;
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::{mpsc, OnceCell, Semaphore};
 
 use crate::metrics::{CallLabel, Metrics};
 use crate::tls::FileStamp;
@@ -19,8 +19,12 @@ use crate::tls::FileStamp;
 const ERROR_TTL: Duration = Duration::from_secs(1);
 /// Entries kept before expired ones are swept.
 const CACHE_SWEEP_AT: usize = 4096;
-/// Side calls (preemption, audit) in flight at most; beyond, they are dropped.
+/// Preemption requests in flight at most; beyond, they are dropped.
 const MAX_SIDE_CALLS: usize = 256;
+/// Audit reports waiting to be sent at most; beyond, they are dropped (and counted).
+const AUDIT_QUEUE: usize = 4096;
+/// Audit reports sent at once, each over a kept-alive connection.
+const AUDIT_SENDERS: usize = 2;
 
 /// Why the booking service gave no usable answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,6 +120,7 @@ pub struct BookingClient {
     cache: Mutex<HashMap<(&'static str, String), Arc<Entry>>>,
     side_calls: Arc<Semaphore>,
     side_calls_started: AtomicU64,
+    audit_queue: OnceLock<mpsc::Sender<Value>>,
     metrics: Arc<Metrics>,
 }
 
@@ -146,6 +151,7 @@ impl BookingClient {
             cache: Mutex::new(HashMap::new()),
             side_calls: Arc::new(Semaphore::new(MAX_SIDE_CALLS)),
             side_calls_started: AtomicU64::new(0),
+            audit_queue: OnceLock::new(),
             metrics,
         })
     }
@@ -246,9 +252,53 @@ impl BookingClient {
         self.side_call("preemption", "/api/v1/preemptions", body);
     }
 
-    /// Reports an admission to the audit log. Returns at once.
+    /// Reports an admission to the audit log. Returns at once: the report joins a
+    /// bounded queue that [`AUDIT_SENDERS`] tasks send in order over kept-alive
+    /// connections (a task and a connection per report would cost more than the
+    /// admission itself at a burst of spawns).
     pub fn audit(self: &Arc<Self>, body: Value) {
-        self.side_call("audit", "/api/v1/audit", body);
+        self.side_calls_started.fetch_add(1, Ordering::SeqCst);
+        let queue = self.audit_queue.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(AUDIT_QUEUE);
+            let rx = Arc::new(tokio::sync::Mutex::new(rx));
+            for _ in 0..AUDIT_SENDERS {
+                let (this, rx) = (Arc::downgrade(self), rx.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let Some(body) = rx.lock().await.recv().await else {
+                            return;
+                        };
+                        let Some(this) = this.upgrade() else {
+                            return;
+                        };
+                        this.send_counted("audit", "/api/v1/audit", &body).await;
+                    }
+                });
+            }
+            tx
+        });
+        if queue.try_send(body).is_err() {
+            tracing::warn!("audit queue full; report dropped");
+            self.count_side_call("audit", "dropped");
+        }
+    }
+
+    fn count_side_call(&self, call: &'static str, outcome: &'static str) {
+        self.metrics
+            .side_calls
+            .get_or_create(&CallLabel { call, outcome })
+            .inc();
+    }
+
+    async fn send_counted(&self, call: &'static str, path: &'static str, body: &Value) {
+        let outcome = match self.post(path, body).await {
+            Ok(()) => "ok",
+            Err(e) => {
+                tracing::warn!(call, error = %e, "booking service call failed");
+                "error"
+            }
+        };
+        self.count_side_call(call, outcome);
     }
 
     /// Preemption requests and audit reports started so far (counted before they are
@@ -259,31 +309,15 @@ impl BookingClient {
 
     fn side_call(self: &Arc<Self>, call: &'static str, path: &'static str, body: Value) {
         self.side_calls_started.fetch_add(1, Ordering::SeqCst);
-        let count = |outcome| {
-            self.metrics
-                .side_calls
-                .get_or_create(&CallLabel { call, outcome })
-                .inc();
-        };
         let Ok(permit) = self.side_calls.clone().try_acquire_owned() else {
             tracing::warn!(call, "too many side calls in flight; dropped");
-            count("dropped");
+            self.count_side_call(call, "dropped");
             return;
         };
         let this = self.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let outcome = match this.post(path, &body).await {
-                Ok(()) => "ok",
-                Err(e) => {
-                    tracing::warn!(call, error = %e, "booking service call failed");
-                    "error"
-                }
-            };
-            this.metrics
-                .side_calls
-                .get_or_create(&CallLabel { call, outcome })
-                .inc();
+            this.send_counted(call, path, &body).await;
         });
     }
 

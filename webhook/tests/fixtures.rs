@@ -117,6 +117,11 @@ fn with_env(mut pod: Value, name: &str, value: &str) -> Value {
     pod
 }
 
+fn annotated(mut pod: Value, key: &str, value: &str) -> Value {
+    pod["metadata"]["annotations"][key] = json!(value);
+    pod
+}
+
 fn with_init_and_sidecar(mut pod: Value) -> Value {
     pod["spec"]["initContainers"] = json!([{
         "name": "warm-cache", "image": "busybox", "command": ["sh", "-c", "nvidia-smi"],
@@ -435,6 +440,13 @@ impl Case {
         self.side_calls = 0;
         self
     }
+    /// The same review with `from` written as `to` in its JSON text (an escape).
+    fn spelled(mut self, from: &str, to: &str) -> Self {
+        let text = String::from_utf8(self.body).unwrap();
+        assert!(text.contains(from));
+        self.body = text.replace(from, to).into_bytes();
+        self
+    }
     fn raw(name: &'static str, uid: &'static str, body: Vec<u8>, expect: Expect) -> Case {
         Case {
             name,
@@ -639,6 +651,46 @@ fn corpus() -> Vec<Case> {
         )
         .warn("booked")
         .dry_run(),
+        // Spellings: the fast path must never miss a GPU that the full path sees.
+        case(
+            "GPU resource key written with \\/ escapes: still a GPU pod",
+            "u-34",
+            ks("7.1.0-alice-at-example.com-gpu.json"),
+            Expect::Patched(booked("a100", "17", 40960)),
+        )
+        .spelled("nvidia.com/gpu", "nvidia.com\\/gpu")
+        .side_calls(2)
+        .warn("booked"),
+        case(
+            "GPU resource key written with \\u escapes: still a GPU pod",
+            "u-35",
+            ks("7.1.0-alice-at-example.com-gpu.json"),
+            Expect::Patched(booked("a100", "17", 40960)),
+        )
+        .spelled("\"nvidia.com/gpu\"", "\"\\u006evidia.com\\u002fgpu\"")
+        .side_calls(2)
+        .warn("booked"),
+        case(
+            "nvidia.com/gpu named only in an annotation: no GPU",
+            "u-36",
+            annotated(
+                ks("7.1.0-alice-at-example.com-nogpu.json"),
+                "note",
+                "ask for nvidia.com/gpu: 1",
+            ),
+            Expect::Unchanged,
+        )
+        .lookups(0)
+        .side_calls(0),
+        case(
+            "escapes elsewhere in a pod without GPU (\\u0026 in env): no GPU",
+            "u-37",
+            with_env(ks("7.1.0-alice-at-example.com-nogpu.json"), "Q", "a&b<c>"),
+            Expect::Unchanged,
+        )
+        .spelled("a&b<c>", "a\\u0026b\\u003cc\\u003e")
+        .lookups(0)
+        .side_calls(0),
         // Pods that are not JupyterHub's.
         case(
             "GPU pod without identity: VRAM budget only, nobody asked",
@@ -1133,5 +1185,92 @@ async fn the_examples_are_answered_as_documented() {
             expect,
             "{file}"
         );
+    }
+}
+
+mod fast_path {
+    use super::*;
+    use gpu_booking_core::admission::detect_gpu;
+    use proptest::prelude::*;
+
+    fn resources() -> impl Strategy<Value = Value> {
+        let keys = prop::sample::select(
+            &[
+                "nvidia.com/gpu",
+                "nvidia.com/a100",
+                "nvidia.com/mig-1g.5gb",
+                "cpu",
+                "memory",
+            ][..],
+        );
+        let quantities = prop::sample::select(&["0", "1", "2", "500m"][..]);
+        let map = prop::collection::btree_map(keys, quantities, 0..3).prop_map(|m| json!(m));
+        (prop::option::of(map.clone()), prop::option::of(map)).prop_map(|(requests, limits)| {
+            let mut r = serde_json::Map::new();
+            if let Some(q) = requests {
+                r.insert("requests".into(), q);
+            }
+            if let Some(q) = limits {
+                r.insert("limits".into(), q);
+            }
+            Value::Object(r)
+        })
+    }
+
+    fn container() -> impl Strategy<Value = Value> {
+        (prop::option::of(resources()), "[a-z]{1,6}").prop_map(|(res, name)| {
+            let mut c = json!({"name": name, "image": "busybox"});
+            if let Some(res) = res {
+                c["resources"] = res;
+            }
+            c
+        })
+    }
+
+    fn pod() -> impl Strategy<Value = Value> {
+        (
+            prop::collection::vec(container(), 1..3),
+            prop::collection::vec(container(), 0..2),
+            prop::option::of("[ -~]{0,20}"),
+        )
+            .prop_map(|(containers, init, note)| {
+                let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "p", "namespace": "jhub"},
+                    "spec": {"containers": containers, "initContainers": init}});
+                if let Some(note) = note {
+                    pod["metadata"]["annotations"] = json!({"note": note});
+                }
+                pod
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Whatever the spelling of the body, the webhook patches exactly the pods that
+        /// core's detection calls GPU pods (no identity here: the budget is the patch).
+        #[test]
+        fn the_fast_path_agrees_with_detection(pod in pod(), escape_slashes in any::<bool>(), escape_n in any::<bool>()) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let hook = runtime.block_on(async {
+                webhook("http://127.0.0.1:9", BookingErrorPolicy::Allow, Duration::from_secs(1), Duration::ZERO)
+            });
+            let mut text = serde_json::to_string(&review("u-prop", pod.clone())).unwrap();
+            if escape_slashes {
+                text = text.replace('/', "\\/");
+            }
+            if escape_n {
+                text = text.replace("nvidia", "\\u006evidia");
+            }
+            let out = runtime.block_on(hook.review(text.as_bytes()));
+            prop_assert!(out.response.allowed);
+            prop_assert_eq!(out.response.uid.as_str(), "u-prop");
+            let gpu = detect_gpu(&pod, hook.config()).is_some();
+            prop_assert_eq!(out.response.patch.is_some(), gpu, "{}", text);
+            if gpu {
+                let (_, typed) = patched(&pod, &out).map_err(TestCaseError::fail)?;
+                prop_assert!(typed.spec.is_some());
+            }
+        }
     }
 }
