@@ -33,9 +33,25 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
 }
 
+/// Every decision label the webhook uses; their series exist from the start (at 0),
+/// and their handles are looked up without a lock on the hot path.
+pub const DECISIONS: [&str; 10] = [
+    "no_gpu",
+    "ignored",
+    "invalid",
+    "internal_error",
+    "booked",
+    "low_priority",
+    "strip",
+    "budget_only",
+    "booking_error_allow",
+    "booking_error_strip",
+];
+
 /// Every metric of the webhook, registered once in [`Metrics::new`].
 pub struct Metrics {
     pub registry: Registry,
+    decision_handles: Vec<(&'static str, Counter, Histogram)>,
     pub admissions: Family<DecisionLabel, Counter>,
     pub admission_duration: Family<DecisionLabel, Histogram, fn() -> Histogram>,
     pub booking_requests: Family<OutcomeLabel, Counter>,
@@ -104,8 +120,20 @@ impl Metrics {
                 tls_reloads.clone(),
             );
         }
+        let decision_handles = DECISIONS
+            .iter()
+            .map(|&decision| {
+                let label = DecisionLabel { decision };
+                (
+                    decision,
+                    admissions.get_or_create_owned(&label),
+                    admission_duration.get_or_create_owned(&label),
+                )
+            })
+            .collect();
         Self {
             registry,
+            decision_handles,
             admissions,
             admission_duration,
             booking_requests,
@@ -117,6 +145,11 @@ impl Metrics {
     }
 
     pub fn admitted(&self, decision: &'static str, took: Duration) {
+        if let Some((_, count, duration)) = self.decision_handles.iter().find(|h| h.0 == decision) {
+            count.inc();
+            duration.observe(took.as_secs_f64());
+            return;
+        }
         let label = DecisionLabel { decision };
         self.admissions.get_or_create(&label).inc();
         self.admission_duration
