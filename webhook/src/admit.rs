@@ -107,10 +107,11 @@ impl Webhook {
     }
 
     /// The fast path for the common case, a pod without a GPU (or a review that is not
-    /// a pod creation): a skim that builds only the uid and the containers' resources,
-    /// skipping the rest of the pod unparsed, answers it. `None` sends the review
-    /// through the full path (GPU pods, and anything the skim cannot read). GPU
-    /// detection is the same [`detect_gpu`] on the skimmed resources.
+    /// a pod creation). When no GPU resource name can occur in the body at all
+    /// ([`Webhook::surely_no_gpu`]), a skim that builds only the uid and kind answers
+    /// it; otherwise a skim that also builds the containers' resources, on which the
+    /// same [`detect_gpu`] as the full path decides. `None` sends the review through
+    /// the full path (GPU pods, and anything a skim cannot read).
     fn skim(&self, body: &[u8]) -> Option<(ReviewOut, &'static str)> {
         if self.surely_no_gpu(body) {
             let review: skim::Review<'_, serde::de::IgnoredAny> =
