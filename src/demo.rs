@@ -91,8 +91,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         token("admin@example.com", Some(Role::Admin))?
     );
     println!("  service token (webhook):          {service_token}");
-    println!("  webhook:      https://{}/mutate (CA: {})", args.webhook_listen, ca.display());
-    println!("  try: curl -H \"Authorization: Bearer <user token>\" http://{}/api/v1/models", args.listen);
+    println!(
+        "  webhook:      https://{}/mutate (CA: {})",
+        args.webhook_listen,
+        ca.display()
+    );
+    println!(
+        "  try: curl -H \"Authorization: Bearer <user token>\" http://{}/api/v1/models",
+        args.listen
+    );
     println!(
         "  try: curl --cacert {} -H 'Content-Type: application/json' --data @examples/admission/unbooked-user-gpu-pod.json https://{}/mutate",
         ca.display(),
@@ -110,13 +117,19 @@ async fn start_webhook(args: &DemoArgs, service_token: &str) -> anyhow::Result<P
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(DnType::CommonName, "gpu-booking demo CA");
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "gpu-booking demo CA");
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
-    let mut params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
-    params.distinguished_name.push(DnType::CommonName, "gpu-booking demo webhook");
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "gpu-booking demo webhook");
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, &ca)?;
-    let (ca_path, cert_path, key_path) = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
+    let (ca_path, cert_path, key_path) =
+        (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
     std::fs::write(&ca_path, ca.pem())?;
     std::fs::write(&cert_path, cert.pem())?;
     std::fs::write(&key_path, key.serialize_pem())?;
@@ -144,7 +157,11 @@ async fn start_webhook(args: &DemoArgs, service_token: &str) -> anyhow::Result<P
     let admin = tokio::net::TcpListener::bind(args.webhook_admin_listen)
         .await
         .with_context(|| format!("binding {}", args.webhook_admin_listen))?;
-    tokio::spawn(gpu_booking_webhook::serve_plain(admin, server.admin_router(), std::future::pending()));
+    tokio::spawn(gpu_booking_webhook::serve_plain(
+        admin,
+        server.admin_router(),
+        std::future::pending(),
+    ));
     tokio::spawn(async move {
         if let Err(e) = server.serve(listener, std::future::pending()).await {
             tracing::error!(error = %e, "the demo webhook stopped");

@@ -109,7 +109,10 @@ pub fn replan(
     }
     let mut busy_until: Vec<Option<DateTime<Utc>>> = vec![None; units as usize];
     for h in bookings.iter().filter(|h| h.window.start() < keep_before) {
-        if let Some(b) = usize::try_from(h.slot).ok().and_then(|s| busy_until.get_mut(s)) {
+        if let Some(b) = usize::try_from(h.slot)
+            .ok()
+            .and_then(|s| busy_until.get_mut(s))
+        {
             let end = h.window.end();
             *b = Some(b.map_or(end, |b| b.max(end)));
         }
@@ -119,11 +122,18 @@ pub fn replan(
         .filter(|h| h.window.start() >= keep_before)
         .copied()
         .collect();
-    placed.push(Held { id: NEW, window: *new_window, slot: -1 });
+    placed.push(Held {
+        id: NEW,
+        window: *new_window,
+        slot: -1,
+    });
     placed.sort_by_key(|h| (h.window.start(), h.id == NEW, h.id));
 
     let free_at = |busy: &Option<DateTime<Utc>>, t: DateTime<Utc>| busy.is_none_or(|b| b <= t);
-    let mut plan = SlotPlan { slot: -1, moves: Vec::new() };
+    let mut plan = SlotPlan {
+        slot: -1,
+        moves: Vec::new(),
+    };
     for h in placed {
         let start = h.window.start();
         let keep = usize::try_from(h.slot)
@@ -234,8 +244,18 @@ mod tests {
         // fits by count only if [6,15) moves to slot 0.
         let bookings = [held(1, 0, 5, 0), held(2, 6, 15, 1)];
         let plan = replan(2, t(2), &bookings, &w(2, 8)).unwrap();
-        assert_eq!(plan, SlotPlan { slot: 1, moves: vec![(2, 0)] });
-        assert_eq!(replan(2, t(3), &bookings, &w(2, 8)), None, "must start at or after keep_before");
+        assert_eq!(
+            plan,
+            SlotPlan {
+                slot: 1,
+                moves: vec![(2, 0)]
+            }
+        );
+        assert_eq!(
+            replan(2, t(3), &bookings, &w(2, 8)),
+            None,
+            "must start at or after keep_before"
+        );
     }
 
     #[test]

@@ -140,10 +140,7 @@ pub async fn get(
     caller: Caller,
     Path(id): Path<i64>,
 ) -> Result<axum::Json<Booking>, ApiError> {
-    let row = bookings::get(&state.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no booking {id}")))?;
-    caller.require_self_or_admin(&row.user_name)?;
+    let row = owned_booking(&state, &caller, id).await?;
     Ok(axum::Json(row.view(state.clock.now())))
 }
 
@@ -157,11 +154,21 @@ pub async fn cancel(
     caller: Caller,
     Path(id): Path<i64>,
 ) -> Result<axum::Json<Booking>, ApiError> {
+    owned_booking(&state, &caller, id).await?;
+    let now = state.clock.now();
+    let updated = bookings::cancel_or_end(&state.pool, id, now, caller.user.as_str()).await?;
+    Ok(axum::Json(updated.view(now)))
+}
+
+/// The booking `id`, if the caller may see it (its owner or an admin).
+async fn owned_booking(
+    state: &AppState,
+    caller: &Caller,
+    id: i64,
+) -> Result<bookings::BookingRow, ApiError> {
     let row = bookings::get(&state.pool, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no booking {id}")))?;
     caller.require_self_or_admin(&row.user_name)?;
-    let now = state.clock.now();
-    let updated = bookings::cancel_or_end(&state.pool, id, now, caller.user.as_str()).await?;
-    Ok(axum::Json(updated.view(now)))
+    Ok(row)
 }

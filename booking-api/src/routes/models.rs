@@ -192,7 +192,9 @@ fn parse_day(s: &str) -> Result<NaiveDate, ApiError> {
             ApiError::BadRequest(format!("{s:?} is neither YYYY-MM-DD nor an RFC 3339 time"))
         })?;
     if !(1970..=9998).contains(&day.year()) {
-        return Err(ApiError::Invalid(format!("{s:?} is outside the years 1970 to 9998")));
+        return Err(ApiError::Invalid(format!(
+            "{s:?} is outside the years 1970 to 9998"
+        )));
     }
     Ok(day)
 }
