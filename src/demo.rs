@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use chrono::TimeDelta;
 use clap::Args;
 use gpu_booking_api::auth::{mint_token, Authenticator, Role};
-use gpu_booking_api::config::{ApiArgs, AuthArgs, DatabaseArgs, LogFormat, PolicyArgs};
+use gpu_booking_api::config::{ApiArgs, AuthArgs, DatabaseArgs, LogFormat, OidcArgs, PolicyArgs};
 use gpu_booking_api::server;
 use gpu_booking_api::store::models::{self, ModelSpec};
 use sqlx::postgres::PgPoolOptions;
@@ -69,6 +69,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             ..AuthArgs::default()
         },
         policy: PolicyArgs::default(),
+        oidc: OidcArgs::default(),
         log_format: LogFormat::Plain,
     };
     let auth = Authenticator::new(Some(&secret), None, None, None);

@@ -21,6 +21,8 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     pub auth: Authenticator,
     pub metrics: Arc<Metrics>,
+    /// The booking page as served (with the OIDC settings in it).
+    pub page: crate::page::Page,
 }
 
 /// Every route of the service; tests drive it with `tower::ServiceExt::oneshot`.

@@ -23,6 +23,9 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub policy: PolicyArgs,
 
+    #[command(flatten)]
+    pub oidc: OidcArgs,
+
     /// Log format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -61,6 +64,80 @@ pub struct AuthArgs {
     /// Required `aud` claim, if set.
     #[arg(long, env = "GPU_BOOKING_JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
+}
+
+/// The booking page's OIDC login (authorization code with PKCE, in the browser). The
+/// server only writes these into the page; the API checks the tokens it gets with
+/// `--jwks-url`, `--jwt-issuer` and `--jwt-audience`.
+#[derive(Debug, Clone, Args)]
+pub struct OidcArgs {
+    /// Issuer the booking page signs users in against, e.g. Keycloak's
+    /// https://sso.example/realms/lab (https only: the page's CSP allows no other
+    /// origin). Unset: the page offers no OIDC button.
+    #[arg(long, env = "GPU_BOOKING_OIDC_ISSUER", requires = "oidc_client_id", value_parser = parse_oidc_issuer)]
+    pub oidc_issuer: Option<String>,
+
+    /// Client id of the page, a public client with `https://<host>/` as redirect URI.
+    #[arg(long, env = "GPU_BOOKING_OIDC_CLIENT_ID", requires = "oidc_issuer", value_parser = parse_oidc_word)]
+    pub oidc_client_id: Option<String>,
+
+    /// Scopes the page asks for.
+    #[arg(long, env = "GPU_BOOKING_OIDC_SCOPE", default_value = "openid email profile", value_parser = parse_oidc_word)]
+    pub oidc_scope: String,
+
+    /// Which token of the issuer's answer the page sends as its bearer token.
+    #[arg(long, env = "GPU_BOOKING_OIDC_TOKEN", value_enum, default_value_t = OidcToken::AccessToken)]
+    pub oidc_token: OidcToken,
+}
+
+impl Default for OidcArgs {
+    fn default() -> Self {
+        Self {
+            oidc_issuer: None,
+            oidc_client_id: None,
+            oidc_scope: "openid email profile".into(),
+            oidc_token: OidcToken::AccessToken,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OidcToken {
+    #[value(name = "access_token", alias = "access-token")]
+    AccessToken,
+    #[value(name = "id_token", alias = "id-token")]
+    IdToken,
+}
+
+impl OidcToken {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OidcToken::AccessToken => "access_token",
+            OidcToken::IdToken => "id_token",
+        }
+    }
+}
+
+/// An absolute https URL without query or fragment (the page appends
+/// `/.well-known/openid-configuration` to it); a trailing slash is dropped.
+pub fn parse_oidc_issuer(s: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(s.trim()).map_err(|e| format!("not a URL: {e}"))?;
+    if url.scheme() != "https" {
+        return Err("the issuer must be an https:// URL".into());
+    }
+    if url.host_str().is_none() || url.query().is_some() || url.fragment().is_some() {
+        return Err("the issuer must be https://host[/path], with no query or fragment".into());
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
+/// A client id or scope list: printable, at most 256 bytes.
+pub fn parse_oidc_word(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() || s.len() > 256 || s.chars().any(char::is_control) {
+        return Err("must be 1 to 256 printable characters".into());
+    }
+    Ok(s.to_owned())
 }
 
 #[derive(Debug, Clone, Args)]
@@ -133,4 +210,58 @@ pub fn init_logging(format: LogFormat) {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Plain => builder.try_init(),
     };
+}
+
+#[cfg(test)]
+mod oidc_tests {
+    use super::*;
+
+    #[test]
+    fn issuer_must_be_plain_https() {
+        assert_eq!(
+            parse_oidc_issuer("https://sso.example/realms/lab/").unwrap(),
+            "https://sso.example/realms/lab"
+        );
+        for bad in [
+            "http://sso.example/realms/lab",
+            "javascript:alert(1)",
+            "https://sso.example/?x=1",
+            "https://sso.example/#a",
+            "sso.example",
+            "",
+        ] {
+            assert!(parse_oidc_issuer(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn client_id_and_scope_are_printable_and_short() {
+        assert_eq!(parse_oidc_word(" gpu-booking ").unwrap(), "gpu-booking");
+        assert!(parse_oidc_word("").is_err());
+        assert!(parse_oidc_word("a\nb").is_err());
+        assert!(parse_oidc_word(&"a".repeat(257)).is_err());
+    }
+
+    #[test]
+    fn issuer_and_client_id_come_together() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            oidc: OidcArgs,
+        }
+        assert!(Cli::try_parse_from(["x", "--oidc-issuer", "https://sso.example"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--oidc-client-id", "c"]).is_err());
+        let cli = Cli::try_parse_from([
+            "x",
+            "--oidc-issuer",
+            "https://sso.example",
+            "--oidc-client-id",
+            "c",
+            "--oidc-token",
+            "id_token",
+        ])
+        .unwrap();
+        assert_eq!(cli.oidc.oidc_token, OidcToken::IdToken);
+    }
 }

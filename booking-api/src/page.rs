@@ -1,22 +1,89 @@
 //! The booking page: static assets compiled into the binary, so that nothing is
 //! fetched at run time. The page only calls the REST API.
+//!
+//! `index.html` is the one asset with server settings in it: the OIDC login's
+//! issuer, client id, scope and token kind, written into its `<meta>` tags once at
+//! start-up (HTML-escaped: they come from flags, but a page must never trust them).
 
+use std::sync::Arc;
+
+use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
 use crate::app::AppState;
+use crate::config::OidcArgs;
 
 const INDEX_HTML: &str = include_str!("../assets/index.html");
 const APP_JS: &str = include_str!("../assets/app.js");
 const STYLE_CSS: &str = include_str!("../assets/style.css");
+const FAVICON_SVG: &str = include_str!("../assets/favicon.svg");
+
+/// The page as served, with this server's settings in it.
+#[derive(Debug, Clone)]
+pub struct Page {
+    index_html: Arc<str>,
+}
+
+impl Page {
+    pub fn new(oidc: &OidcArgs) -> Self {
+        let metas = [
+            ("issuer", oidc.oidc_issuer.as_deref().unwrap_or("")),
+            ("client-id", oidc.oidc_client_id.as_deref().unwrap_or("")),
+            ("scope", oidc.oidc_scope.as_str()),
+            ("token", oidc.oidc_token.as_str()),
+        ];
+        let mut html = INDEX_HTML.to_owned();
+        for (name, value) in metas {
+            html = fill_meta(&html, name, value);
+        }
+        Self {
+            index_html: html.into(),
+        }
+    }
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Self::new(&OidcArgs::default())
+    }
+}
+
+/// Sets the content of `<meta name="gpu-booking-oidc-NAME" content="...">`.
+fn fill_meta(html: &str, name: &str, value: &str) -> String {
+    let prefix = format!("<meta name=\"gpu-booking-oidc-{name}\" content=\"");
+    let Some(start) = html.find(&prefix).map(|i| i + prefix.len()) else {
+        // The template is ours and a unit test pins every tag; never reached.
+        return html.to_owned();
+    };
+    let end = start + html[start..].find('"').unwrap_or(0);
+    format!("{}{}{}", &html[..start], escape_attribute(value), &html[end..])
+}
+
+fn escape_attribute(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
 
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route(
             "/",
-            get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
+            get(|State(state): State<AppState>| async move {
+                asset("text/html; charset=utf-8", state.page.index_html.to_string())
+            }),
         )
         .route(
             "/assets/app.js",
@@ -26,9 +93,18 @@ pub fn routes() -> Router<AppState> {
             "/assets/style.css",
             get(|| async { asset("text/css; charset=utf-8", STYLE_CSS) }),
         )
+        // Browsers ask for /favicon.ico whatever the page links; both get the SVG.
+        .route(
+            "/assets/favicon.svg",
+            get(|| async { asset("image/svg+xml", FAVICON_SVG) }),
+        )
+        .route(
+            "/favicon.ico",
+            get(|| async { asset("image/svg+xml", FAVICON_SVG) }),
+        )
 }
 
-fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
+fn asset(content_type: &'static str, body: impl Into<axum::body::Body>) -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, content_type),
@@ -38,6 +114,63 @@ fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
                 "default-src 'self'; connect-src 'self' https:; frame-ancestors 'none'",
             ),
         ],
-        body,
+        body.into(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OidcToken;
+
+    fn meta(html: &str, name: &str) -> String {
+        let prefix = format!("<meta name=\"gpu-booking-oidc-{name}\" content=\"");
+        let start = html.find(&prefix).expect("tag present") + prefix.len();
+        html[start..start + html[start..].find('"').unwrap()].to_owned()
+    }
+
+    #[test]
+    fn default_page_offers_no_oidc_login() {
+        let page = Page::default();
+        assert_eq!(meta(&page.index_html, "issuer"), "");
+        assert_eq!(meta(&page.index_html, "client-id"), "");
+        assert_eq!(meta(&page.index_html, "scope"), "openid email profile");
+        assert_eq!(meta(&page.index_html, "token"), "access_token");
+    }
+
+    #[test]
+    fn settings_are_written_into_every_tag() {
+        let page = Page::new(&OidcArgs {
+            oidc_issuer: Some("https://sso.example/realms/lab".into()),
+            oidc_client_id: Some("gpu-booking".into()),
+            oidc_scope: "openid email".into(),
+            oidc_token: OidcToken::IdToken,
+        });
+        assert_eq!(meta(&page.index_html, "issuer"), "https://sso.example/realms/lab");
+        assert_eq!(meta(&page.index_html, "client-id"), "gpu-booking");
+        assert_eq!(meta(&page.index_html, "scope"), "openid email");
+        assert_eq!(meta(&page.index_html, "token"), "id_token");
+        // Nothing else of the template changed.
+        assert_eq!(
+            page.index_html.len(),
+            INDEX_HTML.len() + "https://sso.example/realms/lab".len() + "gpu-booking".len()
+                - "openid email profile".len()
+                + "openid email".len()
+                + "id_token".len()
+                - "access_token".len()
+        );
+    }
+
+    #[test]
+    fn hostile_values_cannot_leave_the_attribute() {
+        let page = Page::new(&OidcArgs {
+            oidc_client_id: Some("x\"><script>alert(1)</script>&'".into()),
+            ..OidcArgs::default()
+        });
+        assert_eq!(
+            meta(&page.index_html, "client-id"),
+            "x&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;&amp;&#39;"
+        );
+        assert!(!page.index_html.contains("<script>alert"));
+    }
 }

@@ -69,6 +69,7 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
         clock: Arc::new(SystemClock),
         auth,
         metrics: Arc::new(Metrics::default()),
+        page: crate::page::Page::new(&args.oidc),
     }
 }
 

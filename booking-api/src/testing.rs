@@ -64,6 +64,7 @@ pub fn test_state(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>, secret: &
         clock,
         auth: Authenticator::new(Some(secret), None, None, None),
         metrics: Arc::new(Metrics::default()),
+        page: crate::page::Page::default(),
     }
 }
 
