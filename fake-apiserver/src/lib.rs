@@ -1,0 +1,499 @@
+//! An in-process **fake** Kubernetes API server for tests.
+//!
+//! [`FakeApiServer`] holds objects in memory and answers a real [`kube::Client`] (built
+//! with [`FakeApiServer::client`], which passes a `tower::Service` to
+//! `kube::Client::new`) with the JSON the real API server would send. No socket, no
+//! cluster, no sleeps: everything happens on the test's tokio runtime, so tests can run
+//! with `#[tokio::test(start_paused = true)]`.
+//!
+//! # What it speaks
+//!
+//! Any resource, by URL shape alone (no discovery, no schema): the core group under
+//! `/api/v1/...` and every other group under `/apis/<group>/<version>/...`, namespaced
+//! (`.../namespaces/<ns>/<plural>/<name>`) and cluster scoped (`.../<plural>/<name>`),
+//! with subresources (`/status`, `/approval`, ...: a write to a subresource changes only
+//! the object's `status`; a write to the main resource keeps the stored `status`).
+//!
+//! - **list**: `labelSelector` (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`),
+//!   `fieldSelector` (`=`, `==`, `!=` on any dotted path: `metadata.name`,
+//!   `metadata.namespace`, `spec.nodeName`, `status.phase`, ...; a missing field reads
+//!   as `""`), `limit`/`continue` paging (the token is an offset: pages are not a
+//!   consistent snapshot), and the list's `resourceVersion`.
+//! - **watch** (`?watch=true`): newline-delimited `WatchEvent`s, resumable from a
+//!   `resourceVersion` (changes are replayed from a history of the last 10,000; an older
+//!   version gets an `ERROR` event with a 410 `Expired` status, as the real server
+//!   sends). A modification that makes an object leave (enter) a watch's selection is
+//!   sent as `DELETED` (`ADDED`). `timeoutSeconds` ends the stream. No bookmarks.
+//! - **get**, **create** (`409 AlreadyExists`, `generateName`, `uid`,
+//!   `creationTimestamp`, `resourceVersion`; new pods get `status.phase: Pending`),
+//!   **replace** (`409 Conflict` on a stale `metadata.resourceVersion`), **patch**
+//!   (`application/json-patch+json` as RFC 6902; merge, strategic-merge and apply
+//!   patches all as RFC 7386 merge patches, so lists are replaced whole; an apply patch
+//!   of an absent object creates it), **delete** and **deletecollection**.
+//! - **Graceful deletion**: an object with finalizers is marked (`deletionTimestamp`)
+//!   and removed when an update empties its finalizers. A pod bound to a node
+//!   (`spec.nodeName`) and not finished is marked and stays until the test says the
+//!   kubelet is done ([`FakeApiServer::pod_gone`], [`FakeApiServer::finish_deletions`]),
+//!   unless the delete asks for `gracePeriodSeconds=0` or [`PodDeletion::Immediate`] is
+//!   set. Everything else is removed at once. Delete preconditions (`uid`,
+//!   `resourceVersion`) are checked.
+//! - Unchanged writes do not bump the resource version nor send events.
+//! - Errors are `Status` objects with the real `reason`s and codes (`NotFound` 404,
+//!   `AlreadyExists` 409, `Conflict` 409, `Invalid` 422, `BadRequest` 400, `Expired`
+//!   410). `/version` answers v1.30.
+//!
+//! # Test hooks
+//!
+//! - Objects directly, without a request: [`FakeApiServer::put`] (create or replace a
+//!   typed object), [`FakeApiServer::put_value`], [`FakeApiServer::get`],
+//!   [`FakeApiServer::get_value`], [`FakeApiServer::list`], [`FakeApiServer::modify`]
+//!   (what a kubelet or scheduler would change, e.g. a pod's status),
+//!   [`FakeApiServer::remove`] (gone for good).
+//! - "Pod gone": [`FakeApiServer::pod_gone`], [`FakeApiServer::finish_deletions`].
+//! - Failures: [`FakeApiServer::fail`] with a [`Failure`] (verb, resource, name, HTTP
+//!   code, how many times).
+//! - Counting: [`FakeApiServer::count`] by [`Verb`] (and resource), and the request log
+//!   [`FakeApiServer::requests`] (switch it off for big benchmarks with
+//!   [`FakeApiServer::keep_request_log`]).
+//! - Waiting without sleeping: [`FakeApiServer::wait_until`] re-checks a condition after
+//!   every request or change.
+//! - Time: [`FakeApiServer::set_clock`] for `creationTimestamp` and deletion marks.
+//!
+//! ```
+//! # async fn demo() {
+//! use gpu_booking_fake_apiserver::{FakeApiServer, Verb};
+//! use k8s_openapi::api::core::v1::Pod;
+//! use kube::api::{Api, PostParams};
+//!
+//! let server = FakeApiServer::new();
+//! let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+//! let mut pod = Pod::default();
+//! pod.metadata.name = Some("jupyter-alice".into());
+//! pods.create(&PostParams::default(), &pod).await.unwrap();
+//! assert!(server.get::<Pod>(Some("jhub"), "jupyter-alice").is_some());
+//! assert_eq!(server.count(Verb::Create, "pods"), 1);
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+
+mod path;
+mod select;
+mod service;
+mod status;
+mod store;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::Notify;
+
+pub use path::ResourceKey;
+pub use service::ResponseBody;
+pub use status::ApiError;
+
+/// What a request does, as RBAC names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+/// One request, as the fake saw it.
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    pub verb: Verb,
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub plural: String,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+    /// The JSON body, when there was one.
+    pub body: Option<Value>,
+}
+
+/// How pods bound to a node end when deleted with a grace period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PodDeletion {
+    /// Marked terminating; removed when the test calls [`FakeApiServer::pod_gone`] or
+    /// [`FakeApiServer::finish_deletions`] (the kubelet's confirmation).
+    #[default]
+    WaitForKubelet,
+    /// Marked terminating and removed at once (a MODIFIED then a DELETED event).
+    Immediate,
+}
+
+/// An injected failure: requests that match get `code` and a `Status` body instead of
+/// being carried out. Unset fields match anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub verb: Option<Verb>,
+    pub plural: Option<String>,
+    pub name: Option<String>,
+    pub code: u16,
+    /// How many requests fail; `None`: until [`FakeApiServer::clear_failures`].
+    pub times: Option<u32>,
+}
+
+impl Failure {
+    /// Every `verb` request to resource `plural` fails with HTTP 500, once.
+    pub fn on(verb: Verb, plural: &str) -> Self {
+        Self {
+            verb: Some(verb),
+            plural: Some(plural.to_owned()),
+            name: None,
+            code: 500,
+            times: Some(1),
+        }
+    }
+
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.to_owned());
+        self
+    }
+
+    pub fn code(mut self, code: u16) -> Self {
+        self.code = code;
+        self
+    }
+
+    pub fn times(mut self, times: u32) -> Self {
+        self.times = Some(times.max(1));
+        self
+    }
+
+    pub fn always(mut self) -> Self {
+        self.times = None;
+        self
+    }
+
+    fn matches(&self, verb: Verb, plural: &str, name: Option<&str>) -> bool {
+        self.verb.is_none_or(|v| v == verb)
+            && self.plural.as_deref().is_none_or(|p| p == plural)
+            && self.name.as_deref().is_none_or(|n| Some(n) == name)
+    }
+}
+
+pub(crate) struct Shared {
+    store: Mutex<store::Store>,
+    notify: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, store::Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn changed(&self) {
+        self.notify.notify_waiters();
+    }
+}
+
+/// The fake API server. Cheap to clone; clones share the same objects.
+#[derive(Clone)]
+pub struct FakeApiServer {
+    shared: Arc<Shared>,
+}
+
+impl Default for FakeApiServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The resource key of a typed object (`/api/v1` + `pods`).
+fn key_of<K: kube::Resource<DynamicType = ()>>() -> ResourceKey {
+    let prefix = if K::group(&()).is_empty() {
+        format!("/api/{}", K::version(&()))
+    } else {
+        format!("/apis/{}/{}", K::group(&()), K::version(&()))
+    };
+    ResourceKey::new(prefix, K::plural(&()))
+}
+
+/// The resource key of an `apiVersion` and plural.
+fn key_for(api_version: &str, plural: &str) -> ResourceKey {
+    let prefix = if api_version.contains('/') {
+        format!("/apis/{api_version}")
+    } else {
+        format!("/api/{api_version}")
+    };
+    ResourceKey::new(prefix, plural)
+}
+
+impl FakeApiServer {
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store: Mutex::new(store::Store::new()),
+                notify: Notify::new(),
+            }),
+        }
+    }
+
+    /// A `kube::Client` talking to this fake; `default` is its default namespace.
+    /// Needs a tokio runtime (the client spawns its request buffer).
+    pub fn client_in(&self, default: &str) -> kube::Client {
+        kube::Client::new(self.service(), default)
+    }
+
+    /// [`Self::client_in`] the `default` namespace.
+    pub fn client(&self) -> kube::Client {
+        self.client_in("default")
+    }
+
+    /// The `tower::Service` itself, for building a client some other way.
+    pub fn service(&self) -> FakeService {
+        FakeService {
+            shared: self.shared.clone(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, store::Store> {
+        self.shared.lock()
+    }
+
+    /// Creates or replaces a typed object as the API server would store it (uid,
+    /// resource version, timestamps filled in; watches see ADDED or MODIFIED) and
+    /// returns the stored version. Status included: this is the kubelet's pen.
+    pub fn put<K>(&self, obj: &K) -> K
+    where
+        K: kube::Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+    {
+        let mut value = serde_json::to_value(obj).unwrap_or(Value::Null);
+        value["apiVersion"] = Value::String(K::api_version(&()).into_owned());
+        value["kind"] = Value::String(K::kind(&()).into_owned());
+        let stored = self.put_at(key_of::<K>(), value);
+        serde_json::from_value(stored)
+            .unwrap_or_else(|e| panic!("fake: stored object does not read back: {e}"))
+    }
+
+    /// [`Self::put`] for a JSON object of resource `plural` (its `apiVersion` says the
+    /// group and version). Panics on a malformed object: this is a test hook.
+    pub fn put_value(&self, plural: &str, obj: Value) -> Value {
+        let api_version = obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("fake: put_value needs an apiVersion"))
+            .to_owned();
+        self.put_at(key_for(&api_version, plural), obj)
+    }
+
+    fn put_at(&self, key: ResourceKey, mut obj: Value) -> Value {
+        let ns = store::meta_str(&obj, "namespace").map(str::to_owned);
+        let name = store::meta_str(&obj, "name")
+            .unwrap_or_else(|| panic!("fake: put needs metadata.name"))
+            .to_owned();
+        let stored = {
+            let mut store = self.lock();
+            match store.get(&key, ns.as_deref().unwrap_or(""), &name) {
+                Some(_) => {
+                    if let Some(m) = obj["metadata"].as_object_mut() {
+                        m.remove("resourceVersion");
+                    }
+                    let ns = ns.clone().unwrap_or_default();
+                    store.update(&key, &ns, &name, store::Write::Whole, obj)
+                }
+                None => store.create(&key, ns.as_deref(), obj),
+            }
+            .unwrap_or_else(|e| panic!("fake: put: {:?}", e.body))
+        };
+        self.shared.changed();
+        (*stored).clone()
+    }
+
+    /// The stored object, if any (`ns` is `None` for cluster-scoped objects).
+    pub fn get<K>(&self, ns: Option<&str>, name: &str) -> Option<K>
+    where
+        K: kube::Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        let value = self.lock().get(&key_of::<K>(), ns.unwrap_or(""), name)?;
+        serde_json::from_value((*value).clone()).ok()
+    }
+
+    /// The stored JSON of an object of `apiVersion` and `plural`.
+    pub fn get_value(
+        &self,
+        api_version: &str,
+        plural: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Option<Value> {
+        let value = self
+            .lock()
+            .get(&key_for(api_version, plural), ns.unwrap_or(""), name)?;
+        Some((*value).clone())
+    }
+
+    /// Every stored object of type `K` (in namespace `ns`, or all).
+    pub fn list<K>(&self, ns: Option<&str>) -> Vec<K>
+    where
+        K: kube::Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        self.lock()
+            .list(&key_of::<K>(), ns, &Default::default())
+            .into_iter()
+            .filter_map(|v| serde_json::from_value((*v).clone()).ok())
+            .collect()
+    }
+
+    /// Changes a stored object in place, status included (what a kubelet or scheduler
+    /// does); watches see MODIFIED. Returns false when there is no such object.
+    pub fn modify<K>(&self, ns: Option<&str>, name: &str, change: impl FnOnce(&mut Value)) -> bool
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        let key = key_of::<K>();
+        let ns = ns.unwrap_or("");
+        let done = {
+            let mut store = self.lock();
+            let Some(old) = store.get(&key, ns, name) else {
+                return false;
+            };
+            let mut new = (*old).clone();
+            change(&mut new);
+            if let Some(m) = new["metadata"].as_object_mut() {
+                m.remove("resourceVersion");
+            }
+            store
+                .update(&key, ns, name, store::Write::Whole, new)
+                .is_ok()
+        };
+        self.shared.changed();
+        done
+    }
+
+    /// Removes an object for good (DELETED), marked for deletion or not.
+    pub fn remove<K>(&self, ns: Option<&str>, name: &str) -> bool
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        let gone = self
+            .lock()
+            .remove(&key_of::<K>(), ns.unwrap_or(""), name)
+            .is_some();
+        self.shared.changed();
+        gone
+    }
+
+    /// The kubelet confirms a pod is gone: it is removed (DELETED). False if absent.
+    pub fn pod_gone(&self, ns: &str, name: &str) -> bool {
+        self.remove::<k8s_openapi::api::core::v1::Pod>(Some(ns), name)
+    }
+
+    /// Removes every object that is marked for deletion and has no finalizers left
+    /// (every terminating pod's kubelet confirms). Returns how many.
+    pub fn finish_deletions(&self) -> usize {
+        let n = {
+            let mut store = self.lock();
+            let doomed = store.terminating();
+            for (key, ns, name) in &doomed {
+                store.remove(key, ns, name);
+            }
+            doomed.len()
+        };
+        self.shared.changed();
+        n
+    }
+
+    /// How pods bound to a node end when deleted.
+    pub fn set_pod_deletion(&self, mode: PodDeletion) {
+        self.lock().pod_deletion = mode;
+    }
+
+    /// Injects a failure (see [`Failure`]); the first matching one applies.
+    pub fn fail(&self, failure: Failure) {
+        self.lock().failures.push(failure);
+    }
+
+    pub fn clear_failures(&self) {
+        self.lock().failures.clear();
+    }
+
+    /// Requests of `verb` to resource `plural` so far.
+    pub fn count(&self, verb: Verb, plural: &str) -> u64 {
+        self.lock()
+            .counts
+            .get(&(verb, plural.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Requests of `verb` to any resource so far.
+    pub fn count_verb(&self, verb: Verb) -> u64 {
+        self.lock()
+            .counts
+            .iter()
+            .filter(|((v, _), _)| *v == verb)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Every request so far, in order (empty when the log is off).
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.lock().log.clone().unwrap_or_default()
+    }
+
+    /// Keeps (the default) or drops the request log; a benchmark of thousands of
+    /// requests does not want it.
+    pub fn keep_request_log(&self, keep: bool) {
+        self.lock().log = keep.then(Vec::new);
+    }
+
+    /// Where `creationTimestamp` and deletion marks come from (default: `Utc::now`).
+    pub fn set_clock(&self, clock: impl Fn() -> DateTime<Utc> + Send + Sync + 'static) {
+        self.lock().clock = Arc::new(clock);
+    }
+
+    /// The latest resource version.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Waits until `condition` holds, re-checking after every request and change.
+    pub async fn wait_until(&self, mut condition: impl FnMut(&FakeApiServer) -> bool) {
+        loop {
+            let notified = self.shared.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if condition(self) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// The `tower::Service` a `kube::Client` sends its requests to.
+#[derive(Clone)]
+pub struct FakeService {
+    shared: Arc<Shared>,
+}
+
+impl tower::Service<http::Request<kube::client::Body>> for FakeService {
+    type Response = http::Response<ResponseBody>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        let shared = self.shared.clone();
+        Box::pin(async move { Ok(service::handle(shared, req).await) })
+    }
+}

@@ -1,0 +1,405 @@
+//! HTTP in, HTTP out: a request of `kube::Client` becomes a store operation, and the
+//! result the JSON the API server would answer.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use serde_json::{json, Value};
+
+use crate::path::{self, Target};
+use crate::select::{FieldSelector, LabelSelector, Selector};
+use crate::status::ApiError;
+use crate::store::Write;
+
+fn write_of(target: &Target) -> Write {
+    match target.subresource {
+        Some(_) => Write::Status,
+        None => Write::Main,
+    }
+}
+use crate::{RequestRecord, Shared, Verb};
+
+pub type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
+
+fn respond(code: u16, body: Vec<u8>) -> Response<ResponseBody> {
+    let mut response = Response::new(Full::new(Bytes::from(body)).boxed_unsync());
+    *response.status_mut() =
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn json_response(code: u16, value: &Value) -> Response<ResponseBody> {
+    respond(code, serde_json::to_vec(value).unwrap_or_default())
+}
+
+fn error_response(e: ApiError) -> Response<ResponseBody> {
+    json_response(e.code, &e.body)
+}
+
+/// `a=b&c=d`, percent-decoded (`+` is a space).
+fn query_params(query: Option<&str>) -> HashMap<String, String> {
+    let decode = |s: &str| {
+        let bytes = s.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < bytes.len() && s.is_char_boundary(i + 3) => {
+                    match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                        Ok(b) => {
+                            out.push(b);
+                            i += 2;
+                        }
+                        Err(_) => out.push(b'%'),
+                    }
+                }
+                b => out.push(b),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (decode(k), decode(v)),
+            None => (decode(p), String::new()),
+        })
+        .collect()
+}
+
+fn verb_of(method: &Method, target: &Target, params: &HashMap<String, String>) -> Option<Verb> {
+    let named = target.name.is_some();
+    Some(match *method {
+        Method::GET if named => Verb::Get,
+        Method::GET if matches!(params.get("watch").map(String::as_str), Some("true" | "1")) => {
+            Verb::Watch
+        }
+        Method::GET => Verb::List,
+        Method::POST => Verb::Create,
+        Method::PUT => Verb::Update,
+        Method::PATCH => Verb::Patch,
+        Method::DELETE if named => Verb::Delete,
+        Method::DELETE => Verb::DeleteCollection,
+        _ => return None,
+    })
+}
+
+fn selector(params: &HashMap<String, String>) -> Result<Selector, ApiError> {
+    let labels = LabelSelector::parse(params.get("labelSelector").map_or("", String::as_str))
+        .map_err(ApiError::bad_request)?;
+    let fields = FieldSelector::parse(params.get("fieldSelector").map_or("", String::as_str))
+        .map_err(ApiError::bad_request)?;
+    Ok(Selector { labels, fields })
+}
+
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    req: Request<kube::client::Body>,
+) -> Response<ResponseBody> {
+    let (parts, body) = req.into_parts();
+    let body = match body.collect_bytes().await {
+        Ok(bytes) => bytes,
+        Err(e) => return error_response(ApiError::bad_request(format!("unreadable body: {e}"))),
+    };
+    let path = parts.uri.path().to_owned();
+    if path == "/version" {
+        return json_response(
+            200,
+            &json!({"major": "1", "minor": "30", "gitVersion": "v1.30.0-fake", "platform": "linux/amd64"}),
+        );
+    }
+    let params = query_params(parts.uri.query());
+    let Some(target) = path::parse(&path) else {
+        return error_response(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+            Value::Null,
+        ));
+    };
+    let Some(verb) = verb_of(&parts.method, &target, &params) else {
+        return error_response(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "method not allowed",
+            Value::Null,
+        ));
+    };
+    let content_type = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_owned();
+    {
+        let mut store = shared.lock();
+        *store
+            .counts
+            .entry((verb, target.resource.plural.clone()))
+            .or_default() += 1;
+        if let Some(log) = &mut store.log {
+            log.push(RequestRecord {
+                verb,
+                method: parts.method.to_string(),
+                path: path.clone(),
+                query: parts.uri.query().unwrap_or("").to_owned(),
+                plural: target.resource.plural.clone(),
+                namespace: target.namespace.clone(),
+                name: target.name.clone(),
+                subresource: target.subresource.clone(),
+                body: serde_json::from_slice(&body).ok(),
+            });
+        }
+        if let Some(code) =
+            store.take_failure(verb, &target.resource.plural, target.name.as_deref())
+        {
+            drop(store);
+            shared.changed();
+            return error_response(ApiError::injected(code));
+        }
+    }
+    let result = dispatch(&shared, verb, &target, &params, &content_type, &body);
+    shared.changed();
+    match result {
+        Ok(response) => response,
+        Err(e) => error_response(e),
+    }
+}
+
+fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+fn dispatch(
+    shared: &Shared,
+    verb: Verb,
+    target: &Target,
+    params: &HashMap<String, String>,
+    content_type: &str,
+    body: &[u8],
+) -> Result<Response<ResponseBody>, ApiError> {
+    let resource = &target.resource;
+    let ns = target.namespace.as_deref().unwrap_or("");
+    let name = target.name.as_deref().unwrap_or("");
+    let plural = resource.plural.as_str();
+    match verb {
+        Verb::Get => {
+            let store = shared.lock();
+            let obj = store
+                .get(resource, ns, name)
+                .ok_or_else(|| ApiError::not_found(plural, name))?;
+            Ok(json_response(200, &obj))
+        }
+        Verb::List => list(shared, target, params),
+        Verb::Watch => watch(shared, target, params),
+        Verb::Create => {
+            let obj = parse_body(body)?;
+            let created = shared
+                .lock()
+                .create(resource, target.namespace.as_deref(), obj)?;
+            Ok(json_response(201, &created))
+        }
+        Verb::Update => {
+            let obj = parse_body(body)?;
+            let updated = shared
+                .lock()
+                .update(resource, ns, name, write_of(target), obj)?;
+            Ok(json_response(200, &updated))
+        }
+        Verb::Patch => patch(shared, target, content_type, body),
+        Verb::Delete => {
+            let options = if body.is_empty() {
+                json!({})
+            } else {
+                parse_body(body)?
+            };
+            let grace = params
+                .get("gracePeriodSeconds")
+                .and_then(|g| g.parse().ok());
+            let deleted = shared.lock().delete(resource, ns, name, &options, grace)?;
+            Ok(json_response(200, &deleted))
+        }
+        Verb::DeleteCollection => {
+            let sel = selector(params)?;
+            let mut store = shared.lock();
+            let doomed = store.list(resource, target.namespace.as_deref(), &sel);
+            let mut items = Vec::new();
+            for obj in doomed {
+                let ons = crate::store::meta_str(&obj, "namespace")
+                    .unwrap_or("")
+                    .to_owned();
+                let oname = crate::store::meta_str(&obj, "name")
+                    .unwrap_or("")
+                    .to_owned();
+                if let Ok(gone) = store.delete(resource, &ons, &oname, &json!({}), None) {
+                    items.push((*gone).clone());
+                }
+            }
+            Ok(json_response(
+                200,
+                &json!({"apiVersion": resource.api_version(), "kind": "List", "metadata": {}, "items": items}),
+            ))
+        }
+    }
+}
+
+/// A list, in pages when `limit` is given (`continue` is the offset of the next
+/// page: a fake needs no consistent snapshot across pages).
+fn list(
+    shared: &Shared,
+    target: &Target,
+    params: &HashMap<String, String>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let sel = selector(params)?;
+    let store = shared.lock();
+    let all = store.list(&target.resource, target.namespace.as_deref(), &sel);
+    let start: usize = params
+        .get("continue")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let limit: usize = params
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .filter(|&l| l > 0)
+        .unwrap_or(usize::MAX);
+    let end = start.saturating_add(limit).min(all.len());
+    let page = all.get(start.min(all.len())..end).unwrap_or(&[]);
+    let kind = store
+        .kinds
+        .get(&target.resource)
+        .map_or_else(|| "List".to_owned(), |k| format!("{k}List"));
+    let mut metadata = json!({"resourceVersion": store.rv.to_string()});
+    if end < all.len() {
+        metadata["continue"] = json!(end.to_string());
+        metadata["remainingItemCount"] = json!(all.len() - end);
+    }
+    let mut out = serde_json::to_vec(&json!({
+        "apiVersion": target.resource.api_version(),
+        "kind": kind,
+        "metadata": metadata,
+    }))
+    .unwrap_or_default();
+    // Items are written one by one, not copied into one big value first.
+    out.pop();
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in page.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let _ = serde_json::to_writer(&mut out, &**item);
+    }
+    out.extend_from_slice(b"]}");
+    Ok(respond(200, out))
+}
+
+fn watch(
+    shared: &Shared,
+    target: &Target,
+    params: &HashMap<String, String>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let sel = selector(params)?;
+    let since = params.get("resourceVersion").and_then(|rv| rv.parse().ok());
+    let timeout = params
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let rx = shared.lock().watch(
+        target.resource.clone(),
+        target.namespace.clone(),
+        sel,
+        since,
+    );
+    let rx = match rx {
+        Ok(rx) => rx,
+        // As the API server: the watch opens, then says why it ends.
+        Err(e) => {
+            let mut line =
+                serde_json::to_vec(&json!({"type": "ERROR", "object": e.body})).unwrap_or_default();
+            line.push(b'\n');
+            return Ok(respond(200, line));
+        }
+    };
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let stream = futures::stream::unfold(rx, move |mut rx| async move {
+        let next = match deadline {
+            Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok().flatten(),
+            None => rx.recv().await,
+        };
+        next.map(|line| (Ok::<_, Infallible>(Frame::data(line)), rx))
+    });
+    let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+fn patch(
+    shared: &Shared,
+    target: &Target,
+    content_type: &str,
+    body: &[u8],
+) -> Result<Response<ResponseBody>, ApiError> {
+    let resource = &target.resource;
+    let ns = target.namespace.as_deref().unwrap_or("");
+    let name = target.name.as_deref().unwrap_or("");
+    let mut store = shared.lock();
+    let Some(old) = store.get(resource, ns, name) else {
+        if content_type.starts_with("application/apply-patch") {
+            let mut obj = parse_body(body)?;
+            obj["metadata"]["name"] = json!(name);
+            let created = store.create(resource, target.namespace.as_deref(), obj)?;
+            return Ok(json_response(201, &created));
+        }
+        return Err(ApiError::not_found(&resource.plural, name));
+    };
+    let mut new = (*old).clone();
+    if content_type.starts_with("application/json-patch+json") {
+        let ops: json_patch::Patch = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+        json_patch::patch(&mut new, &ops).map_err(|e| {
+            ApiError::invalid(
+                &resource.plural,
+                name,
+                format!("the JSON patch does not apply: {e}"),
+            )
+        })?;
+    } else {
+        // Merge, strategic merge and apply patches are all applied as JSON merge
+        // patches (RFC 7386): lists are replaced whole.
+        let patch = parse_body(body)?;
+        json_patch::merge(&mut new, &patch);
+    }
+    if let Some(sub) = target.subresource.as_deref() {
+        let _ = sub;
+        let updated = store.update(resource, ns, name, Write::Status, new)?;
+        return Ok(json_response(200, &updated));
+    }
+    // The old status stays (a patch of the main resource cannot change it); a
+    // resource version only where the patch itself named one.
+    let named_rv = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|p| p.pointer("/metadata/resourceVersion").cloned());
+    if named_rv.is_none() {
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+    }
+    let updated = store.update(resource, ns, name, Write::Main, new)?;
+    Ok(json_response(200, &updated))
+}

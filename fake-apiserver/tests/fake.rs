@@ -1,0 +1,375 @@
+//! The fake API server against a real `kube::Client`.
+
+use futures::StreamExt;
+use gpu_booking_fake_apiserver::{Failure, FakeApiServer, PodDeletion, Verb};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::runtime::watcher;
+use serde_json::json;
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "jupyter"}},
+        "spec": {"containers": [{"name": "nb", "image": "jupyter"}]}
+    }))
+    .unwrap()
+}
+
+fn api_error(e: kube::Error) -> kube::core::ErrorResponse {
+    match e {
+        kube::Error::Api(status) => status,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn pod_round_trip() {
+    let server = FakeApiServer::new();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    let created = pods
+        .create(&PostParams::default(), &pod("a"))
+        .await
+        .unwrap();
+    let meta = &created.metadata;
+    assert_eq!(meta.namespace.as_deref(), Some("jhub"));
+    assert!(
+        meta.uid.is_some() && meta.resource_version.is_some() && meta.creation_timestamp.is_some()
+    );
+    assert_eq!(created.status.unwrap().phase.as_deref(), Some("Pending"));
+
+    let got = pods.get("a").await.unwrap();
+    assert_eq!(got.metadata.uid, meta.uid);
+
+    let patched = pods
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.labels.unwrap()["x"], "1");
+
+    let list = pods
+        .list(&ListParams::default().labels("x=1"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1);
+    let none = pods
+        .list(&ListParams::default().labels("x!=1"))
+        .await
+        .unwrap();
+    assert!(none.items.is_empty());
+
+    // Unbound pods go at once.
+    pods.delete("a", &DeleteParams::default()).await.unwrap();
+    assert!(pods.get_opt("a").await.unwrap().is_none());
+    assert_eq!(server.count(Verb::Create, "pods"), 1);
+    assert_eq!(server.count(Verb::Delete, "pods"), 1);
+}
+
+#[tokio::test]
+async fn errors_are_status_objects() {
+    let server = FakeApiServer::new();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    let e = api_error(pods.get("nope").await.unwrap_err());
+    assert_eq!((e.code, e.reason.as_str()), (404, "NotFound"));
+    assert_eq!(e.message, "pods \"nope\" not found");
+    let e = api_error(
+        pods.delete("nope", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 404);
+
+    pods.create(&PostParams::default(), &pod("a"))
+        .await
+        .unwrap();
+    let e = api_error(
+        pods.create(&PostParams::default(), &pod("a"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (409, "AlreadyExists"));
+
+    // A stale resource version is a conflict.
+    let mut stale = pods.get("a").await.unwrap();
+    pods.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"y": "2"}}})),
+    )
+    .await
+    .unwrap();
+    stale.metadata.labels = None;
+    let e = api_error(
+        pods.replace("a", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
+
+    // Injected failures answer with a Status of the right code, then stop.
+    server.fail(Failure::on(Verb::Get, "pods").code(503).times(2));
+    for _ in 0..2 {
+        assert_eq!(api_error(pods.get("a").await.unwrap_err()).code, 503);
+    }
+    pods.get("a").await.unwrap();
+}
+
+#[tokio::test]
+async fn watch_delivers_events_and_resumes() {
+    let server = FakeApiServer::new();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    let list = pods.list(&ListParams::default()).await.unwrap();
+    let rv = list.metadata.resource_version.unwrap();
+    pods.create(&PostParams::default(), &pod("a"))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("b"))
+        .await
+        .unwrap();
+
+    // From the list's version: both creations are replayed, then live changes follow.
+    let mut stream = pods
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        match stream.next().await.unwrap().unwrap() {
+            WatchEvent::Added(p) => names.push(p.metadata.name.unwrap()),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(names, ["a", "b"]);
+    pods.delete("a", &DeleteParams::default()).await.unwrap();
+    match stream.next().await.unwrap().unwrap() {
+        WatchEvent::Deleted(p) => assert_eq!(p.metadata.name.as_deref(), Some("a")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn field_selected_watch_sees_objects_leave() {
+    let server = FakeApiServer::new();
+    let mut p = pod("a");
+    p.metadata.namespace = Some("jhub".into());
+    p.spec.as_mut().unwrap().node_name = Some("n1".into());
+    server.put(&p);
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    let wp = WatchParams::default().fields("spec.nodeName=n1");
+    let rv = server.resource_version().to_string();
+    let mut stream = pods.watch(&wp, &rv).await.unwrap().boxed();
+    server.modify::<Pod>(Some("jhub"), "a", |p| p["spec"]["nodeName"] = json!("n2"));
+    match stream.next().await.unwrap().unwrap() {
+        WatchEvent::Deleted(p) => assert_eq!(p.spec.unwrap().node_name.as_deref(), Some("n2")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bound_pods_wait_for_the_kubelet() {
+    let server = FakeApiServer::new();
+    let mut p = pod("a");
+    p.metadata.namespace = Some("jhub".into());
+    p.spec.as_mut().unwrap().node_name = Some("n1".into());
+    server.put(&p);
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    pods.delete("a", &DeleteParams::default()).await.unwrap();
+    let terminating = pods.get("a").await.unwrap();
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert!(server.pod_gone("jhub", "a"));
+    assert!(pods.get_opt("a").await.unwrap().is_none());
+
+    // Grace period 0 removes at once, and so does the Immediate mode.
+    server.put(&p);
+    pods.delete("a", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert!(pods.get_opt("a").await.unwrap().is_none());
+    server.set_pod_deletion(PodDeletion::Immediate);
+    server.put(&p);
+    pods.delete("a", &DeleteParams::default()).await.unwrap();
+    assert!(pods.get_opt("a").await.unwrap().is_none());
+
+    // A precondition on another uid is a conflict.
+    server.put(&p);
+    let e = api_error(
+        pods.delete(
+            "a",
+            &DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: Some("other".into()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(e.code, 409);
+}
+
+#[tokio::test]
+async fn finalizers_hold_an_object() {
+    let server = FakeApiServer::new();
+    let leases: Api<Lease> = Api::namespaced(server.client(), "x");
+    let lease: Lease =
+        serde_json::from_value(json!({"metadata": {"name": "l", "finalizers": ["keep"]}})).unwrap();
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    leases.delete("l", &DeleteParams::default()).await.unwrap();
+    assert!(leases
+        .get("l")
+        .await
+        .unwrap()
+        .metadata
+        .deletion_timestamp
+        .is_some());
+    leases
+        .patch(
+            "l",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    assert!(leases.get_opt("l").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn patches_of_every_kind_and_status() {
+    let server = FakeApiServer::new();
+    let nodes: Api<Node> = Api::all(server.client());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1"},
+        "status": {"allocatable": {"nvidia.com/gpu": "4"}}}))
+    .unwrap();
+    server.put(&node);
+    let json_patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/metadata/labels", "value": {"a": "1"}}
+    ]))
+    .unwrap();
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::<()>::Json(json_patch),
+        )
+        .await
+        .unwrap();
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"metadata": {"labels": {"b": "2"}}})),
+        )
+        .await
+        .unwrap();
+    let apply = PatchParams::apply("test");
+    nodes
+        .patch("n1", &apply, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"c": "3"}}})))
+        .await
+        .unwrap();
+    let n = nodes.get("n1").await.unwrap();
+    let labels = n.metadata.labels.unwrap();
+    assert_eq!(
+        (
+            labels["a"].as_str(),
+            labels["b"].as_str(),
+            labels["c"].as_str()
+        ),
+        ("1", "2", "3")
+    );
+    // A main-resource patch cannot touch the status; the status subresource can.
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocatable": {"nvidia.com/gpu": "1"}}})),
+        )
+        .await
+        .unwrap();
+    let gpus = |n: Node| {
+        n.status.unwrap().allocatable.unwrap()["nvidia.com/gpu"]
+            .0
+            .clone()
+    };
+    assert_eq!(gpus(nodes.get("n1").await.unwrap()), "4");
+    nodes
+        .patch_status(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocatable": {"nvidia.com/gpu": "2"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(gpus(nodes.get("n1").await.unwrap()), "2");
+    // An unchanged write is no change.
+    let rv = server.resource_version();
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(server.resource_version(), rv);
+}
+
+#[tokio::test]
+async fn generate_name_and_paged_lists_through_the_runtime_watcher() {
+    let server = FakeApiServer::new();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    for _ in 0..1200 {
+        let mut p = pod("");
+        p.metadata.name = None;
+        p.metadata.generate_name = Some("w-".into());
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let mut stream = watcher(pods.clone(), watcher::Config::default()).boxed();
+    let mut seen = 0;
+    loop {
+        match stream.next().await.unwrap().unwrap() {
+            watcher::Event::InitApply(_) => seen += 1,
+            watcher::Event::InitDone => break,
+            _ => {}
+        }
+    }
+    assert_eq!(seen, 1200);
+    // 500 per page.
+    assert_eq!(server.count(Verb::List, "pods"), 3);
+    pods.create(&PostParams::default(), &pod("late"))
+        .await
+        .unwrap();
+    loop {
+        if let watcher::Event::Apply(p) = stream.next().await.unwrap().unwrap() {
+            assert_eq!(p.metadata.name.as_deref(), Some("late"));
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn wait_until_wakes_on_changes() {
+    let server = FakeApiServer::new();
+    let waiter = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            server
+                .wait_until(|s| s.get::<Pod>(Some("jhub"), "a").is_some())
+                .await;
+        })
+    };
+    tokio::task::yield_now().await;
+    let mut p = pod("a");
+    p.metadata.namespace = Some("jhub".into());
+    server.put(&p);
+    waiter.await.unwrap();
+}
