@@ -3,7 +3,6 @@
 //! fire-and-forget preemption requests and audit reports.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -13,7 +12,6 @@ use serde_json::Value;
 use tokio::sync::{mpsc, OnceCell, Semaphore};
 
 use crate::metrics::{CallLabel, Metrics};
-use crate::tls::FileStamp;
 
 /// How long a failed lookup is shared before the next admission tries again.
 const ERROR_TTL: Duration = Duration::from_secs(1);
@@ -50,46 +48,11 @@ impl BookingError {
     }
 }
 
-/// Where the service token comes from: a value, or a file (a mounted Secret) that is
-/// re-read when it changes, so a rotated token needs no restart.
-pub enum TokenSource {
-    Static(String),
-    File {
-        path: PathBuf,
-        cached: Mutex<(Option<FileStamp>, String)>,
-    },
-}
+pub use gpu_booking_client::TokenSource;
 
-impl TokenSource {
-    pub fn file(path: PathBuf) -> anyhow::Result<Self> {
-        let source = TokenSource::File {
-            path,
-            cached: Mutex::new((None, String::new())),
-        };
-        source.token().map_err(|e| anyhow::anyhow!(e))?;
-        Ok(source)
-    }
-
-    pub fn token(&self) -> Result<String, BookingError> {
-        match self {
-            TokenSource::Static(token) => Ok(token.clone()),
-            TokenSource::File { path, cached } => {
-                let stamp = FileStamp::of(path).ok();
-                let mut cached = cached.lock().unwrap_or_else(|e| e.into_inner());
-                if stamp.is_some() && cached.0 == stamp {
-                    return Ok(cached.1.clone());
-                }
-                let token = std::fs::read_to_string(path)
-                    .map_err(|e| BookingError::Token(format!("{}: {e}", path.display())))?
-                    .trim()
-                    .to_owned();
-                if token.is_empty() {
-                    return Err(BookingError::Token(format!("{} is empty", path.display())));
-                }
-                *cached = (stamp, token.clone());
-                Ok(token)
-            }
-        }
+impl From<gpu_booking_client::TokenError> for BookingError {
+    fn from(e: gpu_booking_client::TokenError) -> Self {
+        BookingError::Token(e.0)
     }
 }
 

@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use anyhow::Context;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -17,34 +16,7 @@ use rustls::ServerConfig;
 
 use crate::metrics::Metrics;
 
-/// What identifies one version of a file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileStamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    modified: Option<SystemTime>,
-}
-
-impl FileStamp {
-    /// The stamp of the file `path` leads to (symlinks followed).
-    pub fn of(path: &Path) -> std::io::Result<Self> {
-        let meta = std::fs::metadata(path)?;
-        #[cfg(unix)]
-        let (dev, ino) = {
-            use std::os::unix::fs::MetadataExt;
-            (meta.dev(), meta.ino())
-        };
-        #[cfg(not(unix))]
-        let (dev, ino) = (0, 0);
-        Ok(Self {
-            dev,
-            ino,
-            len: meta.len(),
-            modified: meta.modified().ok(),
-        })
-    }
-}
+pub use gpu_booking_client::FileStamp;
 
 struct Loaded {
     stamps: (FileStamp, FileStamp),

@@ -1,0 +1,264 @@
+//! The booking service, as the controller and the node agent call it with a service
+//! token: the model catalog, usage reports, preemption requests and audit reports.
+//! Also the service token itself ([`TokenSource`]), which the webhook shares.
+//!
+//! Every call has a timeout; every failure is an error (a failed call never reads as
+//! an empty answer).
+#![forbid(unsafe_code)]
+
+mod token;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+pub use token::{FileStamp, TokenError, TokenSource};
+
+/// Why a call gave no usable answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    #[error("booking service answered HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("booking service did not answer in time")]
+    Timeout,
+    #[error("booking service unreachable: {0}")]
+    Transport(String),
+    #[error("booking service sent an unreadable answer: {0}")]
+    Body(String),
+    #[error(transparent)]
+    Token(#[from] TokenError),
+}
+
+/// A bookable model as `GET /api/v1/models` lists it (the fields this client uses).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Model {
+    pub name: String,
+    /// Ordered wildcard patterns over product names.
+    #[serde(default)]
+    pub patterns: Vec<String>,
+    /// The model's own extended resource (e.g. `nvidia.com/mig-1g.5gb`), if any.
+    #[serde(default)]
+    pub resource: Option<String>,
+    #[serde(default)]
+    pub units: i32,
+    #[serde(default)]
+    pub in_use: i32,
+    #[serde(default)]
+    pub position: i32,
+}
+
+/// An open request to free a unit of a model (`GET /api/v1/preemptions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptionRequest {
+    pub id: i64,
+    pub model: String,
+    #[serde(default)]
+    pub booking_id: Option<i64>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub pod: Option<String>,
+    pub requested_at: DateTime<Utc>,
+}
+
+/// One enforcement action for the audit log (`POST /api/v1/audit`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditReport {
+    /// e.g. `controller.expire`, `agent.reclaim`.
+    pub action: String,
+    /// e.g. `jhub/jupyter-alice`.
+    pub subject: Option<String>,
+    pub user: Option<String>,
+    pub booking_id: Option<i64>,
+    /// Evidence: reasons, times, samples.
+    pub details: Value,
+}
+
+/// The client. Cheap to share behind an `Arc`; connections are kept alive.
+pub struct BookingClient {
+    http: reqwest::Client,
+    base: String,
+    token: TokenSource,
+}
+
+impl BookingClient {
+    /// `base` is the service's URL (`http://gpu-booking-api:8080`); `user_agent` names
+    /// the caller in the service's logs.
+    pub fn new(
+        base: &str,
+        token: TokenSource,
+        timeout: Duration,
+        user_agent: &str,
+    ) -> anyhow::Result<Self> {
+        let base = base.trim_end_matches('/').to_owned();
+        reqwest::Url::parse(&base).map_err(|e| anyhow::anyhow!("booking URL {base:?}: {e}"))?;
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .user_agent(user_agent)
+            .build()?;
+        Ok(Self { http, base, token })
+    }
+
+    /// The models, in matching order.
+    pub async fn models(&self) -> Result<Vec<Model>, ClientError> {
+        let mut models: Vec<Model> = self
+            .call(reqwest::Method::GET, "/api/v1/models", None)
+            .await?;
+        models.sort_by_key(|m| m.position);
+        Ok(models)
+    }
+
+    /// Reports a model's units in use (and units, when counted).
+    pub async fn put_usage(
+        &self,
+        model: &str,
+        in_use: i32,
+        units: Option<i32>,
+    ) -> Result<(), ClientError> {
+        let path = format!("/api/v1/models/{model}/usage");
+        let body = json!({"in_use": in_use, "units": units});
+        self.call::<Value>(reqwest::Method::PUT, &path, Some(&body))
+            .await?;
+        Ok(())
+    }
+
+    /// The open preemption requests, oldest first.
+    pub async fn open_preemptions(&self) -> Result<Vec<PreemptionRequest>, ClientError> {
+        self.call(reqwest::Method::GET, "/api/v1/preemptions", None)
+            .await
+    }
+
+    /// Marks a preemption request handled with what was done.
+    pub async fn handle_preemption(&self, id: i64, outcome: &str) -> Result<(), ClientError> {
+        let path = format!("/api/v1/preemptions/{id}");
+        let body = json!({"outcome": outcome});
+        self.call::<Value>(reqwest::Method::PUT, &path, Some(&body))
+            .await?;
+        Ok(())
+    }
+
+    /// Records an action in the audit log; returns the row's id.
+    pub async fn audit(&self, report: &AuditReport) -> Result<i64, ClientError> {
+        let body = serde_json::to_value(report).map_err(|e| ClientError::Body(e.to_string()))?;
+        let recorded: Value = self
+            .call(reqwest::Method::POST, "/api/v1/audit", Some(&body))
+            .await?;
+        Ok(recorded
+            .get("id")
+            .and_then(Value::as_i64)
+            .unwrap_or_default())
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<T, ClientError> {
+        let token = self.token.token()?;
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(transport_error)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(transport_error)?;
+        if !status.is_success() {
+            let body = String::from_utf8_lossy(&bytes).chars().take(512).collect();
+            return Err(ClientError::Status {
+                status: status.as_u16(),
+                body,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Body(e.to_string()))
+    }
+}
+
+fn transport_error(e: reqwest::Error) -> ClientError {
+    if e.is_timeout() {
+        return ClientError::Timeout;
+    }
+    // The chain names the cause (connection refused, reset, ...).
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    ClientError::Transport(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+
+    /// A tiny fake of the booking service: one route answering `status`.
+    async fn fake_service(status: u16, body: &'static str) -> String {
+        let app = axum::Router::new().route(
+            "/api/v1/models",
+            get(move || async move { (axum::http::StatusCode::from_u16(status).unwrap(), body) }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    fn client(url: &str) -> BookingClient {
+        BookingClient::new(
+            url,
+            TokenSource::Static("t".into()),
+            Duration::from_secs(5),
+            "test",
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn errors_are_errors_not_empty_answers() {
+        let url = fake_service(500, "boom").await;
+        let e = client(&url).models().await.unwrap_err();
+        assert_eq!(
+            e,
+            ClientError::Status {
+                status: 500,
+                body: "boom".into()
+            }
+        );
+        let url = fake_service(200, "not json").await;
+        assert!(matches!(
+            client(&url).models().await,
+            Err(ClientError::Body(_))
+        ));
+        let url = fake_service(200, r#"[{"name":"b","position":1},{"name":"a","position":0,"patterns":["*A100*"],"units":2,"extra":1}]"#).await;
+        let models = client(&url).models().await.unwrap();
+        assert_eq!(models[0].name, "a");
+        assert_eq!(models[0].patterns, ["*A100*"]);
+    }
+
+    #[test]
+    fn token_file_is_reread_when_it_changes() {
+        let dir = std::env::temp_dir().join(format!("gpu-booking-client-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token");
+        std::fs::write(&path, "one\n").unwrap();
+        let source = TokenSource::file(path.clone()).unwrap();
+        assert_eq!(source.token().unwrap(), "one");
+        std::fs::write(&path, "second").unwrap();
+        assert_eq!(source.token().unwrap(), "second");
+        std::fs::write(&path, "").unwrap();
+        assert!(source.token().is_err());
+        assert!(TokenSource::from_options(Some("  "), None).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
