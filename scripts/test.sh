@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: Rust tests on the real Postgres, then the browser tests.
+# The whole test suite: Rust tests on the real Postgres, the Helm chart's checks, then
+# the browser tests.
 # Needs Postgres on 127.0.0.1:5432 with trust auth (DATABASE_URL to use another).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,10 @@ export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres
 cargo test --workspace
 # Benchmarks are not run here (they print figures, they do not pass or fail) but must compile.
 cargo check --workspace --all-targets
+
+# helm lint/template, kubernetes-validate, and the rendered-manifest tests (installs
+# helm and kubernetes-validate under target/chart-tools on first use).
+./scripts/chart-test.sh
 
 if [ -x tests/browser/run.sh ]; then
   cargo build -p gpu-booking

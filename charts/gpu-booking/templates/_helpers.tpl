@@ -1,0 +1,260 @@
+{{/* Names, labels and the pieces every pod shares. */}}
+
+{{- define "gpu-booking.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name; components append "-api", "-webhook", ... so it stays under 52 characters. */}}
+{{- define "gpu-booking.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-booking.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object; call with (dict "ctx" $ "component" "api"). */}}
+{{- define "gpu-booking.labels" -}}
+helm.sh/chart: {{ include "gpu-booking.chart" .ctx }}
+{{ include "gpu-booking.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: gpu-booking
+{{- end }}
+
+{{- define "gpu-booking.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-booking.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "gpu-booking.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* Service names. */}}
+{{- define "gpu-booking.apiName" -}}{{ include "gpu-booking.fullname" . }}-api{{- end }}
+{{- define "gpu-booking.webhookName" -}}{{ include "gpu-booking.fullname" . }}-webhook{{- end }}
+{{- define "gpu-booking.controllerName" -}}{{ include "gpu-booking.fullname" . }}-controller{{- end }}
+{{- define "gpu-booking.agentName" -}}{{ include "gpu-booking.fullname" . }}-agent{{- end }}
+{{- define "gpu-booking.certsName" -}}{{ include "gpu-booking.fullname" . }}-certs{{- end }}
+
+{{/* The booking API as the other components reach it. */}}
+{{- define "gpu-booking.apiUrl" -}}
+http://{{ include "gpu-booking.apiName" . }}.{{ .Release.Namespace }}.svc:{{ .Values.api.service.port }}
+{{- end }}
+
+{{/* The Secret holding the webhook's serving certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "gpu-booking.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "gpu-booking.webhookName" .)) .Values.tls.secretName }}
+{{- end }}
+
+{{- define "gpu-booking.webhookConfigName" -}}
+{{- include "gpu-booking.webhookName" . }}
+{{- end }}
+
+{{/* Pod-level security context; agents pass their own. */}}
+{{- define "gpu-booking.podSecurityContext" -}}
+{{- toYaml .Values.podSecurityContext }}
+{{- end }}
+
+{{- define "gpu-booking.containerSecurityContext" -}}
+{{- toYaml .Values.containerSecurityContext }}
+{{- end }}
+
+{{/* The existing Secret the chart reads (never creates). */}}
+{{- define "gpu-booking.secretName" -}}
+{{- required "secrets.existingSecret: name the Secret that holds the database URL and the JWT settings" .Values.secrets.existingSecret }}
+{{- end }}
+
+{{/* env entries every component gets. */}}
+{{- define "gpu-booking.commonEnv" -}}
+- name: GPU_BOOKING_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+- name: RUST_LOG
+  value: {{ .Values.logLevel | quote }}
+{{- end }}
+
+{{/* The service token mounted as a file (re-read when the Secret changes). */}}
+{{- define "gpu-booking.serviceTokenVolume" -}}
+- name: service-token
+  secret:
+    secretName: {{ include "gpu-booking.secretName" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.secrets.serviceTokenKey }}
+        path: service-token
+{{- end }}
+
+{{- define "gpu-booking.serviceTokenPath" -}}/var/run/secrets/gpu-booking/service-token/service-token{{- end }}
+
+{{- define "gpu-booking.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A soft spread of replicas over nodes, unless the component sets its own affinity. */}}
+{{- define "gpu-booking.affinity" -}}
+{{- if .values.affinity }}
+{{- toYaml .values.affinity }}
+{{- else }}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "gpu-booking.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 12 }}
+{{- end }}
+{{- end }}
+
+{{/* Scheduling fields shared by the Deployments; call with (dict "ctx" $ "values" .Values.api "component" "api"). */}}
+{{- define "gpu-booking.scheduling" -}}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+affinity:
+  {{- include "gpu-booking.affinity" . | nindent 2 }}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* The webhook's GPU resources: the generic ones and every per-model one. */}}
+{{- define "gpu-booking.gpuResources" -}}
+{{- $all := list }}
+{{- range .Values.webhook.gpuResources }}{{ $all = append $all . }}{{ end }}
+{{- range $model, $resource := .Values.webhook.modelResources }}{{ $all = append $all $resource }}{{ end }}
+{{- $all | uniq | toJson }}
+{{- end }}
+
+{{/* A map as "key=value,key=value" in key order, for the comma-separated options. */}}
+{{- define "gpu-booking.pairs" -}}
+{{- $out := list }}
+{{- range $k, $v := . }}
+{{- if kindIs "float64" $v }}{{ $v = int64 $v }}{{ end }}
+{{- $out = append $out (printf "%s=%v" $k $v) }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}
+
+{{/* CEL: "'r1' in c.resources.<field> || 'r2' in c.resources.<field>". */}}
+{{- define "gpu-booking.celIn" -}}
+{{- $field := .field }}
+{{- $parts := list }}
+{{- range .resources }}{{ $parts = append $parts (printf "'%s' in c.resources.%s" . $field) }}{{ end }}
+{{- join " || " $parts }}
+{{- end }}
+
+{{/* The pod of every certificate job; call with (dict "ctx" $ "serviceAccount" NAME "skipMissing" BOOL). */}}
+{{- define "gpu-booking.certsPodSpec" -}}
+{{- $ := .ctx }}
+{{- $mode := $.Values.tls.mode }}
+serviceAccountName: {{ .serviceAccount }}
+automountServiceAccountToken: true
+restartPolicy: OnFailure
+{{- include "gpu-booking.imagePullSecrets" $ }}
+securityContext:
+  {{- include "gpu-booking.podSecurityContext" $ | nindent 2 }}
+containers:
+  - name: certs
+    image: {{ include "gpu-booking.image" $ }}
+    imagePullPolicy: {{ $.Values.image.pullPolicy }}
+    args: ["certs", {{ $mode | quote }}]
+    env:
+      {{- include "gpu-booking.commonEnv" $ | nindent 6 }}
+      - name: GPU_BOOKING_CERTS_NAMESPACE
+        valueFrom:
+          fieldRef:
+            fieldPath: metadata.namespace
+      - name: GPU_BOOKING_CERTS_SERVICE
+        value: {{ include "gpu-booking.webhookName" $ | quote }}
+      - name: GPU_BOOKING_CERTS_SECRET
+        value: {{ include "gpu-booking.tlsSecretName" $ | quote }}
+      - name: GPU_BOOKING_CERTS_WEBHOOK_CONFIG
+        value: {{ include "gpu-booking.webhookConfigName" $ | quote }}
+      - name: GPU_BOOKING_CERTS_CLUSTER_DOMAIN
+        value: {{ $.Values.tls.clusterDomain | quote }}
+      {{- with $.Values.tls.extraDnsNames }}
+      - name: GPU_BOOKING_CERTS_DNS_NAME
+        value: {{ join "," . | quote }}
+      {{- end }}
+      - name: GPU_BOOKING_CERTS_RENEW_BEFORE
+        value: {{ $.Values.tls.renewBefore | quote }}
+      {{- if .skipMissing }}
+      # Before install the webhook configuration does not exist yet: the post-install
+      # job patches its caBundle.
+      - name: GPU_BOOKING_CERTS_SKIP_MISSING_WEBHOOK_CONFIG
+        value: "true"
+      {{- end }}
+      {{- if eq $mode "self-signed" }}
+      - name: GPU_BOOKING_CERTS_CA_VALIDITY
+        value: {{ $.Values.tls.selfSigned.caValidity | quote }}
+      - name: GPU_BOOKING_CERTS_CERT_VALIDITY
+        value: {{ $.Values.tls.selfSigned.certValidity | quote }}
+      {{- else if eq $mode "csr" }}
+      - name: GPU_BOOKING_CERTS_SIGNER_NAME
+        value: {{ required "tls.csr.signerName is required in csr mode" $.Values.tls.csr.signerName | quote }}
+      - name: GPU_BOOKING_CERTS_APPROVE
+        value: {{ $.Values.tls.csr.approve | quote }}
+      - name: GPU_BOOKING_CERTS_WAIT_TIMEOUT
+        value: {{ $.Values.tls.csr.waitTimeout | quote }}
+      {{- if $.Values.tls.csr.expirationSeconds }}
+      - name: GPU_BOOKING_CERTS_EXPIRATION_SECONDS
+        value: {{ $.Values.tls.csr.expirationSeconds | int64 | quote }}
+      {{- end }}
+      {{- if $.Values.tls.csr.caBundle }}
+      - name: GPU_BOOKING_CERTS_CA_BUNDLE
+        value: {{ $.Values.tls.csr.caBundle | quote }}
+      {{- else }}
+      # The cluster CA, which signs the built-in signers' certificates.
+      - name: GPU_BOOKING_CERTS_CA_BUNDLE_FILE
+        value: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+      {{- end }}
+      {{- end }}
+    resources:
+      {{- toYaml $.Values.tls.job.resources | nindent 6 }}
+    securityContext:
+      {{- include "gpu-booking.containerSecurityContext" $ | nindent 6 }}
+{{- end }}
+
+{{/* DNS names of the webhook Service, as the API server and tools reach it. */}}
+{{- define "gpu-booking.webhookDnsNames" -}}
+{{- $svc := include "gpu-booking.webhookName" . }}
+{{- $ns := .Release.Namespace }}
+{{- $names := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.tls.clusterDomain) }}
+{{- concat $names .Values.tls.extraDnsNames | uniq | toJson }}
+{{- end }}
+
+{{/* An ingress rule for the metrics port (9090), from networkPolicy.metricsFrom. */}}
+{{- define "gpu-booking.metricsIngress" -}}
+- ports:
+    - port: metrics
+      protocol: TCP
+  {{- with .Values.networkPolicy.metricsFrom }}
+  from:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

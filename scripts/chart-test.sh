@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The Helm chart's checks, with real helm:
+#   1. helm lint --strict, with the default values and with every file in tests/chart/values/;
+#   2. helm template of each of those (every TLS mode, every optional part on);
+#   3. kubernetes-validate --strict of every rendered object for Kubernetes 1.30 and for
+#      the newest version it knows (objects of CRDs it has no schema for are listed;
+#      tests/chart checks their fields);
+#   4. pytest tests/chart: security defaults of every pod, no secret in the defaults,
+#      the webhook configuration (its CEL matchConditions evaluated on real pods), the
+#      TLS modes, RBAC, the values schema, and the README's values table.
+# Tools are installed under target/chart-tools by scripts/chart-tools.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/chart-tools.sh
+tools="$PWD/target/chart-tools"
+export HELM="$tools/helm/helm"
+py="$tools/venv/bin/python"
+chart=charts/gpu-booking
+out=target/chart-test
+rm -rf "$out" && mkdir -p "$out"
+
+"$HELM" version --short
+"$HELM" lint --strict --quiet "$chart"
+for values in tests/chart/values/*.yaml; do
+  "$HELM" lint --strict --quiet "$chart" -f "$values"
+done
+
+"$py" tests/chart/render.py "$out"
+
+newest=$("$py" -c 'import kubernetes_validate.utils as u; print(u.latest_version())')
+for version in 1.30.0 "$newest"; do
+  echo "kubernetes-validate --strict -k $version"
+  if ! "$tools/venv/bin/kubernetes-validate" --strict -k "$version" "$out"/*.yaml > "$out/validate-$version.log" 2>&1; then
+    grep -v "^INFO" "$out/validate-$version.log" | grep -v "Couldn't find schema" || true
+    echo "kubernetes-validate failed for $version"
+    exit 1
+  fi
+  valid=$(grep -c "^INFO" "$out/validate-$version.log" || true)
+  skipped=$(grep -o "for kind [A-Za-z]* with api version [^ ]*" "$out/validate-$version.log" | sort -u | sed 's/for kind \([A-Za-z]*\) with api version /\1 (/; s/$/)/' | paste -sd, - || true)
+  echo "  $valid objects valid; no schema (CRDs): ${skipped:-none}"
+done
+
+"$py" -m pytest -q tests/chart

@@ -1,0 +1,513 @@
+"""Checks of the rendered chart: security defaults on every pod, no secret in the
+defaults, the webhook configuration, the TLS modes, RBAC, and the values table.
+
+Run by scripts/chart-test.sh (HELM names the helm binary)."""
+
+import base64
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import render
+import values_table
+
+FIXTURES = Path(__file__).resolve().parents[2] / "examples" / "admission"
+SCENARIOS = render.scenarios()
+RENDERED = {name: render.render(files) for name, files in SCENARIOS.items()}
+POD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob", "Pod"}
+DEFAULT_VALUES = yaml.safe_load((render.CHART / "values.yaml").read_text())
+
+
+def objects(scenario, kind=None):
+    return [o for o in RENDERED[scenario] if kind is None or o["kind"] == kind]
+
+
+def one(scenario, kind, name_suffix=""):
+    found = [o for o in objects(scenario, kind) if o["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"{kind} *{name_suffix} in {scenario}: {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def pod_spec(obj):
+    if obj["kind"] == "CronJob":
+        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    if obj["kind"] == "Pod":
+        return obj["spec"]
+    return obj["spec"]["template"]["spec"]
+
+
+def pods(scenario):
+    return [(o, pod_spec(o)) for o in objects(scenario) if o["kind"] in POD_KINDS]
+
+
+def containers(spec):
+    return spec.get("containers", []) + spec.get("initContainers", [])
+
+
+def env_of(container):
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def component(obj):
+    return obj["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+# --- security defaults -------------------------------------------------------------
+
+AGENT_EXCEPTIONS = "hostPID, UID 0 and CAP_KILL (docs/deploy.md)"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_pod_has_the_security_defaults(scenario):
+    seen = 0
+    for obj, spec in pods(scenario):
+        where = f"{scenario}: {obj['kind']} {obj['metadata']['name']}"
+        pod_sc = spec.get("securityContext", {})
+        agent = component(obj) == "agent"
+        for flag in ("hostNetwork", "hostIPC"):
+            assert not spec.get(flag), f"{where}: {flag}"
+        if not agent:
+            assert not spec.get("hostPID"), f"{where}: hostPID"
+        for volume in spec.get("volumes", []):
+            assert "hostPath" not in volume, f"{where}: hostPath volume {volume['name']}"
+        seccomp_pod = pod_sc.get("seccompProfile", {}).get("type")
+        for c in containers(spec):
+            sc = c.get("securityContext", {})
+            cwhere = f"{where} container {c['name']}"
+            assert sc.get("readOnlyRootFilesystem") is True, cwhere
+            assert sc.get("allowPrivilegeEscalation") is False, cwhere
+            assert sc.get("privileged", False) is False, cwhere
+            assert "ALL" in sc.get("capabilities", {}).get("drop", []), cwhere
+            assert (sc.get("seccompProfile", {}).get("type") or seccomp_pod) == "RuntimeDefault", cwhere
+            added = sc.get("capabilities", {}).get("add", [])
+            non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
+            if agent:
+                check_agent_exceptions(spec, pod_sc, sc, added, non_root, cwhere)
+            else:
+                assert non_root is True, cwhere
+                assert added == [], cwhere
+                uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+                assert isinstance(uid, int) and uid > 0, cwhere
+            seen += 1
+    assert seen >= 4
+
+
+def check_agent_exceptions(spec, pod_sc, sc, added, non_root, where):
+    """The agent's only exceptions: hostPID, and either UID 0 with exactly CAP_KILL or
+    a non-root UID with nothing added."""
+    assert spec.get("hostPID") is True, f"{where}: the agent needs hostPID ({AGENT_EXCEPTIONS})"
+    uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+    if uid == 0:
+        assert added == ["KILL"], f"{where}: only CAP_KILL may be added"
+        assert non_root is False
+    else:
+        assert added == [], where
+        assert non_root is True, where
+
+
+def test_the_agent_is_off_by_default_and_its_exceptions_are_explicit():
+    assert objects("defaults", "DaemonSet") == []
+    ds = one("everything", "DaemonSet")
+    spec = pod_spec(ds)
+    assert spec["hostPID"] is True
+    assert spec["securityContext"]["runAsUser"] == 0
+    (c,) = spec["containers"]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
+    assert spec["runtimeClassName"] == "nvidia"
+    text = (render.CHART / "templates" / "agent.yaml").read_text()
+    assert text.count("EXCEPTION") >= 3, "each exception says why where it is granted"
+    unprivileged = pod_spec(one("agent-unprivileged", "DaemonSet"))
+    assert unprivileged["securityContext"]["runAsUser"] == 1000
+    assert "add" not in unprivileged["containers"][0]["securityContext"]["capabilities"]
+    assert "runtimeClassName" not in unprivileged
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_only_pods_that_call_the_kubernetes_api_get_a_token(scenario):
+    callers = {"controller", "agent", "certs"}
+    for obj, spec in pods(scenario):
+        mounted = spec.get("automountServiceAccountToken")
+        if component(obj) in callers:
+            assert mounted is True, obj["metadata"]["name"]
+        else:
+            assert mounted is False, obj["metadata"]["name"]
+
+
+# --- secrets -------------------------------------------------------------------------
+
+SECRET_LOOKING = [
+    re.compile(r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),  # a JWT
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    re.compile(r"[a-z]+://[^/\s:@]+:[^/\s@]+@"),  # a URL with a password
+    re.compile(r"^[A-Za-z0-9+/=_-]{32,}$"),  # a long random-looking token
+]
+# Options whose value is itself a secret (the components also read each from a file).
+SECRET_VALUED_ENV = {
+    "DATABASE_URL",
+    "GPU_BOOKING_JWT_SECRET",
+    "GPU_BOOKING_WEBHOOK_SERVICE_TOKEN",
+    "GPU_BOOKING_CONTROLLER_SERVICE_TOKEN",
+    "GPU_BOOKING_AGENT_SERVICE_TOKEN",
+}
+SECRET_KEYS = re.compile(r"(password|passwd|secret|token|apikey|api_key|credential|private)", re.I)
+
+
+def walk(data, path=""):
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from walk(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from walk(v, f"{path}[{i}]")
+    else:
+        yield path, data
+
+
+def secret_findings(values):
+    """Paths of values that hold, or look like they hold, a secret."""
+    found = []
+    for path, value in walk(values):
+        if not isinstance(value, str):
+            continue
+        if any(p.search(value) for p in SECRET_LOOKING):
+            found.append(path)
+        elif SECRET_KEYS.search(path.split(".")[-1]):
+            # Allowed: names of Secrets and of keys in them, never their contents.
+            key = path.split(".")[-1]
+            names_one = key in ("existingSecret", "secretName") or key.endswith(("SecretName", "Key"))
+            if not (names_one and re.fullmatch(r"[a-z0-9.-]*", value)):
+                found.append(path)
+    return found
+
+
+def test_no_secret_value_sits_in_the_defaults():
+    assert secret_findings(DEFAULT_VALUES) == []
+
+
+def test_the_secret_detector_would_catch_one():
+    leaky = copy.deepcopy(DEFAULT_VALUES)
+    leaky["auth"]["clientSecret"] = "s3cr3t"
+    leaky["secrets"]["databaseUrlKey"] = "postgres://u:hunter2@db/x"
+    leaky["webhook"]["serviceToken"] = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ3ZWJob29rIn0.sig"
+    leaky["image"]["tag"] = "-----BEGIN PRIVATE KEY-----"
+    assert sorted(secret_findings(leaky)) == [
+        "auth.clientSecret", "image.tag", "secrets.databaseUrlKey", "webhook.serviceToken",
+    ]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_secrets_come_from_the_existing_secret_only(scenario):
+    assert objects(scenario, "Secret") == [], "the chart creates no Secret"
+    for obj, spec in pods(scenario):
+        for c in containers(spec):
+            for e in c.get("env", []):
+                if e["name"] in SECRET_VALUED_ENV:
+                    assert "valueFrom" in e, f"{obj['metadata']['name']}: {e['name']} must come from a Secret"
+                for pattern in SECRET_LOOKING[:3]:
+                    assert not pattern.search(str(e.get("value", ""))), e["name"]
+
+
+def test_database_url_and_jwt_settings_come_from_the_named_secret():
+    api = one("defaults", "Deployment", "-api")
+    (c,) = pod_spec(api)["containers"]
+    env = env_of(c)
+    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpu-booking", "key": "database-url"}
+    assert env["GPU_BOOKING_JWT_SECRET_FILE"]["value"].startswith("/var/run/secrets/")
+    jwt = [v for v in pod_spec(api)["volumes"] if v["name"] == "jwt"][0]
+    assert jwt["secret"]["secretName"] == "gpu-booking"
+    assert jwt["secret"]["items"] == [{"key": "jwt-secret", "path": "jwt-secret"}]
+    # OIDC only: no HS256 secret mounted, the JWKS URL set.
+    api = one("minimal", "Deployment", "-api")
+    env = env_of(pod_spec(api)["containers"][0])
+    assert "GPU_BOOKING_JWT_SECRET_FILE" not in env
+    assert env["GPU_BOOKING_JWKS_URL"]["value"].endswith("/certs")
+
+
+# --- components ----------------------------------------------------------------------
+
+
+def test_replicas_disruption_budgets_and_leader_election():
+    assert one("defaults", "Deployment", "-api")["spec"]["replicas"] == 2
+    assert one("defaults", "Deployment", "-webhook")["spec"]["replicas"] == 2
+    assert one("defaults", "Deployment", "-controller")["spec"]["replicas"] == 2
+    pdbs = {o["metadata"]["name"] for o in objects("defaults", "PodDisruptionBudget")}
+    assert pdbs == {"gpu-booking-api", "gpu-booking-webhook"}
+    lease = one("defaults", "Role", "-controller")
+    assert {"coordination.k8s.io"} == {g for r in lease["rules"] for g in r["apiGroups"]}
+    assert objects("minimal", "PodDisruptionBudget") == []
+    assert not [o for o in objects("minimal", "Deployment") if o["metadata"]["name"].endswith("-controller")]
+
+
+def test_every_component_is_configured_through_its_environment():
+    webhook = pod_spec(one("everything", "Deployment", "-webhook"))["containers"][0]
+    assert webhook["args"] == ["webhook"]
+    env = env_of(webhook)
+    assert env["GPU_BOOKING_WEBHOOK_BOOKING_URL"]["value"] == "http://gpu-booking-api.gpu-booking.svc:8080"
+    assert env["GPU_BOOKING_WEBHOOK_MODEL_RESOURCE"]["value"] == "a100=nvidia.com/a100,mig-1g.5gb=nvidia.com/mig-1g.5gb"
+    assert env["GPU_BOOKING_WEBHOOK_MODEL_GPUMEM"]["value"] == "a100=40960,a6000=49152"
+    assert env["GPU_BOOKING_WEBHOOK_DEFAULT_GPUMEM_MIB"]["value"] == "8192"
+    assert env["GPU_BOOKING_LOG_FORMAT"]["value"] == "json"
+    for obj, spec in pods("everything"):
+        for c in containers(spec):
+            assert not any(a.startswith("--") for a in c.get("args", [])), "options go through env"
+
+
+def test_priority_classes():
+    high = one("defaults", "PriorityClass", "-high")
+    low = one("defaults", "PriorityClass", "-low")
+    assert high["value"] > 0 > low["value"]
+    assert high["preemptionPolicy"] == "PreemptLowerPriority"
+    assert low["preemptionPolicy"] == "Never"
+    env = env_of(pod_spec(one("defaults", "Deployment", "-webhook"))["containers"][0])
+    assert env["GPU_BOOKING_WEBHOOK_HIGH_PRIORITY_CLASS"]["value"] == high["metadata"]["name"]
+    assert env["GPU_BOOKING_WEBHOOK_LOW_PRIORITY_CLASS"]["value"] == low["metadata"]["name"]
+    assert objects("minimal", "PriorityClass") == []
+
+
+def test_the_migration_job_runs_before_install_and_upgrade():
+    job = one("defaults", "Job", "-migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    (c,) = pod_spec(job)["containers"]
+    assert c["args"] == ["migrate"]
+    assert "secretKeyRef" in env_of(c)["DATABASE_URL"]["valueFrom"]
+    assert not [o for o in objects("minimal", "Job") if o["metadata"]["name"].endswith("-migrate")]
+
+
+# --- the webhook configuration -----------------------------------------------------
+
+
+def mwc(scenario):
+    return one(scenario, "MutatingWebhookConfiguration")["webhooks"][0]
+
+
+def test_webhook_configuration_defaults():
+    w = mwc("defaults")
+    assert w["failurePolicy"] == "Ignore"
+    assert w["timeoutSeconds"] == 5
+    assert w["sideEffects"] == "NoneOnDryRun"
+    assert w["admissionReviewVersions"] == ["v1"]
+    assert w["rules"] == [{
+        "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+        "resources": ["pods"], "scope": "Namespaced",
+    }]
+    exprs = w["namespaceSelector"]["matchExpressions"]
+    names = [e for e in exprs if e["key"] == "kubernetes.io/metadata.name"][0]
+    assert names["operator"] == "NotIn"
+    assert set(names["values"]) == {"kube-system", render.NAMESPACE}
+    opt_out = [e for e in exprs if e["key"] == "gpu-booking.io/webhook"][0]
+    assert opt_out == {"key": "gpu-booking.io/webhook", "operator": "NotIn", "values": ["disabled"]}
+    assert w["clientConfig"]["service"]["name"] == "gpu-booking-webhook"
+    assert w["clientConfig"]["service"]["path"] == "/mutate"
+    assert "caBundle" not in w["clientConfig"], "self-signed: the certs job patches it in"
+    assert mwc("everything")["failurePolicy"] == "Fail"
+
+
+def cel_program(expression):
+    celpy = pytest.importorskip("celpy")
+    env = celpy.Environment()
+    return lambda pod: bool(env.program(env.compile(expression)).evaluate({"object": celpy.json_to_cel(pod)}))
+
+
+def fixture_pods():
+    shared = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "kubespawner"
+    files = sorted(FIXTURES.glob("*.json")) + sorted(shared.glob("*.json"))
+    for f in files:
+        doc = json.loads(f.read_text())
+        pod = doc.get("request", {}).get("object", doc)
+        if "spec" in pod:
+            yield f.name, pod
+
+
+def with_resources(pod, where, field, resources):
+    pod = copy.deepcopy(pod)
+    for c in pod["spec"]["containers"]:
+        c.pop("resources", None)
+    if where == "init":
+        pod["spec"]["initContainers"] = [{"name": "init", "image": "busybox", "resources": {field: resources}}]
+    else:
+        pod["spec"]["containers"][0]["resources"] = {field: resources}
+    return pod
+
+
+def test_match_conditions_send_only_gpu_pods():
+    match = cel_program(mwc("everything")["matchConditions"][0]["expression"])
+    pods_seen = list(fixture_pods())
+    assert len(pods_seen) >= 3
+    for name, pod in pods_seen:
+        wants_gpu = not ("nogpu" in name or name.startswith("no-gpu"))
+        assert match(pod) == wants_gpu, name
+    base = [p for n, p in pods_seen if n == "no-gpu-pod.json"][0]
+    for where in ("container", "init"):
+        for field in ("requests", "limits"):
+            assert match(with_resources(base, where, field, {"nvidia.com/gpu": "1"})), (where, field)
+            assert match(with_resources(base, where, field, {"nvidia.com/mig-1g.5gb": "1"})), (where, field)
+            assert not match(with_resources(base, where, field, {"cpu": "1"})), (where, field)
+    bare = copy.deepcopy(base)
+    for c in bare["spec"]["containers"]:
+        c.pop("resources", None)
+    assert not match(bare), "a pod without any resources map must not be an error"
+    # The default configuration knows only nvidia.com/gpu.
+    default = cel_program(mwc("defaults")["matchConditions"][0]["expression"])
+    assert not default(with_resources(base, "container", "limits", {"nvidia.com/a100": "1"}))
+
+
+# --- TLS modes ---------------------------------------------------------------------
+
+
+def certs_jobs(scenario):
+    return [o for o in objects(scenario, "Job") if component(o) == "certs"]
+
+
+@pytest.mark.parametrize("scenario,mode", [("defaults", "self-signed"), ("tls-csr", "csr"), ("tls-csr-ca-bundle", "csr")])
+def test_certs_jobs_run_before_and_after_install_and_daily(scenario, mode):
+    jobs = {o["metadata"]["annotations"]["helm.sh/hook"]: o for o in certs_jobs(scenario)}
+    assert set(jobs) == {"pre-install,pre-upgrade", "post-install,post-upgrade"}
+    cron = one(scenario, "CronJob")
+    for hook, obj in list(jobs.items()) + [("cron", cron)]:
+        (c,) = pod_spec(obj)["containers"]
+        assert c["args"] == ["certs", mode]
+        env = env_of(c)
+        assert env["GPU_BOOKING_CERTS_SECRET"]["value"] == "gpu-booking-webhook-tls"
+        assert env["GPU_BOOKING_CERTS_WEBHOOK_CONFIG"]["value"] == "gpu-booking-webhook"
+        assert env["GPU_BOOKING_CERTS_SERVICE"]["value"] == "gpu-booking-webhook"
+        skip = "GPU_BOOKING_CERTS_SKIP_MISSING_WEBHOOK_CONFIG" in env
+        assert skip == hook.startswith("pre-"), "only the pre-install run may find no webhook configuration"
+    hook_sa = pod_spec(jobs["pre-install,pre-upgrade"])["serviceAccountName"]
+    sa = [o for o in objects(scenario, "ServiceAccount") if o["metadata"]["name"] == hook_sa][0]
+    assert "pre-install" in sa["metadata"]["annotations"]["helm.sh/hook"], "the hook's RBAC exists before the hook"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    assert pod_spec(cron)["serviceAccountName"] == "gpu-booking-certs"
+    webhook = pod_spec(one(scenario, "Deployment", "-webhook"))
+    tls = [v for v in webhook["volumes"] if v["name"] == "tls"][0]
+    assert tls["secret"]["secretName"] == "gpu-booking-webhook-tls"
+    assert [i["key"] for i in tls["secret"]["items"]] == ["tls.crt", "tls.key"]
+
+
+def test_certs_rbac_is_limited_to_its_own_objects():
+    roles = [o for o in objects("defaults", "Role") if component(o) == "certs"]
+    assert len(roles) == 2
+    for role in roles:
+        named = [r for r in role["rules"] if "resourceNames" in r]
+        unnamed = [r for r in role["rules"] if "resourceNames" not in r]
+        assert all(r["verbs"] == ["create"] for r in unnamed), "only create cannot be limited by name"
+        assert set(named[0]["resourceNames"]) == {"gpu-booking-webhook-tls", "gpu-booking-webhook-tls-ca"}
+    for role in [o for o in objects("defaults", "ClusterRole") if component(o) == "certs"]:
+        (rule,) = role["rules"]
+        assert rule["resourceNames"] == ["gpu-booking-webhook"]
+        assert rule["verbs"] == ["get", "patch"]
+    csr_rules = [r for o in objects("tls-csr", "ClusterRole") if component(o) == "certs" for r in o["rules"]]
+    approve = [r for r in csr_rules if r["resources"] == ["signers"]]
+    assert approve and all(r["resourceNames"] == ["example.com/webhook-serving"] for r in approve)
+    no_approve = [r for o in objects("tls-csr-ca-bundle", "ClusterRole") if component(o) == "certs" for r in o["rules"]]
+    assert not [r for r in no_approve if r["resources"] in (["signers"], ["certificatesigningrequests/approval"])]
+
+
+def test_csr_mode_ca_bundle():
+    pem = yaml.safe_load((render.VALUES / "tls-csr-ca-bundle.yaml").read_text())["tls"]["csr"]["caBundle"]
+    w = mwc("tls-csr-ca-bundle")
+    assert base64.b64decode(w["clientConfig"]["caBundle"]).decode() == pem
+    env = env_of(pod_spec(one("tls-csr-ca-bundle", "CronJob"))["containers"][0])
+    assert env["GPU_BOOKING_CERTS_CA_BUNDLE"]["value"] == pem
+    assert env["GPU_BOOKING_CERTS_APPROVE"]["value"] == "false"
+    env = env_of(pod_spec(one("tls-csr", "CronJob"))["containers"][0])
+    assert env["GPU_BOOKING_CERTS_CA_BUNDLE_FILE"]["value"].endswith("serviceaccount/ca.crt")
+    assert env["GPU_BOOKING_CERTS_SIGNER_NAME"]["value"] == "example.com/webhook-serving"
+
+
+@pytest.mark.parametrize("scenario", ["tls-cert-manager", "tls-cert-manager-issuer"])
+def test_cert_manager_mode(scenario):
+    assert certs_jobs(scenario) == [] and objects(scenario, "CronJob") == []
+    config = one(scenario, "MutatingWebhookConfiguration")
+    cert = one(scenario, "Certificate", "-webhook")
+    ns = render.NAMESPACE
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{ns}/{cert['metadata']['name']}"
+    assert cert["spec"]["secretName"] == "gpu-booking-webhook-tls"
+    assert f"gpu-booking-webhook.{ns}.svc" in cert["spec"]["dnsNames"]
+    assert "server auth" in cert["spec"]["usages"]
+    issuers = objects(scenario, "Issuer")
+    if scenario == "tls-cert-manager":
+        assert {i["metadata"]["name"] for i in issuers} == {"gpu-booking-selfsigned", "gpu-booking-ca"}
+        assert cert["spec"]["issuerRef"] == {"name": "gpu-booking-ca", "kind": "Issuer", "group": "cert-manager.io"}
+        ca = one(scenario, "Certificate", "-webhook-ca")
+        assert ca["spec"]["isCA"] is True
+    else:
+        assert issuers == []
+        assert cert["spec"]["issuerRef"] == {"name": "lab-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+
+
+# --- RBAC, monitoring, network -----------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_rbac_has_no_wildcards_and_no_cluster_wide_secrets(scenario):
+    for role in objects(scenario, "Role") + objects(scenario, "ClusterRole"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], f"{role['metadata']['name']}: {field}"
+            if role["kind"] == "ClusterRole":
+                assert "secrets" not in rule["resources"], role["metadata"]["name"]
+                assert "escalate" not in rule["verbs"] and "bind" not in rule["verbs"]
+
+
+def test_monitoring():
+    monitors = objects("everything", "ServiceMonitor")
+    assert {component(m) for m in monitors} == {"api", "webhook", "controller", "agent"}
+    for m in monitors:
+        assert m["metadata"]["labels"]["release"] == "prometheus"
+        (ep,) = m["spec"]["endpoints"]
+        assert ep["path"] == "/metrics"
+    rule = one("everything", "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    for alert in ("GpuBookingApiDown", "GpuBookingWebhookErrors", "GpuBookingControllerNotLeading", "GpuBookingExpiryLag"):
+        assert alert in alerts
+        assert alerts[alert]["labels"]["severity"] in ("warning", "critical")
+    assert objects("defaults", "ServiceMonitor") == [] and objects("defaults", "PrometheusRule") == []
+
+
+def test_network_policies():
+    policies = {p["metadata"]["name"]: p for p in objects("everything", "NetworkPolicy")}
+    deny = policies["gpu-booking-default-deny"]
+    assert deny["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in deny["spec"]
+    api = policies["gpu-booking-api"]["spec"]["ingress"][0]["from"]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}}} in api
+    webhook = policies["gpu-booking-webhook"]["spec"]["ingress"]
+    assert webhook[0]["ports"] == [{"port": "https", "protocol": "TCP"}]
+    assert objects("defaults", "NetworkPolicy") == []
+
+
+# --- values, schema, documentation ---------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [
+    "webhook.failurePolicy=Sometimes",
+    "webhook.timeoutSeconds=31",
+    "tls.mode=manual",
+    "secrets.existingSecret=",
+    "logFormat=xml",
+    "webhook.onBookingError=deny",
+    "policy.cooldown=two weeks",
+    "webhook.gpuResources[0]=nvidia.com/gpu' || true || '",
+])
+def test_the_schema_refuses_bad_values(bad):
+    result = render.template(set_values=[bad], check=False)
+    assert result.returncode != 0, bad
+    assert "schema" in result.stderr or "required" in result.stderr, result.stderr
+
+
+def test_csr_mode_needs_a_signer():
+    result = render.template(set_values=["tls.mode=csr"], check=False)
+    assert result.returncode != 0
+    assert "signerName" in result.stderr
+
+
+def test_every_value_is_documented_and_the_readme_table_is_current():
+    text = (render.CHART / "values.yaml").read_text()
+    documented, missing = values_table.rows(text)
+    assert missing == []
+    assert len(documented) > 80
+    readme = (render.CHART / "README.md").read_text()
+    assert values_table.readme_with_table(readme, text) == readme, "run python tests/chart/values_table.py --write"
