@@ -27,6 +27,8 @@ pub enum Command {
     Token(TokenArgs),
     /// Serve the mutating admission webhook (HTTPS) and its health/metrics port.
     Webhook(gpu_booking_webhook::WebhookArgs),
+    /// Run the node agent (DaemonSet): NVML sampling, idle GPU reclaim, VRAM watchdog.
+    Agent(gpu_booking_agent::AgentArgs),
     /// Run the API, the booking page and the webhook on a local Postgres, with
     /// seeded models, and print the URLs and tokens to try them.
     Demo(crate::demo::DemoArgs),
@@ -75,6 +77,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Webhook(args) => gpu_booking_webhook::run(args).await,
+        Command::Agent(args) => gpu_booking_agent::run(args).await,
         Command::Demo(args) => crate::demo::run(args).await,
     }
 }

@@ -1,0 +1,71 @@
+//! What the agent reads from the GPUs, behind [`GpuSampler`]: NVML on a node
+//! ([`crate::nvml::NvmlSampler`]), a scripted fake in tests ([`crate::fake_gpu::FakeGpu`]).
+
+use std::collections::HashMap;
+
+/// A compute process on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// In the host PID namespace.
+    pub pid: u32,
+    /// Device memory it holds; `None` where the driver does not say.
+    pub used_bytes: Option<u64>,
+}
+
+/// One GPU at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSample {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    /// Percent of the last sample period in which a kernel ran (whole card).
+    pub utilization_percent: Option<u32>,
+    pub memory_total_bytes: u64,
+    pub memory_used_bytes: u64,
+    pub memory_free_bytes: u64,
+    pub processes: Vec<GpuProcess>,
+    /// Highest SM utilisation of each process since the previous sample, where the
+    /// card reports it (absent PIDs were idle); `None` where it is not supported, and
+    /// activity falls back to the whole card's utilisation.
+    pub process_utilization: Option<HashMap<u32, u32>>,
+}
+
+/// Why a sample failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GpuError {
+    /// The NVIDIA management library could not be loaded or initialised.
+    #[error("no NVML: {0}")]
+    NoNvml(String),
+    #[error("NVML: {0}")]
+    Nvml(String),
+}
+
+/// Reads every GPU of the node. Blocking (NVML calls take microseconds to a few
+/// milliseconds); the agent calls it on a blocking thread.
+pub trait GpuSampler: Send + Sync + 'static {
+    /// The sample of a round: per-process utilisation covers the time since the
+    /// previous round's sample.
+    fn sample(&self) -> Result<Vec<GpuSample>, GpuError>;
+
+    /// A sample in between (the re-check before acting, the check after it) that
+    /// leaves the per-process window of the next round alone.
+    fn resample(&self) -> Result<Vec<GpuSample>, GpuError> {
+        self.sample()
+    }
+}
+
+impl GpuSample {
+    /// Whether `pid` counts as active in this sample: its own utilisation when the
+    /// card reports per-process figures, else the whole card's (the PRD's v1 rule).
+    pub fn process_active(&self, pid: u32, threshold_percent: u32) -> bool {
+        self.process_util(pid) >= threshold_percent
+    }
+
+    /// The utilisation that stands for `pid`'s activity (see [`Self::process_active`]).
+    pub fn process_util(&self, pid: u32) -> u32 {
+        match &self.process_utilization {
+            Some(per_process) => per_process.get(&pid).copied().unwrap_or(0),
+            None => self.utilization_percent.unwrap_or(0),
+        }
+    }
+}

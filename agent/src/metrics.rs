@@ -1,0 +1,284 @@
+//! Prometheus metrics of the agent. The PRD's four keep their names exactly
+//! (`gpu_reclaimer_*`, so its dashboards and alerts work as written); the rest are
+//! `gpu_booking_agent_*`.
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReclaimLabels {
+    /// `success`, `fail`, `dry_run`.
+    pub result: &'static str,
+    /// `idle`, `vram_over_budget`.
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabel {
+    /// `TERM`, `KILL`.
+    pub signal: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// `pods`, `annotate`, `event`, `audit`.
+    pub call: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabels {
+    pub gpu: String,
+    pub uuid: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodGpuLabels {
+    pub namespace: String,
+    pub pod: String,
+    pub gpu: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodLabels {
+    pub namespace: String,
+    pub pod: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric, registered once.
+pub struct Metrics {
+    pub registry: Registry,
+    pub reclaims: Family<ReclaimLabels, Counter>,
+    pub kills: Family<SignalLabel, Counter>,
+    pub attribution_failures: Counter,
+    pub idle_candidates: Gauge,
+    pub unattributed: Family<ReasonLabel, Gauge>,
+    pub freed_bytes: Family<ReasonLabel, Counter>,
+    pub samples: Family<ResultLabel, Counter>,
+    pub sample_duration: Histogram,
+    pub tick_duration: Histogram,
+    pub nvml_up: Gauge,
+    pub calls: Family<CallLabels, Counter>,
+    pub gpu_memory_free: Family<GpuLabels, Gauge>,
+    pub gpu_memory_total: Family<GpuLabels, Gauge>,
+    pub gpu_utilization: Family<GpuLabels, FloatGauge>,
+    pub pod_memory: Family<PodGpuLabels, Gauge>,
+    pub pod_budget: Family<PodLabels, Gauge>,
+    pub pod_last_activity: Family<PodLabels, Gauge>,
+    pub pod_idle_seconds: Family<PodLabels, Gauge>,
+    /// Label sets written by the previous tick, so that gone pods and GPUs disappear.
+    previous: Mutex<Previous>,
+}
+
+#[derive(Default)]
+struct Previous {
+    gpus: HashSet<GpuLabels>,
+    pod_gpus: HashSet<PodGpuLabels>,
+    pods: HashSet<PodLabels>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            reclaims: Family::default(),
+            kills: Family::default(),
+            attribution_failures: Counter::default(),
+            idle_candidates: Gauge::default(),
+            unattributed: Family::default(),
+            freed_bytes: Family::default(),
+            samples: Family::default(),
+            sample_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            tick_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
+            nvml_up: Gauge::default(),
+            calls: Family::default(),
+            gpu_memory_free: Family::default(),
+            gpu_memory_total: Family::default(),
+            gpu_utilization: Family::default(),
+            pod_memory: Family::default(),
+            pod_budget: Family::default(),
+            pod_last_activity: Family::default(),
+            pod_idle_seconds: Family::default(),
+            previous: Mutex::new(Previous::default()),
+            registry: Registry::default(),
+        };
+        {
+            let r = registry.sub_registry_with_prefix("gpu_reclaimer");
+            r.register(
+                "reclaim",
+                "GPU reclaim actions on a pod, by result (success, fail, dry_run) and reason (idle, vram_over_budget)",
+                m.reclaims.clone(),
+            );
+            r.register("kill", "Signals sent to GPU processes", m.kills.clone());
+            r.register(
+                "pid_attribution_fail",
+                "GPU processes that could not be attributed to a pod container (each counted once)",
+                m.attribution_failures.clone(),
+            );
+            r.register(
+                "idle_candidates",
+                "Pods whose GPU processes have been idle for their whole window",
+                m.idle_candidates.clone(),
+            );
+        }
+        {
+            let r = registry.sub_registry_with_prefix("gpu_booking_agent");
+            r.register(
+                "unattributed_processes",
+                "GPU processes now on the node that are not attributed to a pod container, by reason",
+                m.unattributed.clone(),
+            );
+            r.register_with_unit(
+                "freed_memory",
+                "Device memory freed by ending GPU processes",
+                Unit::Bytes,
+                m.freed_bytes.clone(),
+            );
+            r.register("samples", "NVML samples, by result", m.samples.clone());
+            r.register_with_unit(
+                "sample_duration",
+                "Time to read every GPU",
+                Unit::Seconds,
+                m.sample_duration.clone(),
+            );
+            r.register_with_unit(
+                "tick_duration",
+                "Time of one sampling round, actions included",
+                Unit::Seconds,
+                m.tick_duration.clone(),
+            );
+            r.register(
+                "nvml_up",
+                "1 when NVML is loaded and answering",
+                m.nvml_up.clone(),
+            );
+            r.register(
+                "kubernetes_and_audit_calls",
+                "Calls to the API server and the booking service, by outcome",
+                m.calls.clone(),
+            );
+            r.register_with_unit(
+                "gpu_memory_free",
+                "Free device memory of a GPU",
+                Unit::Bytes,
+                m.gpu_memory_free.clone(),
+            );
+            r.register_with_unit(
+                "gpu_memory_total",
+                "Device memory of a GPU",
+                Unit::Bytes,
+                m.gpu_memory_total.clone(),
+            );
+            r.register_with_unit(
+                "gpu_utilization",
+                "Share of the last sample period in which a kernel ran (0 to 1)",
+                Unit::Ratios,
+                m.gpu_utilization.clone(),
+            );
+            r.register_with_unit(
+                "pod_gpu_memory_used",
+                "Device memory used by a pod's GPU processes, per GPU",
+                Unit::Bytes,
+                m.pod_memory.clone(),
+            );
+            r.register_with_unit(
+                "pod_gpu_memory_budget",
+                "A pod's declared VRAM budget (its gpumem resource)",
+                Unit::Bytes,
+                m.pod_budget.clone(),
+            );
+            r.register_with_unit(
+                "pod_last_gpu_activity_timestamp",
+                "When a pod's GPU processes were last active (Unix time)",
+                Unit::Seconds,
+                m.pod_last_activity.clone(),
+            );
+            r.register_with_unit(
+                "pod_gpu_idle",
+                "How long a pod's GPU processes have been idle",
+                Unit::Seconds,
+                m.pod_idle_seconds.clone(),
+            );
+        }
+        Self { registry, ..m }
+    }
+
+    pub fn reclaim(&self, result: &'static str, reason: &'static str) {
+        self.reclaims
+            .get_or_create(&ReclaimLabels { result, reason })
+            .inc();
+    }
+
+    pub fn kill(&self, signal: &'static str) {
+        self.kills.get_or_create(&SignalLabel { signal }).inc();
+    }
+
+    pub fn call(&self, call: &'static str, ok: bool) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.calls
+            .get_or_create(&CallLabels { call, outcome })
+            .inc();
+    }
+
+    /// Drops the series of GPUs and pods that the latest tick did not write.
+    pub fn forget_stale(
+        &self,
+        gpus: HashSet<GpuLabels>,
+        pod_gpus: HashSet<PodGpuLabels>,
+        pods: HashSet<PodLabels>,
+    ) {
+        let mut prev = self.previous.lock().unwrap_or_else(|e| e.into_inner());
+        for g in prev.gpus.difference(&gpus) {
+            self.gpu_memory_free.remove(g);
+            self.gpu_memory_total.remove(g);
+            self.gpu_utilization.remove(g);
+        }
+        for p in prev.pod_gpus.difference(&pod_gpus) {
+            self.pod_memory.remove(p);
+        }
+        for p in prev.pods.difference(&pods) {
+            self.pod_budget.remove(p);
+            self.pod_last_activity.remove(p);
+            self.pod_idle_seconds.remove(p);
+        }
+        *prev = Previous {
+            gpus,
+            pod_gpus,
+            pods,
+        };
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
