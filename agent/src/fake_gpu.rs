@@ -30,12 +30,43 @@ struct FakeCard {
     processes: BTreeMap<u32, FakeProcess>,
 }
 
+/// A change the script applies when a given sample is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FakeStep {
+    SetProcessUtil { pid: u32, percent: u32 },
+    SetProcessMemory { pid: u32, used_mib: u64 },
+    RemoveProcess { pid: u32 },
+}
+
 struct State {
     cards: Vec<FakeCard>,
     per_process_utilization: bool,
     real: HashSet<u32>,
     failures: u32,
     samples: u64,
+    script: Vec<(u64, FakeStep)>,
+}
+
+impl State {
+    fn apply(&mut self, step: FakeStep) {
+        for card in &mut self.cards {
+            match step {
+                FakeStep::SetProcessUtil { pid, percent } => {
+                    if let Some(p) = card.processes.get_mut(&pid) {
+                        p.util_percent = percent;
+                    }
+                }
+                FakeStep::SetProcessMemory { pid, used_mib } => {
+                    if let Some(p) = card.processes.get_mut(&pid) {
+                        p.used_mib = used_mib;
+                    }
+                }
+                FakeStep::RemoveProcess { pid } => {
+                    card.processes.remove(&pid);
+                }
+            }
+        }
+    }
 }
 
 /// The fake. Every method takes `&self`, so a test keeps an `Arc` and changes the
@@ -61,6 +92,7 @@ impl FakeGpu {
                 real: HashSet::new(),
                 failures: 0,
                 samples: 0,
+                script: Vec::new(),
             }),
             real_proc: ProcFs::new("/proc"),
         }
@@ -100,24 +132,18 @@ impl FakeGpu {
 
     /// Sets how busy `pid` is (on every card it is on).
     pub fn set_process_util(&self, pid: u32, percent: u32) {
-        self.with(|s| {
-            for card in &mut s.cards {
-                if let Some(p) = card.processes.get_mut(&pid) {
-                    p.util_percent = percent;
-                }
-            }
-        });
+        self.with(|s| s.apply(FakeStep::SetProcessUtil { pid, percent }));
     }
 
     /// Sets the memory `pid` holds (on every card it is on).
     pub fn set_process_memory(&self, pid: u32, used_mib: u64) {
-        self.with(|s| {
-            for card in &mut s.cards {
-                if let Some(p) = card.processes.get_mut(&pid) {
-                    p.used_mib = used_mib;
-                }
-            }
-        });
+        self.with(|s| s.apply(FakeStep::SetProcessMemory { pid, used_mib }));
+    }
+
+    /// Applies `step` just before the sample numbered `at` (the first sample is 1) is
+    /// read: e.g. a process that wakes up between a round and its re-check.
+    pub fn at_sample(&self, at: u64, step: FakeStep) {
+        self.with(|s| s.script.push((at, step)));
     }
 
     /// Fixes the whole card's utilisation (else: the busiest process's).
@@ -139,11 +165,7 @@ impl FakeGpu {
     }
 
     pub fn remove_process(&self, pid: u32) {
-        self.with(|s| {
-            for card in &mut s.cards {
-                card.processes.remove(&pid);
-            }
-        });
+        self.with(|s| s.apply(FakeStep::RemoveProcess { pid }));
     }
 
     /// The next `n` samples fail, as NVML does when a GPU falls off the bus.
@@ -187,6 +209,15 @@ impl GpuSampler for FakeGpu {
         self.drop_exited();
         self.with(|s| {
             s.samples += 1;
+            let due: Vec<FakeStep> = s
+                .script
+                .iter()
+                .filter(|(at, _)| *at == s.samples)
+                .map(|(_, step)| *step)
+                .collect();
+            for step in due {
+                s.apply(step);
+            }
             if s.failures > 0 {
                 s.failures -= 1;
                 return Err(GpuError::Nvml("GPU 0: GPU is lost (fake)".into()));
