@@ -27,6 +27,9 @@ pub enum Command {
     Token(TokenArgs),
     /// Serve the mutating admission webhook (HTTPS) and its health/metrics port.
     Webhook(gpu_booking_webhook::WebhookArgs),
+    /// Run the controller: end booked pods at their terminate-at, preempt lent GPUs for
+    /// booked users, report the GPU inventory, label GPU nodes with their model.
+    Controller(gpu_booking_controller::ControllerArgs),
     /// Run the node agent (DaemonSet): NVML sampling, idle GPU reclaim, VRAM watchdog.
     Agent(gpu_booking_agent::AgentArgs),
     /// Run the API, the booking page and the webhook on a local Postgres, with
@@ -77,6 +80,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Webhook(args) => gpu_booking_webhook::run(args).await,
+        Command::Controller(args) => gpu_booking_controller::run(args).await,
         Command::Agent(args) => gpu_booking_agent::run(args).await,
         Command::Demo(args) => crate::demo::run(args).await,
     }

@@ -1,0 +1,284 @@
+//! Options of `gpu-booking controller`; `--help` is the documentation. Every option
+//! also reads a `GPU_BOOKING_CONTROLLER_*` environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+pub use gpu_booking_api::config::LogFormat;
+use gpu_booking_core::admission::{
+    AdmissionConfig, DEFAULT_GPUMEM_RESOURCE, DEFAULT_GPU_RESOURCE, DEFAULT_HIGH_PRIORITY_CLASS,
+    DEFAULT_LOW_PRIORITY_CLASS, DEFAULT_MODEL_NODE_LABEL, DEFAULT_TERMINATE_AT_ANNOTATION,
+};
+
+/// The node label GPU feature discovery writes with the product name.
+pub const DEFAULT_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// Annotation the node agent writes on a pod: its last GPU activity (RFC 3339).
+pub const LAST_GPU_ACTIVITY_ANNOTATION: &str = "gpu-booking.io/last-gpu-activity";
+
+/// What happens to a booked pod at its `terminate-at`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum OnExpiry {
+    /// Delete it, wait until it is gone, create it again without GPU (pods owned by
+    /// another controller are only deleted: their owner recreates them).
+    #[default]
+    RecreateCpu,
+    /// Delete it.
+    Delete,
+    /// Relabel it low priority and drop `terminate-at`: it keeps its GPU until a
+    /// booked user needs the unit.
+    Demote,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ControllerArgs {
+    /// Base URL of the booking service, e.g. http://gpu-booking-api:8080.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_BOOKING_URL")]
+    pub booking_url: String,
+
+    /// Service token (a JWT with the `service` role) for the booking service.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_CONTROLLER_SERVICE_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "service_token_file"
+    )]
+    pub service_token: Option<String>,
+
+    /// File holding the service token; re-read when it changes.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_SERVICE_TOKEN_FILE")]
+    pub service_token_file: Option<PathBuf>,
+
+    /// Longest wait for one call to the booking service.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_BOOKING_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub booking_timeout: Duration,
+
+    /// What happens to a booked pod at its `terminate-at`.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_ON_EXPIRY", value_enum, default_value_t = OnExpiry::RecreateCpu)]
+    pub on_expiry: OnExpiry,
+
+    /// Log and count what would be done; change nothing (no deletes, creates, patches,
+    /// node labels, events, usage reports or audit rows).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_DRY_RUN", default_value_t = false)]
+    pub dry_run: bool,
+
+    /// Watch pods in this namespace only (default: all namespaces).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Node label holding the GPU product name (matched against the models' patterns).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_PRODUCT_LABEL", default_value = DEFAULT_PRODUCT_LABEL)]
+    pub product_label: String,
+
+    /// Node label the controller writes with the node's model (the webhook's node
+    /// selector).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_MODEL_NODE_LABEL", default_value = DEFAULT_MODEL_NODE_LABEL)]
+    pub model_node_label: String,
+
+    /// Annotation that carries a booked pod's end (RFC 3339).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_TERMINATE_AT_ANNOTATION", default_value = DEFAULT_TERMINATE_AT_ANNOTATION)]
+    pub terminate_at_annotation: String,
+
+    /// Generic GPU resources; repeat or separate with commas.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_GPU_RESOURCE", value_delimiter = ',', default_value = DEFAULT_GPU_RESOURCE)]
+    pub gpu_resource: Vec<String>,
+
+    /// Extended resource carrying the VRAM budget (removed with the GPU).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_GPUMEM_RESOURCE", default_value = DEFAULT_GPUMEM_RESOURCE)]
+    pub gpumem_resource: String,
+
+    /// Priority class of booked pods (dropped from a recreated pod).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_HIGH_PRIORITY_CLASS", default_value = DEFAULT_HIGH_PRIORITY_CLASS)]
+    pub high_priority_class: String,
+
+    /// Priority class of lent pods (dropped from a recreated pod).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_LOW_PRIORITY_CLASS", default_value = DEFAULT_LOW_PRIORITY_CLASS)]
+    pub low_priority_class: String,
+
+    /// Take part in leader election (a Lease); off only for a single replica.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_CONTROLLER_LEASE_NAME",
+        default_value = "gpu-booking-controller"
+    )]
+    pub lease_name: String,
+
+    /// Namespace of the Lease (in a cluster: the controller's own namespace).
+    #[arg(
+        long,
+        env = "GPU_BOOKING_CONTROLLER_LEASE_NAMESPACE",
+        default_value = "default"
+    )]
+    pub lease_namespace: String,
+
+    /// How long a Lease holds without renewal.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+
+    /// How often the leader renews (and a follower tries to acquire) the Lease. The
+    /// leader stops acting when no renewal succeeded for two thirds of the duration.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_LEASE_RENEW", default_value = "3s", value_parser = parse_duration)]
+    pub lease_renew: Duration,
+
+    /// This replica's name in the Lease (default: $POD_NAME, else the host name).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_IDENTITY")]
+    pub identity: Option<String>,
+
+    /// How often open preemption requests are fetched and Pending booked pods
+    /// re-examined.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub preemption_interval: Duration,
+
+    /// After preempting for a Pending booked pod, how long to let the scheduler place
+    /// it before preempting another pod for it.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_RETRY", default_value = "60s", value_parser = parse_duration)]
+    pub preemption_retry: Duration,
+
+    /// How often the models are re-read from the booking service.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_MODELS_REFRESH", default_value = "60s", value_parser = parse_duration)]
+    pub models_refresh: Duration,
+
+    /// Longest wait for a deleted pod to be gone before its CPU-only copy is given up.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_GONE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub gone_timeout: Duration,
+
+    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_CONTROLLER_ADMIN_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub admin_listen: SocketAddr,
+
+    /// Log line format.
+    #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+impl ControllerArgs {
+    /// Every option at its default (for tests and embedding).
+    pub fn with_defaults(booking_url: &str) -> Self {
+        Self {
+            booking_url: booking_url.to_owned(),
+            service_token: None,
+            service_token_file: None,
+            booking_timeout: Duration::from_secs(5),
+            on_expiry: OnExpiry::RecreateCpu,
+            dry_run: false,
+            namespace: None,
+            product_label: DEFAULT_PRODUCT_LABEL.into(),
+            model_node_label: DEFAULT_MODEL_NODE_LABEL.into(),
+            terminate_at_annotation: DEFAULT_TERMINATE_AT_ANNOTATION.into(),
+            gpu_resource: vec![DEFAULT_GPU_RESOURCE.into()],
+            gpumem_resource: DEFAULT_GPUMEM_RESOURCE.into(),
+            high_priority_class: DEFAULT_HIGH_PRIORITY_CLASS.into(),
+            low_priority_class: DEFAULT_LOW_PRIORITY_CLASS.into(),
+            leader_elect: true,
+            lease_name: "gpu-booking-controller".into(),
+            lease_namespace: "default".into(),
+            lease_duration: Duration::from_secs(15),
+            lease_renew: Duration::from_secs(3),
+            identity: None,
+            preemption_interval: Duration::from_secs(2),
+            preemption_retry: Duration::from_secs(60),
+            models_refresh: Duration::from_secs(60),
+            gone_timeout: Duration::from_secs(600),
+            admin_listen: ([0, 0, 0, 0], 9090).into(),
+            log_format: LogFormat::Plain,
+        }
+    }
+
+    /// The patch planner's configuration: the keys the controller reads and strips.
+    pub fn admission_config(&self) -> anyhow::Result<AdmissionConfig> {
+        let class = |c: &str| (!c.is_empty()).then(|| c.to_owned());
+        let cfg = AdmissionConfig {
+            gpu_resources: self.gpu_resource.clone(),
+            gpumem_resource: self.gpumem_resource.clone(),
+            terminate_at_annotation: self.terminate_at_annotation.clone(),
+            model_node_label: self.model_node_label.clone(),
+            high_priority_class: class(&self.high_priority_class),
+            low_priority_class: class(&self.low_priority_class),
+            ..AdmissionConfig::default()
+        };
+        cfg.validate().context("invalid controller options")?;
+        if !gpu_booking_core::admission::is_qualified_name(&self.product_label) {
+            anyhow::bail!(
+                "--product-label {:?} is not a label key",
+                self.product_label
+            );
+        }
+        if self.lease_renew.is_zero() || self.lease_renew * 3 > self.lease_duration * 2 {
+            anyhow::bail!(
+                "--lease-renew must be above zero and at most two thirds of --lease-duration"
+            );
+        }
+        Ok(cfg)
+    }
+
+    /// This replica's name in the Lease.
+    pub fn identity(&self) -> String {
+        self.identity
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| format!("gpu-booking-controller-{}", std::process::id()))
+    }
+}
+
+/// `2s`, `500ms`, `1m` (humantime), or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+
+    #[test]
+    fn parses_options() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--booking-url=http://api:8080",
+            "--on-expiry=demote",
+            "--dry-run",
+            "--leader-elect=false",
+            "--gpu-resource=nvidia.com/gpu,example.com/gpu",
+            "--lease-duration=30s",
+        ])
+        .unwrap();
+        assert_eq!(cli.args.on_expiry, OnExpiry::Demote);
+        assert!(cli.args.dry_run && !cli.args.leader_elect);
+        assert_eq!(cli.args.gpu_resource.len(), 2);
+        assert!(cli.args.admission_config().is_ok());
+    }
+
+    #[test]
+    fn refuses_bad_values() {
+        assert!(Cli::try_parse_from(["x", "--booking-url=u", "--on-expiry=later"]).is_err());
+        let mut args = ControllerArgs::with_defaults("http://x");
+        args.lease_renew = Duration::from_secs(14);
+        assert!(args.admission_config().is_err());
+        let mut args = ControllerArgs::with_defaults("http://x");
+        args.terminate_at_annotation = "no spaces allowed".into();
+        assert!(args.admission_config().is_err());
+    }
+}

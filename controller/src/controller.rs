@@ -1,0 +1,739 @@
+//! The controller's loop: one task owns the state (pods, nodes, models, timers) and
+//! reacts to watch events, timers and finished work. Anything that waits on the
+//! network (actions, usage reports, preemption requests, node labels, models) runs
+//! on its own task and reports back by message, so a slow booking service never
+//! delays an expiry timer.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use gpu_booking_client::{ClientError, Model, PreemptionRequest};
+use gpu_booking_core::admission::AdmissionConfig;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::time::{delay_queue, DelayQueue};
+
+use crate::actions::{self, Ctx, Job, Outcome, Reason};
+use crate::clock::until;
+use crate::config::ControllerArgs;
+use crate::inventory::{self, Models, NodeInfo, Usage};
+use crate::pods::{PodInfo, PodLite, Priority};
+use crate::victims;
+
+/// How often usage is pushed and node labels are checked (changes are batched).
+const SYNC_EVERY: Duration = Duration::from_secs(1);
+/// Before an action that failed is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Before a node label that could not be written is tried again.
+const LABEL_RETRY: Duration = Duration::from_secs(10);
+
+enum Msg {
+    Done(Job, Outcome),
+    Models(Result<Vec<Model>, ClientError>),
+    Requests(Result<Vec<PreemptionRequest>, ClientError>),
+    Reported(BTreeMap<String, Usage>, bool),
+    Labelled,
+}
+
+pub struct Loop {
+    ctx: Arc<Ctx>,
+    args: ControllerArgs,
+    base_cfg: AdmissionConfig,
+    cfg: AdmissionConfig,
+    models: Option<Models>,
+    pods: HashMap<String, PodInfo>,
+    nodes: BTreeMap<String, NodeInfo>,
+    timers: DelayQueue<String>,
+    timer_keys: HashMap<String, (delay_queue::Key, Option<chrono::DateTime<chrono::Utc>>)>,
+    in_flight: HashSet<String>,
+    /// High-priority pods the scheduler could not place.
+    pending: HashSet<String>,
+    /// What was preempted for each need (`pod:<ns>/<name>` or `booking:<id>`), when.
+    preempted_for: HashMap<String, Instant>,
+    /// Requests already answered in a dry run (they stay open).
+    dry_run_requests: HashSet<i64>,
+    reported: BTreeMap<String, Usage>,
+    reporting: bool,
+    requests_in_flight: bool,
+    labelling: HashMap<String, Instant>,
+    usage_dirty: bool,
+    init_pods: Option<HashSet<String>>,
+    pods_synced: bool,
+    nodes_synced: bool,
+    ready: Arc<AtomicBool>,
+    tx: mpsc::UnboundedSender<Msg>,
+    rx: mpsc::UnboundedReceiver<Msg>,
+}
+
+impl Loop {
+    pub fn new(ctx: Arc<Ctx>, args: ControllerArgs, ready: Arc<AtomicBool>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cfg = ctx.cfg.clone();
+        Self {
+            ctx,
+            args,
+            base_cfg: cfg.clone(),
+            cfg,
+            models: None,
+            pods: HashMap::new(),
+            nodes: BTreeMap::new(),
+            timers: DelayQueue::new(),
+            timer_keys: HashMap::new(),
+            in_flight: HashSet::new(),
+            pending: HashSet::new(),
+            preempted_for: HashMap::new(),
+            dry_run_requests: HashSet::new(),
+            reported: BTreeMap::new(),
+            reporting: false,
+            requests_in_flight: false,
+            labelling: HashMap::new(),
+            usage_dirty: true,
+            init_pods: None,
+            pods_synced: false,
+            nodes_synced: false,
+            ready,
+            tx,
+            rx,
+        }
+    }
+
+    fn pod_stream(
+        &self,
+    ) -> futures::stream::BoxStream<'static, Result<Event<PodLite>, watcher::Error>> {
+        let api: Api<PodLite> = match &self.args.namespace {
+            Some(ns) => Api::namespaced(self.ctx.client.clone(), ns),
+            None => Api::all(self.ctx.client.clone()),
+        };
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed()
+    }
+
+    /// Runs until the task is dropped.
+    pub async fn run(mut self) {
+        let mut pods = self.pod_stream();
+        let nodes_api: Api<Node> = Api::all(self.ctx.client.clone());
+        let mut nodes = watcher::watcher(nodes_api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut leader = self.ctx.leadership.subscribe();
+        let ticker = |every: Duration| {
+            let mut t = tokio::time::interval(every);
+            t.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            t
+        };
+        let mut preempt_tick = ticker(self.args.preemption_interval);
+        let mut models_tick = ticker(self.args.models_refresh);
+        let mut sync_tick = ticker(SYNC_EVERY);
+        loop {
+            tokio::select! {
+                Some(event) = pods.next() => {
+                    match event {
+                        Ok(event) => self.on_pod_event(event),
+                        Err(e) => {
+                            self.ctx.metrics.error("kubernetes");
+                            tracing::warn!(error = %e, "pod watch failed; retrying");
+                        }
+                    }
+                }
+                Some(event) = nodes.next() => {
+                    match event {
+                        Ok(event) => self.on_node_event(event),
+                        Err(e) => {
+                            self.ctx.metrics.error("kubernetes");
+                            tracing::warn!(error = %e, "node watch failed; retrying");
+                        }
+                    }
+                }
+                Some(expired) = self.timers.next(), if !self.timers.is_empty() => {
+                    self.on_timer(expired.into_inner());
+                }
+                Some(msg) = self.rx.recv() => {
+                    if self.on_msg(msg) {
+                        // The models' resources changed: what counts as a GPU pod did
+                        // too, so every pod is read again.
+                        pods = self.pod_stream();
+                    }
+                }
+                _ = preempt_tick.tick() => self.on_preempt_tick(),
+                _ = models_tick.tick() => self.fetch_models(),
+                _ = sync_tick.tick() => {
+                    self.report_usage();
+                    self.label_nodes();
+                }
+                Ok(()) = leader.changed() => {
+                    if *leader.borrow_and_update() {
+                        self.on_elected();
+                    }
+                }
+            }
+            self.ctx.metrics.timers.set(self.timers.len() as i64);
+        }
+    }
+
+    fn leader(&self) -> bool {
+        self.ctx.leadership.is_leader()
+    }
+
+    // ---- pods -------------------------------------------------------------------
+
+    fn on_pod_event(&mut self, event: Event<PodLite>) {
+        match event {
+            Event::Init => self.init_pods = Some(HashSet::new()),
+            Event::InitApply(pod) | Event::Apply(pod) => self.upsert_pod(&pod),
+            Event::Delete(pod) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    self.remove_pod(uid);
+                }
+            }
+            Event::InitDone => {
+                if let Some(seen) = self.init_pods.take() {
+                    let gone: Vec<String> = self
+                        .pods
+                        .keys()
+                        .filter(|uid| !seen.contains(*uid))
+                        .cloned()
+                        .collect();
+                    for uid in gone {
+                        self.remove_pod(&uid);
+                    }
+                }
+                self.pods_synced = true;
+                self.update_ready();
+            }
+        }
+    }
+
+    fn upsert_pod(&mut self, pod: &PodLite) {
+        let Some(info) = PodInfo::from_pod(pod, &self.cfg) else {
+            return;
+        };
+        if let Some(seen) = &mut self.init_pods {
+            seen.insert(info.uid.clone());
+        }
+        if !info.relevant() {
+            self.remove_pod(&info.uid);
+            return;
+        }
+        let uid = info.uid.clone();
+        let changed_usage = self.pods.get(&uid).is_none_or(|old| {
+            old.holds_gpu() != info.holds_gpu() || old.node != info.node || old.gpu != info.gpu
+        });
+        self.usage_dirty |= changed_usage;
+        if info.priority == Some(Priority::High)
+            && info.node.is_none()
+            && info.unschedulable
+            && !info.deleting
+        {
+            self.pending.insert(uid.clone());
+        } else {
+            self.pending.remove(&uid);
+        }
+        self.schedule(&info);
+        let scheduler_preempted = info.scheduler_preempted && info.priority.is_some();
+        let job = scheduler_preempted.then(|| job_for(&info, Reason::SchedulerPreempted));
+        self.pods.insert(uid, info);
+        if let Some(job) = job {
+            self.start(job);
+        }
+    }
+
+    fn remove_pod(&mut self, uid: &str) {
+        if let Some(info) = self.pods.remove(uid) {
+            self.usage_dirty |= info.holds_gpu();
+        }
+        self.pending.remove(uid);
+        self.cancel_timer(uid);
+        self.ctx.gone.fire(uid);
+    }
+
+    // ---- timers -----------------------------------------------------------------
+
+    /// Arms, moves or cancels the pod's expiry timer.
+    fn schedule(&mut self, info: &PodInfo) {
+        let Some(at) = info.expiry() else {
+            if self
+                .timer_keys
+                .get(&info.uid)
+                .is_some_and(|(_, at)| at.is_some())
+            {
+                self.cancel_timer(&info.uid);
+            }
+            return;
+        };
+        if let Some((_, Some(armed))) = self.timer_keys.get(&info.uid) {
+            if *armed == at {
+                return;
+            }
+        }
+        self.arm(&info.uid, until(self.ctx.clock.now(), at), Some(at));
+    }
+
+    fn arm(&mut self, uid: &str, after: Duration, at: Option<chrono::DateTime<chrono::Utc>>) {
+        self.cancel_timer(uid);
+        let key = self.timers.insert(uid.to_owned(), after);
+        self.timer_keys.insert(uid.to_owned(), (key, at));
+    }
+
+    fn cancel_timer(&mut self, uid: &str) {
+        if let Some((key, _)) = self.timer_keys.remove(uid) {
+            self.timers.try_remove(&key);
+        }
+    }
+
+    /// A pod's timer: its expiry, or another look after a failed action.
+    fn on_timer(&mut self, uid: String) {
+        self.timer_keys.remove(&uid);
+        let Some(info) = self.pods.get(&uid) else {
+            return;
+        };
+        if !self.leader() {
+            // Re-armed when this replica is elected.
+            return;
+        }
+        if let Some(at) = info.expiry() {
+            let now = self.ctx.clock.now();
+            if at > now {
+                self.arm(&uid, until(now, at), Some(at));
+                return;
+            }
+            let job = job_for(info, Reason::Expired { terminate_at: at });
+            self.start(job);
+        } else if info.scheduler_preempted && info.priority.is_some() {
+            let job = job_for(info, Reason::SchedulerPreempted);
+            self.start(job);
+        }
+    }
+
+    fn on_elected(&mut self) {
+        self.reported.clear();
+        self.usage_dirty = true;
+        let infos: Vec<PodInfo> = self.pods.values().cloned().collect();
+        for info in infos {
+            if info.expiry().is_some() {
+                self.timer_keys.remove(&info.uid);
+                self.schedule(&info);
+            } else if info.scheduler_preempted && info.priority.is_some() {
+                self.start(job_for(&info, Reason::SchedulerPreempted));
+            }
+        }
+    }
+
+    // ---- actions ----------------------------------------------------------------
+
+    fn start(&mut self, job: Job) {
+        if !self.leader() || !self.in_flight.insert(job.uid.clone()) {
+            return;
+        }
+        let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let outcome = actions::run(&ctx, &job).await;
+            let _ = tx.send(Msg::Done(job, outcome));
+        });
+    }
+
+    /// Handles a message; true when the pod watch must start over.
+    fn on_msg(&mut self, msg: Msg) -> bool {
+        match msg {
+            Msg::Done(job, outcome) => {
+                self.in_flight.remove(&job.uid);
+                if matches!(outcome, Outcome::Failed(_)) && self.pods.contains_key(&job.uid) {
+                    self.arm(&job.uid, RETRY_AFTER, None);
+                }
+            }
+            Msg::Models(Ok(models)) => return self.set_models(&models),
+            Msg::Models(Err(e)) => {
+                self.ctx.metrics.error("booking");
+                tracing::warn!(error = %e, "could not read the models");
+                if self.models.is_none() {
+                    // Without models there is no inventory: ask again soon.
+                    let (booking, tx) = (self.ctx.booking.clone(), self.tx.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(RETRY_AFTER).await;
+                        let _ = tx.send(Msg::Models(booking.models().await));
+                    });
+                }
+            }
+            Msg::Requests(result) => {
+                self.requests_in_flight = false;
+                match result {
+                    Ok(requests) => self.on_requests(requests),
+                    Err(e) => {
+                        self.ctx.metrics.error("booking");
+                        tracing::warn!(error = %e, "could not read the preemption requests");
+                    }
+                }
+            }
+            Msg::Reported(done, ok) => {
+                self.reporting = false;
+                self.reported.extend(done);
+                self.usage_dirty |= !ok;
+            }
+            Msg::Labelled => {}
+        }
+        false
+    }
+
+    // ---- models, inventory, usage, node labels -------------------------------------
+
+    fn fetch_models(&self) {
+        let (booking, tx) = (self.ctx.booking.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let _ = tx.send(Msg::Models(booking.models().await));
+        });
+    }
+
+    fn set_models(&mut self, models: &[Model]) -> bool {
+        let models = Models::from_api(models, &self.cfg.gpu_resources);
+        let mut cfg = self.base_cfg.clone();
+        for (resource, model) in &models.resources {
+            if let Ok(name) = gpu_booking_core::gpu_model::ModelName::parse(model) {
+                cfg.model_resources.insert(resource.clone(), name);
+            }
+        }
+        let restart = cfg.model_resources != self.cfg.model_resources;
+        let changed = self.models.as_ref().is_none_or(|m| {
+            m.names != models.names
+                || m.resources != models.resources
+                || m.catalog != models.catalog
+        });
+        if changed {
+            tracing::info!(models = ?models.names, "models loaded");
+        }
+        self.cfg = cfg;
+        self.models = Some(models);
+        self.usage_dirty |= changed;
+        if restart {
+            self.pods_synced = false;
+            self.update_ready();
+        }
+        restart
+    }
+
+    fn on_node_event(&mut self, event: Event<Node>) {
+        match event {
+            Event::Init => {
+                self.nodes.clear();
+            }
+            Event::InitApply(node) | Event::Apply(node) => {
+                if let Some(info) = NodeInfo::from_node(
+                    &node,
+                    &self.args.product_label,
+                    &self.args.model_node_label,
+                ) {
+                    if self.nodes.get(&info.name) != Some(&info) {
+                        self.usage_dirty = true;
+                        self.nodes.insert(info.name.clone(), info);
+                    }
+                }
+            }
+            Event::Delete(node) => {
+                if let Some(name) = node.metadata.name.as_deref() {
+                    self.nodes.remove(name);
+                    self.usage_dirty = true;
+                }
+            }
+            Event::InitDone => {
+                self.nodes_synced = true;
+                self.usage_dirty = true;
+                self.update_ready();
+            }
+        }
+    }
+
+    fn update_ready(&self) {
+        self.ready
+            .store(self.pods_synced && self.nodes_synced, Ordering::Release);
+    }
+
+    fn usage(&self) -> Option<BTreeMap<String, Usage>> {
+        let models = self.models.as_ref()?;
+        Some(inventory::usage(
+            self.nodes.values(),
+            self.pods.values(),
+            models,
+            &self.cfg.gpu_resources,
+        ))
+    }
+
+    /// Pushes the models whose units or use changed since the last report.
+    fn report_usage(&mut self) {
+        if !self.usage_dirty
+            || self.reporting
+            || !self.leader()
+            || !self.pods_synced
+            || !self.nodes_synced
+        {
+            return;
+        }
+        let Some(usage) = self.usage() else {
+            return;
+        };
+        self.usage_dirty = false;
+        let changed: BTreeMap<String, Usage> = usage
+            .into_iter()
+            .filter(|(model, u)| self.reported.get(model) != Some(u))
+            .collect();
+        if changed.is_empty() {
+            return;
+        }
+        if self.ctx.dry_run {
+            for (model, u) in &changed {
+                tracing::info!(
+                    model,
+                    units = u.units,
+                    in_use = u.in_use,
+                    "dry run: would report usage"
+                );
+                self.ctx.metrics.action("report_usage", "dry_run");
+            }
+            self.reported.extend(changed);
+            return;
+        }
+        self.reporting = true;
+        let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let mut done = BTreeMap::new();
+            let mut ok = true;
+            for (model, u) in changed {
+                let clamp = |n: u64| i32::try_from(n).unwrap_or(i32::MAX);
+                match ctx
+                    .booking
+                    .put_usage(&model, clamp(u.in_use), Some(clamp(u.units)))
+                    .await
+                {
+                    Ok(()) => {
+                        ctx.metrics.action("report_usage", "done");
+                        done.insert(model, u);
+                    }
+                    Err(e) => {
+                        ok = false;
+                        ctx.metrics.action("report_usage", "error");
+                        ctx.metrics.error("booking");
+                        tracing::warn!(model, error = %e, "could not report usage");
+                    }
+                }
+            }
+            let _ = tx.send(Msg::Reported(done, ok));
+        });
+    }
+
+    /// Labels each GPU node with its model (and removes a label that no longer fits).
+    fn label_nodes(&mut self) {
+        let Some(models) = &self.models else {
+            return;
+        };
+        if !self.leader() || !self.nodes_synced {
+            return;
+        }
+        let now = Instant::now();
+        let mut work = Vec::new();
+        for node in self.nodes.values() {
+            let want = inventory::node_model(node, models);
+            if want == node.model_label {
+                continue;
+            }
+            if self
+                .labelling
+                .get(&node.name)
+                .is_some_and(|at| now < *at + LABEL_RETRY)
+            {
+                continue;
+            }
+            work.push((node.name.clone(), want));
+        }
+        for (name, want) in work {
+            self.labelling.insert(name.clone(), now);
+            if self.ctx.dry_run {
+                tracing::info!(node = %name, model = ?want, "dry run: would label node");
+                self.ctx.metrics.action("label_node", "dry_run");
+                continue;
+            }
+            let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
+            let label = self.args.model_node_label.clone();
+            tokio::spawn(async move {
+                let api: Api<Node> = Api::all(ctx.client.clone());
+                let patch = json!({"metadata": {"labels": {label: want}}});
+                if !ctx.leadership.is_leader() {
+                    return;
+                }
+                match api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(node = %name, model = ?want, "node labelled");
+                        ctx.metrics.action("label_node", "done");
+                    }
+                    Err(e) => {
+                        ctx.metrics.action("label_node", "error");
+                        ctx.metrics.error("kubernetes");
+                        tracing::warn!(node = %name, error = %e, "could not label the node");
+                    }
+                }
+                let _ = tx.send(Msg::Labelled);
+            });
+        }
+    }
+
+    // ---- preemption ---------------------------------------------------------------
+
+    fn on_preempt_tick(&mut self) {
+        if !self.leader() || self.models.is_none() || !self.pods_synced || !self.nodes_synced {
+            return;
+        }
+        let retry = self.args.preemption_retry;
+        let now = Instant::now();
+        self.preempted_for.retain(|_, at| now < *at + retry);
+        if !self.requests_in_flight {
+            self.requests_in_flight = true;
+            let (booking, tx) = (self.ctx.booking.clone(), self.tx.clone());
+            tokio::spawn(async move {
+                let _ = tx.send(Msg::Requests(booking.open_preemptions().await));
+            });
+        }
+        let pending: Vec<PodInfo> = self
+            .pending
+            .iter()
+            .filter_map(|uid| self.pods.get(uid))
+            .cloned()
+            .collect();
+        for pod in pending {
+            let Some(model) = pod.model_label.clone() else {
+                continue;
+            };
+            let needed = pod.gpu.as_ref().map_or(1, |g| g.units);
+            let keys = need_keys(Some(&pod.namespace), Some(&pod.name), pod.booking_id);
+            if keys.iter().any(|k| self.preempted_for.contains_key(k)) {
+                continue;
+            }
+            let for_whom = format!("pod {}", pod.key());
+            if let Some(victims) = self.preempt(&model, needed, &for_whom) {
+                if !victims.is_empty() {
+                    for key in keys {
+                        self.preempted_for.insert(key, now);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts preempting for `needed` units of `model`; the victims' names, or `None`
+    /// when enough units are free already.
+    fn preempt(&mut self, model: &str, needed: u64, for_whom: &str) -> Option<Vec<String>> {
+        let usage = self.usage()?;
+        let free = usage.get(model).map_or(0, Usage::free);
+        if free >= needed {
+            return None;
+        }
+        let node_models = inventory::node_models(self.nodes.values(), self.models.as_ref()?);
+        let chosen: Vec<Job> = victims::choose(
+            self.pods.values(),
+            model,
+            &node_models,
+            needed - free,
+            &self.in_flight,
+        )
+        .into_iter()
+        .map(|p| {
+            job_for(
+                p,
+                Reason::Preempted {
+                    model: model.to_owned(),
+                    for_whom: for_whom.to_owned(),
+                },
+            )
+        })
+        .collect();
+        let names = chosen
+            .iter()
+            .map(|j| format!("{}/{}", j.namespace, j.name))
+            .collect();
+        for job in chosen {
+            self.start(job);
+        }
+        Some(names)
+    }
+
+    fn on_requests(&mut self, requests: Vec<PreemptionRequest>) {
+        if !self.leader() {
+            return;
+        }
+        let now = Instant::now();
+        for req in requests {
+            if self.dry_run_requests.contains(&req.id) {
+                continue;
+            }
+            let keys = need_keys(req.namespace.as_deref(), req.pod.as_deref(), req.booking_id);
+            let who = match (&req.namespace, &req.pod, &req.user) {
+                (Some(ns), Some(pod), _) => format!("pod {ns}/{pod}"),
+                (_, _, Some(user)) => format!("user {user}"),
+                _ => format!("request {}", req.id),
+            };
+            let known = self
+                .models
+                .as_ref()
+                .is_some_and(|m| m.names.contains(&req.model));
+            let outcome = if !known {
+                format!("unknown model {}", req.model)
+            } else if keys.iter().any(|k| self.preempted_for.contains_key(k)) {
+                "already preempting for it".to_owned()
+            } else {
+                match self.preempt(&req.model, 1, &who) {
+                    None => format!("a unit of {} is free; nothing preempted", req.model),
+                    Some(v) if v.is_empty() => {
+                        format!("no low-priority pod holds a unit of {}", req.model)
+                    }
+                    Some(v) => {
+                        for key in keys {
+                            self.preempted_for.insert(key, now);
+                        }
+                        format!("preempting {}", v.join(", "))
+                    }
+                }
+            };
+            tracing::info!(request = req.id, model = %req.model, %outcome, "preemption request");
+            if self.ctx.dry_run {
+                self.dry_run_requests.insert(req.id);
+                continue;
+            }
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                if let Err(e) = ctx.booking.handle_preemption(req.id, &outcome).await {
+                    ctx.metrics.error("booking");
+                    tracing::warn!(request = req.id, error = %e, "could not close the preemption request");
+                }
+            });
+        }
+    }
+}
+
+/// The keys one need is known by, so a webhook request and the Pending pod it is
+/// about are served once.
+fn need_keys(ns: Option<&str>, pod: Option<&str>, booking: Option<i64>) -> Vec<String> {
+    let mut keys = Vec::new();
+    if let (Some(ns), Some(pod)) = (ns, pod) {
+        keys.push(format!("pod:{ns}/{pod}"));
+    }
+    if let Some(id) = booking {
+        keys.push(format!("booking:{id}"));
+    }
+    keys
+}
+
+fn job_for(info: &PodInfo, reason: Reason) -> Job {
+    Job {
+        uid: info.uid.clone(),
+        namespace: info.namespace.clone(),
+        name: info.name.clone(),
+        reason,
+    }
+}

@@ -1,0 +1,190 @@
+//! `gpu-booking controller`: the enforcement half of gpu-booking.
+//!
+//! - **Expiry**: a timer per booked pod (`gpu-booking/priority=high` with a
+//!   `terminate-at`), fired within milliseconds of that time (pods that expired while
+//!   the controller was down fire at once); `--on-expiry` recreates the pod CPU-only
+//!   (default), deletes it, or demotes it to low priority.
+//! - **Preemption**: for open requests of the booking service and for booked pods the
+//!   scheduler cannot place, the least recently used low-priority pod of the needed
+//!   model is treated like an expiry. Pods of ours that kube-scheduler preempts are
+//!   recreated CPU-only too.
+//! - **Inventory**: units per model from the nodes, units in use from the pods, pushed
+//!   to the booking service on change; each GPU node labelled with its model.
+//! - **Leader election** with a Lease; Events, audit rows, metrics, `--dry-run`.
+//!
+//! Modules: [`config`] (options), [`controller`] (the loop and its state),
+//! [`actions`] (one action on one pod), [`recreate`] (the CPU-only copy),
+//! [`inventory`] and [`victims`] (pure decisions), [`pods`] (what is kept of a pod),
+//! [`leader`], [`booking`], [`metrics`], [`clock`].
+#![forbid(unsafe_code)]
+
+pub mod actions;
+pub mod booking;
+pub mod clock;
+pub mod config;
+pub mod controller;
+pub mod inventory;
+pub mod leader;
+pub mod metrics;
+pub mod pods;
+pub mod recreate;
+pub mod victims;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::Context;
+use gpu_booking_client::{BookingClient, TokenSource};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use tokio::task::JoinHandle;
+
+pub use booking::Booking;
+pub use clock::{Clock, SharedClock, SystemClock, TokioClock};
+pub use config::{ControllerArgs, OnExpiry};
+pub use metrics::Metrics;
+
+/// A running controller (its loop and its part in the election). Dropping it stops
+/// both; actions already started finish on their own tasks.
+pub struct Controller {
+    pub metrics: Arc<Metrics>,
+    pub ready: Arc<AtomicBool>,
+    pub leadership: Arc<leader::Leadership>,
+    task: JoinHandle<()>,
+}
+
+impl Controller {
+    /// Starts the controller on `client` and `booking`, with time from `clock`.
+    pub fn start(
+        client: kube::Client,
+        booking: Arc<dyn Booking>,
+        clock: SharedClock,
+        args: &ControllerArgs,
+    ) -> anyhow::Result<Self> {
+        let cfg = args.admission_config()?;
+        let metrics = Arc::new(Metrics::new());
+        let identity = args.identity();
+        let leadership = if args.leader_elect {
+            leader::Leadership::follower(metrics.clone())
+        } else {
+            leader::Leadership::always(metrics.clone())
+        };
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "gpu-booking-controller".into(),
+                instance: Some(identity.clone()),
+            },
+        );
+        let ctx = Arc::new(actions::Ctx {
+            client: client.clone(),
+            booking,
+            recorder,
+            metrics: metrics.clone(),
+            leadership: leadership.clone(),
+            clock: clock.clone(),
+            cfg,
+            on_expiry: args.on_expiry,
+            dry_run: args.dry_run,
+            gone: actions::GoneSignals::default(),
+            gone_timeout: args.gone_timeout,
+        });
+        let ready = Arc::new(AtomicBool::new(false));
+        let main = controller::Loop::new(ctx, args.clone(), ready.clone());
+        let election = args.leader_elect.then(|| {
+            let api: Api<Lease> = Api::namespaced(client, &args.lease_namespace);
+            let cfg = leader::LeaseConfig {
+                name: args.lease_name.clone(),
+                identity,
+                duration: args.lease_duration,
+                renew: args.lease_renew,
+            };
+            leader::run(api, cfg, clock, leadership.clone())
+        });
+        let task = tokio::spawn(async move {
+            match election {
+                Some(election) => {
+                    tokio::select! {
+                        _ = election => {}
+                        _ = main.run() => {}
+                    }
+                }
+                None => main.run().await,
+            }
+        });
+        Ok(Self {
+            metrics,
+            ready,
+            leadership,
+            task,
+        })
+    }
+
+    /// Stops the loop and the election at once.
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Runs the controller until SIGTERM or Ctrl-C: in-cluster (or kubeconfig)
+/// credentials, the booking service at `--booking-url`, health and metrics on
+/// `--admin-listen`.
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    gpu_booking_api::config::init_logging(args.log_format);
+    args.admission_config()?;
+    let token = TokenSource::from_options(
+        args.service_token.as_deref(),
+        args.service_token_file.as_deref(),
+    )?;
+    let booking = BookingClient::new(
+        &args.booking_url,
+        token,
+        args.booking_timeout,
+        concat!("gpu-booking-controller/", env!("CARGO_PKG_VERSION")),
+    )?;
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster or kubeconfig)")?;
+    let admin = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+    let controller = Controller::start(client, Arc::new(booking), Arc::new(SystemClock), &args)?;
+    let router = metrics::admin_router(controller.metrics.clone(), controller.ready.clone());
+    tracing::info!(
+        admin = %args.admin_listen,
+        booking_url = %args.booking_url,
+        on_expiry = ?args.on_expiry,
+        dry_run = args.dry_run,
+        identity = %args.identity(),
+        "controller running"
+    );
+    tokio::select! {
+        served = axum::serve(admin, router) => served.context("admin server")?,
+        _ = shutdown_signal() => tracing::info!("shutting down"),
+    }
+    controller.stop();
+    Ok(())
+}
+
+/// SIGTERM (Kubernetes) or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

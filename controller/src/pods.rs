@@ -1,0 +1,287 @@
+//! What the controller keeps of each pod: a few fields, read from a lean view of the
+//! pod that the watch decodes (10,000 pods would not fit comfortably as full objects).
+
+use std::borrow::Cow;
+
+use chrono::{DateTime, Utc};
+use gpu_booking_core::admission::{
+    detect_gpu, AdmissionConfig, BOOKING_LABEL, MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::config::LAST_GPU_ACTIVITY_ANNOTATION;
+
+/// A pod with only what the controller reads: metadata, node, container resources,
+/// phase, start time and conditions. Everything else in the JSON is skipped while
+/// decoding.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct PodLite {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: SpecLite,
+    #[serde(default)]
+    pub status: StatusLite,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecLite {
+    #[serde(default)]
+    pub node_name: Option<String>,
+    #[serde(default)]
+    pub containers: Vec<ContainerLite>,
+    #[serde(default)]
+    pub init_containers: Vec<ContainerLite>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct ContainerLite {
+    #[serde(default)]
+    pub resources: Option<Value>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusLite {
+    #[serde(default)]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub start_time: Option<Time>,
+    #[serde(default)]
+    pub conditions: Vec<ConditionLite>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct ConditionLite {
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+impl kube::Resource for PodLite {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// `gpu-booking/priority`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    High,
+    Low,
+}
+
+/// The GPU resources of a pod: units per resource name, as the pod needs them at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuUse {
+    pub units: u64,
+    /// The model a per-model resource names (`nvidia.com/mig-1g.5gb`), if exactly one.
+    pub model: Option<String>,
+}
+
+/// What the controller keeps of a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub priority: Option<Priority>,
+    pub booking_id: Option<i64>,
+    /// `gpu-booking/model`: the model the webhook admitted the pod on.
+    pub model_label: Option<String>,
+    pub user: Option<String>,
+    pub terminate_at: Option<DateTime<Utc>>,
+    /// Has an owner (ReplicaSet, StatefulSet, Job ...) that recreates it.
+    pub owned: bool,
+    pub node: Option<String>,
+    pub finished: bool,
+    pub deleting: bool,
+    pub gpu: Option<GpuUse>,
+    /// When it started (or was created, before it started).
+    pub started: Option<DateTime<Utc>>,
+    /// Last GPU activity, as the node agent reported it.
+    pub last_activity: Option<DateTime<Utc>>,
+    /// kube-scheduler is evicting it for a pod of higher priority.
+    pub scheduler_preempted: bool,
+    /// The scheduler found no node for it.
+    pub unschedulable: bool,
+}
+
+fn parse_time(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s.trim())
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+impl PodInfo {
+    /// The pod as the controller sees it; `None` for a pod without a name or uid.
+    pub fn from_pod(pod: &PodLite, cfg: &AdmissionConfig) -> Option<Self> {
+        let meta = &pod.metadata;
+        let labels = meta.labels.as_ref();
+        let annotations = meta.annotations.as_ref();
+        let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+        let annotation = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
+        let priority = match label(PRIORITY_LABEL) {
+            Some("high") => Some(Priority::High),
+            Some("low") => Some(Priority::Low),
+            _ => None,
+        };
+        let resources = |list: &[ContainerLite]| -> Vec<Value> {
+            list.iter()
+                .map(|c| json!({"resources": c.resources.clone().unwrap_or(Value::Null)}))
+                .collect()
+        };
+        let view = json!({"spec": {
+            "containers": resources(&pod.spec.containers),
+            "initContainers": resources(&pod.spec.init_containers),
+        }});
+        let gpu = detect_gpu(&view, cfg).map(|req| GpuUse {
+            units: req.units,
+            model: req.model().map(|m| m.as_str().to_owned()),
+        });
+        let conditions = &pod.status.conditions;
+        let scheduler_preempted = conditions.iter().any(|c| {
+            c.type_ == "DisruptionTarget"
+                && c.status == "True"
+                && c.reason.as_deref() == Some("PreemptionByScheduler")
+        });
+        let unschedulable = conditions.iter().any(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        });
+        Some(Self {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone()?,
+            uid: meta.uid.clone()?,
+            priority,
+            booking_id: label(BOOKING_LABEL).and_then(|b| b.parse().ok()),
+            model_label: label(MODEL_LABEL).map(str::to_owned),
+            user: annotation(USERNAME_KEY)
+                .or_else(|| label(USERNAME_KEY))
+                .map(str::to_owned),
+            terminate_at: annotation(&cfg.terminate_at_annotation).and_then(parse_time),
+            owned: meta
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| !o.is_empty()),
+            node: pod.spec.node_name.clone().filter(|n| !n.is_empty()),
+            finished: matches!(pod.status.phase.as_deref(), Some("Succeeded" | "Failed")),
+            deleting: meta.deletion_timestamp.is_some(),
+            gpu,
+            started: pod
+                .status
+                .start_time
+                .as_ref()
+                .or(meta.creation_timestamp.as_ref())
+                .map(|t| t.0),
+            last_activity: annotation(LAST_GPU_ACTIVITY_ANNOTATION).and_then(parse_time),
+            scheduler_preempted,
+            unschedulable,
+        })
+    }
+
+    /// Worth keeping: it has a GPU or one of our priority labels.
+    pub fn relevant(&self) -> bool {
+        self.gpu.is_some() || self.priority.is_some()
+    }
+
+    /// A booked pod with an end, still running or waiting to.
+    pub fn expiry(&self) -> Option<DateTime<Utc>> {
+        (self.priority == Some(Priority::High) && !self.finished && !self.deleting)
+            .then_some(self.terminate_at)
+            .flatten()
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Holds GPU units on a node now.
+    pub fn holds_gpu(&self) -> bool {
+        self.node.is_some() && !self.finished && self.gpu.is_some()
+    }
+
+    /// The time that orders victims: the last GPU activity the agent reported, else
+    /// the start. Least recent goes first.
+    pub fn last_used(&self) -> Option<DateTime<Utc>> {
+        self.last_activity.or(self.started)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lite(v: Value) -> PodLite {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn reads_what_matters() {
+        let pod = lite(json!({
+            "metadata": {"name": "p", "namespace": "jhub", "uid": "u1",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"gpu-booking/priority": "high", "gpu-booking/booking": "7"},
+                "annotations": {"terminate-at": "2026-01-02T00:00:00Z",
+                    "hub.jupyter.org/username": "alice@example.com",
+                    "gpu-booking.io/last-gpu-activity": "2026-01-01T05:00:00Z"}},
+            "spec": {"nodeName": "n1",
+                "containers": [{"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                               {"name": "b", "resources": {"requests": {"nvidia.com/gpu": 1}}}],
+                "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}
+        }));
+        let info = PodInfo::from_pod(&pod, &AdmissionConfig::default()).unwrap();
+        assert_eq!(info.priority, Some(Priority::High));
+        assert_eq!(info.booking_id, Some(7));
+        assert_eq!(info.user.as_deref(), Some("alice@example.com"));
+        assert_eq!(info.gpu.as_ref().unwrap().units, 2);
+        assert_eq!(info.expiry(), parse_time("2026-01-02T00:00:00Z"));
+        assert_eq!(info.last_used(), parse_time("2026-01-01T05:00:00Z"));
+        assert!(info.scheduler_preempted && info.holds_gpu() && !info.owned);
+    }
+
+    #[test]
+    fn odd_values_are_ignored_not_fatal() {
+        let pod = lite(json!({
+            "metadata": {"name": "p", "uid": "u", "labels": {"gpu-booking/priority": "urgent", "gpu-booking/booking": "x"},
+                "annotations": {"terminate-at": "tomorrow"}},
+            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "lots"}}}]}
+        }));
+        let info = PodInfo::from_pod(&pod, &AdmissionConfig::default()).unwrap();
+        assert_eq!(
+            (info.priority, info.booking_id, info.terminate_at),
+            (None, None, None)
+        );
+        // An unreadable quantity counts as a GPU request (core errs on the safe side).
+        assert!(info.relevant());
+        assert!(PodInfo::from_pod(&PodLite::default(), &AdmissionConfig::default()).is_none());
+    }
+}

@@ -1,0 +1,180 @@
+//! The CPU-only copy of a pod: what is created in place of a pod whose GPU time is up.
+//!
+//! The GPU part is `core`'s patch planner ([`plan_cpu_only_because`], the same step the
+//! webhook uses to strip a pod): GPU resources and the VRAM budget gone from every
+//! container and init container, `NVIDIA_VISIBLE_DEVICES=none`, our labels,
+//! `terminate-at`, model node selector and our priority classes dropped. Here the
+//! copy is then made creatable: no status, no `nodeName`, no server-set metadata, and
+//! none of our other `gpu-booking` labels and annotations (but the one that says why
+//! the GPU was removed).
+
+use gpu_booking_core::admission::{plan_cpu_only_because, AdmissionConfig, GPU_REMOVED_ANNOTATION};
+use serde_json::{json, Value};
+
+/// Metadata the API server sets, which a create must not carry.
+const SERVER_METADATA: [&str; 10] = [
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "generation",
+    "selfLink",
+    "ownerReferences",
+    "finalizers",
+];
+
+/// Prefixes of our own label and annotation keys.
+const OUR_PREFIXES: [&str; 2] = ["gpu-booking/", "gpu-booking.io/"];
+
+/// Why a copy could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("the pod is not a JSON object")]
+    NotAPod,
+    #[error("the CPU-only patch does not apply: {0}")]
+    Patch(#[from] json_patch::PatchError),
+}
+
+/// The pod to create in place of `pod`: same name, namespace, labels and annotations
+/// (minus ours), spec without GPU, annotated with `reason`.
+pub fn cpu_only_copy(pod: &Value, cfg: &AdmissionConfig, reason: &str) -> Result<Value, CopyError> {
+    if !pod.is_object() {
+        return Err(CopyError::NotAPod);
+    }
+    let patch = plan_cpu_only_because(pod, cfg, reason);
+    let mut copy = pod.clone();
+    json_patch::patch(&mut copy, &patch.0)?;
+    let Some(root) = copy.as_object_mut() else {
+        return Err(CopyError::NotAPod);
+    };
+    root.remove("status");
+    root.insert("apiVersion".into(), json!("v1"));
+    root.insert("kind".into(), json!("Pod"));
+    if let Some(meta) = root.get_mut("metadata").and_then(Value::as_object_mut) {
+        for key in SERVER_METADATA {
+            meta.remove(key);
+        }
+        for map in ["labels", "annotations"] {
+            if let Some(entries) = meta.get_mut(map).and_then(Value::as_object_mut) {
+                entries.retain(|k, _| {
+                    k == GPU_REMOVED_ANNOTATION || !OUR_PREFIXES.iter().any(|p| k.starts_with(p))
+                });
+                entries.remove(&cfg.terminate_at_annotation);
+            }
+        }
+    }
+    if let Some(spec) = root.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("nodeName");
+        // Only the API server's ephemeral-container subresource may add these.
+        spec.remove("ephemeralContainers");
+    }
+    Ok(copy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_booking_core::admission::detect_gpu;
+
+    fn fixtures() -> Vec<(String, Value)> {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/fixtures/kubespawner"
+        );
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .map(|e| {
+                let text = std::fs::read_to_string(e.path()).unwrap();
+                (
+                    e.path().display().to_string(),
+                    serde_json::from_str(&text).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// A pod as the API server holds it after the webhook booked it.
+    fn booked(mut pod: Value) -> Value {
+        pod["metadata"]["uid"] = json!("u-1");
+        pod["metadata"]["resourceVersion"] = json!("42");
+        pod["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        pod["metadata"]["labels"]["gpu-booking/priority"] = json!("high");
+        pod["metadata"]["labels"]["gpu-booking/booking"] = json!("7");
+        pod["metadata"]["annotations"]["terminate-at"] = json!("2026-01-02T00:00:00Z");
+        pod["metadata"]["annotations"]["gpu-booking.io/last-gpu-activity"] =
+            json!("2026-01-01T01:00:00Z");
+        pod["spec"]["nodeName"] = json!("gpu-1");
+        pod["spec"]["nodeSelector"] = json!({"gpu-booking.io/model": "a100"});
+        pod["spec"]["priorityClassName"] = json!("gpu-booking-high");
+        pod["spec"]["priority"] = json!(1000);
+        pod["spec"]["initContainers"] = json!([{"name": "init", "image": "x",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": "1024"}}}]);
+        pod["status"] = json!({"phase": "Running", "podIP": "10.0.0.1"});
+        pod
+    }
+
+    #[test]
+    fn kubespawner_pods_lose_every_gpu() {
+        let cfg = AdmissionConfig::default();
+        let pods = fixtures();
+        let mut gpu_pods = 0;
+        for (file, pod) in pods {
+            let pod = booked(pod);
+            assert!(detect_gpu(&pod, &cfg).is_some(), "{file}");
+            gpu_pods += 1;
+            let copy = cpu_only_copy(&pod, &cfg, "booking ended").unwrap();
+            assert!(detect_gpu(&copy, &cfg).is_none(), "{file}: GPU left");
+            assert!(copy.get("status").is_none(), "{file}");
+            let meta = &copy["metadata"];
+            assert_eq!(meta["name"], pod["metadata"]["name"], "{file}");
+            for gone in ["uid", "resourceVersion", "creationTimestamp"] {
+                assert!(meta.get(gone).is_none(), "{file}: {gone}");
+            }
+            let labels = meta["labels"].as_object().unwrap();
+            assert!(
+                labels.keys().all(|k| !k.starts_with("gpu-booking")),
+                "{file}"
+            );
+            assert_eq!(
+                labels["hub.jupyter.org/username"],
+                pod["metadata"]["labels"]["hub.jupyter.org/username"]
+            );
+            let annotations = meta["annotations"].as_object().unwrap();
+            assert_eq!(annotations[GPU_REMOVED_ANNOTATION], "booking ended");
+            assert!(annotations.get("terminate-at").is_none());
+            assert!(annotations
+                .get("gpu-booking.io/last-gpu-activity")
+                .is_none());
+            let spec = &copy["spec"];
+            assert!(spec.get("nodeName").is_none() && spec.get("priority").is_none());
+            assert!(spec.get("priorityClassName").is_none());
+            assert!(spec["nodeSelector"].get("gpu-booking.io/model").is_none());
+            for list in ["containers", "initContainers"] {
+                for c in spec[list].as_array().unwrap() {
+                    let env = c["env"].as_array().unwrap();
+                    assert!(
+                        env.contains(&json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"})),
+                        "{file}"
+                    );
+                    let text = c.get("resources").map(Value::to_string).unwrap_or_default();
+                    assert!(
+                        !text.contains("nvidia.com/gpu") && !text.contains("gpumem"),
+                        "{file}: {text}"
+                    );
+                }
+            }
+        }
+        assert!(gpu_pods == 0 || gpu_pods >= 8, "fixtures: {gpu_pods}");
+    }
+
+    #[test]
+    fn not_a_pod() {
+        assert!(cpu_only_copy(&json!([1]), &AdmissionConfig::default(), "x").is_err());
+    }
+}
