@@ -4,7 +4,9 @@
 //!
 //!     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo bench -p gpu-booking-api --bench create_rate
 //!
-//! GPU_BOOKING_BENCH_SECS sets the length of each phase (default 10).
+//! GPU_BOOKING_BENCH_SECS sets the time given to each of the two (default 10), cut in
+//! GPU_BOOKING_BENCH_ROUNDS rounds (default 5) that alternate, so that a change in the
+//! machine's load hits both alike; the medians of the rounds are reported.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,27 +26,118 @@ const MODELS: usize = 8;
 async fn main() -> anyhow::Result<()> {
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let secs: u64 = std::env::var("GPU_BOOKING_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    let phase = Duration::from_secs(secs);
+    let env = |name: &str, default: u64| -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(default)
+    };
+    let (secs, rounds) = (
+        env("GPU_BOOKING_BENCH_SECS", 10),
+        env("GPU_BOOKING_BENCH_ROUNDS", 5),
+    );
+    let phase = Duration::from_secs_f64(secs as f64 / rounds as f64);
     let pool = fresh_database(&base, "gpu_booking_bench").await?;
     gpu_booking_api::MIGRATOR.run(&pool).await?;
     sqlx::query("CREATE TABLE bench_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL, at timestamptz NOT NULL)")
         .execute(&pool)
         .await?;
+    let mut creates = Creates::start(&pool, secs).await?;
 
-    let baseline = bare_inserts(&pool, phase).await?;
-    let creates = booking_creates(&pool, phase).await?;
-    println!("clients: {CLIENTS}, phase: {secs} s each, Postgres pool: 32 connections");
-    println!("bare one-row INSERT transactions: {baseline:>9.0} /s");
-    println!("booking creates over HTTP:        {creates:>9.0} /s");
+    let (mut baseline, mut created) = (Vec::new(), Vec::new());
+    let (mut baseline_cpu, mut created_cpu) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let cpu = CpuTicks::now();
+        let (b, n) = bare_inserts(&pool, phase).await?;
+        baseline_cpu.push(cpu.per_op(n));
+        let cpu = CpuTicks::now();
+        let (c, n) = creates.run(phase).await?;
+        created_cpu.push(cpu.per_op(n));
+        println!(
+            "round {round}: bare INSERTs {b:>7.0} /s, booking creates {c:>7.0} /s, ratio {:.2}",
+            c / b
+        );
+        baseline.push(b);
+        created.push(c);
+    }
+    let (baseline, created) = (median(baseline), median(created));
+    println!(
+        "clients: {CLIENTS}, {rounds} rounds of {:.1} s each, Postgres pool: 32 connections",
+        phase.as_secs_f64()
+    );
+    println!("bare one-row INSERT transactions: {baseline:>9.0} /s (median)");
+    println!("booking creates over HTTP:        {created:>9.0} /s (median)");
     println!(
         "ratio creates / inserts:          {:>9.2}",
-        creates / baseline
+        created / baseline
     );
+    println!(
+        "(booking creates refused: {})",
+        creates.refused.load(Ordering::Relaxed)
+    );
+    // CPU time per operation does not depend on what else the machine runs, which the
+    // rates do: on a machine whose cores are busy it is the fairer comparison.
+    if let (Some(b), Some(c)) = (median_opt(baseline_cpu), median_opt(created_cpu)) {
+        println!("CPU per bare INSERT (this process + Postgres): {b:>7.0} µs (median)");
+        println!("CPU per booking create (client, API, Postgres): {c:>6.0} µs (median)");
+        println!(
+            "ratio of CPU costs insert / create:          {:>7.2}",
+            b / c
+        );
+    }
     Ok(())
+}
+
+fn median_opt(v: Vec<Option<f64>>) -> Option<f64> {
+    let v: Option<Vec<f64>> = v.into_iter().collect();
+    v.filter(|v| !v.is_empty()).map(median)
+}
+
+/// CPU time used so far by this process and every `postgres` process, from /proc
+/// (Linux; `None` elsewhere). Postgres backends live as long as the pool's
+/// connections, so a difference over a phase counts that phase's server work.
+struct CpuTicks(Option<u64>);
+
+impl CpuTicks {
+    /// Linux's USER_HZ, fixed at 100 on every architecture it exposes to /proc.
+    const PER_SEC: f64 = 100.0;
+
+    fn now() -> Self {
+        let stat = |path: &std::path::Path| -> Option<(String, u64)> {
+            let text = std::fs::read_to_string(path).ok()?;
+            let (head, rest) = text.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1.to_owned();
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // Fields 14 and 15 of proc(5), utime and stime; `rest` starts at field 3.
+            let ticks =
+                fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+            Some((comm, ticks))
+        };
+        let Some((_, own)) = stat(std::path::Path::new("/proc/self/stat")) else {
+            return Self(None);
+        };
+        let postgres: u64 = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| stat(&e.path().join("stat")))
+            .filter(|(comm, _)| comm == "postgres")
+            .map(|(_, t)| t)
+            .sum();
+        Self(Some(own + postgres))
+    }
+
+    /// Microseconds of CPU per operation since `self`.
+    fn per_op(&self, ops: u64) -> Option<f64> {
+        let (before, after) = (self.0?, Self::now().0?);
+        (ops > 0).then(|| after.saturating_sub(before) as f64 / Self::PER_SEC * 1e6 / ops as f64)
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 async fn fresh_database(base: &str, name: &str) -> anyhow::Result<PgPool> {
@@ -66,7 +159,7 @@ async fn fresh_database(base: &str, name: &str) -> anyhow::Result<PgPool> {
 }
 
 /// The baseline: what this Postgres does for the smallest write transaction.
-async fn bare_inserts(pool: &PgPool, phase: Duration) -> anyhow::Result<f64> {
+async fn bare_inserts(pool: &PgPool, phase: Duration) -> anyhow::Result<(f64, u64)> {
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -89,74 +182,94 @@ async fn bare_inserts(pool: &PgPool, phase: Duration) -> anyhow::Result<f64> {
     for t in tasks {
         t.await??;
     }
-    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+    let done = done.load(Ordering::Relaxed);
+    Ok((done as f64 / started.elapsed().as_secs_f64(), done))
 }
 
 /// Booking creates through the real API: every request a new user, one of 8
 /// models with plenty of units, windows spread over five years so that almost
 /// every create is accepted (refusals are counted apart and not in the rate).
-async fn booking_creates(pool: &PgPool, phase: Duration) -> anyhow::Result<f64> {
-    let api = TestApi::start(pool.clone()).await?;
-    let admin = api.token("admin@example.com", Some("admin"));
-    let http = reqwest::Client::new();
-    for m in 0..MODELS {
-        http.put(format!("{}/api/v1/models/bench{m}", api.url))
-            .bearer_auth(&admin)
-            .json(&json!({"units": 1000, "patterns": [], "gpumem_mib": 1024}))
-            .send()
-            .await?
-            .error_for_status()?;
-    }
-    let created = Arc::new(AtomicU64::new(0));
-    let refused = Arc::new(AtomicU64::new(0));
-    // Tokens are minted before the clock starts: each request is a new user.
-    let tokens: Vec<Vec<String>> = (0..CLIENTS)
-        .map(|c| {
-            (0..4_000)
-                .map(|i| api.token(&format!("c{c}u{i}"), None))
-                .collect()
+struct Creates {
+    api: TestApi,
+    http: reqwest::Client,
+    /// Per client, the tokens of users it has not used yet.
+    tokens: Vec<Arc<std::sync::Mutex<Vec<String>>>>,
+    refused: Arc<AtomicU64>,
+}
+
+impl Creates {
+    async fn start(pool: &PgPool, secs: u64) -> anyhow::Result<Self> {
+        let api = TestApi::start(pool.clone()).await?;
+        let admin = api.token("admin@example.com", Some("admin"));
+        let http = reqwest::Client::new();
+        for m in 0..MODELS {
+            http.put(format!("{}/api/v1/models/bench{m}", api.url))
+                .bearer_auth(&admin)
+                .json(&json!({"units": 1000, "patterns": [], "gpumem_mib": 1024}))
+                .send()
+                .await?
+                .error_for_status()?;
+        }
+        // Minted before any clock starts; enough for 1,000 creates/s per client.
+        let per_client = 1_000 * secs as usize;
+        let tokens = (0..CLIENTS)
+            .map(|c| {
+                let t = (0..per_client)
+                    .map(|i| api.token(&format!("c{c}u{i}"), None))
+                    .collect();
+                Arc::new(std::sync::Mutex::new(t))
+            })
+            .collect();
+        Ok(Self {
+            api,
+            http,
+            tokens,
+            refused: Arc::new(AtomicU64::new(0)),
         })
-        .collect();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for tokens in tokens {
-        let (http, url, created, refused) = (
-            http.clone(),
-            api.url.clone(),
-            created.clone(),
-            refused.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut i = 0;
-            while started.elapsed() < phase && i < tokens.len() {
-                let (model, offset_h, days) = {
-                    let mut rng = rand::rng();
-                    (rng.random_range(0..MODELS), rng.random_range(1..5 * 365 * 24), rng.random_range(1..=14))
-                };
-                let start = Utc::now() + TimeDelta::hours(offset_h);
-                let r = http
-                    .post(format!("{url}/api/v1/bookings"))
-                    .bearer_auth(&tokens[i])
-                    .json(&json!({"model": format!("bench{model}"), "start": start, "end": start + TimeDelta::days(days)}))
-                    .send()
-                    .await?;
-                if r.status() == 201 {
-                    created.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Creates per second during one phase, and how many.
+    async fn run(&mut self, phase: Duration) -> anyhow::Result<(f64, u64)> {
+        let created = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for tokens in &self.tokens {
+            let (http, url, created, refused, tokens) = (
+                self.http.clone(),
+                self.api.url.clone(),
+                created.clone(),
+                self.refused.clone(),
+                tokens.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                while started.elapsed() < phase {
+                    let Some(token) = tokens.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.pop() else {
+                        break;
+                    };
+                    let (model, offset_h, days) = {
+                        let mut rng = rand::rng();
+                        (rng.random_range(0..MODELS), rng.random_range(1..5 * 365 * 24), rng.random_range(1..=14))
+                    };
+                    let start = Utc::now() + TimeDelta::hours(offset_h);
+                    let r = http
+                        .post(format!("{url}/api/v1/bookings"))
+                        .bearer_auth(&token)
+                        .json(&json!({"model": format!("bench{model}"), "start": start, "end": start + TimeDelta::days(days)}))
+                        .send()
+                        .await?;
+                    if r.status() == 201 {
+                        created.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
-                i += 1;
-            }
-            anyhow::Ok(())
-        }));
+                anyhow::Ok(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        let created = created.load(Ordering::Relaxed);
+        Ok((created as f64 / started.elapsed().as_secs_f64(), created))
     }
-    for t in tasks {
-        t.await??;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    println!(
-        "(booking creates refused: {})",
-        refused.load(Ordering::Relaxed)
-    );
-    Ok(created.load(Ordering::Relaxed) as f64 / elapsed)
 }

@@ -107,37 +107,41 @@ pub async fn create(
 ) -> Result<BookingRow, ApiError> {
     let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
     let mut tx = pool.begin().await?;
-    let units = lock_user_and_model(&mut tx, req.user.as_str(), req.model)
-        .await?
-        .ok_or_else(|| ApiError::unknown_model(req.model))?;
-    let units = u32::try_from(units).unwrap_or(0);
-
-    // The user's bookings and the model's bookings over the window, in one read.
-    let rows: Vec<(bool, i64, DateTime<Utc>, DateTime<Utc>, i32)> = sqlx::query_as(
-        "SELECT true, id, start_at, end_at, slot FROM booking WHERE user_name = $1 AND cancelled_at IS NULL
-         UNION ALL
-         SELECT false, id, start_at, end_at, slot FROM booking
-         WHERE model = $2 AND cancelled_at IS NULL AND period && tstzrange($3, $4, '[)')",
-    )
-    .bind(req.user.as_str())
-    .bind(req.model)
-    .bind(window.start())
-    .bind(window.end())
-    .fetch_all(&mut *tx)
-    .await?;
-    let (own, overlapping): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.0);
-    let own: Vec<Window> = own
-        .into_iter()
-        .filter_map(|r| Window::new(r.2, r.3).ok())
-        .collect();
-    let overlapping: Vec<Held> = overlapping
-        .into_iter()
-        .filter_map(|(_, id, s, e, slot)| {
-            Window::new(s, e)
-                .ok()
-                .map(|window| Held { id, window, slot })
-        })
-        .collect();
+    // The locks, then the user's bookings and the model's bookings over the window:
+    // one round trip, so the model stays locked for as little as possible.
+    let rows: Vec<(
+        String,
+        Option<i64>,
+        Option<DateTime<Utc>>,
+        Option<DateTime<Utc>>,
+        i32,
+    )> = sqlx::query_as("SELECT * FROM booking_lock_and_read($1, $2, $3, $4)")
+        .bind(req.user.as_str())
+        .bind(req.model)
+        .bind(window.start())
+        .bind(window.end())
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut units = None;
+    let mut own = Vec::new();
+    let mut overlapping = Vec::new();
+    for (kind, id, start, end, slot) in rows {
+        let held = match (id, start, end) {
+            (Some(id), Some(s), Some(e)) => {
+                Window::new(s, e)
+                    .ok()
+                    .map(|window| Held { id, window, slot })
+            }
+            _ => None,
+        };
+        match (kind.as_str(), held) {
+            ("m", _) => units = Some(u32::try_from(slot).unwrap_or(0)),
+            ("u", Some(h)) => own.push(h.window),
+            ("o", Some(h)) => overlapping.push(h),
+            _ => {}
+        }
+    }
+    let units = units.ok_or_else(|| ApiError::unknown_model(req.model))?;
 
     rules::check_user(policy, now, &window, &own, req.override_rules)?;
     let overlapping_windows: Vec<Window> = overlapping.iter().map(|h| h.window).collect();
