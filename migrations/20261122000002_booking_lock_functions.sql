@@ -44,9 +44,13 @@ BEGIN
 END
 $$;
 
--- The create's read of a model's bookings over a window. The exclusion constraint's
--- index (model, slot, period) can answer it, but the planner, with the table's
--- statistics of the moment the plan was cached, also picked (user_name, period),
--- scanning by period alone: creates got slower with every booking in the table.
-CREATE INDEX booking_model_period_idx ON booking USING gist (model, period)
-    WHERE cancelled_at IS NULL;
+-- The slot constraint's index with the period first. With the model first, GiST
+-- groups entries by a column of a handful of values, and a conflict check or a read
+-- of a model's bookings over a window walks much of the model's subtree: with
+-- 12,000 bookings on 8 models, 66 pages for such a read against 7 with the period
+-- first, and 225 pages for one booking insert's checks. The create's read of a
+-- model's bookings over its window uses this index too.
+ALTER TABLE booking
+    DROP CONSTRAINT booking_slot_excl,
+    ADD CONSTRAINT booking_slot_excl EXCLUDE USING gist (period WITH &&, model WITH =, slot WITH =)
+        WHERE (cancelled_at IS NULL) DEFERRABLE;
