@@ -6,6 +6,7 @@
 #      the newest version it knows (objects of CRDs it has no schema for are listed;
 #      tests/chart checks their fields);
 #   4. pytest tests/chart: security defaults of every pod, no secret in the defaults,
+#      every rendered option accepted by the real binary (when GPU_BOOKING_BIN is set),
 #      the webhook configuration (its CEL matchConditions evaluated on real pods), the
 #      TLS modes, RBAC, the values schema, and the README's values table.
 # Tools are installed under target/chart-tools by scripts/chart-tools.sh.
@@ -41,4 +42,4 @@ for version in 1.30.0 "$newest"; do
   echo "  $valid objects valid; no schema (CRDs): ${skipped:-none}"
 done
 
-"$py" -m pytest -q tests/chart
+"$py" -m pytest -q -p no:cacheprovider tests/chart
