@@ -384,7 +384,7 @@ impl Agent {
             let mut s: Vec<&str> = report
                 .kills
                 .iter()
-                .flat_map(|k| k.signals.iter().map(|s| *s))
+                .flat_map(|k| k.signals.iter().copied())
                 .collect();
             s.sort_unstable();
             s.dedup();

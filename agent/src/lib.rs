@@ -183,12 +183,8 @@ fn audit_sink(args: &AgentArgs) -> anyhow::Result<Arc<dyn AuditSink>> {
     Ok(Arc::new(HttpAudit::new(url, token, args.audit_timeout)?))
 }
 
-fn stopped(
-    mut rx: tokio::sync::watch::Receiver<bool>,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
-    async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    }
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
 }
 
 /// SIGTERM (Kubernetes) or Ctrl-C.

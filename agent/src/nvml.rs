@@ -142,3 +142,31 @@ fn describe_init_error(e: &NvmlError) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn says_no_nvml_when_the_library_is_missing() {
+        let missing = OsString::from("/nonexistent/libnvidia-ml.so.1");
+        let Err(e) = NvmlSampler::init(Some(&missing)) else {
+            panic!("loaded a library that does not exist");
+        };
+        let text = e.to_string();
+        assert!(text.starts_with("no NVML: "), "{text}");
+        assert!(text.contains("libnvidia-ml.so.1"), "{text}");
+    }
+
+    #[test]
+    fn the_default_library_loads_or_says_why_not() {
+        // On a GPU node this samples the real GPUs; elsewhere it must fail cleanly.
+        match NvmlSampler::init(None) {
+            Ok(nvml) => {
+                let gpus = nvml.sample().expect("NVML sample");
+                assert!(gpus.iter().all(|g| g.memory_total_bytes > 0));
+            }
+            Err(e) => assert!(e.to_string().starts_with("no NVML: "), "{e}"),
+        }
+    }
+}
