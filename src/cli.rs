@@ -32,6 +32,10 @@ pub enum Command {
     Controller(gpu_booking_controller::ControllerArgs),
     /// Run the node agent (DaemonSet): NVML sampling, idle GPU reclaim, VRAM watchdog.
     Agent(gpu_booking_agent::AgentArgs),
+    /// The webhook's TLS: keep a self-signed CA and serving certificate (or get one
+    /// from a Kubernetes signer) in Secrets and inject the CA bundle; or write dev
+    /// certificates to a folder.
+    Certs(gpu_booking_certs::CertsArgs),
     /// Run the API, the booking page and the webhook on a local Postgres, with
     /// seeded models, and print the URLs and tokens to try them.
     Demo(crate::demo::DemoArgs),
@@ -82,6 +86,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Webhook(args) => gpu_booking_webhook::run(args).await,
         Command::Controller(args) => gpu_booking_controller::run(args).await,
         Command::Agent(args) => gpu_booking_agent::run(args).await,
+        Command::Certs(args) => gpu_booking_certs::run(args).await,
         Command::Demo(args) => crate::demo::run(args).await,
     }
 }

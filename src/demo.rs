@@ -113,27 +113,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 /// Starts the webhook in the background with a fresh demo CA and serving
 /// certificate for localhost; returns the CA's path for `curl --cacert`.
 async fn start_webhook(args: &DemoArgs, service_token: &str) -> anyhow::Result<PathBuf> {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
     let dir = &args.cert_dir;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "gpu-booking demo CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
-    let mut params =
-        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "gpu-booking demo webhook");
-    let key = KeyPair::generate()?;
-    let cert = params.signed_by(&key, &ca)?;
-    let (ca_path, cert_path, key_path) =
-        (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::write(&ca_path, ca.pem())?;
-    std::fs::write(&cert_path, cert.pem())?;
-    std::fs::write(&key_path, key.serialize_pem())?;
+    // The same generator as `gpu-booking certs dev` (crate certs).
+    let names = ["localhost".to_string(), "127.0.0.1".to_string()];
+    let certs = gpu_booking_certs::pki::DevCerts::generate("gpu-booking demo CA", &names)?;
+    let paths = certs
+        .write_to(dir)
+        .with_context(|| format!("writing the demo certificates to {}", dir.display()))?;
+    let (ca_path, cert_path, key_path) = (paths.ca, paths.cert, paths.key);
 
     // The webhook's own option parser fills in every default.
     #[derive(clap::Parser)]
