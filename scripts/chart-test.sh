@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Helm chart's checks, with real helm:
 #   1. helm lint --strict, with the default values and with every file in tests/chart/values/;
-#   2. helm template of each of those (every TLS mode, every optional part on);
+#   2. helm template of each of those (every TLS mode, every optional part on), and a
+#      client-side dry-run install of each (NOTES.txt);
 #   3. kubernetes-validate --strict of every rendered object for Kubernetes 1.30 and for
 #      the newest version it knows (objects of CRDs it has no schema for are listed;
 #      tests/chart checks their fields);
@@ -28,6 +29,13 @@ for values in tests/chart/values/*.yaml; do
 done
 
 "$py" tests/chart/render.py "$out"
+
+# NOTES.txt is rendered only by install: a client-side dry run of each scenario.
+"$HELM" install gpu-booking "$chart" -n gpu-booking --dry-run=client > /dev/null
+for values in tests/chart/values/*.yaml; do
+  "$HELM" install gpu-booking "$chart" -n gpu-booking --dry-run=client -f "$values" > /dev/null
+done
+echo "NOTES.txt renders in every scenario"
 
 newest=$("$py" -c 'import kubernetes_validate.utils as u; print(u.latest_version())')
 for version in 1.30.0 "$newest"; do
