@@ -335,4 +335,54 @@ mod tests {
             let _ = parse_cgroup(text);
         }
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn uid() -> impl Strategy<Value = String> {
+            "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+        }
+
+        fn cid() -> impl Strategy<Value = String> {
+            "[0-9a-f]{64}"
+        }
+
+        proptest! {
+            /// Every kubelet path shape names its pod and container, whatever the
+            /// QoS class, runtime, driver, cgroup version and namespace prefix.
+            #[test]
+            fn every_shape_is_attributed(
+                uid in uid(),
+                cid in cid(),
+                qos in prop::sample::select(vec!["", "burstable", "besteffort"]),
+                shape in 0usize..5,
+                prefix in prop::sample::select(vec!["", "/../..", "/kubelet.slice/kubelet-kubepods.slice"]),
+            ) {
+                let u = uid.replace('-', "_");
+                let (slice, qpod) = if qos.is_empty() {
+                    (String::new(), "kubepods-pod".to_owned())
+                } else {
+                    (format!("kubepods-{qos}.slice/"), format!("kubepods-{qos}-pod"))
+                };
+                let qdir = if qos.is_empty() { String::new() } else { format!("{qos}/") };
+                let text = match shape {
+                    0 => format!("0::{prefix}/kubepods.slice/{slice}{qpod}{u}.slice/cri-containerd-{cid}.scope\n"),
+                    1 => format!("0::{prefix}/kubepods.slice/{slice}{qpod}{u}.slice/crio-{cid}.scope\n"),
+                    2 => format!("7:devices:{prefix}/kubepods.slice/{slice}{qpod}{u}.slice/docker-{cid}.scope\n0::/\n"),
+                    3 => format!("11:memory:{prefix}/kubepods/{qdir}pod{uid}/{cid}\n5:pids:{prefix}/kubepods/{qdir}pod{uid}/{cid}\n"),
+                    _ => format!("0::{prefix}/kubepods/{qdir}pod{uid}/{cid}\n"),
+                };
+                let got = parse_cgroup(&text).map_err(|e| TestCaseError::fail(format!("{text}: {e}")))?;
+                prop_assert_eq!(got.pod_uid, uid);
+                prop_assert_eq!(got.container_id, cid);
+            }
+
+            /// Any text: an answer, never a panic.
+            #[test]
+            fn never_panics(text in "(?s).{0,400}") {
+                let _ = parse_cgroup(&text);
+            }
+        }
+    }
 }
