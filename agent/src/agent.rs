@@ -154,7 +154,14 @@ struct State {
     unattributed: HashSet<(u32, u64)>,
     tracker: IdleTracker,
     under_floor: HashSet<String>,
+    /// When the watchdog last reported a dry run for a pod, so that a pod that stays
+    /// over budget under pressure is reported every [`VRAM_DRY_RUN_REPEAT`], not
+    /// every round.
+    vram_dry_runs: HashMap<String, DateTime<Utc>>,
 }
+
+/// How often a dry run of the watchdog reports the same pod again.
+pub const VRAM_DRY_RUN_REPEAT: TimeDelta = TimeDelta::minutes(10);
 
 /// The agent: its collaborators and what it remembers between ticks.
 pub struct Agent {
@@ -253,7 +260,7 @@ impl Agent {
         let idle = self.idle_candidates(&state, &usage, now);
         report.idle_candidates = idle.len();
         self.metrics.idle_candidates.set(idle.len() as i64);
-        let vram = self.vram_choices(&mut state, &samples, &usage, &idle);
+        let vram = self.vram_choices(&mut state, &samples, &usage, &idle, now);
         if idle.is_empty() && vram.is_empty() {
             return report;
         }
@@ -276,7 +283,13 @@ impl Agent {
         report.actions.sort_by(|a, b| a.pod.cmp(&b.pod));
         let mut state = self.state.lock().await;
         for action in &report.actions {
-            state.tracker.restart(&action.uid);
+            match action.kind {
+                ActionKind::IdleReclaim => state.tracker.restart(&action.uid),
+                ActionKind::VramRecycle if action.result == "dry_run" => {
+                    state.vram_dry_runs.insert(action.uid.clone(), now);
+                }
+                ActionKind::VramRecycle => {}
+            }
         }
         report
     }
@@ -597,11 +610,15 @@ impl Agent {
         samples: &[GpuSample],
         usage: &BTreeMap<String, PodUsage>,
         idle: &[String],
+        now: DateTime<Utc>,
     ) -> Vec<(usize, watchdog::Choice)> {
         let mut out: Vec<(usize, watchdog::Choice)> = Vec::new();
         if !self.cfg.vram_watchdog {
             return out;
         }
+        state
+            .vram_dry_runs
+            .retain(|_, at| now - *at < VRAM_DRY_RUN_REPEAT);
         for (gi, gpu) in samples.iter().enumerate() {
             let under = watchdog::under_floor(gpu.memory_free_bytes, self.cfg.vram_floor_mib);
             let was_under = state.under_floor.contains(&gpu.uuid);
@@ -643,6 +660,10 @@ impl Agent {
             if let Some(choice) =
                 watchdog::pick(gpu.memory_free_bytes, self.cfg.vram_floor_mib, &tenants)
             {
+                if self.cfg.vram_dry_run && state.vram_dry_runs.contains_key(&choice.uid) {
+                    tracing::debug!(uid = %choice.uid, "over budget under pressure; dry run reported recently");
+                    continue;
+                }
                 out.push((gi, choice));
             }
         }

@@ -412,6 +412,12 @@ async fn watchdog_acts_only_under_the_floor_on_the_biggest_over_budget_tenant() 
             assert!(node.running(big));
             assert_eq!(node.audit.records()[0].action, "agent.vram_recycle_dry_run");
             assert_eq!(node.cluster.events()[0].1.reason, "VRAMOverBudgetDryRun");
+            // Still over budget under pressure: reported again after ten minutes, not
+            // every round.
+            for m in 4..13 {
+                assert!(node.tick(m).await.actions.is_empty(), "minute {m}");
+            }
+            assert_eq!(node.tick(13).await.actions.len(), 1);
         } else {
             assert_eq!(a.result, "success");
             assert_eq!(node.ended_by(big).await, Some(SIGTERM));
