@@ -278,6 +278,7 @@ impl Loop {
     }
 
     fn arm(&mut self, uid: &str, after: Duration, at: Option<chrono::DateTime<chrono::Utc>>) {
+        tracing::debug!(%uid, ?after, "timer armed");
         self.cancel_timer(uid);
         let key = self.timers.insert(uid.to_owned(), after);
         self.timer_keys.insert(uid.to_owned(), (key, at));
@@ -291,6 +292,7 @@ impl Loop {
 
     /// A pod's timer: its expiry, or another look after a failed action.
     fn on_timer(&mut self, uid: String) {
+        tracing::debug!(%uid, leader = self.leader(), "timer fired");
         self.timer_keys.remove(&uid);
         let Some(info) = self.pods.get(&uid) else {
             return;
@@ -314,6 +316,7 @@ impl Loop {
     }
 
     fn on_elected(&mut self) {
+        tracing::debug!(pods = self.pods.len(), "elected: re-arming timers");
         self.reported.clear();
         self.usage_dirty = true;
         let infos: Vec<PodInfo> = self.pods.values().cloned().collect();

@@ -123,6 +123,7 @@ pub(crate) async fn handle(
             &json!({"major": "1", "minor": "30", "gitVersion": "v1.30.0-fake", "platform": "linux/amd64"}),
         );
     }
+    tracing::debug!(method = %parts.method, uri = %parts.uri, "fake API server request");
     let params = query_params(parts.uri.query());
     let Some(target) = path::parse(&path) else {
         return error_response(ApiError::new(
