@@ -41,6 +41,7 @@ pub enum FakeStep {
 struct State {
     cards: Vec<FakeCard>,
     per_process_utilization: bool,
+    card_utilization: bool,
     real: HashSet<u32>,
     failures: u32,
     samples: u64,
@@ -89,6 +90,7 @@ impl FakeGpu {
             state: Mutex::new(State {
                 cards: vec![card; cards],
                 per_process_utilization: true,
+                card_utilization: true,
                 real: HashSet::new(),
                 failures: 0,
                 samples: 0,
@@ -107,6 +109,15 @@ impl FakeGpu {
     /// per-process figures).
     pub fn without_process_utilization(self) -> Self {
         self.with(|s| s.per_process_utilization = false);
+        self
+    }
+
+    /// Cards that report no utilisation at all (neither per process nor whole card).
+    pub fn without_utilization(self) -> Self {
+        self.with(|s| {
+            s.per_process_utilization = false;
+            s.card_utilization = false;
+        });
         self
     }
 
@@ -239,7 +250,9 @@ impl GpuSampler for FakeGpu {
                         index: i as u32,
                         uuid: format!("GPU-fake-{i:04}"),
                         name: "Fake GPU".into(),
-                        utilization_percent: Some(card.util_override.or(busiest).unwrap_or(0)),
+                        utilization_percent: s
+                            .card_utilization
+                            .then(|| card.util_override.or(busiest).unwrap_or(0)),
                         memory_total_bytes: card.total_mib * MIB,
                         memory_used_bytes: used_mib.min(card.total_mib) * MIB,
                         memory_free_bytes: card.total_mib.saturating_sub(used_mib) * MIB,

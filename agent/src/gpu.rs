@@ -3,6 +3,10 @@
 
 use std::collections::HashMap;
 
+/// What [`GpuSample::process_util`] answers when the GPU reports no utilisation at
+/// all: fully busy, so that such a GPU's processes are never reclaimed as idle.
+pub const UNKNOWN_UTILIZATION: u32 = 100;
+
 /// A compute process on a GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuProcess {
@@ -62,10 +66,13 @@ impl GpuSample {
     }
 
     /// The utilisation that stands for `pid`'s activity (see [`Self::process_active`]).
+    /// A GPU that reports neither figure (some MIG and vGPU set-ups) gives
+    /// [`UNKNOWN_UTILIZATION`]: activity that cannot be seen is never taken for idleness.
     pub fn process_util(&self, pid: u32) -> u32 {
-        match &self.process_utilization {
-            Some(per_process) => per_process.get(&pid).copied().unwrap_or(0),
-            None => self.utilization_percent.unwrap_or(0),
+        match (&self.process_utilization, self.utilization_percent) {
+            (Some(per_process), _) => per_process.get(&pid).copied().unwrap_or(0),
+            (None, Some(card)) => card,
+            (None, None) => UNKNOWN_UTILIZATION,
         }
     }
 }

@@ -561,6 +561,17 @@ async fn whole_card_utilisation_when_the_gpu_has_no_per_process_figures() {
 }
 
 #[tokio::test]
+async fn a_gpu_that_reports_no_utilisation_never_looks_idle() {
+    let gpu = FakeGpu::new(1, GPU_MIB).without_utilization();
+    let mut node = Node::with_gpu(config(), vec![pod("jhub", "mig", 23).build()], gpu);
+    let pid = node.sleeper(23, 0, 0, 1_000);
+    for r in node.ticks(0, 90).await {
+        assert!(r.actions.is_empty() && r.idle_candidates == 0, "{r:?}");
+    }
+    assert!(node.running(pid));
+}
+
+#[tokio::test]
 async fn nvml_failures_and_api_outages_do_no_harm() {
     let mut node = Node::new(config(), vec![pod("jhub", "p", 22).build()]);
     let pid = node.sleeper(22, 0, 0, 1_000);
