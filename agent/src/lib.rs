@@ -57,7 +57,7 @@ use crate::procfs::ProcFs;
 /// Runs the agent until SIGTERM or Ctrl-C (or one round with `--once`).
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     gpu_booking_api::config::init_logging(args.log_format);
-    let cfg = args.agent_config()?;
+    let mut cfg = args.agent_config()?;
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -84,6 +84,18 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     let gpu: Arc<dyn GpuSampler> = Arc::new(nvml);
+    if !in_host_pid_namespace() {
+        // NVML's PIDs are host PIDs: here they would name other processes, or none.
+        tracing::error!(
+            "not in the host PID namespace (the DaemonSet needs hostPID: true): \
+             the agent only observes; reclaim and watchdog are dry runs"
+        );
+        cfg.policy.idle.dry_run = true;
+        for p in &mut cfg.policy.namespace_policies {
+            p.rule.dry_run = Some(true);
+        }
+        cfg.vram_dry_run = true;
+    }
     let client = kube::Client::try_default()
         .await
         .context("no Kubernetes client configuration (in-cluster service account or KUBECONFIG)")?;
@@ -167,6 +179,13 @@ async fn load_nvml(
             _ = stop.wait_for(|s| *s) => return Ok(None),
         }
     }
+}
+
+/// Kernel threads are visible only in the host PID namespace: `kthreadd` is PID 2
+/// there. Checked in this process's own `/proc` (signals go to PIDs of the namespace
+/// the agent runs in, whatever `--proc-root` says).
+fn in_host_pid_namespace() -> bool {
+    std::fs::read_to_string("/proc/2/comm").is_ok_and(|comm| comm.trim() == "kthreadd")
 }
 
 fn audit_sink(args: &AgentArgs) -> anyhow::Result<Arc<dyn AuditSink>> {
