@@ -40,6 +40,10 @@ async fn ac1_idle_pod_is_reclaimed_after_the_window_and_its_memory_freed() {
     assert_eq!(action.freed_bytes, 2_000 * 1024 * 1024);
     assert_eq!(node.ended_by(pid).await, Some(SIGTERM));
     assert!(!node.gpu.holds(pid), "NVML no longer lists it");
+    // What `--once` prints.
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["actions"][0]["result"], "success");
+    assert_eq!(json["actions"][0]["kind"], "idle_reclaim");
     let free = node.gpu.sample().unwrap()[0].memory_free_bytes / (1024 * 1024);
     assert_eq!(free, GPU_MIB, "its memory is free for others");
 
