@@ -16,9 +16,9 @@ use regex::Regex;
 
 use crate::agent::{AgentConfig, DEFAULT_LAST_ACTIVITY_ANNOTATION};
 use crate::policy::{
-    parse_opt_out, IdleRule, LabelMatch, NamePattern, NamespacePolicy, Policy,
-    DEFAULT_CONSECUTIVE_IDLE_SAMPLES, DEFAULT_IDLE_MINUTES, DEFAULT_OPT_OUT_ANNOTATION,
-    DEFAULT_PROCESS_ALLOWLIST, DEFAULT_UTIL_THRESHOLD_PERCENT,
+    parse_opt_out, samples_for, IdleRule, LabelMatch, NamePattern, NamespacePolicy, Policy,
+    DEFAULT_IDLE_MINUTES, DEFAULT_OPT_OUT_ANNOTATION, DEFAULT_PROCESS_ALLOWLIST,
+    DEFAULT_UTIL_THRESHOLD_PERCENT,
 };
 
 #[derive(Debug, Clone, Args)]
@@ -43,9 +43,10 @@ pub struct AgentArgs {
     #[arg(long, env = "GPU_BOOKING_AGENT_IDLE_MINUTES", default_value_t = DEFAULT_IDLE_MINUTES)]
     pub idle_minutes: u32,
 
-    /// Consecutive idle samples required as well (PRD: CONSECUTIVE_IDLE_SAMPLES).
-    #[arg(long, env = "GPU_BOOKING_AGENT_CONSECUTIVE_IDLE_SAMPLES", default_value_t = DEFAULT_CONSECUTIVE_IDLE_SAMPLES)]
-    pub consecutive_idle_samples: u32,
+    /// Consecutive idle samples required as well (PRD: CONSECUTIVE_IDLE_SAMPLES);
+    /// default: the samples that fill the idle minutes (30 at 60 s).
+    #[arg(long, env = "GPU_BOOKING_AGENT_CONSECUTIVE_IDLE_SAMPLES")]
+    pub consecutive_idle_samples: Option<u32>,
 
     /// A process at or above this utilisation is active (PRD:
     /// GPU_UTIL_THRESHOLD_PERCENT).
@@ -185,7 +186,9 @@ impl AgentArgs {
         let idle = IdleRule {
             enabled: self.idle_reclaim,
             idle_minutes: self.idle_minutes,
-            idle_samples: self.consecutive_idle_samples,
+            idle_samples: self
+                .consecutive_idle_samples
+                .unwrap_or_else(|| samples_for(self.idle_minutes, self.sample_interval)),
             util_threshold_percent: self.gpu_util_threshold_percent,
             dry_run: self.dry_run,
         };
@@ -215,6 +218,7 @@ impl AgentArgs {
                 label_allowlist: self.label_allowlist.clone(),
                 process_allowlist,
                 opt_out: self.opt_out_annotation.clone(),
+                sample_interval: self.sample_interval,
             },
             term_grace: self.term_grace,
             kill_wait: Duration::from_secs(5),
@@ -319,6 +323,21 @@ mod tests {
         assert_eq!(cfg.term_grace, Duration::from_secs(2));
         assert!(!cfg.vram_dry_run);
         assert_eq!(cfg.policy.opt_out.1, "yes");
+        assert_eq!(cfg.policy.idle.idle_samples, 300, "given explicitly");
+    }
+
+    #[test]
+    fn the_sample_count_follows_the_idle_minutes_unless_given() {
+        let idle = |extra: &[&str]| parse(extra).unwrap().agent_config().unwrap().policy.idle;
+        assert_eq!(idle(&["--idle-minutes=10"]).idle_samples, 10);
+        assert_eq!(
+            idle(&["--idle-minutes=10", "--sample-interval=30s"]).idle_samples,
+            20
+        );
+        assert_eq!(
+            idle(&["--idle-minutes=10", "--consecutive-idle-samples=3"]).idle_samples,
+            3
+        );
     }
 
     #[test]

@@ -149,24 +149,30 @@ impl NamespacePolicy {
             }
         }
         let policy = Self { pattern, rule };
-        policy
-            .apply(IdleRule {
-                enabled: true,
-                idle_minutes: 1,
-                idle_samples: 1,
-                util_threshold_percent: 1,
-                dry_run: false,
-            })
-            .validate()?;
+        let base = IdleRule {
+            enabled: true,
+            idle_minutes: 1,
+            idle_samples: 1,
+            util_threshold_percent: 1,
+            dry_run: false,
+        };
+        policy.apply(base, Duration::from_secs(60)).validate()?;
         Ok(policy)
     }
 
-    fn apply(&self, base: IdleRule) -> IdleRule {
+    /// The namespace's rule over `base`. A namespace that sets its idle minutes but
+    /// not its sample count gets the count that fills those minutes at `interval`.
+    fn apply(&self, base: IdleRule, interval: Duration) -> IdleRule {
         let r = &self.rule;
+        let idle_samples = match (r.idle_samples, r.idle_minutes) {
+            (Some(n), _) => n,
+            (None, Some(minutes)) => samples_for(minutes, interval),
+            (None, None) => base.idle_samples,
+        };
         IdleRule {
             enabled: r.enabled.unwrap_or(base.enabled),
             idle_minutes: r.idle_minutes.unwrap_or(base.idle_minutes),
-            idle_samples: r.idle_samples.unwrap_or(base.idle_samples),
+            idle_samples,
             util_threshold_percent: r
                 .util_threshold_percent
                 .unwrap_or(base.util_threshold_percent),
@@ -208,6 +214,15 @@ impl Exemption {
     }
 }
 
+/// The number of samples taken in `minutes` at `interval` (at least 1): the
+/// consecutive-idle-samples count that matches an idle window (the PRD's 30 minutes at
+/// 60 s are 30 samples).
+pub fn samples_for(minutes: u32, interval: Duration) -> u32 {
+    let interval = interval.as_secs_f64().max(0.001);
+    let n = (f64::from(minutes) * 60.0 / interval).ceil();
+    n.clamp(1.0, f64::from(u32::MAX)) as u32
+}
+
 /// Everything that decides who may be acted on.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -219,6 +234,8 @@ pub struct Policy {
     pub process_allowlist: Option<Regex>,
     /// Annotation key and the value that opts a pod out of idle reclaim.
     pub opt_out: (String, String),
+    /// The sample interval, for namespaces that set idle minutes without a count.
+    pub sample_interval: Duration,
 }
 
 impl Policy {
@@ -236,6 +253,7 @@ impl Policy {
             namespace_allowlist: vec![NamePattern("kube-system".into())],
             label_allowlist: Vec::new(),
             process_allowlist: Regex::new(DEFAULT_PROCESS_ALLOWLIST).ok(),
+            sample_interval: Duration::from_secs(60),
             opt_out: parse_opt_out(DEFAULT_OPT_OUT_ANNOTATION)
                 .unwrap_or_else(|_| ("gpu-reclaimer/enabled".into(), "false".into())),
         }
@@ -246,7 +264,7 @@ impl Policy {
         self.namespace_policies
             .iter()
             .find(|p| p.pattern.matches(namespace))
-            .map_or(self.idle, |p| p.apply(self.idle))
+            .map_or(self.idle, |p| p.apply(self.idle, self.sample_interval))
     }
 
     /// Why the pod may never be touched by anything (allowlists), if so.
@@ -387,6 +405,14 @@ mod tests {
         ];
         let dev = policy.idle_rule("dev-alice");
         assert_eq!((dev.idle_minutes, dev.idle_samples), (120, 120));
+        // Minutes alone: the count follows them.
+        policy.namespace_policies[0] = NamespacePolicy::parse("dev-*:idle-minutes=90").unwrap();
+        assert_eq!(policy.idle_rule("dev-alice").idle_samples, 90);
+        policy.sample_interval = Duration::from_secs(30);
+        assert_eq!(policy.idle_rule("dev-alice").idle_samples, 180);
+        assert_eq!(samples_for(30, Duration::from_secs(60)), 30);
+        assert_eq!(samples_for(1, Duration::from_secs(7)), 9);
+        assert_eq!(samples_for(1, Duration::from_secs(3600)), 1);
         assert_eq!(dev.util_threshold_percent, 1);
         let inf = policy.idle_rule("inference");
         assert_eq!((inf.idle_minutes, inf.dry_run), (10, true));
