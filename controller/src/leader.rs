@@ -153,7 +153,6 @@ async fn try_acquire(
                 acquire_time: Some(micro(now)),
                 renew_time: Some(micro(now)),
                 lease_transitions: Some(0),
-                ..Default::default()
             }),
         };
         return match api.create(&PostParams::default(), &lease).await {

@@ -56,12 +56,9 @@ impl Metrics {
             "Actions on pods and nodes, by kind and result",
             actions.clone(),
         );
-        let expiry_lag = Histogram::new(
-            [
-                0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
-            ]
-            .into_iter(),
-        );
+        let expiry_lag = Histogram::new([
+            0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+        ]);
         registry.register_with_unit(
             "expiry_lag",
             "Time from a booked pod's terminate-at to the action that ends it",
