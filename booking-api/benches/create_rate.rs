@@ -78,26 +78,35 @@ async fn main() -> anyhow::Result<()> {
     );
     // CPU time per operation does not depend on what else the machine runs, which the
     // rates do: on a machine whose cores are busy it is the fairer comparison.
-    if let (Some(b), Some(c)) = (median_opt(baseline_cpu), median_opt(created_cpu)) {
-        println!("CPU per bare INSERT (this process + Postgres): {b:>7.0} µs (median)");
-        println!("CPU per booking create (client, API, Postgres): {c:>6.0} µs (median)");
+    let (b_own, b_pg) = median_split(&baseline_cpu);
+    let (c_own, c_pg) = median_split(&created_cpu);
+    if let (Some(b_own), Some(b_pg), Some(c_own), Some(c_pg)) = (b_own, b_pg, c_own, c_pg) {
+        println!("CPU per bare INSERT:    {:>6.0} µs = {b_own:>4.0} this process (sqlx) + {b_pg:>4.0} Postgres (medians)", b_own + b_pg);
+        println!("CPU per booking create: {:>6.0} µs = {c_own:>4.0} this process (HTTP client, API) + {c_pg:>4.0} Postgres", c_own + c_pg);
         println!(
-            "ratio of CPU costs insert / create:          {:>7.2}",
-            b / c
+            "ratio of CPU costs insert / create: {:.2}",
+            (b_own + b_pg) / (c_own + c_pg)
         );
     }
     Ok(())
 }
 
-fn median_opt(v: Vec<Option<f64>>) -> Option<f64> {
-    let v: Option<Vec<f64>> = v.into_iter().collect();
-    v.filter(|v| !v.is_empty()).map(median)
+/// Medians of this process's and of Postgres's CPU per operation over the rounds.
+fn median_split(v: &[Option<(f64, f64)>]) -> (Option<f64>, Option<f64>) {
+    let v: Option<Vec<(f64, f64)>> = v.iter().copied().collect();
+    match v.filter(|v| !v.is_empty()) {
+        Some(v) => (
+            Some(median(v.iter().map(|p| p.0).collect())),
+            Some(median(v.iter().map(|p| p.1).collect())),
+        ),
+        None => (None, None),
+    }
 }
 
-/// CPU time used so far by this process and every `postgres` process, from /proc
+/// CPU time used so far by this process and by every `postgres` process, from /proc
 /// (Linux; `None` elsewhere). Postgres backends live as long as the pool's
 /// connections, so a difference over a phase counts that phase's server work.
-struct CpuTicks(Option<u64>);
+struct CpuTicks(Option<(u64, u64)>);
 
 impl CpuTicks {
     /// Linux's USER_HZ, fixed at 100 on every architecture it exposes to /proc.
@@ -125,13 +134,14 @@ impl CpuTicks {
             .filter(|(comm, _)| comm == "postgres")
             .map(|(_, t)| t)
             .sum();
-        Self(Some(own + postgres))
+        Self(Some((own, postgres)))
     }
 
-    /// Microseconds of CPU per operation since `self`.
-    fn per_op(&self, ops: u64) -> Option<f64> {
-        let (before, after) = (self.0?, Self::now().0?);
-        (ops > 0).then(|| after.saturating_sub(before) as f64 / Self::PER_SEC * 1e6 / ops as f64)
+    /// Microseconds of CPU per operation since `self`: (this process, Postgres).
+    fn per_op(&self, ops: u64) -> Option<(f64, f64)> {
+        let ((own0, pg0), (own1, pg1)) = (self.0?, Self::now().0?);
+        let us = |ticks: u64| ticks as f64 / Self::PER_SEC * 1e6 / ops as f64;
+        (ops > 0).then(|| (us(own1.saturating_sub(own0)), us(pg1.saturating_sub(pg0))))
     }
 }
 
