@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use gpu_booking_ops::shutdown_signal;
 
 pub use agent::{Agent, AgentConfig, TickReport};
 pub use config::AgentArgs;
@@ -204,20 +205,4 @@ fn audit_sink(args: &AgentArgs) -> anyhow::Result<Arc<dyn AuditSink>> {
 
 async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
-}
-
-/// SIGTERM (Kubernetes) or Ctrl-C.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

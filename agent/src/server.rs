@@ -1,12 +1,9 @@
 //! The plain-HTTP admin port: `/healthz`, `/readyz`, `/metrics`.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
 
@@ -14,37 +11,7 @@ use crate::metrics::Metrics;
 
 /// Liveness, readiness (sampling has started) and the metrics.
 pub fn admin_router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = ready.load(Ordering::Acquire);
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "starting (or no NVML)")
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let body = metrics.encode();
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        body,
-                    )
-                        .into_response()
-                }
-            }),
-        )
+    gpu_booking_ops::admin_router(move || metrics.encode(), ready, "starting (or no NVML)")
 }
 
 /// Serves `router` on `listener` until `shutdown` completes.
@@ -62,8 +29,9 @@ pub async fn serve(
 mod tests {
     use super::*;
     use axum::body::Body;
-    use axum::http::Request;
+    use axum::http::{Request, StatusCode};
     use http_body_util::BodyExt;
+    use std::sync::atomic::Ordering;
     use tower::ServiceExt;
 
     async fn get(router: &Router, path: &str) -> (StatusCode, String) {

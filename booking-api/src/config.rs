@@ -188,28 +188,12 @@ impl PolicyArgs {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Json,
-    Plain,
-}
+pub use gpu_booking_ops::{init_logging, LogFormat};
 
 /// Parses `24h`, `14days`, `90s`, `1day 12h` (humantime syntax).
 pub fn parse_duration(s: &str) -> Result<TimeDelta, String> {
     let d: Duration = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
     TimeDelta::from_std(d).map_err(|e| format!("{s:?}: {e}"))
-}
-
-/// Sets up `tracing` for any subcommand.
-pub fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    // A second call (tests, the demo starting several services) is harmless.
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Plain => builder.try_init(),
-    };
 }
 
 #[cfg(test)]

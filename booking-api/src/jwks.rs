@@ -73,11 +73,16 @@ impl JwksCache {
 fn usable(set: &JwkSet, kid: &str, alg: Algorithm) -> Option<DecodingKey> {
     let jwk = set.find(kid)?;
     // A key published for one algorithm family must not verify another.
-    let family_ok = match (&jwk.algorithm, alg) {
-        (jsonwebtoken::jwk::AlgorithmParameters::RSA(_), Algorithm::RS256) => true,
-        (jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_), Algorithm::ES256) => true,
-        _ => false,
-    };
+    let family_ok = matches!(
+        (&jwk.algorithm, alg),
+        (
+            jsonwebtoken::jwk::AlgorithmParameters::RSA(_),
+            Algorithm::RS256
+        ) | (
+            jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_),
+            Algorithm::ES256
+        )
+    );
     if !family_ok {
         return None;
     }

@@ -59,7 +59,12 @@ fn fill_meta(html: &str, name: &str, value: &str) -> String {
         return html.to_owned();
     };
     let end = start + html[start..].find('"').unwrap_or(0);
-    format!("{}{}{}", &html[..start], escape_attribute(value), &html[end..])
+    format!(
+        "{}{}{}",
+        &html[..start],
+        escape_attribute(value),
+        &html[end..]
+    )
 }
 
 fn escape_attribute(value: &str) -> String {
@@ -82,7 +87,10 @@ pub fn routes() -> Router<AppState> {
         .route(
             "/",
             get(|State(state): State<AppState>| async move {
-                asset("text/html; charset=utf-8", state.page.index_html.to_string())
+                asset(
+                    "text/html; charset=utf-8",
+                    state.page.index_html.to_string(),
+                )
             }),
         )
         .route(
@@ -146,7 +154,10 @@ mod tests {
             oidc_scope: "openid email".into(),
             oidc_token: OidcToken::IdToken,
         });
-        assert_eq!(meta(&page.index_html, "issuer"), "https://sso.example/realms/lab");
+        assert_eq!(
+            meta(&page.index_html, "issuer"),
+            "https://sso.example/realms/lab"
+        );
         assert_eq!(meta(&page.index_html, "client-id"), "gpu-booking");
         assert_eq!(meta(&page.index_html, "scope"), "openid email");
         assert_eq!(meta(&page.index_html, "token"), "id_token");

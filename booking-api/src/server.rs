@@ -93,21 +93,4 @@ pub async fn serve(listener: TcpListener, state: AppState) -> anyhow::Result<()>
         .context("serving the API")
 }
 
-/// Resolves on SIGTERM (Kubernetes) or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-}
+pub use gpu_booking_ops::shutdown_signal;

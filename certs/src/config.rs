@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 
 use crate::plan::Policy;
 
@@ -28,13 +28,7 @@ pub enum Mode {
     Dev(DevArgs),
 }
 
-/// Log line format.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Json,
-    #[default]
-    Plain,
-}
+pub use gpu_booking_ops::LogFormat;
 
 /// Where the certificate goes and whom it names.
 #[derive(Debug, Clone, Args)]

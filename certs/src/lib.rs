@@ -29,7 +29,8 @@ pub use config::{CertsArgs, Mode};
 pub use error::Error;
 
 use cluster::{Cluster, Injection};
-use config::{LogFormat, Target};
+use config::Target;
+use gpu_booking_ops::init_logging;
 
 /// Attempts of one run when other writers keep getting in first.
 const ATTEMPTS: u32 = 5;
@@ -129,15 +130,4 @@ async fn connect(target: &Target) -> anyhow::Result<Cluster> {
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_owned());
     Ok(Cluster::new(client, namespace))
-}
-
-fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    // A second call (tests) is harmless.
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Plain => builder.try_init(),
-    };
 }

@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use gpu_booking_client::{BookingClient, TokenSource};
+use gpu_booking_ops::shutdown_signal;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
@@ -171,20 +172,4 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     }
     controller.stop();
     Ok(())
-}
-
-/// SIGTERM (Kubernetes) or Ctrl-C.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }

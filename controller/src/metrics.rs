@@ -1,13 +1,9 @@
 //! Prometheus metrics of the controller (`gpu_booking_controller_*`) and the admin
 //! port that serves them with /healthz and /readyz.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use axum::Router;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -119,31 +115,5 @@ impl Metrics {
 
 /// `/healthz` (alive), `/readyz` (watches synced) and `/metrics`.
 pub fn admin_router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = ready.load(Ordering::Acquire);
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "starting")
-                    }
-                }
-            }),
-        )
-        .route("/metrics", get(serve_metrics))
-        .with_state(metrics)
-}
-
-async fn serve_metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        metrics.encode(),
-    )
+    gpu_booking_ops::admin_router(move || metrics.encode(), ready, "starting")
 }

@@ -14,13 +14,7 @@ use gpu_booking_core::admission::{
 };
 use gpu_booking_core::gpu_model::ModelName;
 
-/// Log line format.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Json,
-    #[default]
-    Plain,
-}
+pub use gpu_booking_ops::LogFormat;
 
 /// `--on-booking-error`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]

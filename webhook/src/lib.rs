@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
+pub use gpu_booking_ops::init_logging;
+use gpu_booking_ops::shutdown_signal;
 use tokio::net::TcpListener;
 
 pub use admit::Webhook;
@@ -129,39 +131,4 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     let served = server.serve(listener, signal).await;
     let _ = admin_task.await;
     served
-}
-
-/// SIGTERM (Kubernetes) or Ctrl-C.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-/// Installs the global subscriber (`RUST_LOG` filters, default `info`); a no-op when
-/// one is already installed (the demo runs several components in one process).
-pub fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Plain => builder.try_init(),
-    };
 }

@@ -1,15 +1,15 @@
 //! HTTP: `POST /mutate` over TLS, and the plain admin port.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -62,34 +62,7 @@ fn json_response(review: &ReviewOut) -> Response {
 
 /// Liveness, readiness and metrics, for the plain admin port.
 pub fn admin_router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = ready.load(Ordering::Acquire);
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "starting")
-                    }
-                }
-            }),
-        )
-        .route("/metrics", get(serve_metrics))
-        .with_state(metrics)
-}
-
-async fn serve_metrics(State(metrics): State<Arc<Metrics>>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        metrics.encode(),
-    )
-        .into_response()
+    gpu_booking_ops::admin_router(move || metrics.encode(), ready, "starting")
 }
 
 /// Serves `app` over TLS on `listener` until `shutdown` completes, then lets open

@@ -86,6 +86,17 @@ impl BookingRow {
     }
 }
 
+/// A row of `booking_lock_and_read` (migrations): `m` with the model's units in
+/// `o_slot`, `u` a booking of the user, `o` a booking of the model over the window.
+#[derive(sqlx::FromRow)]
+struct LockedRead {
+    o_kind: String,
+    o_id: Option<i64>,
+    o_start: Option<DateTime<Utc>>,
+    o_end: Option<DateTime<Utc>>,
+    o_slot: i32,
+}
+
 /// A booking request after authentication.
 pub struct NewBooking<'a> {
     pub user: &'a Username,
@@ -109,33 +120,28 @@ pub async fn create(
     let mut tx = pool.begin().await?;
     // The locks, then the user's bookings and the model's bookings over the window:
     // one round trip, so the model stays locked for as little as possible.
-    let rows: Vec<(
-        String,
-        Option<i64>,
-        Option<DateTime<Utc>>,
-        Option<DateTime<Utc>>,
-        i32,
-    )> = sqlx::query_as("SELECT * FROM booking_lock_and_read($1, $2, $3, $4)")
-        .bind(req.user.as_str())
-        .bind(req.model)
-        .bind(window.start())
-        .bind(window.end())
-        .fetch_all(&mut *tx)
-        .await?;
+    let rows: Vec<LockedRead> =
+        sqlx::query_as("SELECT * FROM booking_lock_and_read($1, $2, $3, $4)")
+            .bind(req.user.as_str())
+            .bind(req.model)
+            .bind(window.start())
+            .bind(window.end())
+            .fetch_all(&mut *tx)
+            .await?;
     let mut units = None;
     let mut own = Vec::new();
     let mut overlapping = Vec::new();
-    for (kind, id, start, end, slot) in rows {
-        let held = match (id, start, end) {
-            (Some(id), Some(s), Some(e)) => {
-                Window::new(s, e)
-                    .ok()
-                    .map(|window| Held { id, window, slot })
-            }
+    for row in rows {
+        let held = match (row.o_id, row.o_start, row.o_end) {
+            (Some(id), Some(s), Some(e)) => Window::new(s, e).ok().map(|window| Held {
+                id,
+                window,
+                slot: row.o_slot,
+            }),
             _ => None,
         };
-        match (kind.as_str(), held) {
-            ("m", _) => units = Some(u32::try_from(slot).unwrap_or(0)),
+        match (row.o_kind.as_str(), held) {
+            ("m", _) => units = Some(u32::try_from(row.o_slot).unwrap_or(0)),
             ("u", Some(h)) => own.push(h.window),
             ("o", Some(h)) => overlapping.push(h),
             _ => {}

@@ -1,0 +1,149 @@
+//! What every `gpu-booking` process shares, written once: the log set-up, the
+//! shutdown signal, and the plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`)
+//! of the webhook, the controller and the node agent.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use clap::ValueEnum;
+
+/// Log line format (`--log-format`, `GPU_BOOKING_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object a line, for log collectors.
+    Json,
+    /// Human-readable lines.
+    #[default]
+    Plain,
+}
+
+/// Installs the global `tracing` subscriber (`RUST_LOG` filters, default `info`). A
+/// second call is a no-op: tests, and the demo running several components in one
+/// process, call it more than once.
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Plain => builder.try_init(),
+    };
+}
+
+/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            // No SIGTERM handler to be had: Ctrl-C alone ends the process.
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+/// The content type of Prometheus' OpenMetrics text, which `prometheus-client` writes.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The admin port: `/healthz` (the process runs), `/readyz` (200 once `ready` is
+/// set, else 503 with `not_ready` as the body, which says what is awaited) and
+/// `/metrics` (whatever `metrics` encodes, as OpenMetrics text).
+pub fn admin_router<M>(metrics: M, ready: Arc<AtomicBool>, not_ready: &'static str) -> Router
+where
+    M: Fn() -> String + Clone + Send + Sync + 'static,
+{
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.load(Ordering::Acquire);
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, not_ready)
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let body = metrics();
+                async move { ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response() }
+            }),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    async fn get(app: &Router, path: &str) -> (StatusCode, String, Option<String>) {
+        let res = app
+            .clone()
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = res.status();
+        let content_type = res
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            String::from_utf8(body.to_vec()).unwrap(),
+            content_type,
+        )
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_the_flag_and_metrics_are_encoded_per_request() {
+        let ready = Arc::new(AtomicBool::new(false));
+        let scrapes = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = scrapes.clone();
+        let app = admin_router(
+            move || {
+                format!(
+                    "scrapes {}\n# EOF\n",
+                    counter.fetch_add(1, Ordering::Relaxed) + 1
+                )
+            },
+            ready.clone(),
+            "waiting for the watches",
+        );
+        assert_eq!(get(&app, "/healthz").await.0, StatusCode::OK);
+        let (status, body, _) = get(&app, "/readyz").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "waiting for the watches")
+        );
+        ready.store(true, Ordering::Release);
+        assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
+        let (status, body, content_type) = get(&app, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, "scrapes 1\n# EOF\n");
+        assert_eq!(content_type.as_deref(), Some(OPENMETRICS));
+        assert_eq!(get(&app, "/metrics").await.1, "scrapes 2\n# EOF\n");
+        assert_eq!(get(&app, "/nope").await.0, StatusCode::NOT_FOUND);
+    }
+}
