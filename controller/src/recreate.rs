@@ -79,13 +79,8 @@ mod tests {
     use gpu_booking_core::admission::detect_gpu;
 
     fn fixtures() -> Vec<(String, Value)> {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/fixtures/kubespawner"
-        );
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return Vec::new();
-        };
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/kubespawner");
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{dir}: {e}"));
         entries
             .filter_map(Result::ok)
             .filter(|e| e.path().extension().is_some_and(|x| x == "json"))

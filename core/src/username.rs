@@ -10,7 +10,7 @@
 //!   lookups by slug.
 //!
 //! Both slug functions reproduce KubeSpawner byte for byte (checked against real pod
-//! bodies in `shared/fixtures/kubespawner`), including its quirks, because their only
+//! bodies in `tests/fixtures/kubespawner`), including its quirks, because their only
 //! purpose is to compute the label KubeSpawner *did* write; see each function.
 
 use std::fmt;

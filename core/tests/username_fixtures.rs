@@ -1,4 +1,5 @@
-//! The slug functions against real KubeSpawner pod bodies (shared/fixtures/kubespawner):
+//! The slug functions against real KubeSpawner pod bodies (tests/fixtures/kubespawner,
+//! copies of the project's shared fixtures):
 //! the raw-name annotation must encode to exactly the label KubeSpawner wrote.
 
 use std::fs;
@@ -7,10 +8,7 @@ use std::path::{Path, PathBuf};
 use gpu_booking_core::username::{escape_decode, escape_encode, safe_slug, Username};
 use serde_json::Value;
 
-const FIXTURES: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/fixtures/kubespawner"
-);
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/kubespawner");
 const USERNAME: &str = "hub.jupyter.org/username";
 const SERVERNAME: &str = "hub.jupyter.org/servername";
 

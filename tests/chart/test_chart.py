@@ -319,8 +319,8 @@ def cel_program(expression):
 
 
 def fixture_pods():
-    shared = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "kubespawner"
-    files = sorted(FIXTURES.glob("*.json")) + sorted(shared.glob("*.json"))
+    kubespawner = Path(__file__).resolve().parents[1] / "fixtures" / "kubespawner"
+    files = sorted(FIXTURES.glob("*.json")) + sorted(kubespawner.glob("*.json"))
     for f in files:
         doc = json.loads(f.read_text())
         pod = doc.get("request", {}).get("object", doc)
@@ -343,6 +343,7 @@ def test_match_conditions_send_only_gpu_pods():
     match = cel_program(mwc("everything")["matchConditions"][0]["expression"])
     pods_seen = list(fixture_pods())
     assert len(pods_seen) >= 3
+    assert len([n for n, _ in pods_seen if n.startswith(("6.2.0-", "7.1.0-"))]) == 12, "KubeSpawner fixtures"
     for name, pod in pods_seen:
         wants_gpu = not ("nogpu" in name or name.startswith("no-gpu"))
         assert match(pod) == wants_gpu, name

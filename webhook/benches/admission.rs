@@ -217,7 +217,7 @@ impl Pki {
 
 fn review(uid: &str, file: &str) -> Bytes {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/kubespawner")
+        .join("../tests/fixtures/kubespawner")
         .join(file);
     let mut pod: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     pod["metadata"]["namespace"] = json!("jhub");

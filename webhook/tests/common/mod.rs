@@ -20,12 +20,12 @@ use tokio::sync::mpsc;
 
 pub const SERVICE_TOKEN: &str = "stub-service-token";
 
+/// The repository's `tests/fixtures/` (the KubeSpawner pod bodies live there).
 pub fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
 }
 
-/// A KubeSpawner request body from `tests/data/kubespawner/` (copies of
-/// `shared/fixtures/kubespawner/`).
+/// A KubeSpawner request body from `tests/fixtures/kubespawner/`.
 pub fn kubespawner(file: &str) -> Value {
     let path = data_dir().join("kubespawner").join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
