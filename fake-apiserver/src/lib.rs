@@ -42,6 +42,42 @@
 //!   `AlreadyExists` 409, `Conflict` 409, `Invalid` 422, `BadRequest` 400, `Expired`
 //!   410). `/version` answers v1.30.
 //!
+//! # Scheduler and kubelet (opt-in)
+//!
+//! A test that calls [`FakeApiServer::enable_scheduler`] gets kube-scheduler's
+//! behaviour; one that does not sees pods stay unbound, as before. After every change to
+//! pods or nodes (a request or a test hook), before the request is answered, pending
+//! pods are scheduled, so when a pod create returns it is bound or marked unschedulable.
+//!
+//! - Queue order: higher `spec.priority` first, then arrival ("Pod Priority and
+//!   Preemption"); pods of another `schedulerName` are left alone.
+//! - Filters in kube-scheduler's order: cordon, `NoSchedule`/`NoExecute` taints against
+//!   tolerations, `nodeSelector` and required node affinity (`In`, `NotIn`, `Exists`,
+//!   `DoesNotExist`, `Gt`, `Lt`, `matchFields` on `metadata.name`), then every requested
+//!   resource against `status.allocatable` minus what the node's unfinished pods hold,
+//!   terminating ones included ("Resource Management for Pods and Containers"): the
+//!   request is the sum over containers or the largest init container, sidecars and
+//!   `overhead` counted, a limit without a request counts as the request, and a resource
+//!   the node does not advertise is insufficient.
+//! - Bound: `spec.nodeName` and `PodScheduled=True`, as the binding subresource writes
+//!   them. Not: `PodScheduled=False`, reason `Unschedulable`, and kube-scheduler's message
+//!   (`0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2
+//!   Insufficient gpu-booking.io/gpumem. preemption: 0/3 nodes are available: ...`).
+//! - Preemption as DefaultPreemption does it: not for `preemptionPolicy: Never`; victims of
+//!   strictly lower priority on one node, the most important reprieved first; victims get
+//!   `DisruptionTarget` (reason `PreemptionByScheduler`) then a graceful delete, the
+//!   preemptor `status.nominatedNodeName`, and no second round while its nominated node
+//!   still has victims terminating. PodDisruptionBudgets are ignored.
+//! - Simplified: nodes are scored by free CPU and memory only (ties: first by name); no
+//!   inter-pod affinity, topology spread, ports or volumes; no backoff; no Events.
+//!
+//! [`FakeApiServer::enable_kubelet`] adds a kubelet on every node: a bound pod starts at
+//! once (`Running`, `startTime`, ready containers, `Ready`), and a graceful deletion ends
+//! after the grace period (the delete's `gracePeriodSeconds`, else the pod's
+//! `terminationGracePeriodSeconds`, else 30 s) on the tokio clock, freeing its resources.
+//! Simplified: containers always start and always use their whole grace period; no
+//! kubelet admission of pods bound straight to a full node.
+//!
 //! # Test hooks
 //!
 //! - Objects directly, without a request: [`FakeApiServer::put`] (create or replace a
@@ -58,6 +94,9 @@
 //! - Waiting without sleeping: [`FakeApiServer::wait_until`] re-checks a condition after
 //!   every request or change.
 //! - Time: [`FakeApiServer::set_clock`] for `creationTimestamp` and deletion marks.
+//! - Nodes and placement: [`FakeApiServer::add_node`] with a [`NodeBuilder`] (GPUs,
+//!   allocatable resources, labels, taints, cordon), [`FakeApiServer::pod_node`],
+//!   [`FakeApiServer::schedule_now`] (one pass, opted in or not).
 //!
 //! ```
 //! # async fn demo() {
@@ -76,9 +115,17 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod filters;
+mod kubelet;
+mod node_builder;
 mod path;
+mod preemption;
+mod resources;
+mod scheduler;
 mod select;
 mod service;
+mod sim;
+mod snapshot;
 mod status;
 mod store;
 
@@ -93,6 +140,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+pub use node_builder::NodeBuilder;
 pub use path::ResourceKey;
 pub use service::ResponseBody;
 pub use status::ApiError;
@@ -197,7 +245,10 @@ impl Shared {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn changed(&self) {
+    /// After a request or a test hook: the opt-in scheduler and kubelet act on what
+    /// changed, then waiters re-check.
+    fn changed(self: &Arc<Self>) {
+        sim::settle(self, false);
         self.notify.notify_waiters();
     }
 }
@@ -407,6 +458,48 @@ impl FakeApiServer {
         };
         self.shared.changed();
         n
+    }
+
+    /// From now on pending pods are scheduled as kube-scheduler would (see the crate
+    /// docs), after every change to pods or nodes, before the request that made it is
+    /// answered: when a pod create returns, the pod is bound or marked unschedulable.
+    pub fn enable_scheduler(&self) {
+        {
+            let mut store = self.lock();
+            store.sim.scheduler = true;
+            store.sim.dirty = true;
+        }
+        self.shared.changed();
+    }
+
+    /// From now on a minimal kubelet runs every node: bound pods start (`Running`,
+    /// ready) and graceful deletions end after the grace period on the tokio clock
+    /// (see the crate docs). [`Self::pod_gone`] and [`Self::finish_deletions`] still
+    /// end them early.
+    pub fn enable_kubelet(&self) {
+        {
+            let mut store = self.lock();
+            store.sim.kubelet = true;
+            store.sim.dirty = true;
+        }
+        self.shared.changed();
+    }
+
+    /// One scheduling pass now, whether or not [`Self::enable_scheduler`] was called.
+    pub fn schedule_now(&self) {
+        sim::settle(&self.shared, true);
+        self.shared.notify.notify_waiters();
+    }
+
+    /// Stores a node made by a [`NodeBuilder`] (pending pods may now fit).
+    pub fn add_node(&self, node: NodeBuilder) -> k8s_openapi::api::core::v1::Node {
+        self.put(&node.build())
+    }
+
+    /// The node pod `ns/name` is bound to (`spec.nodeName`), if it exists and is bound.
+    pub fn pod_node(&self, ns: &str, name: &str) -> Option<String> {
+        let pod = self.lock().get(&snapshot::pods_key(), ns, name)?;
+        scheduler::node_of(&pod)
     }
 
     /// How pods bound to a node end when deleted.
