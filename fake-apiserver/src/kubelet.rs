@@ -60,7 +60,7 @@ fn started(pod: &Value, now: &str) -> Value {
 
 /// Starts the pods bound to existing nodes and times the graceful deletions that have
 /// no timer yet.
-pub(crate) fn run(store: &mut Store, shared: &Arc<Shared>) {
+pub(crate) fn run(store: &mut Store, shared: &Shared) {
     let all = crate::select::Selector::default();
     let nodes: HashSet<String> = store
         .list(&nodes_key(), None, &all)
@@ -84,9 +84,9 @@ pub(crate) fn run(store: &mut Store, shared: &Arc<Shared>) {
                     .and_then(Value::as_i64)
                     .unwrap_or(30)
                     .max(0);
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let runtime = tokio::runtime::Handle::try_current().ok();
+                if let (Some(runtime), Some(shared)) = (runtime, shared.me.upgrade()) {
                     store.sim.timers.insert(uid.clone());
-                    let shared = shared.clone();
                     runtime.spawn(async move {
                         tokio::time::sleep(Duration::from_secs(grace.unsigned_abs())).await;
                         stopped(&shared, &ns, &name, &uid);

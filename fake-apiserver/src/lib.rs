@@ -68,6 +68,8 @@
 //!   `DisruptionTarget` (reason `PreemptionByScheduler`) then a graceful delete, the
 //!   preemptor `status.nominatedNodeName`, and no second round while its nominated node
 //!   still has victims terminating. PodDisruptionBudgets are ignored.
+//! - An unschedulable pod is retried when a node changes, a pod on a node goes away or
+//!   finishes, or its own spec changes (kube-scheduler's cluster events), not on a timer.
 //! - Simplified: nodes are scored by free CPU and memory only (ties: first by name); no
 //!   inter-pod affinity, topology spread, ports or volumes; no backoff; no Events.
 //!
@@ -131,7 +133,7 @@ mod store;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 
 use chrono::{DateTime, Utc};
@@ -238,6 +240,8 @@ impl Failure {
 pub(crate) struct Shared {
     store: Mutex<store::Store>,
     notify: Notify,
+    /// Itself, for the kubelet's timers (which outlive the request that set them).
+    me: Weak<Shared>,
 }
 
 impl Shared {
@@ -247,7 +251,7 @@ impl Shared {
 
     /// After a request or a test hook: the opt-in scheduler and kubelet act on what
     /// changed, then waiters re-check.
-    fn changed(self: &Arc<Self>) {
+    fn changed(&self) {
         sim::settle(self, false);
         self.notify.notify_waiters();
     }
@@ -288,9 +292,10 @@ fn key_for(api_version: &str, plural: &str) -> ResourceKey {
 impl FakeApiServer {
     pub fn new() -> Self {
         Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new_cyclic(|me| Shared {
                 store: Mutex::new(store::Store::new()),
                 notify: Notify::new(),
+                me: me.clone(),
             }),
         }
     }
@@ -468,6 +473,7 @@ impl FakeApiServer {
             let mut store = self.lock();
             store.sim.scheduler = true;
             store.sim.dirty = true;
+            store.sim.room = true;
         }
         self.shared.changed();
     }
@@ -487,6 +493,7 @@ impl FakeApiServer {
 
     /// One scheduling pass now, whether or not [`Self::enable_scheduler`] was called.
     pub fn schedule_now(&self) {
+        self.lock().sim.room = true;
         sim::settle(&self.shared, true);
         self.shared.notify.notify_waiters();
     }

@@ -4,9 +4,10 @@
 //! Unschedulable` with kube-scheduler's message and handed to preemption.
 //!
 //! Simplifications, one line each: nodes are scored by LeastAllocated over requested
-//! CPU and memory only (ties go to the first node by name, not a random one); there is
-//! no backoff (a pending pod is retried after every change that can matter); no
-//! inter-pod affinity, topology spread, ports or volumes; no Events are written.
+//! CPU and memory only (ties go to the first node by name, not a random one); an
+//! unschedulable pod is parked until a node changes or a pod on a node goes away or
+//! finishes (or its own spec changes), with no backoff timer; no inter-pod affinity,
+//! topology spread, ports or volumes; no Events are written.
 
 use std::sync::Arc;
 
@@ -14,8 +15,8 @@ use serde_json::{json, Value};
 
 use crate::preemption::{self, Preemption, PREEMPTION_REASON};
 use crate::resources::MILLI;
-use crate::snapshot::{pods_key, str_at, Snapshot, Verdict};
-use crate::store::{Store, Write};
+use crate::snapshot::{pending, pods_key, str_at, Snapshot, Verdict};
+use crate::store::{meta_str, Store, Write};
 
 /// kube-scheduler's `FitError` message: `0/N nodes are available: ` and every node's
 /// reasons as a histogram (`<count> <reason>`), sorted as strings, joined by `, `,
@@ -127,13 +128,13 @@ fn mark_unschedulable(
         Nomination::Keep => {}
         Nomination::Set(node) => {
             pod["status"]["nominatedNodeName"] = json!(node);
-            snap.pods[p].nominated = Some(node);
+            snap.nominate(p, Some(node));
         }
         Nomination::Clear => {
             if let Some(status) = pod["status"].as_object_mut() {
                 status.remove("nominatedNodeName");
             }
-            snap.pods[p].nominated = None;
+            snap.nominate(p, None);
         }
     }
     write(store, snap, p, pod);
@@ -183,14 +184,10 @@ fn evict(store: &mut Store, snap: &mut Snapshot, p: usize, n: usize, victims: &[
             }
         }
     }
-    let node = snap.nodes[n].name.clone();
     let priority = snap.pods[p].priority;
-    let lower: Vec<usize> = (0..snap.pods.len())
-        .filter(|&i| {
-            i != p
-                && snap.pods[i].priority < priority
-                && snap.pods[i].nominated.as_deref() == Some(node.as_str())
-        })
+    let lower: Vec<usize> = snap
+        .nominated_to(n)
+        .filter(|&i| i != p && snap.pods[i].priority < priority)
         .collect();
     for i in lower {
         let mut pod = (*snap.pods[i].obj).clone();
@@ -198,12 +195,17 @@ fn evict(store: &mut Store, snap: &mut Snapshot, p: usize, n: usize, victims: &[
             status.remove("nominatedNodeName");
         }
         write(store, snap, i, pod);
-        snap.pods[i].nominated = None;
+        snap.nominate(i, None);
     }
 }
 
-/// One scheduling attempt for pod `p`.
-fn attempt(store: &mut Store, snap: &mut Snapshot, p: usize, now: &str) {
+/// One scheduling attempt for pod `p`; whether it was bound.
+fn attempt(store: &mut Store, snap: &mut Snapshot, p: usize, now: &str) -> bool {
+    try_bind(store, snap, p, now);
+    snap.pods[p].node.is_some()
+}
+
+fn try_bind(store: &mut Store, snap: &mut Snapshot, p: usize, now: &str) {
     if let Err(why) = &snap.pods[p].request {
         let message = format!("fake scheduler: the pod's resources cannot be read: {why}");
         mark_unschedulable(store, snap, p, &message, Nomination::Keep, now);
@@ -264,6 +266,18 @@ fn attempt(store: &mut Store, snap: &mut Snapshot, p: usize, now: &str) {
 
 /// Schedules every pending pod once, in queue order.
 pub(crate) fn run(store: &mut Store) {
+    // Most changes (a bind, a pod starting, a pod parked again) leave nothing to try:
+    // then no snapshot is taken.
+    if !store.sim.room {
+        let parked = &store.sim.parked;
+        let any = store
+            .list(&pods_key(), None, &Default::default())
+            .iter()
+            .any(|p| pending(p) && !meta_str(p, "uid").is_some_and(|uid| parked.contains(uid)));
+        if !any {
+            return;
+        }
+    }
     let mut snap = Snapshot::take(store);
     let now = crate::store::timestamp(store.now());
     // Arrival order stands in for the queue's timestamp (creation times have only
@@ -275,6 +289,10 @@ pub(crate) fn run(store: &mut Store) {
         pending.iter().map(|&p| snap.pods[p].uid.as_str()).collect();
     let sim = &mut store.sim;
     sim.arrivals.retain(|uid, _| waiting.contains(uid.as_str()));
+    if std::mem::take(&mut sim.room) {
+        sim.parked.clear();
+    }
+    sim.parked.retain(|uid| waiting.contains(uid.as_str()));
     for &p in &pending {
         if !sim.arrivals.contains_key(&snap.pods[p].uid) {
             sim.next_arrival += 1;
@@ -282,7 +300,10 @@ pub(crate) fn run(store: &mut Store) {
                 .insert(snap.pods[p].uid.clone(), sim.next_arrival);
         }
     }
-    let mut queue = pending;
+    let mut queue: Vec<usize> = pending
+        .into_iter()
+        .filter(|&p| !sim.parked.contains(&snap.pods[p].uid))
+        .collect();
     queue.sort_by_key(|&p| {
         let pod = &snap.pods[p];
         (
@@ -292,7 +313,9 @@ pub(crate) fn run(store: &mut Store) {
         )
     });
     for p in queue {
-        attempt(store, &mut snap, p, &now);
+        if !attempt(store, &mut snap, p, &now) {
+            store.sim.parked.insert(snap.pods[p].uid.clone());
+        }
     }
 }
 

@@ -3,9 +3,12 @@
 //! answered, until nothing more changes.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+
+use serde_json::Value;
 
 use crate::path::ResourceKey;
+use crate::snapshot::{finished, str_at};
+use crate::store::{meta_str, Change, ChangeKind};
 use crate::{kubelet, scheduler, Shared};
 
 /// Rounds of scheduling and kubelet work after one change; each round only acts on
@@ -23,6 +26,25 @@ pub(crate) struct Sim {
     pub next_arrival: u64,
     /// Pods (uids) whose graceful deletion is being timed.
     pub timers: HashSet<String>,
+    /// Pods (uids) found unschedulable, parked until something can make room, as
+    /// kube-scheduler's unschedulable pool holds them until a cluster event.
+    pub parked: HashSet<String>,
+    /// Something happened that can make room (a node changed, a pod on a node went
+    /// away or finished, a nomination was dropped): every parked pod is retried.
+    pub room: bool,
+}
+
+fn bound(pod: &Value) -> bool {
+    !str_at(pod, "/spec/nodeName").is_empty()
+}
+
+/// Holds resources on a node.
+fn holds(pod: &Value) -> bool {
+    bound(pod) && !finished(pod)
+}
+
+fn nominated(pod: &Value) -> bool {
+    !str_at(pod, "/status/nominatedNodeName").is_empty()
 }
 
 impl Sim {
@@ -30,11 +52,40 @@ impl Sim {
     pub fn watches(resource: &ResourceKey) -> bool {
         resource.prefix == "/api/v1" && matches!(resource.plural.as_str(), "pods" | "nodes")
     }
+
+    /// Takes note of a stored change: something to do, and whether parked pods may
+    /// now fit. A new pending pod, a bind, a pod starting or being marked for deletion
+    /// make no room (a terminating pod still holds what it had).
+    pub fn note(&mut self, change: &Change) {
+        if !Self::watches(&change.resource) {
+            return;
+        }
+        self.dirty = true;
+        if change.resource.plural == "nodes" {
+            self.room = true;
+            return;
+        }
+        let now = &change.object;
+        match (change.kind, &change.old) {
+            (ChangeKind::Deleted, _) => self.room |= holds(now) || nominated(now),
+            (ChangeKind::Modified, Some(old)) => {
+                self.room |= holds(old) && !holds(now);
+                self.room |= nominated(old) && !nominated(now) && !bound(now);
+                // A pending pod changed by its owner (tolerations, say) is retried.
+                if !bound(now) && old.get("spec") != now.get("spec") {
+                    if let Some(uid) = meta_str(now, "uid") {
+                        self.parked.remove(uid);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Runs the enabled parts until the cluster is settled (`force`: at least one
 /// scheduling pass, enabled or not).
-pub(crate) fn settle(shared: &Arc<Shared>, force: bool) {
+pub(crate) fn settle(shared: &Shared, force: bool) {
     let mut store = shared.lock();
     let mut force = force;
     for _ in 0..MAX_ROUNDS {

@@ -45,16 +45,8 @@ impl PodView {
         self.obj.pointer("/metadata/deletionTimestamp").is_some()
     }
 
-    /// Waiting to be scheduled: not bound, not being deleted, not finished, and for
-    /// the default scheduler (pods naming another `schedulerName` are not ours).
     pub fn pending(&self) -> bool {
-        let bound = !str_at(&self.obj, "/spec/nodeName").is_empty();
-        let scheduler = str_at(&self.obj, "/spec/schedulerName");
-        !bound
-            && self.obj.get("spec").is_some_and(Value::is_object)
-            && !self.terminating()
-            && !finished(&self.obj)
-            && (scheduler.is_empty() || scheduler == "default-scheduler")
+        pending(&self.obj)
     }
 
     /// When it started (`status.startTime`); a pod that has not started counts as
@@ -81,10 +73,25 @@ pub(crate) struct NodeView {
 pub(crate) struct Snapshot {
     pub pods: Vec<PodView>,
     pub nodes: Vec<NodeView>,
+    /// The pods with a nominated node (few), so that checking a node does not walk
+    /// every pod.
+    nominees: Vec<usize>,
 }
 
 pub(crate) fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Waiting to be scheduled: not bound, not being deleted, not finished, and for the
+/// default scheduler (pods naming another `schedulerName` are not ours).
+pub(crate) fn pending(pod: &Value) -> bool {
+    let bound = !str_at(pod, "/spec/nodeName").is_empty();
+    let scheduler = str_at(pod, "/spec/schedulerName");
+    !bound
+        && pod.get("spec").is_some_and(Value::is_object)
+        && pod.pointer("/metadata/deletionTimestamp").is_none()
+        && !finished(pod)
+        && (scheduler.is_empty() || scheduler == "default-scheduler")
 }
 
 pub(crate) fn finished(pod: &Value) -> bool {
@@ -130,6 +137,7 @@ impl Snapshot {
         let mut snap = Snapshot {
             pods: Vec::new(),
             nodes,
+            nominees: Vec::new(),
         };
         for obj in store.list(&pods_key(), None, &all) {
             let node_name = str_at(&obj, "/spec/nodeName");
@@ -151,9 +159,13 @@ impl Snapshot {
                 nominated,
                 obj,
             };
+            let p = snap.pods.len();
+            if view.nominated.is_some() {
+                snap.nominees.push(p);
+            }
             snap.pods.push(view);
             if let Some(n) = node {
-                snap.place(snap.pods.len() - 1, n);
+                snap.place(p, n);
             }
         }
         snap
@@ -173,7 +185,25 @@ impl Snapshot {
         node.pods += 1;
         node.members.push(p);
         self.pods[p].node = Some(n);
-        self.pods[p].nominated = None;
+        self.nominate(p, None);
+    }
+
+    /// Records pod `p`'s nominated node (`None`: no nomination).
+    pub fn nominate(&mut self, p: usize, node: Option<String>) {
+        self.nominees.retain(|&i| i != p);
+        if node.is_some() {
+            self.nominees.push(p);
+        }
+        self.pods[p].nominated = node;
+    }
+
+    /// The pods nominated to node `n`.
+    pub fn nominated_to(&self, n: usize) -> impl Iterator<Item = usize> + '_ {
+        let name = self.nodes[n].name.as_str();
+        self.nominees
+            .iter()
+            .copied()
+            .filter(move |&i| self.pods[i].nominated.as_deref() == Some(name))
     }
 
     /// Stops counting pod `p` where it was (it is gone).
@@ -203,13 +233,9 @@ impl Snapshot {
         let node = &self.nodes[n];
         let mut used = used.clone();
         let mut count = count;
-        for (i, other) in self.pods.iter().enumerate() {
-            if i != p
-                && other.node.is_none()
-                && other.priority >= pod.priority
-                && other.nominated.as_deref() == Some(node.name.as_str())
-                && other.pending()
-            {
+        for i in self.nominated_to(n) {
+            let other = &self.pods[i];
+            if i != p && other.node.is_none() && other.priority >= pod.priority && other.pending() {
                 resources::add_to(&mut used, &other.request());
                 count += 1;
             }

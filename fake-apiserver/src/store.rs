@@ -151,7 +151,7 @@ impl Store {
 
     /// Records a change and hands it to every watch that selects it.
     fn publish(&mut self, change: Change) {
-        self.sim.dirty |= crate::sim::Sim::watches(&change.resource);
+        self.sim.note(&change);
         self.watches.retain(|w| match w.line(&change) {
             Some(line) => w.tx.send(line).is_ok(),
             None => !w.tx.is_closed(),

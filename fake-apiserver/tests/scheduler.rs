@@ -433,17 +433,24 @@ async fn preemption_evicts_exactly_one_victim_the_newest_of_equal_priority() {
     let victim = get(&server, "lent-new");
     assert_eq!(victim.metadata.deletion_grace_period_seconds, Some(30));
     assert_eq!(nominated(&server, "booked").as_deref(), Some("gpu-1"));
-    // The victim's change puts the preemptor back in the queue at once (as its update
-    // event would), and it waits instead of preempting again.
-    let waiting = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. \
-         preemption: not eligible due to a terminating pod on the nominated node.";
-    assert_eq!(unschedulable(&server, "booked"), waiting);
+    assert_eq!(
+        unschedulable(&server, "booked"),
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    );
 
-    // While the victim terminates, more changes come: still no second round.
+    // While the victim terminates, other changes come; one that makes the scheduler
+    // retry the preemptor (a node update) finds it waiting, not preempting again.
     create(&server, pod("unrelated")).await;
+    server.modify::<Node>(None, "gpu-1", |n| {
+        n["metadata"]["labels"]["touched"] = json!("yes")
+    });
     assert!(!terminating(&server, "lent-old"));
     assert_eq!(nominated(&server, "booked").as_deref(), Some("gpu-1"));
-    assert_eq!(unschedulable(&server, "booked"), waiting);
+    assert_eq!(
+        unschedulable(&server, "booked"),
+        "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. \
+         preemption: not eligible due to a terminating pod on the nominated node."
+    );
 
     // The grace period passes on the tokio clock: the victim is gone, the booked pod runs.
     tokio::time::advance(Duration::from_secs(29)).await;
@@ -731,4 +738,34 @@ async fn unreadable_quantities_leave_the_pod_pending_with_a_reason() {
     create(&server, requests(pod("p"), &[("cpu", "lots")])).await;
     assert_eq!(server.pod_node(NS, "p"), None);
     assert!(unschedulable(&server, "p").contains("cpu is not a quantity"));
+}
+
+/// A spawn storm: 200 GPU pods at once on 4 nodes of 2 GPUs. Every GPU is used exactly
+/// once, never twice; the rest wait with the reason.
+#[tokio::test]
+async fn spawn_storm_never_overcommits_a_gpu() {
+    let server = scheduled_server();
+    server.enable_kubelet();
+    server.keep_request_log(false);
+    for n in 0..4 {
+        server.add_node(NodeBuilder::new(&format!("gpu-{n}")).gpus(2));
+    }
+    let creates =
+        (0..200).map(|i| create(&server, limits(pod(&format!("nb-{i:03}")), &[(GPU, "1")])));
+    futures::future::join_all(creates).await;
+    let pods = server.list::<Pod>(Some(NS));
+    let mut per_node = std::collections::BTreeMap::<String, usize>::new();
+    for p in &pods {
+        match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            Some(node) => *per_node.entry(node).or_default() += 1,
+            None => {
+                let name = p.metadata.name.as_deref().unwrap_or_default();
+                assert!(unschedulable(&server, name)
+                    .starts_with("0/4 nodes are available: 4 Insufficient nvidia.com/gpu."));
+            }
+        }
+    }
+    let expected: std::collections::BTreeMap<String, usize> =
+        (0..4).map(|n| (format!("gpu-{n}"), 2)).collect();
+    assert_eq!(per_node, expected);
 }
