@@ -951,3 +951,196 @@ async fn without_enable_admission_nothing_is_called() {
     );
     assert!(hook.reviews().is_empty());
 }
+
+/// A KubeSpawner request body from the repository's `tests/fixtures/kubespawner/`,
+/// its numeric quantities (`4.0`, `0.5`) written as the API server stores them
+/// (`"4"`, `"500m"`): the fake does not canonicalize quantities.
+fn kubespawner(file: &str) -> Pod {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/kubespawner")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut pod: Value = serde_json::from_str(&text).unwrap();
+    for list in ["containers", "initContainers"] {
+        for c in pod["spec"][list].as_array_mut().into_iter().flatten() {
+            for section in ["requests", "limits"] {
+                for q in c["resources"][section]
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|m| m.values_mut())
+                {
+                    if let Some(f) = q.as_f64() {
+                        *q = if f.fract() == 0.0 {
+                            json!(format!("{}", f as i64))
+                        } else {
+                            json!(format!("{}m", (f * 1000.0).round() as i64))
+                        };
+                    }
+                }
+            }
+        }
+    }
+    serde_json::from_value(pod).unwrap()
+}
+
+/// A booking service that knows one user, Bob.Smith (not booked, a6000 free); everyone
+/// else is not booked and finds nothing free.
+async fn stub_booking() -> String {
+    async fn schedulability(
+        axum::extract::Query(q): axum::extract::Query<std::collections::BTreeMap<String, String>>,
+    ) -> Json<Value> {
+        let gpumem = json!({"a100": 40960, "a6000": 49152});
+        let bob = q.values().any(|v| v == "Bob.Smith");
+        Json(json!({
+            "schedulable": false, "until": null, "model": null, "booking_id": null,
+            "user": if bob { json!("Bob.Smith") } else { Value::Null },
+            "free": {"a100": 0, "a6000": if bob { 3 } else { 0 }},
+            "gpumem_mib": gpumem, "earliest_booking": "2099-12-14T00:00:00Z"
+        }))
+    }
+    let app = Router::new()
+        .route("/api/v1/schedulability", axum::routing::get(schedulability))
+        .route(
+            "/api/v1/audit",
+            post(|| async { axum::http::StatusCode::CREATED }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn the_real_webhook_behind_the_charts_configuration() {
+    // This repository's webhook over HTTPS, configured as the chart renders it, with
+    // the chart's PriorityClasses: its low-priority patch must survive the Priority
+    // plugin's second look, and a pod stripped of its GPU comes back with the warning.
+    let server = FakeApiServer::new();
+    server.enable_admission();
+    priority_class(
+        &server,
+        "gpu-booking-high",
+        1000,
+        "PreemptLowerPriority",
+        false,
+    );
+    priority_class(&server, "gpu-booking-low", -10, "Never", false);
+    let service_name = "gpu-booking-webhook.gpu-booking.svc";
+    let certs = DevCerts::generate("gpu-booking webhook CA", &[service_name.into()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let paths = certs.write_to(dir.path()).unwrap();
+    let args = gpu_booking_webhook::WebhookArgs::with_defaults(
+        paths.cert,
+        paths.key,
+        stub_booking().await,
+        "service-token".into(),
+    );
+    let webhook = Arc::new(gpu_booking_webhook::WebhookServer::from_args(&args).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    server.register_service(
+        "gpu-booking",
+        "gpu-booking-webhook",
+        443,
+        listener.local_addr().unwrap(),
+    );
+    tokio::spawn({
+        let webhook = webhook.clone();
+        async move { webhook.serve(listener, std::future::pending()).await }
+    });
+    let mut config = chart_shaped(&certs.ca_pem, "Fail");
+    config["clientConfig"]["service"]["name"] = json!("gpu-booking-webhook");
+    configure(&server, "gpu-booking", vec![config]);
+    let hub = server.client_as(
+        "system:serviceaccount:jhub:hub",
+        &["system:serviceaccounts"],
+    );
+    let pods: Api<Pod> = Api::namespaced(hub, "jhub");
+
+    let bob = pods
+        .create(
+            &PostParams::default(),
+            &kubespawner("7.1.0-Bob.Smith-gpu.json"),
+        )
+        .await
+        .unwrap();
+    let stored = server
+        .get::<Pod>(Some("jhub"), &bob.metadata.name.unwrap())
+        .unwrap();
+    assert_eq!(
+        stored.metadata.labels.as_ref().unwrap()["gpu-booking/priority"],
+        "low"
+    );
+    let spec = stored.spec.unwrap();
+    assert_eq!(spec.priority_class_name.as_deref(), Some("gpu-booking-low"));
+    assert_eq!(
+        (spec.priority, spec.preemption_policy.as_deref()),
+        (Some(-10), Some("Never"))
+    );
+
+    let nobody = pods
+        .create(&PostParams::default(), &kubespawner("7.1.0-a-b-gpu.json"))
+        .await
+        .unwrap();
+    let limits = nobody.spec.unwrap().containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .limits
+        .unwrap_or_default();
+    assert!(!limits.contains_key("nvidia.com/gpu"), "{limits:?}");
+    let log = server.admission_log();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert!(
+        log.iter().all(|r| r.allowed && r.error.is_none()),
+        "{log:?}"
+    );
+    assert_eq!(log[1].warnings.len(), 1, "{log:?}");
+
+    // The fixtures without a GPU never reach it.
+    pods.create(
+        &PostParams::default(),
+        &kubespawner("7.1.0-alice-at-example.com-nogpu.json"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(server.admission_log().len(), 2);
+}
+
+/// What admission costs a create: 200 GPU pods through the chart-shaped configuration
+/// (CEL condition, HTTPS call, patch, Priority twice). Prints; asserts nothing about
+/// time. `cargo test -p gpu-booking-fake-apiserver --test admission -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_creates_through_admission() {
+    let server = FakeApiServer::new();
+    server.enable_admission();
+    priority_class(&server, "gpu-booking-low", -10, "Never", false);
+    let hook = Hook::service(&server, |_| {
+        patch(json!([
+            {"op": "add", "path": "/spec/priorityClassName", "value": "gpu-booking-low"},
+            {"op": "remove", "path": "/spec/priority"},
+            {"op": "remove", "path": "/spec/preemptionPolicy"}
+        ]))
+    })
+    .await;
+    configure(
+        &server,
+        "gpu-booking",
+        vec![chart_shaped(&hook.ca_pem, "Fail")],
+    );
+    let n = 200;
+    for (label, admission) in [("with admission", true), ("without (cpu pods)", false)] {
+        let started = std::time::Instant::now();
+        for i in 0..n {
+            let p = if admission {
+                gpu_pod(&format!("gpu-{i}"))
+            } else {
+                pod(&format!("cpu-{i}"), json!({}))
+            };
+            create(&server, "jhub", &p).await.unwrap();
+        }
+        let per = started.elapsed() / n;
+        println!("{label}: {n} sequential creates, {per:?} each");
+    }
+    assert_eq!(hook.reviews().len(), n as usize);
+}

@@ -2,7 +2,7 @@
 //! rules, namespaceSelector, objectSelector, matchConditions).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, RuleWithOperations};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector as LabelSelectorSpec;
@@ -105,11 +105,35 @@ fn to_cel(value: &Value) -> cel::Value {
     }
 }
 
+/// Compiled CEL expressions by source: a spawn storm evaluates the same condition for
+/// every pod, and parsing costs more than evaluating.
+#[derive(Default)]
+pub struct Programs(Mutex<HashMap<String, Arc<Result<cel::Program, String>>>>);
+
+impl Programs {
+    fn get(&self, source: &str) -> Arc<Result<cel::Program, String>> {
+        let mut programs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        programs
+            .entry(source.to_owned())
+            .or_insert_with(|| {
+                Arc::new(
+                    cel::Program::compile(source).map_err(|e| format!("compilation failed: {e}")),
+                )
+            })
+            .clone()
+    }
+}
+
 /// Evaluates a webhook's matchConditions with the variables `object`, `oldObject` and
 /// `request` (the AdmissionRequest without its objects). Simplification: `authorizer`
 /// is not provided (an expression that uses it fails to evaluate), and expressions are
 /// compiled here rather than checked when the configuration is written.
-pub fn evaluate_conditions(hook: &MutatingWebhook, object: &Value, request: &Value) -> Conditions {
+pub fn evaluate_conditions(
+    programs: &Programs,
+    hook: &MutatingWebhook,
+    object: &Value,
+    request: &Value,
+) -> Conditions {
     let conditions = hook.match_conditions.as_deref().unwrap_or_default();
     if conditions.is_empty() {
         return Conditions::Call;
@@ -120,9 +144,10 @@ pub fn evaluate_conditions(hook: &MutatingWebhook, object: &Value, request: &Val
     context.add_variable_from_value("request", to_cel(request));
     let mut first_error = None;
     for condition in conditions {
-        let outcome = cel::Program::compile(&condition.expression)
-            .map_err(|e| format!("compilation failed: {e}"))
-            .and_then(|program| program.execute(&context).map_err(|e| e.to_string()));
+        let outcome = match &*programs.get(&condition.expression) {
+            Ok(program) => program.execute(&context).map_err(|e| e.to_string()),
+            Err(e) => Err(e.clone()),
+        };
         match outcome {
             Ok(cel::Value::Bool(false)) => return Conditions::Skip,
             Ok(cel::Value::Bool(true)) => {}
@@ -234,7 +259,8 @@ mod tests {
         };
         let obj = json!({"metadata": {"name": "p"}, "spec": {"priority": 0}});
         let req = json!({"operation": "CREATE", "userInfo": {"username": "u"}});
-        let eval = |exprs: &[&str]| evaluate_conditions(&with(exprs), &obj, &req);
+        let programs = Programs::default();
+        let eval = |exprs: &[&str]| evaluate_conditions(&programs, &with(exprs), &obj, &req);
         assert_eq!(eval(&[]), Conditions::Call);
         assert_eq!(
             eval(&[

@@ -76,6 +76,7 @@ struct Inner {
 pub(crate) struct State {
     inner: Mutex<Inner>,
     clients: call::Clients,
+    programs: matching::Programs,
 }
 
 impl State {
@@ -266,6 +267,7 @@ fn ignores_failures(hook: &MutatingWebhook) -> bool {
 /// Whether `hook` is to be called for this request: rules, namespaceSelector,
 /// objectSelector, then matchConditions (Err: the request ends).
 fn should_call(
+    programs: &matching::Programs,
     hook: &MutatingWebhook,
     attrs: &Attributes,
     object: &Value,
@@ -291,7 +293,7 @@ fn should_call(
     if !obj_ok {
         return Ok(false);
     }
-    match matching::evaluate_conditions(hook, object, &attrs.request("")) {
+    match matching::evaluate_conditions(programs, hook, object, &attrs.request("")) {
         Conditions::Call => Ok(true),
         Conditions::Skip => Ok(false),
         Conditions::Error(_) if ignores_failures(hook) => Ok(false),
@@ -316,7 +318,7 @@ async fn run_webhooks(
     let services = state.lock().services.clone();
     for (config, hook) in &snap.hooks {
         let key = hook_key(config, hook);
-        if !should_call(hook, attrs, object, &snap.namespace_labels)? {
+        if !should_call(&state.programs, hook, attrs, object, &snap.namespace_labels)? {
             continue;
         }
         if round == 1 && !reinvocation.reinvoke.contains(&key) {
