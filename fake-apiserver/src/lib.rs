@@ -25,7 +25,8 @@
 //!   sends). A modification that makes an object leave (enter) a watch's selection is
 //!   sent as `DELETED` (`ADDED`). `timeoutSeconds` ends the stream. No bookmarks.
 //! - **get**, **create** (`409 AlreadyExists`, `generateName`, `uid`,
-//!   `creationTimestamp`, `resourceVersion`; new pods get `status.phase: Pending`),
+//!   `creationTimestamp`, `resourceVersion`; new pods get `status.phase: Pending`;
+//!   `?dryRun=All` answers what would be stored and stores nothing),
 //!   **replace** (`409 Conflict` on a stale `metadata.resourceVersion`), **patch**
 //!   (`application/json-patch+json` as RFC 6902; merge, strategic-merge and apply
 //!   patches all as RFC 7386 merge patches, so lists are replaced whole; an apply patch
@@ -79,6 +80,58 @@
 //! `terminationGracePeriodSeconds`, else 30 s) on the tokio clock, freeing its resources.
 //! Simplified: containers always start and always use their whole grace period; no
 //! kubelet admission of pods bound straight to a full node.
+//! # Admission (opt-in: [`FakeApiServer::enable_admission`])
+//!
+//! A create then runs kube-apiserver's mutating admission before it is stored
+//! ("Admission Controllers", "Dynamic Admission Control"): the `Priority` plugin
+//! (`priorityClassName`, else the lowest `globalDefault` class, else 0, resolved to
+//! `spec.priority` and `spec.preemptionPolicy`; 403 `Forbidden` for an unknown class or
+//! a disagreeing priority or policy; `system-node-critical` and
+//! `system-cluster-critical` always exist), then every webhook of the stored
+//! `admissionregistration.k8s.io/v1` `MutatingWebhookConfiguration`s, configurations by
+//! name, webhooks in order; if a webhook changed the object, a second round re-runs
+//! `Priority` (so a webhook that sets a class must remove the priority it found) and
+//! the `IfNeeded` webhooks that ran before the change.
+//!
+//! - Matching: `rules` (operations, groups, versions, resources with `*`, `*/*`,
+//!   `pods/*`, `*/status`, scope), `namespaceSelector` (the namespace's stored labels
+//!   plus `kubernetes.io/metadata.name`; a Namespace being created is matched on its
+//!   own labels; other cluster-scoped objects always match), `objectSelector`, and
+//!   `matchConditions` in CEL (the `cel` crate) over `object`, `oldObject`, `request`;
+//!   a false condition skips the webhook, an error skips it (`Ignore`) or refuses the
+//!   request with 403 (`Fail`).
+//! - The call: an HTTPS POST of an `admission.k8s.io/v1` AdmissionReview (uid, kind,
+//!   resource, name, namespace, operation, `userInfo`, object, dryRun, options) to
+//!   `https://<service>.<namespace>.svc:<port><path>?timeout=<n>s`, the certificate
+//!   checked against `caBundle` for that name, or to `clientConfig.url`;
+//!   `timeoutSeconds` (default 10) enforced. Services are found through
+//!   [`FakeApiServer::register_service`].
+//! - Failures to call (unregistered service, TLS, timeout, HTTP error, an answer of the
+//!   wrong version, kind or uid, a bad patch type or undecodable patch): `Ignore` goes
+//!   on unchanged; `Fail` answers 500 `Internal error occurred: failed calling webhook
+//!   "<name>": ...`. A patch that does not apply is a 500 whatever the policy, as in
+//!   the real dispatcher.
+//! - `allowed: false`: the webhook's status, `admission webhook "<name>" denied the
+//!   request: <message>`, code 400 or more. `warnings` become `Warning: 299 - "<text>"`
+//!   headers (also on a refusal). Every call is in [`FakeApiServer::admission_log`].
+//! - `?dryRun=All`: the review says `dryRun: true`, and a webhook whose `sideEffects` is
+//!   not `None`/`NoneOnDryRun` refuses the request (400 `does not support dry run`).
+//! - Identity: the review's `userInfo` is whoever the request's impersonation headers
+//!   name ([`FakeApiServer::client_as`]), else `system:admin` in `system:masters`.
+//!
+//! Simplifications, each a line:
+//! - Only creates are admitted; updates, patches and deletes skip admission.
+//! - No built-in plugin but `Priority` (no defaulting, no ServiceAccount, no
+//!   DefaultTolerationSeconds, no LimitRanger), and no validating webhooks.
+//! - `matchPolicy` is ignored: only the exact group/version/resource matches.
+//! - CEL has no `authorizer` variable, and expressions are compiled at each call, not
+//!   checked when the configuration is stored.
+//! - Webhooks are never called for `admissionregistration.k8s.io` objects (as in the
+//!   real server), and the reinvocation round runs at most once (the real one too).
+//! - A dry-run create answers without `resourceVersion`.
+//! - Webhook calls use real sockets and tokio timers: under a paused clock
+//!   (`start_paused`) the timeout fires as soon as the runtime idles, so admission tests
+//!   run on the real clock.
 //!
 //! # Test hooks
 //!
@@ -120,6 +173,7 @@
 mod filters;
 mod kubelet;
 mod node_builder;
+mod admission;
 mod path;
 mod preemption;
 mod resources;
@@ -132,6 +186,7 @@ mod status;
 mod store;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
@@ -143,6 +198,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 pub use node_builder::NodeBuilder;
+pub use admission::{AdmissionRecord, UserInfo};
 pub use path::ResourceKey;
 pub use service::ResponseBody;
 pub use status::ApiError;
@@ -242,6 +298,7 @@ pub(crate) struct Shared {
     notify: Notify,
     /// Itself, for the kubelet's timers (which outlive the request that set them).
     me: Weak<Shared>,
+    admission: admission::State,
 }
 
 impl Shared {
@@ -296,6 +353,7 @@ impl FakeApiServer {
                 store: Mutex::new(store::Store::new()),
                 notify: Notify::new(),
                 me: me.clone(),
+                admission: admission::State::default(),
             }),
         }
     }
@@ -315,7 +373,40 @@ impl FakeApiServer {
     pub fn service(&self) -> FakeService {
         FakeService {
             shared: self.shared.clone(),
+            user: None,
         }
+    }
+
+    /// A client whose requests are made as `username` in `groups` (plus
+    /// `system:authenticated`): it sends the impersonation headers
+    /// (`Impersonate-User`, `Impersonate-Group`), and admission webhooks see that user in
+    /// the review's `userInfo`. [`Self::client`] acts as `system:admin`.
+    pub fn client_as(&self, username: &str, groups: &[&str]) -> kube::Client {
+        let service = FakeService {
+            shared: self.shared.clone(),
+            user: Some(Arc::new(UserInfo::new(username, groups))),
+        };
+        kube::Client::new(service, "default")
+    }
+
+    /// From now on a create runs the admission chain as kube-apiserver does before it
+    /// is stored: the `Priority` plugin, then the webhooks of the stored
+    /// `MutatingWebhookConfiguration`s (see the crate docs, "Admission").
+    pub fn enable_admission(&self) {
+        self.shared.admission.enable();
+    }
+
+    /// Where the webhook service `namespace/name` on `port` (its `clientConfig.service`)
+    /// really listens: the fake's stand-in for cluster DNS and the service proxy.
+    pub fn register_service(&self, namespace: &str, name: &str, port: u16, addr: SocketAddr) {
+        self.shared
+            .admission
+            .register_service(namespace, name, port, addr);
+    }
+
+    /// Every webhook call so far, in order.
+    pub fn admission_log(&self) -> Vec<AdmissionRecord> {
+        self.shared.admission.log()
     }
 
     fn lock(&self) -> MutexGuard<'_, store::Store> {
@@ -581,6 +672,8 @@ impl FakeApiServer {
 #[derive(Clone)]
 pub struct FakeService {
     shared: Arc<Shared>,
+    /// Who the requests are from ([`FakeApiServer::client_as`]); `None`: the admin.
+    user: Option<Arc<UserInfo>>,
 }
 
 impl tower::Service<http::Request<kube::client::Body>> for FakeService {
@@ -592,7 +685,10 @@ impl tower::Service<http::Request<kube::client::Body>> for FakeService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<kube::client::Body>) -> Self::Future {
+        if let Some(user) = &self.user {
+            user.stamp(req.headers_mut());
+        }
         let shared = self.shared.clone();
         Box::pin(async move { Ok(service::handle(shared, req).await) })
     }
