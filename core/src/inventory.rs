@@ -334,6 +334,12 @@ impl ModelInventory {
     }
 }
 
+/// Whether the cards counted disagree with the units an admin declared (shown in
+/// `GET /models` and alerted). Nothing counted yet is no disagreement.
+pub fn units_mismatch(declared_units: i64, cards: Option<i64>) -> bool {
+    cards.is_some_and(|cards| cards != declared_units)
+}
+
 /// Every model's inventory from the nodes (with the `gpumem` each advertises now,
 /// read from its status) and the pods holding GPUs. Every model of `models` appears.
 pub fn model_inventory<'a>(
@@ -733,6 +739,17 @@ mod tests {
         assert_eq!(five[&name("t4")].in_use, 2);
         let many = model_inventory([("t4", &t4, Some(1))], pods("t4", 50), &models, &c);
         assert_eq!(many[&name("t4")].in_use, 2, "never more than the cards");
+    }
+
+    #[test]
+    fn mismatch_only_when_counted_and_different() {
+        assert!(!units_mismatch(4, None));
+        assert!(!units_mismatch(4, Some(4)));
+        assert!(
+            units_mismatch(4, Some(1)),
+            "a time-sliced card counted once"
+        );
+        assert!(units_mismatch(0, Some(2)));
     }
 
     proptest! {
