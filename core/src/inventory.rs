@@ -775,5 +775,35 @@ mod tests {
                 .then(|| cards * memory.saturating_sub(reserve));
             prop_assert_eq!(inv.gpumem_mib, expected);
         }
+
+        /// However many pods hold however many replicas, a model never has more cards
+        /// in use than cards, and pods on nodes that are gone count nothing.
+        #[test]
+        fn in_use_never_exceeds_cards(cards in 1u64..8, replicas in 1u64..8,
+                                      pods in proptest::collection::vec((0usize..3, 1u64..6), 0..24)) {
+            let c = cfg(&[("t4", &["*T4*"])]);
+            let node = facts(
+                &[
+                    ("nvidia.com/gpu.product", "Tesla-T4-SHARED"),
+                    ("nvidia.com/gpu.replicas", &replicas.to_string()),
+                ],
+                &[("nvidia.com/gpu", cards * replicas)],
+            );
+            let inv = node_inventory(&node, &c);
+            let names = ["n1", "n2", "gone"];
+            let models = [name("t4")];
+            let out = model_inventory(
+                [("n1", &inv, None), ("n2", &inv, None)],
+                pods.iter().map(|&(n, units)| PodGpus { node: names[n], model: None, units }),
+                &models,
+                &c,
+            );
+            let t4 = out[&name("t4")];
+            prop_assert_eq!(t4.cards, 2 * cards);
+            prop_assert!(t4.in_use <= t4.cards);
+            let on = |n: usize| pods.iter().filter(|p| p.0 == n).map(|p| p.1).sum::<u64>();
+            let expected = on(0).div_ceil(replicas).min(cards) + on(1).div_ceil(replicas).min(cards);
+            prop_assert_eq!(t4.in_use, expected);
+        }
     }
 }
