@@ -60,7 +60,7 @@ pub struct ControllerArgs {
     pub on_expiry: OnExpiry,
 
     /// Log and count what would be done; change nothing (no deletes, creates, patches,
-    /// node labels, events, usage reports or audit rows).
+    /// node labels or status, events, usage reports or audit rows).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_DRY_RUN", default_value_t = false)]
     pub dry_run: bool,
 
