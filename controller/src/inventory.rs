@@ -16,7 +16,7 @@ use gpu_booking_core::admission::parse_quantity;
 use gpu_booking_core::gpu_model::{ModelCatalog, ModelName, ModelPattern};
 use gpu_booking_core::inventory::{
     model_inventory, node_inventory, InventoryConfig, ModelInventory, NodeFacts, NodeInventory,
-    PodGpus, NVIDIA_LABEL_PREFIX,
+    PodGpus, NVIDIA_LABEL_PREFIX, NVML_MEMORY_LABEL,
 };
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{json, Map, Value};
@@ -139,7 +139,11 @@ impl NodeInfo {
         let gfd_labels = labels
             .map(|l| {
                 l.iter()
-                    .filter(|(k, _)| k.starts_with(NVIDIA_LABEL_PREFIX) || *k == product_label)
+                    .filter(|(k, _)| {
+                        k.starts_with(NVIDIA_LABEL_PREFIX)
+                            || *k == product_label
+                            || *k == NVML_MEMORY_LABEL
+                    })
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect()
             })

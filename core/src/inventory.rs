@@ -38,6 +38,10 @@ pub const SHARED_SUFFIX: &str = "-SHARED";
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 /// Label prefix of the node facts the inventory reads (all of GFD's labels).
 pub const NVIDIA_LABEL_PREFIX: &str = "nvidia.com/";
+/// Memory per whole card in MiB as NVML reports it, when the node carries it (written
+/// by a node agent, or by an admin on a node without GFD); preferred over GFD's
+/// `nvidia.com/gpu.memory` for whole cards.
+pub const NVML_MEMORY_LABEL: &str = "gpu-booking.io/gpu-memory-mib";
 
 /// How a node's cards are named and counted; one value for the whole controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,7 +277,11 @@ pub fn node_inventory(facts: &NodeFacts, cfg: &InventoryConfig) -> NodeInventory
             resource: resource.to_owned(),
             units,
             replicas,
-            memory_mib: label_u64(facts, &format!("{resource}.memory")).filter(|&m| m > 0),
+            memory_mib: (!mig)
+                .then(|| label_u64(facts, NVML_MEMORY_LABEL))
+                .flatten()
+                .or_else(|| label_u64(facts, &format!("{resource}.memory")))
+                .filter(|&m| m > 0),
             mig,
         });
     }
@@ -481,6 +489,19 @@ mod tests {
         );
         assert_eq!(units(&inv), [("a100", 2)]);
         assert_eq!(inv.gpumem_mib, None, "memory unknown: nothing advertised");
+        // NVML's total, where the node carries it, wins over GFD's label.
+        let inv = node_inventory(
+            &facts(
+                &[
+                    ("nvidia.com/gpu.product", "A100-PCIE-40GB"),
+                    ("nvidia.com/gpu.memory", "40960"),
+                    (NVML_MEMORY_LABEL, "40326"),
+                ],
+                &[("nvidia.com/gpu", 2)],
+            ),
+            &c,
+        );
+        assert_eq!(inv.gpumem_mib, Some(2 * (40326 - 512)));
     }
 
     #[test]
