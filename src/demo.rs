@@ -179,7 +179,11 @@ async fn seed(pool: &PgPool) -> anyhow::Result<()> {
             position: None,
         };
         models::upsert(pool, spec, now).await?;
-        models::set_usage(pool, name, in_use, None, now).await?;
+        let usage = models::UsageReport {
+            in_use,
+            ..models::UsageReport::default()
+        };
+        models::set_usage(pool, name, &usage, now).await?;
     }
     Ok(())
 }
