@@ -15,6 +15,7 @@ mod call;
 mod identity;
 mod matching;
 mod priority;
+mod quantity;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -413,26 +414,28 @@ fn group_version(resource: &ResourceKey) -> (String, String) {
     }
 }
 
-/// Runs the admission chain on the object of a create. `None` when admission is off.
+/// What happens to the object of a create before it is stored: its numeric pod
+/// quantities become canonical strings (always, as the API server's decoding does),
+/// then the admission chain runs (when the test switched it on).
 pub(crate) async fn admit_create(
     shared: &Shared,
     target: &Target,
     mut object: Value,
     user: UserInfo,
     dry_run: bool,
-) -> Option<Outcome> {
-    let state = &shared.admission;
-    if !state.enabled() {
-        return None;
-    }
+) -> Outcome {
     let (group, version) = group_version(&target.resource);
+    if group.is_empty() && target.resource.plural == "pods" && target.subresource.is_none() {
+        quantity::canonicalize_pod(&mut object);
+    }
+    let state = &shared.admission;
     // Webhooks are never called for webhook configurations themselves (so that a bad
     // webhook cannot lock its own configuration).
-    if group == "admissionregistration.k8s.io" {
-        return Some(Outcome {
+    if !state.enabled() || group == "admissionregistration.k8s.io" {
+        return Outcome {
             result: Ok(object),
             warnings: Vec::new(),
-        });
+        };
     }
     if let (Some(ns), Some(meta)) = (&target.namespace, object.get_mut("metadata")) {
         if meta.is_object() && meta.get("namespace").is_none() {
@@ -470,7 +473,7 @@ pub(crate) async fn admit_create(
     let result = chain(state, &snap, &attrs, &mut object, &mut warnings)
         .await
         .map(|()| object);
-    Some(Outcome { result, warnings })
+    Outcome { result, warnings }
 }
 
 async fn chain(
