@@ -1174,3 +1174,26 @@ async fn kubespawner_quantities_are_stored_canonical_with_or_without_admission()
         );
     }
 }
+
+#[tokio::test]
+async fn a_webhook_that_is_down_follows_the_failure_policy() {
+    // Nothing listens behind the service: Fail refuses, Ignore admits unchanged.
+    let server = FakeApiServer::new();
+    server.enable_admission();
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    server.register_service(HOOK_NS, HOOK_SVC, 443, closed);
+    let ca = DevCerts::generate("CA", &["hook.gpu-booking.svc".into()])
+        .unwrap()
+        .ca_pem;
+    configure(&server, "c", vec![chart_shaped(&ca, "Fail")]);
+    let e = create(&server, "jhub", &gpu_pod("a")).await.unwrap_err();
+    assert_eq!(e.code, 500);
+    assert!(e.message.starts_with("Internal error occurred: failed calling webhook \"pods.gpu-booking.io\": failed to call webhook: Post"), "{}", e.message);
+    configure(&server, "c", vec![chart_shaped(&ca, "Ignore")]);
+    let created = create(&server, "jhub", &gpu_pod("b")).await.unwrap();
+    assert_eq!(created.spec.unwrap().priority, Some(0));
+    assert_eq!(server.admission_log().len(), 2);
+}

@@ -231,10 +231,11 @@ pub async fn call(
         Err(e) => return Err(failed(chain(&e))),
     };
     let code = response.status();
-    let body = match tokio::time::timeout(Duration::from_secs(timeout), response.bytes()).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(e)) => return Err(failed(chain(&e))),
-        Err(_) => return Err(failed("context deadline exceeded".into())),
+    // reqwest's timeout runs until the body is read, as the API server's context does.
+    let body = match response.bytes().await {
+        Ok(body) => body,
+        Err(e) if e.is_timeout() => return Err(failed("context deadline exceeded".into())),
+        Err(e) => return Err(failed(chain(&e))),
     };
     if !code.is_success() {
         return Err(failed(format!(
