@@ -33,16 +33,6 @@ pub struct Answer {
     pub warnings: Vec<String>,
 }
 
-/// `Internal error occurred: ...` (500), as `apierrors.NewInternalError` writes it.
-pub fn internal_error(message: &str) -> ApiError {
-    ApiError::new(
-        500,
-        "InternalError",
-        format!("Internal error occurred: {message}"),
-        json!({"causes": [{"message": message}]}),
-    )
-}
-
 /// The error a refusal becomes: the webhook's status, its message prefixed with who
 /// denied the request, never a code under 400 (the server's `ToStatusErr`).
 pub fn refusal(webhook: &str, status: &Value) -> ApiError {

@@ -280,7 +280,7 @@ fn should_call(
     // Cluster-scoped objects other than namespaces never skip a webhook by namespace.
     if !namespace_labels.is_null() {
         let ns_ok = matching::selector_matches(hook.namespace_selector.as_ref(), namespace_labels)
-            .map_err(|e| call::internal_error(&e))?;
+            .map_err(|e| ApiError::internal(&e))?;
         if !ns_ok {
             return Ok(false);
         }
@@ -290,7 +290,7 @@ fn should_call(
         .cloned()
         .unwrap_or_else(|| json!({}));
     let obj_ok = matching::selector_matches(hook.object_selector.as_ref(), &labels)
-        .map_err(|e| call::internal_error(&e))?;
+        .map_err(|e| ApiError::internal(&e))?;
     if !obj_ok {
         return Ok(false);
     }
@@ -298,7 +298,7 @@ fn should_call(
         Conditions::Call => Ok(true),
         Conditions::Skip => Ok(false),
         Conditions::Error(_) if ignores_failures(hook) => Ok(false),
-        Conditions::Error(e) => Err(priority::forbidden(
+        Conditions::Error(e) => Err(ApiError::forbidden(
             &attrs.group_resource(),
             &attrs.name,
             &e,
@@ -365,7 +365,7 @@ async fn run_webhooks(
                     tracing::warn!(webhook = %hook.name, %message, "fake API server: failing open");
                     continue;
                 }
-                return Err(call::internal_error(&message));
+                return Err(ApiError::internal(&message));
             }
         };
         record.allowed = answer.allowed;
@@ -384,7 +384,7 @@ async fn run_webhooks(
             // A patch that does not apply is the server's internal error, whatever the
             // failurePolicy (as the real dispatcher treats it).
             json_patch::patch(&mut patched, patch)
-                .map_err(|e| call::internal_error(&e.to_string()))?;
+                .map_err(|e| ApiError::internal(&e.to_string()))?;
             if patched != *object {
                 *object = patched;
                 reinvocation.changed();
