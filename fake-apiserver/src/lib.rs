@@ -26,7 +26,9 @@
 //!   sent as `DELETED` (`ADDED`). `timeoutSeconds` ends the stream. No bookmarks.
 //! - **get**, **create** (`409 AlreadyExists`, `generateName`, `uid`,
 //!   `creationTimestamp`, `resourceVersion`; new pods get `status.phase: Pending`;
-//!   `?dryRun=All` answers what would be stored and stores nothing),
+//!   `?dryRun=All` answers what would be stored and stores nothing; a pod's numeric
+//!   resource quantities, as KubeSpawner sends them, are stored as canonical strings:
+//!   `4.0` -> `"4"`, `0.5` -> `"500m"`; other objects' quantities are left alone),
 //!   **replace** (`409 Conflict` on a stale `metadata.resourceVersion`), **patch**
 //!   (`application/json-patch+json` as RFC 6902; merge, strategic-merge and apply
 //!   patches all as RFC 7386 merge patches, so lists are replaced whole; an apply patch
@@ -120,7 +122,9 @@
 //!   name ([`FakeApiServer::client_as`]), else `system:admin` in `system:masters`.
 //!
 //! Simplifications, each a line:
-//! - Only creates are admitted; updates, patches and deletes skip admission.
+//! - Only creates through the API are admitted; updates, patches, deletes and the
+//!   test hooks ([`FakeApiServer::put`] and the like) skip admission.
+//! - Reviews are always `admission.k8s.io/v1`, whatever `admissionReviewVersions` lists.
 //! - No built-in plugin but `Priority` (no defaulting, no ServiceAccount, no
 //!   DefaultTolerationSeconds, no LimitRanger), and no validating webhooks.
 //! - `matchPolicy` is ignored: only the exact group/version/resource matches.
