@@ -279,6 +279,19 @@ async fn extended_resource_limit_without_request_counts_as_the_request() {
     assert!(unschedulable(&server, "e").starts_with("0/1 nodes are available: 1 Insufficient cpu."));
 }
 
+/// A node takes at most `allocatable.pods` pods (NodeResourcesFit's "Too many pods").
+#[tokio::test]
+async fn allocatable_pods_caps_how_many_pods_a_node_takes() {
+    let server = scheduled_server();
+    server.add_node(NodeBuilder::new("tiny").allocatable("pods", "1"));
+    create(&server, pod("first")).await;
+    create(&server, pod("second")).await;
+    assert_eq!(server.pod_node(NS, "first").as_deref(), Some("tiny"));
+    assert!(
+        unschedulable(&server, "second").starts_with("0/1 nodes are available: 1 Too many pods.")
+    );
+}
+
 /// The effective request is the larger of the containers' sum and the largest init
 /// container ("Resource sharing within containers" in "Init Containers").
 #[tokio::test]
