@@ -626,16 +626,17 @@ async fn preemption_picks_one_node_with_the_least_important_victims() {
     }
 }
 
-/// The room a preemption made goes to the preemptor, not to a lower-priority pod that
-/// arrived meanwhile.
+/// The room a preemption made is kept for the preemptor: while it waits for its last
+/// victim, a lower-priority pod that arrives does not take the part already freed (the
+/// nominated pod counts on its node, "Pod Priority and Preemption").
 #[tokio::test]
 async fn room_made_by_preemption_is_kept_for_the_preemptor() {
     let server = scheduled_server();
-    server.add_node(NodeBuilder::new("gpu-1").gpus(1));
+    server.add_node(NodeBuilder::new("gpu-1").gpus(2));
     create(
         &server,
         priority(
-            limits(pod("lent"), &[(GPU, "1")]),
+            limits(pod("lent-1"), &[(GPU, "1")]),
             0,
             "PreemptLowerPriority",
         ),
@@ -644,19 +645,38 @@ async fn room_made_by_preemption_is_kept_for_the_preemptor() {
     create(
         &server,
         priority(
-            limits(pod("booked"), &[(GPU, "1")]),
+            limits(pod("lent-2"), &[(GPU, "1")]),
+            0,
+            "PreemptLowerPriority",
+        ),
+    )
+    .await;
+    create(
+        &server,
+        priority(
+            limits(pod("booked"), &[(GPU, "2")]),
             1000,
             "PreemptLowerPriority",
         ),
     )
     .await;
-    assert!(terminating(&server, "lent"));
+    assert!(terminating(&server, "lent-1") && terminating(&server, "lent-2"));
+    assert_eq!(nominated(&server, "booked").as_deref(), Some("gpu-1"));
+    server.pod_gone(NS, "lent-1");
+    // One GPU is free, but it is the booked pod's.
     create(
         &server,
-        priority(limits(pod("sneaky"), &[(GPU, "1")]), 10, "Never"),
+        priority(
+            limits(pod("sneaky"), &[(GPU, "1")]),
+            10,
+            "PreemptLowerPriority",
+        ),
     )
     .await;
-    server.pod_gone(NS, "lent");
+    assert_eq!(server.pod_node(NS, "sneaky"), None);
+    assert!(unschedulable(&server, "sneaky")
+        .starts_with("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."));
+    server.pod_gone(NS, "lent-2");
     assert_eq!(server.pod_node(NS, "booked").as_deref(), Some("gpu-1"));
     assert_eq!(server.pod_node(NS, "sneaky"), None);
 }
@@ -781,4 +801,36 @@ async fn spawn_storm_never_overcommits_a_gpu() {
     let expected: std::collections::BTreeMap<String, usize> =
         (0..4).map(|n| (format!("gpu-{n}"), 2)).collect();
     assert_eq!(per_node, expected);
+}
+
+/// An unschedulable pod is retried when its own spec changes (here a toleration is
+/// added), not only when nodes or other pods change.
+#[tokio::test]
+async fn a_pending_pod_given_a_toleration_is_retried() {
+    let server = scheduled_server();
+    server.add_node(
+        NodeBuilder::new("gpu-1")
+            .gpus(1)
+            .taint("dedicated", "ml", "NoSchedule"),
+    );
+    create(&server, limits(pod("p"), &[(GPU, "1")])).await;
+    assert!(unschedulable(&server, "p").contains("untolerated taint {dedicated: ml}"));
+    let pods: Api<Pod> = Api::namespaced(server.client(), NS);
+    let toleration = json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}});
+    pods.patch("p", &PatchParams::default(), &Patch::Merge(toleration))
+        .await
+        .unwrap();
+    assert_eq!(server.pod_node(NS, "p").as_deref(), Some("gpu-1"));
+}
+
+/// Pods for another scheduler (`spec.schedulerName`) are left alone.
+#[tokio::test]
+async fn pods_of_another_scheduler_are_left_alone() {
+    let server = scheduled_server();
+    server.add_node(NodeBuilder::new("n1"));
+    let mut other = pod("other");
+    other["spec"]["schedulerName"] = json!("volcano");
+    create(&server, other).await;
+    assert_eq!(server.pod_node(NS, "other"), None);
+    assert!(condition(&server, "other", "PodScheduled").is_none());
 }
