@@ -223,6 +223,10 @@ async fn issue_11_gpumem_budget_without_an_advertising_node_is_unschedulable_unt
     create(&server, budgeted).await;
     assert_eq!(server.pod_node(NS, "jupyter-alice"), None);
     assert_eq!(
+        server.unschedulable_reason(NS, "jupyter-alice"),
+        Some(unschedulable(&server, "jupyter-alice"))
+    );
+    assert_eq!(
         unschedulable(&server, "jupyter-alice"),
         "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \
          2 Insufficient gpu-booking.io/gpumem. preemption: 0/3 nodes are available: \
@@ -245,6 +249,7 @@ async fn issue_11_gpumem_budget_without_an_advertising_node_is_unschedulable_unt
     );
     let scheduled = condition(&server, "jupyter-alice", "PodScheduled").unwrap();
     assert_eq!(scheduled.status, "True");
+    assert_eq!(server.unschedulable_reason(NS, "jupyter-alice"), None);
 }
 
 /// "Resource Management for Pods and Containers": an extended resource given only as a
