@@ -155,7 +155,8 @@
 //! - Time: [`FakeApiServer::set_clock`] for `creationTimestamp` and deletion marks.
 //! - Nodes and placement: [`FakeApiServer::add_node`] with a [`NodeBuilder`] (GPUs,
 //!   allocatable resources, labels, taints, cordon), [`FakeApiServer::pod_node`],
-//!   [`FakeApiServer::schedule_now`] (one pass, opted in or not).
+//!   [`FakeApiServer::unschedulable_reason`], [`FakeApiServer::schedule_now`] (one
+//!   pass, opted in or not).
 //!
 //! ```
 //! # async fn demo() {
@@ -602,6 +603,13 @@ impl FakeApiServer {
     pub fn pod_node(&self, ns: &str, name: &str) -> Option<String> {
         let pod = self.lock().get(&snapshot::pods_key(), ns, name)?;
         scheduler::node_of(&pod)
+    }
+
+    /// Why pod `ns/name` is pending: the message of its `PodScheduled=False` condition
+    /// (`0/3 nodes are available: ...`); `None` when it has none.
+    pub fn unschedulable_reason(&self, ns: &str, name: &str) -> Option<String> {
+        let pod = self.lock().get(&snapshot::pods_key(), ns, name)?;
+        scheduler::unschedulable_message(&pod)
     }
 
     /// How pods bound to a node end when deleted.
