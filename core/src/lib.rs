@@ -7,7 +7,9 @@
 pub mod admission;
 pub mod capacity;
 pub mod gpu_model;
+pub mod next_start;
 pub mod policy;
+pub mod rate;
 pub mod rules;
 pub mod username;
 pub mod window;
