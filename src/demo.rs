@@ -136,6 +136,9 @@ async fn start_webhook(args: &DemoArgs, service_token: &str) -> anyhow::Result<P
         format!("--tls-key={}", key_path.display()),
         format!("--booking-url=http://{}", args.listen),
         format!("--service-token={service_token}"),
+        // The examples' reviews come from JupyterHub's ServiceAccount in jhub.
+        "--trusted-spawner=system:serviceaccount:jhub:hub".to_string(),
+        "--spawner-namespace=jhub".to_string(),
     ])?
     .args;
     let server = gpu_booking_webhook::WebhookServer::from_args(&webhook_args)?;

@@ -101,6 +101,9 @@ impl Drop for SecretDir {
     }
 }
 
+/// The ServiceAccount that creates JupyterHub's pods in these reviews.
+const HUB: &str = "system:serviceaccount:jhub:hub";
+
 /// The webhook on 127.0.0.1 (TLS) with its admin port; stopped when dropped.
 struct Running {
     addr: SocketAddr,
@@ -275,6 +278,8 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         gpu_booking_core::gpu_model::ModelName::parse("a100").unwrap(),
         "nvidia.com/a100".into(),
     )];
+    args.trusted_spawner = vec![HUB.into()];
+    args.spawner_namespace = vec!["jhub".into()];
     let webhook = start_webhook(args).await;
     let https = client(&pki.ca_pem(), webhook.addr, true);
 
