@@ -70,6 +70,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         policy: PolicyArgs::default(),
         oidc: OidcArgs::default(),
+        case_sensitive_names: false,
         log_format: LogFormat::Plain,
     };
     let auth = Authenticator::new(Some(&secret), None, None, None);
