@@ -70,6 +70,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         policy: PolicyArgs::default(),
         oidc: OidcArgs::default(),
+        case_sensitive_names: false,
         log_format: LogFormat::Plain,
     };
     let auth = Authenticator::new(Some(&secret), None, None, None);
@@ -136,6 +137,9 @@ async fn start_webhook(args: &DemoArgs, service_token: &str) -> anyhow::Result<P
         format!("--tls-key={}", key_path.display()),
         format!("--booking-url=http://{}", args.listen),
         format!("--service-token={service_token}"),
+        // The examples' reviews come from JupyterHub's ServiceAccount in jhub.
+        "--trusted-spawner=system:serviceaccount:jhub:hub".to_string(),
+        "--spawner-namespace=jhub".to_string(),
     ])?
     .args;
     let server = gpu_booking_webhook::WebhookServer::from_args(&webhook_args)?;

@@ -1,10 +1,12 @@
 //! The application state and the router.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::routing::{get, put};
 use axum::Router;
 use gpu_booking_core::policy::Policy;
+use gpu_booking_core::rate::TokenBucket;
+use gpu_booking_core::username::NameCase;
 use sqlx::PgPool;
 use utoipa::OpenApi;
 
@@ -23,6 +25,23 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The booking page as served (with the OIDC settings in it).
     pub page: crate::page::Page,
+    /// How user names compare (JupyterHub lowercases by default).
+    pub names: NameCase,
+    /// Bounds the audit rows that ambiguous slug lookups write (anyone with the
+    /// service role can ask about any slug).
+    pub ambiguity_audit: Arc<Mutex<TokenBucket>>,
+}
+
+/// Audit rows for ambiguous slugs at once, and per second after that.
+const AMBIGUITY_AUDIT_BURST: u32 = 10;
+const AMBIGUITY_AUDIT_PER_SECOND: f64 = 0.2;
+
+/// A fresh bucket for [`AppState::ambiguity_audit`].
+pub fn ambiguity_audit_bucket() -> Arc<Mutex<TokenBucket>> {
+    Arc::new(Mutex::new(TokenBucket::new(
+        AMBIGUITY_AUDIT_BURST,
+        AMBIGUITY_AUDIT_PER_SECOND,
+    )))
 }
 
 /// Every route of the service; tests drive it with `tower::ServiceExt::oneshot`.

@@ -203,7 +203,11 @@ impl FromRequestParts<AppState> for Caller {
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header must be `Bearer <token>`".into())
             })?;
-        state.auth.verify(token).await
+        let mut caller = state.auth.verify(token).await?;
+        // One user, however the token spells the name (JupyterHub's normalisation).
+        caller.user = Username::normalised(caller.user.as_str(), state.names)
+            .map_err(|e| ApiError::Unauthorized(format!("invalid token: user name: {e}")))?;
+        Ok(caller)
     }
 }
 

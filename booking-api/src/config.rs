@@ -26,6 +26,13 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub oidc: OidcArgs,
 
+    /// Compare user names as written. Default: lowercased, as JupyterHub's
+    /// authenticators normalise them (so a token's `Alice@Example.com` and the
+    /// `alice@example.com` of a JupyterHub pod are one user); set it, here and on the
+    /// webhook, when JupyterHub's authenticator keeps case.
+    #[arg(long, env = "GPU_BOOKING_CASE_SENSITIVE_NAMES")]
+    pub case_sensitive_names: bool,
+
     /// Log format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,

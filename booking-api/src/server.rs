@@ -70,6 +70,8 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
         auth,
         metrics: Arc::new(Metrics::default()),
         page: crate::page::Page::new(&args.oidc),
+        names: gpu_booking_core::username::NameCase::from_switch(args.case_sensitive_names),
+        ambiguity_audit: crate::app::ambiguity_audit_bucket(),
     }
 }
 

@@ -65,6 +65,8 @@ pub fn test_state(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>, secret: &
         auth: Authenticator::new(Some(secret), None, None, None),
         metrics: Arc::new(Metrics::default()),
         page: crate::page::Page::default(),
+        names: gpu_booking_core::username::NameCase::default(),
+        ambiguity_audit: crate::app::ambiguity_audit_bucket(),
     }
 }
 

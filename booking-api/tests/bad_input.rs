@@ -971,9 +971,10 @@ async fn bad_paths_and_queries(pool: PgPool) {
             UNPROCESSABLE,
             Some("invalid_request"),
         ),
+        // (Neither user nor slug is a pod without identity: the free units only.)
         get(
-            "schedulability with neither",
-            "/api/v1/schedulability".into(),
+            "schedulability with a slug of control characters",
+            "/api/v1/schedulability?slug=a%0Ab".into(),
             Who::Service,
             UNPROCESSABLE,
             Some("invalid_request"),

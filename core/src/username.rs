@@ -13,6 +13,7 @@
 //! bodies in `tests/fixtures/kubespawner`), including its quirks, because their only
 //! purpose is to compute the label KubeSpawner *did* write; see each function.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::fmt::Write as _;
 use std::str::FromStr;
@@ -268,6 +269,58 @@ pub fn slugs(name: &str) -> UserSlugs {
     }
 }
 
+/// How user names are compared, which must be how the JupyterHub in front of us
+/// compares them: its `Authenticator.normalize_username` lowercases by default, so
+/// `Alice@Example.com` signing in to the booking page and the `alice@example.com` that
+/// KubeSpawner writes into the pod are one user. [`Username::normalised`] is the one
+/// place that applies it, on the booking side and on the webhook side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NameCase {
+    /// Lowercase (Unicode, as Python's `str.lower()`): JupyterHub's default.
+    #[default]
+    Lowercase,
+    /// Compared as written: for a JupyterHub whose authenticator keeps case.
+    Sensitive,
+}
+
+impl NameCase {
+    /// `Sensitive` when `case_sensitive`, as a command-line switch says it.
+    pub fn from_switch(case_sensitive: bool) -> Self {
+        if case_sensitive {
+            Self::Sensitive
+        } else {
+            Self::Lowercase
+        }
+    }
+}
+
+/// What a label lookup matched among the users the booking service knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlugMatch {
+    /// Nobody has this slug.
+    Nobody,
+    /// Exactly one user: the slug is theirs.
+    One(String),
+    /// Several users share the slug (a hash collision, or users known from before
+    /// collisions were refused): it resolves to nobody, so that no pod ever gets
+    /// another user's booking.
+    Ambiguous(Vec<String>),
+}
+
+impl SlugMatch {
+    /// The match for the (distinct) users whose lookup keys hold the slug.
+    pub fn of(mut users: Vec<String>) -> Self {
+        users.sort();
+        users.dedup();
+        match users.len() {
+            0 => Self::Nobody,
+            1 => Self::One(users.remove(0)),
+            _ => Self::Ambiguous(users),
+        }
+    }
+}
+
 /// A JupyterHub user name, as it arrives from a JWT claim, an admin's request or a pod
 /// annotation. Every user name passes through [`Username::parse`].
 ///
@@ -320,6 +373,26 @@ impl Username {
     /// Both label slugs KubeSpawner derives from this name.
     pub fn slugs(&self) -> UserSlugs {
         slugs(&self.0)
+    }
+
+    /// `name` checked by [`Username::parse`] and then normalised as JupyterHub does
+    /// (see [`NameCase`]). Lowercasing can lengthen a name (`İ` becomes two code
+    /// points), so the result is checked again.
+    pub fn normalised(name: &str, case: NameCase) -> Result<Self, UsernameError> {
+        let name = Self::parse(name)?;
+        match case {
+            NameCase::Sensitive => Ok(name),
+            NameCase::Lowercase => Self::try_from(name.0.to_lowercase()),
+        }
+    }
+
+    /// Every value by which a pod label can name this user: the name itself and both
+    /// slugs, without repeats. Two users whose keys meet would make a label ambiguous,
+    /// so the booking service refuses the second one (`a-b` and `a-2db`: the 6.x label
+    /// of the first is the 7.x label of the second).
+    pub fn lookup_keys(&self) -> BTreeSet<String> {
+        let UserSlugs { escape, safe } = self.slugs();
+        BTreeSet::from([self.0.clone(), escape, safe])
     }
 }
 
@@ -633,6 +706,72 @@ mod tests {
             Ok("bob".into())
         );
         assert_eq!(name.slugs().safe, "zo-uni-example---99eefb17");
+    }
+
+    #[test]
+    fn normalised_as_jupyterhub_does() {
+        let lower = |n| Username::normalised(n, NameCase::Lowercase).map(String::from);
+        assert_eq!(lower("Alice@Example.COM"), Ok("alice@example.com".into()));
+        assert_eq!(lower("ZOË@uni.example"), Ok("zoë@uni.example".into()));
+        // Final sigma, as Python's str.lower() writes it.
+        assert_eq!(lower("ΟΔΥΣΣΕΥΣ"), Ok("οδυσσευς".into()));
+        assert_eq!(
+            Username::normalised("Alice", NameCase::Sensitive).map(String::from),
+            Ok("Alice".into())
+        );
+        assert_eq!(lower(" alice"), Err(UsernameError::SurroundingWhitespace));
+        // 'İ' (2 bytes) lowercases to 3 bytes: the longer result is checked too.
+        let long = "İ".repeat(MAX_USERNAME_BYTES / 2);
+        assert!(Username::parse(&long).is_ok());
+        assert!(matches!(lower(&long), Err(UsernameError::TooLong { .. })));
+        assert_eq!(NameCase::from_switch(true), NameCase::Sensitive);
+        assert_eq!(NameCase::default(), NameCase::Lowercase);
+    }
+
+    #[test]
+    fn lookup_keys_hold_name_and_both_slugs() {
+        let keys = |n: &str| Username::parse(n).expect("valid").lookup_keys();
+        assert_eq!(
+            keys("alice@example.com"),
+            BTreeSet::from([
+                "alice@example.com".to_owned(),
+                "alice-40example-2ecom".to_owned(),
+                "alice-example-com---ff8d9819".to_owned(),
+            ])
+        );
+        assert_eq!(keys("bob"), BTreeSet::from(["bob".to_owned()]));
+        // The raw name of one user is the escape slug of another.
+        assert!(keys("alice-40example-2ecom").contains("alice-40example-2ecom"));
+        assert!(!keys("a-b").is_disjoint(&keys("a-2db")));
+    }
+
+    /// Two names with one safe slug: the slug keeps 32 bits of sha256, and both names
+    /// share the 21 characters before the hash (found by a birthday search over the
+    /// suffix, about 80,000 hashes).
+    pub const SAFE_COLLISION: [&str; 2] = [
+        "collision.test.user.x@example.org+80885",
+        "collision.test.user.x@example.org+83606",
+    ];
+
+    #[test]
+    fn safe_slugs_can_collide() {
+        let [a, b] = SAFE_COLLISION;
+        assert_eq!(safe_slug(a), "collision-test-user-x---a7f36e85");
+        assert_eq!(safe_slug(a), safe_slug(b));
+        assert_ne!(escape_encode(a), escape_encode(b));
+    }
+
+    #[test]
+    fn slug_matches() {
+        assert_eq!(SlugMatch::of(vec![]), SlugMatch::Nobody);
+        assert_eq!(
+            SlugMatch::of(vec!["a".into(), "a".into()]),
+            SlugMatch::One("a".into())
+        );
+        assert_eq!(
+            SlugMatch::of(vec!["b".into(), "a".into()]),
+            SlugMatch::Ambiguous(vec!["a".into(), "b".into()])
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use gpu_booking_core::admission::{
     NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL, USERNAME_KEY,
 };
 use gpu_booking_core::gpu_model::ModelName;
-use gpu_booking_core::username::{escape_encode, Username};
+use gpu_booking_core::username::{escape_encode, NameCase, Username};
 use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
@@ -204,13 +204,11 @@ fn decision() -> impl Strategy<Value = Decision> {
             Just(StripReason::NothingFree { model: None }),
             Just(StripReason::SeveralModels),
             Just(StripReason::BookingServiceError),
+            Just(StripReason::NoIdentity),
         ]
         .prop_map(|reason| Decision::Strip {
             reason,
             earliest_booking: None
-        }),
-        any::<Option<u32>>().prop_map(|mib| Decision::BudgetOnly {
-            gpumem_mib: mib.map(u64::from)
         }),
         Just(Decision::Unchecked {
             message: "down".into()
@@ -312,10 +310,6 @@ proptest! {
                 check_cpu_only(&out, &cfg)?;
                 prop_assert!(out["metadata"]["annotations"][GPU_REMOVED_ANNOTATION].is_string());
             }
-            Decision::BudgetOnly { .. } => {
-                prop_assert!(label(&out, PRIORITY_LABEL).is_none());
-                prop_assert!(label(&out, BOOKING_LABEL).is_none());
-            }
             Decision::Unchecked { .. } => prop_assert!(patch.0.is_empty()),
         }
 
@@ -359,6 +353,7 @@ proptest! {
             gpumem_mib: Default::default(),
             earliest_booking: None,
             gpumem_advertised_mib: None,
+            earliest_booking_by_model: Default::default(),
         };
         let now = "2029-01-01T00:00:00Z".parse().unwrap();
         let d = decide(&gpu, Lookup::Answer(&answer), &cfg, now);
@@ -375,7 +370,7 @@ proptest! {
         let slug = escape_encode(&name);
         prop_assume!(slug.len() <= 256);
         let pod = json!({"metadata": {"labels": {USERNAME_KEY: slug}}});
-        match identify(&pod) {
+        match identify(&pod, NameCase::Sensitive) {
             Some(Identity::Slug { slug: s, decoded }) => {
                 prop_assert_eq!(s, slug);
                 prop_assert_eq!(decoded, Some(user));

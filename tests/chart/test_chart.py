@@ -516,7 +516,38 @@ def test_network_policies():
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}}} in api
     webhook = policies["gpu-booking-webhook"]["spec"]["ingress"]
     assert webhook[0]["ports"] == [{"port": "https", "protocol": "TCP"}]
+    # Only the API server (its addresses and the konnectivity agents) reaches /mutate.
+    assert webhook[0]["from"] == [
+        {"ipBlock": {"cidr": "10.0.0.10/32"}},
+        {"ipBlock": {"cidr": "fd00::10/128"}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+         "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}},
+    ]
     assert objects("defaults", "NetworkPolicy") == []
+    # Without the API server's addresses: networkPolicy.webhookFrom, any IPv4 or IPv6 source.
+    rendered = render.render(set_values=["networkPolicy.enabled=true"])
+    policy = next(o for o in rendered if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "gpu-booking-webhook")
+    assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+
+
+def test_identity_is_trusted_from_the_hub_only():
+    webhook = env_of(pod_spec(one("defaults", "Deployment", "-webhook"))["containers"][0])
+    # zero-to-jupyterhub's hub ServiceAccount in its usual namespace.
+    assert webhook["GPU_BOOKING_WEBHOOK_TRUSTED_SPAWNER"]["value"] == "system:serviceaccount:jhub:hub"
+    assert webhook["GPU_BOOKING_WEBHOOK_SPAWNER_NAMESPACE"]["value"] == "jhub"
+    assert "GPU_BOOKING_WEBHOOK_TRUSTED_SPAWNER_GROUP" not in webhook
+    assert webhook["GPU_BOOKING_WEBHOOK_UNIDENTIFIED_GPU_PODS"]["value"] == "lent"
+    assert webhook["GPU_BOOKING_CASE_SENSITIVE_NAMES"]["value"] == "false"
+    api = env_of(pod_spec(one("defaults", "Deployment", "-api"))["containers"][0])
+    assert api["GPU_BOOKING_CASE_SENSITIVE_NAMES"]["value"] == "false"
+    webhook = env_of(pod_spec(one("everything", "Deployment", "-webhook"))["containers"][0])
+    assert webhook["GPU_BOOKING_WEBHOOK_TRUSTED_SPAWNER"]["value"] == "system:serviceaccount:jupyterhub:hub"
+    assert webhook["GPU_BOOKING_WEBHOOK_TRUSTED_SPAWNER_GROUP"]["value"] == "jupyterhub-spawners"
+    assert webhook["GPU_BOOKING_WEBHOOK_SPAWNER_NAMESPACE"]["value"] == "jupyterhub,jupyterhub-users"
+    assert webhook["GPU_BOOKING_WEBHOOK_UNIDENTIFIED_GPU_PODS"]["value"] == "strip"
+    assert webhook["GPU_BOOKING_WEBHOOK_AUDIT_BURST"]["value"] == "50"
+    assert webhook["GPU_BOOKING_WEBHOOK_AUDIT_PER_SECOND"]["value"] == "0.5"
+    assert webhook["GPU_BOOKING_CASE_SENSITIVE_NAMES"]["value"] == "true"
 
 
 # --- values, schema, documentation ---------------------------------------------------
@@ -531,6 +562,10 @@ def test_network_policies():
     "webhook.onBookingError=deny",
     "policy.cooldown=two weeks",
     "webhook.gpuResources[0]=nvidia.com/gpu' || true || '",
+    "webhook.unidentifiedGpuPods=budget",
+    "webhook.trustedSpawners[0]=a\\,b",
+    "webhook.spawnerNamespaces[0]=Not_A_Namespace",
+    "webhook.networkPolicy.apiServerCIDRs[0]=kubernetes",
 ])
 def test_the_schema_refuses_bad_values(bad):
     result = render.template(set_values=[bad], check=False)

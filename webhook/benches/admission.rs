@@ -268,12 +268,15 @@ async fn start_stub() -> SocketAddr {
 }
 
 async fn start_webhook(dir: &std::path::Path, stub: &SocketAddr) -> SocketAddr {
-    let args = WebhookArgs::with_defaults(
+    let mut args = WebhookArgs::with_defaults(
         dir.join("tls.crt"),
         dir.join("tls.key"),
         format!("http://{stub}"),
         "bench-token".into(),
     );
+    // The reviews come from JupyterHub's ServiceAccount, as in a real cluster.
+    args.trusted_spawner = vec!["system:serviceaccount:jhub:hub".into()];
+    args.spawner_namespace = vec!["jhub".into()];
     let server = Arc::new(WebhookServer::from_args(&args).unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

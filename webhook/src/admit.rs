@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use chrono::Utc;
 use gpu_booking_core::admission::{
-    decide, detect_gpu, identify, plan, AdmissionConfig, Decision, GpuRequest, Identity, Lookup,
-    Schedulability,
+    decide, detect_gpu, plan, trusted_identity, what_to_ask, AdmissionConfig, Decision, GpuRequest,
+    Identity, Lookup, Schedulability,
 };
 use serde_json::{json, Value};
 use tracing::Instrument;
@@ -175,9 +175,16 @@ impl Webhook {
                 )
             }
         };
-        let identity = identify(pod);
-        let answer = match &identity {
-            Some(who) => Some(self.booking.schedulability(who).await),
+        // Only the spawner's word counts (a pod's creator can write any name into it).
+        let identity = trusted_identity(
+            &self.cfg.spawners,
+            &req.user_info,
+            req.namespace.as_deref(),
+            pod,
+            self.cfg.name_case,
+        );
+        let answer = match what_to_ask(identity.as_ref(), &self.cfg) {
+            Some(ask) => Some(self.booking.schedulability(ask).await),
             None => None,
         };
         let failure = match &answer {

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use gpu_booking_core::admission::{Identity, Schedulability};
+use gpu_booking_core::admission::{Ask, Schedulability};
+use gpu_booking_core::rate::TokenBucket;
 use serde_json::Value;
 use tokio::sync::{mpsc, OnceCell, Semaphore};
 
@@ -23,6 +24,10 @@ const MAX_SIDE_CALLS: usize = 256;
 const AUDIT_QUEUE: usize = 4096;
 /// Audit reports sent at once, each over a kept-alive connection.
 const AUDIT_SENDERS: usize = 2;
+/// Audit reports of one kind let through at once, and per second after that, unless
+/// [`BookingClient::with_audit_rate`] says otherwise.
+const AUDIT_BURST: u32 = 20;
+const AUDIT_PER_SECOND: f64 = 2.0;
 
 /// Why the booking service gave no usable answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,6 +89,10 @@ pub struct BookingClient {
     side_calls: Arc<Semaphore>,
     side_calls_started: AtomicU64,
     audit_queue: OnceLock<mpsc::Sender<Value>>,
+    /// One token bucket per audit action: whoever can reach `/mutate` cannot make us
+    /// write more than the rate (issue 13). Actions come from our own code, a closed set.
+    audit_rate: Mutex<HashMap<String, TokenBucket>>,
+    audit_limits: (u32, f64),
     metrics: Arc<Metrics>,
 }
 
@@ -115,14 +124,28 @@ impl BookingClient {
             side_calls: Arc::new(Semaphore::new(MAX_SIDE_CALLS)),
             side_calls_started: AtomicU64::new(0),
             audit_queue: OnceLock::new(),
+            audit_rate: Mutex::new(HashMap::new()),
+            audit_limits: (AUDIT_BURST, AUDIT_PER_SECOND),
             metrics,
         })
     }
 
-    /// The schedulability of `who`: from the cache when a fresh answer (or a lookup in
-    /// flight) exists, else one call; within the booking timeout either way.
-    pub async fn schedulability(&self, who: &Identity) -> Answer {
-        let (kind, value) = who.query();
+    /// Lets through at most `burst` audit reports of one kind at once and
+    /// `per_second` on average; the rest are dropped and counted.
+    pub fn with_audit_rate(mut self, burst: u32, per_second: f64) -> Self {
+        self.audit_limits = (burst, per_second);
+        self
+    }
+
+    /// The answer to `ask`: from the cache when a fresh answer (or a lookup in flight)
+    /// exists, else one call; within the booking timeout either way. For a pod's owner
+    /// `?user=` or `?slug=`; for a pod without identity no query (the free units only),
+    /// which every such pod shares.
+    pub async fn schedulability(&self, ask: Ask<'_>) -> Answer {
+        let (kind, value) = match ask {
+            Ask::Owner(who) => who.query(),
+            Ask::FreeUnits => ("", ""),
+        };
         let key = (kind, value.to_owned());
         let now = Instant::now();
         let (entry, hit) = {
@@ -175,10 +198,13 @@ impl BookingClient {
         value: &str,
     ) -> Result<Schedulability, BookingError> {
         let token = self.token.token()?;
-        let response = self
+        let mut request = self
             .http
-            .get(format!("{}/api/v1/schedulability", self.base))
-            .query(&[(kind, value)])
+            .get(format!("{}/api/v1/schedulability", self.base));
+        if !kind.is_empty() {
+            request = request.query(&[(kind, value)]);
+        }
+        let response = request
             .bearer_auth(token)
             .send()
             .await
@@ -220,6 +246,11 @@ impl BookingClient {
     /// connections (a task and a connection per report would cost more than the
     /// admission itself at a burst of spawns).
     pub fn audit(self: &Arc<Self>, body: Value) {
+        if !self.audit_allowed(&body) {
+            tracing::debug!("audit rate exceeded; report dropped");
+            self.count_side_call("audit", "rate_limited");
+            return;
+        }
         self.side_calls_started.fetch_add(1, Ordering::SeqCst);
         let queue = self.audit_queue.get_or_init(|| {
             let (tx, rx) = mpsc::channel(AUDIT_QUEUE);
@@ -244,6 +275,17 @@ impl BookingClient {
             tracing::warn!("audit queue full; report dropped");
             self.count_side_call("audit", "dropped");
         }
+    }
+
+    /// Takes a token from the bucket of the report's action.
+    fn audit_allowed(&self, body: &Value) -> bool {
+        let action = body.get("action").and_then(Value::as_str).unwrap_or("");
+        let mut buckets = self.audit_rate.lock().unwrap_or_else(|e| e.into_inner());
+        let (burst, per_second) = self.audit_limits;
+        buckets
+            .entry(action.to_owned())
+            .or_insert_with(|| TokenBucket::new(burst, per_second))
+            .allow(Instant::now())
     }
 
     fn count_side_call(&self, call: &'static str, outcome: &'static str) {

@@ -8,11 +8,12 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use gpu_booking_core::admission::{
-    AdmissionConfig, BookingErrorPolicy, DEFAULT_GPUMEM_RESOURCE, DEFAULT_GPU_RESOURCE,
-    DEFAULT_HIGH_PRIORITY_CLASS, DEFAULT_LOW_PRIORITY_CLASS, DEFAULT_MODEL_NODE_LABEL,
-    DEFAULT_TERMINATE_AT_ANNOTATION,
+    AdmissionConfig, BookingErrorPolicy, SpawnerTrust, UnidentifiedGpuPods,
+    DEFAULT_GPUMEM_RESOURCE, DEFAULT_GPU_RESOURCE, DEFAULT_HIGH_PRIORITY_CLASS,
+    DEFAULT_LOW_PRIORITY_CLASS, DEFAULT_MODEL_NODE_LABEL, DEFAULT_TERMINATE_AT_ANNOTATION,
 };
 use gpu_booking_core::gpu_model::ModelName;
+use gpu_booking_core::username::NameCase;
 
 pub use gpu_booking_ops::LogFormat;
 
@@ -31,6 +32,25 @@ impl From<OnBookingError> for BookingErrorPolicy {
         match value {
             OnBookingError::Allow => BookingErrorPolicy::Allow,
             OnBookingError::Strip => BookingErrorPolicy::Strip,
+        }
+    }
+}
+
+/// `--unidentified-gpu-pods`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum Unidentified {
+    /// As an unbooked user's pod: a free unit at low priority (preemptible), else no GPU.
+    #[default]
+    Lent,
+    /// Always without its GPU, with a warning.
+    Strip,
+}
+
+impl From<Unidentified> for UnidentifiedGpuPods {
+    fn from(value: Unidentified) -> Self {
+        match value {
+            Unidentified::Lent => UnidentifiedGpuPods::Lent,
+            Unidentified::Strip => UnidentifiedGpuPods::Strip,
         }
     }
 }
@@ -134,6 +154,58 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_MODEL_RESOURCE", value_delimiter = ',', value_parser = parse_model_resource)]
     pub model_resource: Vec<(ModelName, String)>,
 
+    /// Who creates JupyterHub's pods, as the API server names the requester of an
+    /// admission (`userInfo.username`), e.g. system:serviceaccount:jhub:hub. Only pods
+    /// created by a trusted spawner have a user (anyone who can create a pod can write
+    /// any user name into it). None given: no pod has a user. Repeat or separate with
+    /// commas.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_WEBHOOK_TRUSTED_SPAWNER",
+        value_delimiter = ','
+    )]
+    pub trusted_spawner: Vec<String>,
+
+    /// A group whose members are trusted spawners (`userInfo.groups`). Repeat or
+    /// separate with commas.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_WEBHOOK_TRUSTED_SPAWNER_GROUP",
+        value_delimiter = ','
+    )]
+    pub trusted_spawner_group: Vec<String>,
+
+    /// Namespace in which trusted spawners create user pods (e.g. jhub); pods
+    /// elsewhere have no user. None given: any namespace. Repeat or separate with
+    /// commas.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_WEBHOOK_SPAWNER_NAMESPACE",
+        value_delimiter = ','
+    )]
+    pub spawner_namespace: Vec<String>,
+
+    /// What a GPU pod without a trusted user gets: `lent` (as an unbooked user's pod:
+    /// a free unit at low priority, preemptible, else no GPU) or `strip` (never a GPU).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_UNIDENTIFIED_GPU_PODS", value_enum, default_value_t = Unidentified::Lent)]
+    pub unidentified_gpu_pods: Unidentified,
+
+    /// Compare user names as written. Default: lowercased, as JupyterHub's
+    /// authenticators normalise them; set it (here and on the API) when JupyterHub's
+    /// authenticator keeps case.
+    #[arg(long, env = "GPU_BOOKING_CASE_SENSITIVE_NAMES")]
+    pub case_sensitive_names: bool,
+
+    /// Audit reports of one kind (booked, low-priority, strip, ...) sent at once at most;
+    /// beyond, they are sent at --audit-per-second and the rest are dropped (counted in
+    /// gpu_booking_webhook_side_calls_total{call="audit",outcome="rate_limited"}).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_AUDIT_BURST", default_value_t = 20)]
+    pub audit_burst: u32,
+
+    /// Audit reports of one kind per second on average (see --audit-burst).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_AUDIT_PER_SECOND", default_value_t = 2.0, value_parser = parse_rate)]
+    pub audit_per_second: f64,
+
     /// Log line format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -167,6 +239,13 @@ impl WebhookArgs {
             default_gpumem_mib: None,
             model_gpumem: Vec::new(),
             model_resource: Vec::new(),
+            trusted_spawner: Vec::new(),
+            trusted_spawner_group: Vec::new(),
+            spawner_namespace: Vec::new(),
+            unidentified_gpu_pods: Unidentified::Lent,
+            case_sensitive_names: false,
+            audit_burst: 20,
+            audit_per_second: 2.0,
             log_format: LogFormat::Plain,
         }
     }
@@ -191,6 +270,13 @@ impl WebhookArgs {
             high_priority_class: class(&self.high_priority_class),
             low_priority_class: class(&self.low_priority_class),
             on_booking_error: self.on_booking_error.into(),
+            spawners: SpawnerTrust {
+                users: non_empty(&self.trusted_spawner),
+                groups: non_empty(&self.trusted_spawner_group),
+                namespaces: non_empty(&self.spawner_namespace),
+            },
+            name_case: NameCase::from_switch(self.case_sensitive_names),
+            unidentified_gpu_pods: self.unidentified_gpu_pods.into(),
         };
         cfg.validate().context("invalid webhook options")?;
         Ok(cfg)
@@ -205,6 +291,27 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         }
     }
     humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// The trimmed, non-empty entries of a list option (an empty environment variable
+/// gives one empty entry).
+fn non_empty(values: &[String]) -> Vec<String> {
+    values
+        .iter()
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A finite rate of at least zero.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{s:?}: expected a number of events per second, 0 or more"
+        )),
+    }
 }
 
 fn split_pair(s: &str) -> Result<(ModelName, &str), String> {
@@ -257,6 +364,15 @@ mod tests {
             "--default-gpumem-mib=8192",
             "--low-priority-class=",
             "--log-format=json",
+            "--trusted-spawner=system:serviceaccount:jhub:hub",
+            "--trusted-spawner",
+            "system:serviceaccount:other:hub, ",
+            "--trusted-spawner-group=spawners",
+            "--spawner-namespace=jhub,other",
+            "--unidentified-gpu-pods=strip",
+            "--case-sensitive-names",
+            "--audit-burst=5",
+            "--audit-per-second=0.5",
         ])
         .unwrap();
         let args = cli.args;
@@ -267,6 +383,28 @@ mod tests {
         assert_eq!(cfg.model_gpumem_mib.len(), 2);
         assert_eq!(cfg.low_priority_class, None);
         assert_eq!(cfg.high_priority_class.as_deref(), Some("gpu-booking-high"));
+        assert_eq!(
+            cfg.spawners.users,
+            [
+                "system:serviceaccount:jhub:hub",
+                "system:serviceaccount:other:hub"
+            ]
+        );
+        assert_eq!(cfg.spawners.groups, ["spawners"]);
+        assert_eq!(cfg.spawners.namespaces, ["jhub", "other"]);
+        assert_eq!(cfg.unidentified_gpu_pods, UnidentifiedGpuPods::Strip);
+        assert_eq!(cfg.name_case, NameCase::Sensitive);
+        assert_eq!((args.audit_burst, args.audit_per_second), (5, 0.5));
+    }
+
+    #[test]
+    fn identity_defaults_trust_nobody_and_lend() {
+        let cli =
+            Cli::try_parse_from(["x", "--tls-cert=c", "--tls-key=k", "--booking-url=u"]).unwrap();
+        let cfg = cli.args.admission_config().unwrap();
+        assert!(cfg.spawners.is_empty());
+        assert_eq!(cfg.unidentified_gpu_pods, UnidentifiedGpuPods::Lent);
+        assert_eq!(cfg.name_case, NameCase::Lowercase);
     }
 
     #[test]
@@ -277,6 +415,9 @@ mod tests {
             "--model-gpumem=a100=lots",
             "--model-resource=a100",
             "--booking-timeout=soon",
+            "--unidentified-gpu-pods=budget",
+            "--audit-per-second=-1",
+            "--audit-per-second=inf",
         ] {
             assert!(
                 Cli::try_parse_from(base.iter().copied().chain([bad])).is_err(),

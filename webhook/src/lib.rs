@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 
 pub use admit::Webhook;
 pub use booking::{BookingClient, BookingError, TokenSource};
-pub use config::{LogFormat, OnBookingError, WebhookArgs};
+pub use config::{LogFormat, OnBookingError, Unidentified, WebhookArgs};
 pub use metrics::Metrics;
 pub use review::{ReviewOut, StatusOut};
 pub use server::{admin_router, router, serve_plain, serve_tls, MAX_BODY_BYTES};
@@ -62,7 +62,8 @@ impl WebhookServer {
             args.booking_timeout,
             args.cache_ttl,
             metrics.clone(),
-        )?;
+        )?
+        .with_audit_rate(args.audit_burst, args.audit_per_second);
         let certs = CertStore::load(args.tls_cert.clone(), args.tls_key.clone(), metrics.clone())?;
         let webhook = Webhook::new(cfg, Arc::new(booking), metrics.clone());
         Ok(Self {

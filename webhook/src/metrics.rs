@@ -11,7 +11,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabel {
-    /// `no_gpu`, `booked`, `low_priority`, `strip`, `budget_only`,
+    /// `no_gpu`, `booked`, `low_priority`, `strip`, `no_identity_strip`,
     /// `booking_error_allow`, `booking_error_strip`, `ignored`, `invalid`, `internal_error`.
     pub decision: &'static str,
 }
@@ -25,6 +25,7 @@ pub struct OutcomeLabel {
 pub struct CallLabel {
     /// `preemption` or `audit`.
     pub call: &'static str,
+    /// `ok`, `error`, `dropped` (queue full) or `rate_limited` (over the audit rate).
     pub outcome: &'static str,
 }
 
@@ -43,7 +44,7 @@ pub const DECISIONS: [&str; 10] = [
     "booked",
     "low_priority",
     "strip",
-    "budget_only",
+    "no_identity_strip",
     "booking_error_allow",
     "booking_error_strip",
 ];

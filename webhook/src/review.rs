@@ -6,6 +6,7 @@
 //! bytes; the API documents a base64 string, which is what we send.)
 
 use base64::Engine as _;
+use gpu_booking_core::admission::UserInfo;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -34,6 +35,8 @@ pub struct RequestIn {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub dry_run: bool,
+    /// Who asked the API server to create the object (`request.userInfo`).
+    pub user_info: UserInfo,
     pub object: Option<Value>,
 }
 
@@ -53,6 +56,7 @@ impl RequestIn {
             namespace: text(map.get("namespace")),
             name: text(map.get("name")),
             dry_run: map.get("dryRun").and_then(Value::as_bool).unwrap_or(false),
+            user_info: UserInfo::from_review(map.get("userInfo")),
             object: map.remove("object").filter(|o| !o.is_null()),
         }
     }
@@ -166,6 +170,16 @@ mod tests {
         assert_eq!(r.kind.as_deref(), Some("Pod"));
         assert!(r.dry_run);
         assert_eq!(r.object, Some(json!({"a": 1})));
+        assert_eq!(r.user_info, UserInfo::default());
+        let r = RequestIn::from_value(
+            json!({"userInfo": {"username": "system:serviceaccount:jhub:hub",
+            "groups": ["system:serviceaccounts"]}}),
+        );
+        assert_eq!(
+            r.user_info.username.as_deref(),
+            Some("system:serviceaccount:jhub:hub")
+        );
+        assert_eq!(r.user_info.groups, ["system:serviceaccounts"]);
         let odd = RequestIn::from_value(json!({"uid": 5, "object": null}));
         assert_eq!(odd.uid, "");
         assert_eq!(odd.object, None);

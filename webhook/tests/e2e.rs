@@ -101,6 +101,9 @@ impl Drop for SecretDir {
     }
 }
 
+/// The ServiceAccount that creates JupyterHub's pods in these reviews.
+const HUB: &str = "system:serviceaccount:jhub:hub";
+
 /// The webhook on 127.0.0.1 (TLS) with its admin port; stopped when dropped.
 struct Running {
     addr: SocketAddr,
@@ -258,6 +261,17 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
     )
     .await;
     let booking_id = booking["id"].as_i64().unwrap();
+    // Bob's last booking ended yesterday: he is in cooldown, so the strip warning
+    // names a date other than now, which must be /me/next-start's (issue 12, item 7).
+    api(
+        &http,
+        reqwest::Method::POST,
+        format!("{}/api/v1/bookings", api_server.url),
+        &admin,
+        json!({"model": "a6000", "start": (now - chrono::TimeDelta::days(3)).to_rfc3339(),
+               "end": (now - chrono::TimeDelta::days(1)).to_rfc3339(), "user": "Bob.Smith", "override": true}),
+    )
+    .await;
     let until = chrono::DateTime::parse_from_rfc3339(booking["end"].as_str().unwrap())
         .unwrap()
         .with_timezone(&Utc)
@@ -277,6 +291,8 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         gpu_booking_core::gpu_model::ModelName::parse("a100").unwrap(),
         "nvidia.com/a100".into(),
     )];
+    args.trusted_spawner = vec![HUB.into()];
+    args.spawner_namespace = vec!["jhub".into()];
     let webhook = start_webhook(args).await;
     let https = client(&pki.ca_pem(), webhook.addr, true);
 
@@ -409,11 +425,54 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         "{:?}",
         out.response.warnings
     );
+    let next = api(
+        &http,
+        reqwest::Method::GET,
+        format!("{}/api/v1/me/next-start?model=a100", api_server.url),
+        &api_server.token("Bob.Smith", None),
+        Value::Null,
+    )
+    .await;
+    let next = chrono::DateTime::parse_from_rfc3339(next["earliest_start"].as_str().unwrap())
+        .unwrap()
+        .with_timezone(&Utc);
+    assert!(next > now + chrono::TimeDelta::days(12), "{next}");
+    let said = format!("you can book from {}", next.format("%Y-%m-%d %H:%M UTC"));
     assert!(
-        out.response.warnings[0].contains("you can book from"),
-        "{:?}",
+        out.response.warnings[0].contains(&said),
+        "{:?}, want {said:?}",
         out.response.warnings
     );
+
+    // Issue 13: Alice's pod, created by anyone but the hub's ServiceAccount in jhub,
+    // gets no booking: it is lent (the a6000 is free), not high priority on the a100.
+    for (uid, creator, namespace) in [
+        ("e2e-7", "system:serviceaccount:jhub:default", "jhub"),
+        ("e2e-8", "mallory@example.com", "jhub"),
+        ("e2e-9", HUB, "research"),
+    ] {
+        let pod = ks("7.1.0-alice-at-example.com-gpu.json");
+        let mut forged = review(uid, pod.clone());
+        forged["request"]["userInfo"] =
+            json!({"username": creator, "groups": ["system:authenticated"]});
+        forged["request"]["namespace"] = json!(namespace);
+        let (out, _) = mutate(&https, webhook.addr, &forged).await;
+        let patched_pod = check(&pod, &out);
+        assert_eq!(
+            label(&patched_pod, "gpu-booking/priority"),
+            Some("low"),
+            "{creator} in {namespace}"
+        );
+        assert!(label(&patched_pod, "gpu-booking/booking").is_none());
+        let annotations = patched_pod.metadata.annotations.unwrap_or_default();
+        assert!(!annotations.contains_key("terminate-at"), "{creator}");
+    }
+
+    // A GPU pod without identity is lent like an unbooked user's pod (preemptible).
+    let pod = plain_pod("cuda-job", json!({"limits": {"nvidia.com/gpu": "1"}}));
+    let (out, _) = mutate(&https, webhook.addr, &review("e2e-10", pod.clone())).await;
+    let patched_pod = check(&pod, &out);
+    assert_eq!(label(&patched_pod, "gpu-booking/priority"), Some("low"));
 
     // A pod without a GPU passes untouched.
     let pod = ks("7.1.0-alice-at-example.com-nogpu.json");
@@ -440,10 +499,48 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         "{metrics}"
     );
     assert!(
+        metrics.contains("gpu_booking_webhook_admissions_total{decision=\"low_priority\"} 5"),
+        "{metrics}"
+    );
+    assert!(
         metrics.contains("gpu_booking_webhook_booking_requests_total{outcome=\"ok\"}"),
         "{metrics}"
     );
     drop(webhook.server);
+
+    // --unidentified-gpu-pods=strip: the same pod without identity runs on CPU.
+    let mut args = WebhookArgs::with_defaults(
+        secret.cert(),
+        secret.key(),
+        api_server.url.clone(),
+        service.clone(),
+    );
+    args.trusted_spawner = vec![HUB.into()];
+    args.unidentified_gpu_pods = gpu_booking_webhook::Unidentified::Strip;
+    let strict = start_webhook(args).await;
+    let https = client(&pki.ca_pem(), strict.addr, true);
+    let pod = plain_pod("cuda-job", json!({"limits": {"nvidia.com/gpu": "1"}}));
+    let (out, _) = mutate(&https, strict.addr, &review("e2e-11", pod.clone())).await;
+    let stripped = check(&pod, &out);
+    let main = &stripped.spec.as_ref().unwrap().containers[0];
+    let limits = main
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
+    assert!(!limits.contains_key("nvidia.com/gpu"), "{limits:?}");
+    assert!(
+        out.response.warnings[0].contains("not created by JupyterHub"),
+        "{:?}",
+        out.response.warnings
+    );
+    // Alice's own pod through the same webhook is still hers.
+    let pod = ks("7.1.0-alice-at-example.com-gpu.json");
+    let (out, _) = mutate(&https, strict.addr, &review("e2e-12", pod.clone())).await;
+    assert_eq!(
+        label(&check(&pod, &out), "gpu-booking/priority"),
+        Some("high")
+    );
 }
 
 #[tokio::test]

@@ -10,7 +10,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::*;
-use gpu_booking_core::admission::{AdmissionConfig, BookingErrorPolicy};
+use gpu_booking_core::admission::{
+    AdmissionConfig, BookingErrorPolicy, SpawnerTrust, UnidentifiedGpuPods,
+};
 use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_webhook::{router, BookingClient, Metrics, ReviewOut, TokenSource, Webhook};
 use http_body_util::BodyExt;
@@ -20,10 +22,18 @@ use tower::ServiceExt;
 
 const UNTIL: &str = "2099-11-30T00:00:00Z";
 
+/// The ServiceAccount that creates JupyterHub's pods in these reviews.
+const HUB: &str = "system:serviceaccount:jhub:hub";
+
 fn config(policy: BookingErrorPolicy) -> AdmissionConfig {
     let mut cfg = AdmissionConfig {
         on_booking_error: policy,
         default_gpumem_mib: Some(8192),
+        spawners: SpawnerTrust {
+            users: vec![HUB.into()],
+            groups: vec![],
+            namespaces: vec!["jhub".into()],
+        },
         ..AdmissionConfig::default()
     };
     for (model, res) in [
@@ -42,6 +52,10 @@ fn webhook(
     timeout: Duration,
     ttl: Duration,
 ) -> Arc<Webhook> {
+    webhook_with(url, config(policy), timeout, ttl)
+}
+
+fn webhook_with(url: &str, cfg: AdmissionConfig, timeout: Duration, ttl: Duration) -> Arc<Webhook> {
     let metrics = Arc::new(Metrics::new());
     let booking = BookingClient::new(
         url,
@@ -50,8 +64,10 @@ fn webhook(
         ttl,
         metrics.clone(),
     )
-    .unwrap();
-    Arc::new(Webhook::new(config(policy), Arc::new(booking), metrics))
+    .unwrap()
+    // The corpus counts every audit report; the rate bound has its own test.
+    .with_audit_rate(100_000, 0.0);
+    Arc::new(Webhook::new(cfg, Arc::new(booking), metrics))
 }
 
 async fn post(app: &axum::Router, body: Vec<u8>) -> (StatusCode, Result<ReviewOut, String>) {
@@ -353,20 +369,6 @@ fn stripped() -> Check {
     })
 }
 
-fn budget_only(mib: u64) -> Check {
-    Box::new(move |_, pod| {
-        ensure!(
-            label(pod, "gpu-booking/priority").is_none(),
-            "priority label without identity"
-        );
-        ensure!(
-            annotation(pod, "terminate-at").is_none(),
-            "terminate-at without identity"
-        );
-        budget(pod, mib)
-    })
-}
-
 // ---- the table --------------------------------------------------------------------------
 
 enum Expect {
@@ -384,6 +386,8 @@ enum Hook {
     Allow,
     /// Booking errors: strip; timeout 300 ms.
     Strip,
+    /// As Allow, but GPU pods without identity are stripped.
+    StripUnidentified,
 }
 
 struct Case {
@@ -431,6 +435,14 @@ impl Case {
     }
     fn hook(mut self, hook: Hook) -> Self {
         self.hook = hook;
+        self
+    }
+    /// The same review, asked by `username` (in `groups`) in `namespace`.
+    fn from(mut self, username: &str, groups: &[&str], namespace: &str) -> Self {
+        let mut review: Value = serde_json::from_slice(&self.body).unwrap();
+        review["request"]["userInfo"] = json!({"username": username, "groups": groups});
+        review["request"]["namespace"] = json!(namespace);
+        self.body = serde_json::to_vec(&review).unwrap();
         self
     }
     fn dry_run(mut self) -> Self {
@@ -693,13 +705,60 @@ fn corpus() -> Vec<Case> {
         .side_calls(0),
         // Pods that are not JupyterHub's.
         case(
-            "GPU pod without identity: VRAM budget only, nobody asked",
+            "GPU pod without identity: lent like an unbooked user's (free units asked)",
             "u-31",
             plain_pod("cuda-job", gpu.clone()),
-            Expect::Patched(budget_only(8192)),
+            Expect::Patched(low("a6000", 49152)),
+        ),
+        case(
+            "GPU pod without identity, policy strip: no GPU, nobody asked",
+            "u-31s",
+            plain_pod("cuda-job", gpu.clone()),
+            Expect::Patched(stripped()),
         )
-        .lookups(0)
-        .side_calls(0),
+        .hook(Hook::StripUnidentified)
+        .warn("not created by JupyterHub")
+        .lookups(0),
+        // Issue 13: a name in a pod proves nothing unless the spawner wrote it.
+        case(
+            "Alice's annotation on a pod another ServiceAccount creates: no booking, lent",
+            "u-34",
+            ks("7.1.0-alice-at-example.com-gpu.json"),
+            Expect::Patched(low("a6000", 49152)),
+        )
+        .from(
+            "system:serviceaccount:jhub:default",
+            &["system:serviceaccounts"],
+            "jhub",
+        ),
+        case(
+            "Alice's annotation from a person, however grouped: no booking, lent",
+            "u-35",
+            ks("7.1.0-alice-at-example.com-gpu.json"),
+            Expect::Patched(low("a6000", 49152)),
+        )
+        .from(
+            "mallory@example.com",
+            &["system:authenticated", "system:masters"],
+            "jhub",
+        ),
+        case(
+            "Alice's annotation from the hub's account in another namespace: no booking",
+            "u-36",
+            ks("7.1.0-alice-at-example.com-gpu.json"),
+            Expect::Patched(low("a6000", 49152)),
+        )
+        .from(HUB, &[], "research"),
+        case(
+            "Alice's label from an untrusted creator, policy strip: no GPU",
+            "u-38",
+            without_annotations(ks("6.2.0-alice-at-example.com-gpu.json")),
+            Expect::Patched(stripped()),
+        )
+        .from("system:serviceaccount:jhub:default", &[], "jhub")
+        .hook(Hook::StripUnidentified)
+        .warn("not created by JupyterHub")
+        .lookups(0),
         case(
             "plain pod without GPU: unchanged",
             "u-32",
@@ -709,13 +768,11 @@ fn corpus() -> Vec<Case> {
         .lookups(0)
         .side_calls(0),
         case(
-            "hostile user name (control characters) and label: no identity, budget only",
+            "hostile user name (control characters) and label: no identity, lent",
             "u-33",
             with_hostile_identity(ks("7.1.0-alice-at-example.com-gpu.json")),
-            Expect::Patched(budget_only(8192)),
-        )
-        .lookups(0)
-        .side_calls(0),
+            Expect::Patched(low("a6000", 49152)),
+        ),
         // The booking service failing.
         case(
             "booking service HTTP 500, policy allow: unchanged with a warning",
@@ -875,16 +932,25 @@ async fn fixture_corpus() {
         Duration::from_millis(300),
         Duration::ZERO,
     );
+    let mut strict = config(BookingErrorPolicy::Allow);
+    strict.unidentified_gpu_pods = UnidentifiedGpuPods::Strip;
+    let strip_unidentified =
+        webhook_with(&stub.url, strict, Duration::from_secs(2), Duration::ZERO);
     let apps = [
         (Hook::Allow, router(allow.clone())),
         (Hook::Strip, router(strip.clone())),
+        (Hook::StripUnidentified, router(strip_unidentified.clone())),
     ];
     let mut failures = Vec::new();
     let cases = corpus();
     let count = cases.len();
     for case in cases {
         let (hook, app) = apps.iter().find(|(h, _)| *h == case.hook).unwrap();
-        let hook_webhook = if *hook == Hook::Allow { &allow } else { &strip };
+        let hook_webhook = match hook {
+            Hook::Allow => &allow,
+            Hook::Strip => &strip,
+            Hook::StripUnidentified => &strip_unidentified,
+        };
         let lookups_before = stub.lookups.load(std::sync::atomic::Ordering::SeqCst);
         let side_before = hook_webhook.booking().side_calls_started();
         let started = std::time::Instant::now();
@@ -1021,6 +1087,46 @@ async fn booked_pod_on_a_full_model_requests_a_preemption_and_an_audit_row() {
     assert_eq!(audit.body["booking_id"], 17);
     assert_eq!(audit.body["details"]["decision"], "booked");
     assert_eq!(audit.body["details"]["preempt"], true);
+}
+
+/// Issue 13: 100 forged reviews posted to `/mutate` wrote 200 audit rows. Audit
+/// reports are now bounded per kind (a token bucket; no refill here, so the bound is
+/// exact) and the dropped ones are counted.
+#[tokio::test]
+async fn audit_reports_are_bounded_in_rate() {
+    let stub = StubBooking::start().await;
+    let metrics = Arc::new(Metrics::new());
+    let booking = BookingClient::new(
+        &stub.url,
+        TokenSource::Static(SERVICE_TOKEN.into()),
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+        metrics.clone(),
+    )
+    .unwrap()
+    .with_audit_rate(5, 0.0);
+    let hook = Arc::new(Webhook::new(
+        config(BookingErrorPolicy::Allow),
+        Arc::new(booking),
+        metrics,
+    ));
+    let app = router(hook.clone());
+    for i in 0..100 {
+        // A lent pod: one audit report each, and nothing else (no preemption).
+        let mut review = review("forged", ks("7.1.0-Bob.Smith-gpu.json"));
+        review["request"]["uid"] = json!(format!("forged-{i}"));
+        let (status, out) = post(&app, serde_json::to_vec(&review).unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(out.unwrap().response.allowed);
+    }
+    assert_eq!(hook.booking().side_calls_started(), 5);
+    let text = hook.metrics().encode();
+    assert!(
+        text.contains(
+            "gpu_booking_webhook_side_calls_total{call=\"audit\",outcome=\"rate_limited\"} 95"
+        ),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -1248,12 +1354,15 @@ mod fast_path {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
         /// Whatever the spelling of the body, the webhook patches exactly the pods that
-        /// core's detection calls GPU pods (no identity here: the budget is the patch).
+        /// core's detection calls GPU pods (no identity here, and such pods are stripped:
+        /// the CPU-only step is the patch, without asking anyone).
         #[test]
         fn the_fast_path_agrees_with_detection(pod in pod(), escape_slashes in any::<bool>(), escape_n in any::<bool>()) {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let hook = runtime.block_on(async {
-                webhook("http://127.0.0.1:9", BookingErrorPolicy::Allow, Duration::from_secs(1), Duration::ZERO)
+                let mut cfg = config(BookingErrorPolicy::Allow);
+                cfg.unidentified_gpu_pods = UnidentifiedGpuPods::Strip;
+                webhook_with("http://127.0.0.1:9", cfg, Duration::from_secs(1), Duration::ZERO)
             });
             let mut text = serde_json::to_string(&review("u-prop", pod.clone())).unwrap();
             if escape_slashes {

@@ -45,7 +45,8 @@ pub async fn create(
         ));
     }
     let user = match &body.user {
-        Some(name) => Username::parse(name).map_err(|e| ApiError::Invalid(format!("user: {e}")))?,
+        Some(name) => Username::normalised(name, state.names)
+            .map_err(|e| ApiError::Invalid(format!("user: {e}")))?,
         None => caller.user.clone(),
     };
     let now = state.clock.now();
@@ -102,9 +103,16 @@ pub async fn list(
     caller: Caller,
     Query(q): Query<ListQuery>,
 ) -> Result<axum::Json<Vec<Booking>>, ApiError> {
-    let user = match (&q.user, q.all) {
+    let named = match &q.user {
+        Some(u) => Some(
+            Username::normalised(u, state.names)
+                .map_err(|e| ApiError::Invalid(format!("user: {e}")))?,
+        ),
+        None => None,
+    };
+    let user = match (&named, q.all) {
         (Some(u), _) => {
-            caller.require_self_or_admin(u)?;
+            caller.require_self_or_admin(u.as_str())?;
             Some(u.as_str())
         }
         (None, true) => {

@@ -2,8 +2,8 @@
 
 use axum::extract::State;
 use chrono::{DateTime, TimeDelta, Utc};
-use gpu_booking_core::capacity;
-use gpu_booking_core::rules::{self, Reason, RuleCode};
+use gpu_booking_core::next_start;
+use gpu_booking_core::rules::{self, Reason};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -58,8 +58,7 @@ pub async fn next_start(
     Query(q): Query<NextStartQuery>,
 ) -> Result<axum::Json<NextStart>, ApiError> {
     let policy = &state.policy;
-    let min_days = (policy.min_duration.num_seconds() + 86_399) / 86_400;
-    let days = q.days.unwrap_or(min_days.max(1));
+    let days = q.days.unwrap_or_else(|| next_start::default_days(policy));
     if !(-36_500..=36_500).contains(&days) {
         return Err(ApiError::Invalid("days must be at most 36500".into()));
     }
@@ -71,38 +70,17 @@ pub async fn next_start(
         .await?
         .ok_or_else(|| ApiError::unknown_model(&q.model))?;
     let own = bookings::user_windows(&state.pool, caller.user.as_str()).await?;
-    let (after_rules, mut reasons) = rules::earliest_start_for_user(policy, now, &own);
-    let booked = models::booked_windows(
-        &state.pool,
-        &model.name,
-        after_rules,
-        DateTime::<Utc>::MAX_UTC,
-    )
-    .await?;
+    let booked =
+        models::booked_windows(&state.pool, &model.name, now, DateTime::<Utc>::MAX_UTC).await?;
     let units = u32::try_from(model.units).unwrap_or(0);
-    let earliest =
-        capacity::earliest_fit(units, &booked, after_rules, duration).ok_or_else(|| {
-            ApiError::Rule(rules::Refusal::new(
-                RuleCode::Capacity,
-                format!("{} has no units", model.name),
-            ))
-        })?;
-    if earliest > after_rules {
-        reasons.push(Reason {
-            code: RuleCode::Capacity,
-            message: format!(
-                "all units of {} booked until {}",
-                model.name,
-                rules::rfc3339(earliest)
-            ),
-            until: earliest,
-        });
-    }
+    // The same function as the webhook's "you can book from ..." (schedulability).
+    let next =
+        next_start::earliest_start(policy, now, &own, &model.name, units, &booked, duration)?;
     Ok(axum::Json(NextStart {
         model: model.name,
         days,
-        earliest_start: earliest,
-        earliest_end: earliest + duration,
-        reasons: reasons.into_iter().map(ReasonView::from).collect(),
+        earliest_start: next.start,
+        earliest_end: next.start + duration,
+        reasons: next.reasons.into_iter().map(ReasonView::from).collect(),
     }))
 }

@@ -2,25 +2,32 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Instant;
+
 use axum::extract::State;
-use chrono::{DateTime, Utc};
-use gpu_booking_core::rules;
-use gpu_booking_core::username::Username;
+use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_core::next_start;
+use gpu_booking_core::username::{SlugMatch, Username};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
-use crate::store::{bookings, models, users};
+use crate::store::{audit, bookings, models, users};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulabilityQuery {
-    /// The raw user name (pod annotation `hub.jupyter.org/username`).
+    /// The raw user name (pod annotation `hub.jupyter.org/username`), compared as
+    /// JupyterHub normalises names.
     pub user: Option<String>,
-    /// A KubeSpawner label slug (escape or safe scheme) when no raw name is known.
+    /// A KubeSpawner label slug (escape or safe scheme) when no raw name is known. It
+    /// resolves only when exactly one known user has it; an ambiguous slug resolves to
+    /// nobody (and is audited). Give neither `user` nor `slug` for a pod without
+    /// identity: then only the free units are answered.
     pub slug: Option<String>,
 }
 
@@ -38,12 +45,28 @@ pub struct Schedulability {
     pub free: BTreeMap<String, i32>,
     /// Default VRAM budget (MiB) of each model.
     pub gpumem_mib: BTreeMap<String, i32>,
-    /// When not booked: the earliest start the user's own bookings allow for a
-    /// new booking (capacity aside).
+    /// When not booked: the earliest start of a new booking on any model (the
+    /// earliest of `earliest_booking_by_model`).
     pub earliest_booking: Option<DateTime<Utc>>,
     /// The VRAM budget (MiB) one unit can hold, for each model whose every node
     /// advertises the budget resource; other models' pods get no budget.
     pub gpumem_advertised_mib: BTreeMap<String, i32>,
+    /// When not booked: the earliest start of a new booking of each model, exactly as
+    /// `GET /me/next-start?model=` answers it for this user (rules and capacity, the
+    /// default length). Empty for a pod without identity or an ambiguous slug.
+    pub earliest_booking_by_model: BTreeMap<String, DateTime<Utc>>,
+}
+
+/// Whom a query names.
+enum Owner {
+    /// Nobody was named (a pod without identity): free units only.
+    Anonymous,
+    /// A user (known or not yet): their bookings and rules apply.
+    User(String),
+    /// A slug that no known user has: someone who has never booked.
+    Unknown,
+    /// A slug that several users share: nobody's.
+    Ambiguous,
 }
 
 #[utoipa::path(get, path = "/api/v1/schedulability", tag = "webhook", params(SchedulabilityQuery),
@@ -55,11 +78,12 @@ pub async fn get(
     Query(q): Query<SchedulabilityQuery>,
 ) -> Result<axum::Json<Schedulability>, ApiError> {
     caller.require_service()?;
-    let candidates: Vec<String> = match (&q.user, &q.slug) {
+    let now = state.clock.now();
+    let owner = match (&q.user, &q.slug) {
         (Some(user), None) => {
-            let user =
-                Username::parse(user).map_err(|e| ApiError::Invalid(format!("user: {e}")))?;
-            vec![user.into_inner()]
+            let user = Username::normalised(user, state.names)
+                .map_err(|e| ApiError::Invalid(format!("user: {e}")))?;
+            Owner::User(user.into_inner())
         }
         (None, Some(slug)) => {
             if slug.is_empty() || slug.len() > 256 || slug.chars().any(char::is_control) {
@@ -67,19 +91,27 @@ pub async fn get(
                     "slug must be 1 to 256 printable characters".into(),
                 ));
             }
-            users::by_slug(&state.pool, slug).await?
+            match SlugMatch::of(users::by_slug(&state.pool, slug).await?) {
+                SlugMatch::Nobody => Owner::Unknown,
+                SlugMatch::One(user) => Owner::User(user),
+                SlugMatch::Ambiguous(users) => {
+                    audit_ambiguous(&state, &caller, slug, &users, now).await?;
+                    Owner::Ambiguous
+                }
+            }
         }
-        _ => {
+        (None, None) => Owner::Anonymous,
+        (Some(_), Some(_)) => {
             return Err(ApiError::Invalid(
-                "give exactly one of user and slug".into(),
+                "give at most one of user and slug".into(),
             ))
         }
     };
-    let now = state.clock.now();
-    let active = if candidates.is_empty() {
-        None
-    } else {
-        bookings::active_for(&state.pool, &candidates, now).await?
+    let active = match &owner {
+        Owner::User(user) => {
+            bookings::active_for(&state.pool, std::slice::from_ref(user), now).await?
+        }
+        _ => None,
     };
     let models = models::list(&state.pool).await?;
     let free = models
@@ -94,8 +126,8 @@ pub async fn get(
         .iter()
         .filter_map(|m| Some((m.name.clone(), m.advertised_unit_mib()?)))
         .collect();
-    let answer = match active {
-        Some(b) => Schedulability {
+    if let Some(b) = active {
+        return Ok(axum::Json(Schedulability {
             schedulable: true,
             until: Some(b.end_at),
             model: Some(b.model),
@@ -105,28 +137,87 @@ pub async fn get(
             gpumem_mib,
             earliest_booking: None,
             gpumem_advertised_mib,
-        },
-        None => {
-            let user = candidates.into_iter().next();
-            let earliest_booking = match &user {
-                Some(u) => {
-                    let own = bookings::user_windows(&state.pool, u).await?;
-                    Some(rules::earliest_start_for_user(&state.policy, now, &own).0)
-                }
-                None => Some(now),
-            };
-            Schedulability {
-                schedulable: false,
-                until: None,
-                model: None,
-                booking_id: None,
-                user,
-                free,
-                gpumem_mib,
-                earliest_booking,
-                gpumem_advertised_mib,
+            earliest_booking_by_model: BTreeMap::new(),
+        }));
+    }
+    let own = match &owner {
+        Owner::User(user) => Some(bookings::user_windows(&state.pool, user).await?),
+        Owner::Unknown => Some(Vec::new()),
+        Owner::Anonymous | Owner::Ambiguous => None,
+    };
+    let mut earliest_booking_by_model = BTreeMap::new();
+    if let Some(own) = own {
+        // What /me/next-start answers for each model, by the same function.
+        let ahead = bookings::ahead_by_model(&state.pool, now).await?;
+        let duration = TimeDelta::days(next_start::default_days(&state.policy));
+        for m in &models {
+            let booked = ahead.get(&m.name).map(Vec::as_slice).unwrap_or_default();
+            let units = u32::try_from(m.units).unwrap_or(0);
+            if let Ok(next) = next_start::earliest_start(
+                &state.policy,
+                now,
+                &own,
+                &m.name,
+                units,
+                booked,
+                duration,
+            ) {
+                earliest_booking_by_model.insert(m.name.clone(), next.start);
             }
         }
-    };
-    Ok(axum::Json(answer))
+    }
+    Ok(axum::Json(Schedulability {
+        schedulable: false,
+        until: None,
+        model: None,
+        booking_id: None,
+        user: match owner {
+            Owner::User(user) => Some(user),
+            _ => None,
+        },
+        free,
+        gpumem_mib,
+        earliest_booking: earliest_booking_by_model.values().min().copied(),
+        earliest_booking_by_model,
+        gpumem_advertised_mib,
+    }))
+}
+
+/// Records that `slug` names several users, unless such rows exceed their rate (the
+/// service role can ask about any slug, as often as it likes).
+async fn audit_ambiguous(
+    state: &AppState,
+    caller: &Caller,
+    slug: &str,
+    users: &[String],
+    now: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let allowed = state
+        .ambiguity_audit
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .allow(Instant::now());
+    if !allowed {
+        tracing::debug!(slug, "ambiguous slug; audit row over the rate, not written");
+        return Ok(());
+    }
+    tracing::warn!(
+        slug,
+        users = users.len(),
+        "a slug names several users; resolved to nobody"
+    );
+    audit::record(
+        &state.pool,
+        audit::NewEvent {
+            at: now,
+            actor: caller.user.as_str(),
+            action: "schedulability.ambiguous_slug",
+            subject: Some(slug),
+            user: None,
+            booking_id: None,
+            details: json!({ "slug": slug, "users": users }),
+        },
+    )
+    .await?;
+    Ok(())
 }

@@ -168,9 +168,15 @@ pub async fn create(
         "booking.create"
     };
     let user_slugs = slugs(req.user.as_str());
+    // A new user's label keys (name and both slugs) go with it; one that another user
+    // holds fails `user_key_pkey` (migration 20261123000010): username_collision.
+    let keys: Vec<String> = req.user.lookup_keys().into_iter().collect();
     let row: BookingRow = sqlx::query_as(&format!(
         "WITH known AS (
             INSERT INTO app_user (name, escape_slug, safe_slug) VALUES ($1, $9, $10) ON CONFLICT (name) DO NOTHING
+            RETURNING name
+         ), keys AS (
+            INSERT INTO user_key (key, user_name) SELECT k, known.name FROM known, unnest($12::text[]) AS k
          ), created AS (
             INSERT INTO booking (user_name, model, slot, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at)
             VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $8) RETURNING *
@@ -191,6 +197,7 @@ pub async fn create(
     .bind(&user_slugs.escape)
     .bind(&user_slugs.safe)
     .bind(action)
+    .bind(&keys)
     .fetch_one(&mut *tx)
     .await
     .map_err(constraint_refusal)?;
@@ -312,6 +319,16 @@ fn constraint_refusal(e: sqlx::Error) -> ApiError {
                 )
                 .into()
             }
+            Some("user_key_pkey") => {
+                return ApiError::Conflict(
+                    "username_collision",
+                    "This user name cannot be told apart from another user's in the \
+                     labels JupyterHub puts on pods (its KubeSpawner slug, or the name \
+                     itself, is the other user's), so its pods could get the other \
+                     user's booking. Ask an admin to rename one of the two users."
+                        .into(),
+                )
+            }
             _ => {}
         }
     }
@@ -424,6 +441,28 @@ pub async fn cancel_or_end(
 /// The user's (not cancelled) bookings' windows, for `next-start`.
 pub async fn user_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Vec<Window>> {
     own_windows(db, user).await
+}
+
+/// The bookings (not cancelled) that end after `now`, by model: what can stand in
+/// the way of a booking from now on.
+pub async fn ahead_by_model(
+    db: impl PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> sqlx::Result<std::collections::BTreeMap<String, Vec<Window>>> {
+    let rows: Vec<(String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT model, start_at, end_at FROM booking
+         WHERE cancelled_at IS NULL AND period && tstzrange($1, NULL, '[)')",
+    )
+    .bind(now)
+    .fetch_all(db)
+    .await?;
+    let mut by_model = std::collections::BTreeMap::<String, Vec<Window>>::new();
+    for (model, s, e) in rows {
+        if let Ok(w) = Window::new(s, e) {
+            by_model.entry(model).or_default().push(w);
+        }
+    }
+    Ok(by_model)
 }
 
 /// The active booking of any of `users` at `now`, if one.

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{AdmissionConfig, GpuRequest};
+use super::{AdmissionConfig, GpuRequest, Identity};
 use crate::gpu_model::ModelName;
 
 /// Kubernetes shows warnings to the user; it asks for at most 120 characters.
@@ -45,6 +45,60 @@ impl fmt::Display for BookingErrorPolicy {
     }
 }
 
+/// What a GPU pod without a trusted identity gets (issue 13: such a pod used to keep
+/// its GPU with no priority label, so it could never be preempted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnidentifiedGpuPods {
+    /// Treated as an unbooked user's pod: a free unit at low priority (preemptible for
+    /// a booked user), else no GPU.
+    #[default]
+    Lent,
+    /// Always runs without its GPU, with a warning that says why.
+    Strip,
+}
+
+impl FromStr for UnidentifiedGpuPods {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "lent" => Ok(Self::Lent),
+            "strip" => Ok(Self::Strip),
+            other => Err(format!("expected lent or strip, not {other:?}")),
+        }
+    }
+}
+
+impl fmt::Display for UnidentifiedGpuPods {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Lent => "lent",
+            Self::Strip => "strip",
+        })
+    }
+}
+
+/// What the webhook asks the booking service about a GPU pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask<'a> {
+    /// The owner's active booking and the free units (`?user=` or `?slug=`).
+    Owner(&'a Identity),
+    /// Only the free units, for a pod without identity that may be lent (no query).
+    FreeUnits,
+}
+
+/// What to ask for a GPU pod with `identity` (trusted, see
+/// [`super::trusted_identity`]); `None`: nothing, the pod is decided with
+/// [`Lookup::NoIdentity`].
+pub fn what_to_ask<'a>(identity: Option<&'a Identity>, cfg: &AdmissionConfig) -> Option<Ask<'a>> {
+    match (identity, cfg.unidentified_gpu_pods) {
+        (Some(owner), _) => Some(Ask::Owner(owner)),
+        (None, UnidentifiedGpuPods::Lent) => Some(Ask::FreeUnits),
+        (None, UnidentifiedGpuPods::Strip) => None,
+    }
+}
+
 /// The booking service's answer to `GET /api/v1/schedulability?user=|slug=`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Schedulability {
@@ -68,7 +122,8 @@ pub struct Schedulability {
     /// Declared VRAM budget per unit of each model, in MiB.
     #[serde(default)]
     pub gpumem_mib: BTreeMap<ModelName, u64>,
-    /// When this user could start a booking, if the service knows.
+    /// When this user could start a booking on any model, if the service knows: the
+    /// earliest of [`Self::earliest_booking_by_model`].
     #[serde(default)]
     pub earliest_booking: Option<DateTime<Utc>>,
     /// Per model, the VRAM budget (MiB) one unit can hold, for the models whose every
@@ -78,6 +133,10 @@ pub struct Schedulability {
     /// predates the report): budgets are not checked against the nodes.
     #[serde(default)]
     pub gpumem_advertised_mib: Option<BTreeMap<ModelName, u64>>,
+    /// When this user could start a booking of each model, as `GET /me/next-start`
+    /// answers it (the user's rules and the model's capacity).
+    #[serde(default)]
+    pub earliest_booking_by_model: BTreeMap<ModelName, DateTime<Utc>>,
 }
 
 impl Schedulability {
@@ -106,12 +165,21 @@ impl Schedulability {
     pub fn budget_withheld(&self, model: &ModelName, cfg: &AdmissionConfig) -> bool {
         self.budget_due(model, cfg).is_some() && self.budget_for(model, cfg).is_none()
     }
+
+    /// When the user could book `model` (any model, when `None`).
+    pub fn earliest_booking_of(&self, model: Option<&ModelName>) -> Option<DateTime<Utc>> {
+        model
+            .and_then(|m| self.earliest_booking_by_model.get(m).copied())
+            .or(self.earliest_booking)
+    }
 }
 
 /// What the webhook learned about the pod's owner.
 #[derive(Debug, Clone, Copy)]
 pub enum Lookup<'a> {
-    /// The pod has no JupyterHub identity; nobody was asked.
+    /// The pod has no trusted identity and such pods are stripped
+    /// ([`UnidentifiedGpuPods::Strip`]); nobody was asked. (A pod without identity that
+    /// may be lent is asked about as [`Ask::FreeUnits`] and comes as an answer.)
     NoIdentity,
     /// The booking service answered.
     Answer(&'a Schedulability),
@@ -128,6 +196,9 @@ pub enum StripReason {
     SeveralModels,
     /// The booking service failed and the policy is [`BookingErrorPolicy::Strip`].
     BookingServiceError,
+    /// No trusted spawner vouches for the pod's owner and the policy is
+    /// [`UnidentifiedGpuPods::Strip`].
+    NoIdentity,
 }
 
 /// What happens to a GPU pod.
@@ -153,8 +224,6 @@ pub enum Decision {
         reason: StripReason,
         earliest_booking: Option<DateTime<Utc>>,
     },
-    /// A GPU pod with no JupyterHub identity: only the VRAM budget is added.
-    BudgetOnly { gpumem_mib: Option<u64> },
     /// The booking service failed and the policy is [`BookingErrorPolicy::Allow`]:
     /// the pod goes through unchanged.
     Unchecked { message: String },
@@ -170,8 +239,9 @@ pub fn decide(
 ) -> Decision {
     let answer = match lookup {
         Lookup::NoIdentity => {
-            return Decision::BudgetOnly {
-                gpumem_mib: cfg.gpumem_for(gpu.model()),
+            return Decision::Strip {
+                reason: StripReason::NoIdentity,
+                earliest_booking: None,
             }
         }
         Lookup::Failed(message) => return on_booking_error(message, cfg),
@@ -225,7 +295,7 @@ pub fn decide(
             reason: StripReason::NothingFree {
                 model: gpu.model().cloned(),
             },
-            earliest_booking: answer.earliest_booking,
+            earliest_booking: answer.earliest_booking_of(gpu.model()),
         },
     }
 }
@@ -252,8 +322,11 @@ impl Decision {
                 reason: StripReason::BookingServiceError,
                 ..
             } => "booking_error_strip",
+            Decision::Strip {
+                reason: StripReason::NoIdentity,
+                ..
+            } => "no_identity_strip",
             Decision::Strip { .. } => "strip",
-            Decision::BudgetOnly { .. } => "budget_only",
             Decision::Unchecked { .. } => "booking_error_allow",
         }
     }
@@ -265,7 +338,6 @@ impl Decision {
             Decision::LowPriority { .. } => Some("webhook.low-priority"),
             Decision::Strip { .. } => Some("webhook.strip"),
             Decision::Unchecked { .. } => Some("webhook.unchecked"),
-            Decision::BudgetOnly { .. } => None,
         }
     }
 
@@ -306,6 +378,7 @@ impl Decision {
             StripReason::BookingServiceError => {
                 "the booking service could not be asked (policy: strip)".to_owned()
             }
+            StripReason::NoIdentity => "the pod was not created by JupyterHub".to_owned(),
         })
     }
 
@@ -344,7 +417,6 @@ impl Decision {
             Decision::Unchecked { .. } => {
                 "gpu-booking: booking service unavailable; GPU admitted without a check".to_owned()
             }
-            Decision::BudgetOnly { .. } => return None,
         };
         Some(truncate_chars(&text, MAX_WARNING_CHARS))
     }
@@ -391,6 +463,7 @@ mod tests {
             gpumem_mib: [(model("a100"), 40960)].into_iter().collect(),
             earliest_booking: Some("2026-12-01T09:00:00Z".parse().unwrap()),
             gpumem_advertised_mib: None,
+            earliest_booking_by_model: BTreeMap::new(),
         }
     }
 
@@ -534,19 +607,59 @@ mod tests {
     }
 
     #[test]
-    fn no_identity_is_budget_only() {
-        let cfg = AdmissionConfig {
-            default_gpumem_mib: Some(8192),
-            ..AdmissionConfig::default()
-        };
+    fn unidentified_pods_are_lent_or_stripped_by_the_setting() {
+        let id = Identity::User(crate::username::Username::parse("alice").unwrap());
+        let mut cfg = AdmissionConfig::default();
+        assert_eq!(cfg.unidentified_gpu_pods, UnidentifiedGpuPods::Lent);
+        assert_eq!(what_to_ask(Some(&id), &cfg), Some(Ask::Owner(&id)));
+        assert_eq!(what_to_ask(None, &cfg), Some(Ask::FreeUnits));
+        // Lent: the free-units answer (no user) decides as for an unbooked user.
+        let mut a = answer(None, &[("a6000", 2)]);
+        a.user = None;
+        a.earliest_booking = None;
+        let d = decide(&generic(), Lookup::Answer(&a), &cfg, now());
+        assert_eq!(d.kind(), "low_priority");
+        let full = answer(None, &[("a6000", 0)]);
+        let d = decide(&generic(), Lookup::Answer(&full), &cfg, now());
+        assert_eq!(d.kind(), "strip");
+        // Strip: nothing asked, the GPU goes, and the warning says why.
+        cfg.unidentified_gpu_pods = UnidentifiedGpuPods::Strip;
+        assert_eq!(what_to_ask(Some(&id), &cfg), Some(Ask::Owner(&id)));
+        assert_eq!(what_to_ask(None, &cfg), None);
         let d = decide(&generic(), Lookup::NoIdentity, &cfg, now());
-        assert_eq!(
-            d,
-            Decision::BudgetOnly {
-                gpumem_mib: Some(8192)
-            }
-        );
-        assert_eq!(d.warning(), None);
+        assert_eq!(d.kind(), "no_identity_strip");
+        assert_eq!(d.audit_action(), Some("webhook.strip"));
+        let w = d.warning().unwrap();
+        assert!(w.contains("not created by JupyterHub"), "{w}");
+        assert_eq!("strip".parse(), Ok(UnidentifiedGpuPods::Strip));
+        assert_eq!(UnidentifiedGpuPods::Lent.to_string(), "lent");
+        assert!("budget".parse::<UnidentifiedGpuPods>().is_err());
+    }
+
+    #[test]
+    fn the_strip_date_is_the_models_own() {
+        let cfg = AdmissionConfig::default();
+        let mut a = answer(None, &[("a100", 0), ("a6000", 0)]);
+        a.earliest_booking = Some("2026-11-20T00:00:00Z".parse().unwrap());
+        a.earliest_booking_by_model = [
+            (model("a100"), "2026-12-24T00:00:00Z".parse().unwrap()),
+            (model("a6000"), "2026-11-20T00:00:00Z".parse().unwrap()),
+        ]
+        .into_iter()
+        .collect();
+        let a100 = GpuRequest {
+            units: 1,
+            models: [model("a100")].into_iter().collect(),
+        };
+        let w = decide(&a100, Lookup::Answer(&a), &cfg, now())
+            .warning()
+            .unwrap();
+        assert!(w.contains("2026-12-24 00:00 UTC"), "{w}");
+        // Any model: the earliest of all.
+        let w = decide(&generic(), Lookup::Answer(&a), &cfg, now())
+            .warning()
+            .unwrap();
+        assert!(w.contains("2026-11-20 00:00 UTC"), "{w}");
     }
 
     #[test]
@@ -574,7 +687,8 @@ mod tests {
     fn answer_parses_the_service_contract() {
         let body = r#"{"schedulable": true, "until": "2026-11-30T00:00:00Z", "model": "a100",
             "booking_id": 17, "user": "alice@example.com", "free": {"a100": 0, "a6000": 3},
-            "gpumem_mib": {"a100": 40960, "a6000": 12288}, "earliest_booking": null}"#;
+            "gpumem_mib": {"a100": 40960, "a6000": 12288}, "earliest_booking": null,
+            "earliest_booking_by_model": {"a6000": "2026-12-01T00:00:00Z"}}"#;
         let a: Schedulability = serde_json::from_str(body).unwrap();
         assert_eq!(a.free.get(&model("a6000")), Some(&3));
         assert_eq!(a.gpumem_advertised_mib, None);
@@ -586,6 +700,11 @@ mod tests {
         assert_eq!(
             with.gpumem_advertised_mib,
             Some([(model("a100"), 40448)].into_iter().collect())
+        );
+        assert_eq!(
+            a.earliest_booking_of(Some(&model("a6000")))
+                .map(|t| t.to_rfc3339()),
+            Some("2026-12-01T00:00:00+00:00".into())
         );
         let unbooked = r#"{"schedulable": false, "until": null, "model": null, "booking_id": null,
             "user": null, "free": {}, "gpumem_mib": {}, "earliest_booking": "2026-12-01T00:00:00+01:00"}"#;

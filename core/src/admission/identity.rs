@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::USERNAME_KEY;
-use crate::username::{escape_decode, Username};
+use crate::username::{escape_decode, NameCase, Username};
 
 /// Longest label we look up as a slug. Valid label values have at most 63 characters,
 /// but KubeSpawner 6.x writes longer (invalid) ones for long names, and the API server
@@ -49,16 +49,26 @@ impl Identity {
     }
 }
 
-/// The identity of `pod`: the annotation when it holds an acceptable user name, else the
-/// label when it can be a KubeSpawner slug; `None` for pods without either (and for
-/// values no JupyterHub could have written: control characters, oversized, ...).
-pub fn identify(pod: &Value) -> Option<Identity> {
+/// The identity of `pod`, as the pod says, with names compared as `case` says.
+///
+/// The `hub.jupyter.org/username` annotation, when the pod has it, is the only word:
+/// a value that is no acceptable user name (control characters, over
+/// [`MAX_USERNAME_BYTES`](crate::username::MAX_USERNAME_BYTES), ...) gives no identity
+/// rather than a fall back to the label, because the label of a long or odd name is a
+/// lossy slug that can name someone else (issue 13: a 265-byte name dropped from the
+/// annotation fell back to a safe slug equal to Alice's). Without the annotation, the
+/// label when it can be a KubeSpawner slug. `None` for pods without either.
+///
+/// Only trust this for pods the spawner created: see [`super::trusted_identity`].
+pub fn identify(pod: &Value, case: NameCase) -> Option<Identity> {
     let metadata = pod.get("metadata")?;
-    let annotation = metadata
+    if let Some(annotation) = metadata
         .get("annotations")
         .and_then(|a| a.get(USERNAME_KEY))
-        .and_then(Value::as_str);
-    if let Some(user) = annotation.and_then(|a| Username::parse(a).ok()) {
+    {
+        let user = annotation
+            .as_str()
+            .and_then(|name| Username::normalised(name, case).ok())?;
         return Some(Identity::User(user));
     }
     let label = metadata
@@ -70,7 +80,7 @@ pub fn identify(pod: &Value) -> Option<Identity> {
     }
     let decoded = escape_decode(label)
         .ok()
-        .and_then(|name| Username::parse(&name).ok());
+        .and_then(|name| Username::normalised(&name, case).ok());
     Some(Identity::Slug {
         slug: label.to_owned(),
         decoded,
@@ -103,6 +113,10 @@ mod tests {
         json!({ "metadata": meta })
     }
 
+    fn identify(pod: &Value) -> Option<Identity> {
+        super::identify(pod, NameCase::Lowercase)
+    }
+
     #[test]
     fn annotation_first() {
         let id = identify(&pod(
@@ -121,6 +135,18 @@ mod tests {
     }
 
     #[test]
+    fn names_are_normalised_as_jupyterhub_does() {
+        let id = identify(&pod(Some("Alice@Example.com"), None)).unwrap();
+        assert_eq!(id.query(), ("user", "alice@example.com"));
+        let id = super::identify(&pod(Some("Alice@Example.com"), None), NameCase::Sensitive);
+        assert_eq!(id.unwrap().query(), ("user", "Alice@Example.com"));
+        // An escape label decodes to the name it stands for, normalised the same way.
+        let id = identify(&pod(None, Some("-42ob"))).unwrap();
+        assert_eq!(id.query(), ("slug", "-42ob"));
+        assert_eq!(id.username().map(Username::as_str), Some("bob"));
+    }
+
+    #[test]
     fn safe_label_is_a_slug_without_decoding() {
         let id = identify(&pod(None, Some("alice-example-com---ff8d9819"))).unwrap();
         assert_eq!(id.query(), ("slug", "alice-example-com---ff8d9819"));
@@ -129,9 +155,20 @@ mod tests {
 
     #[test]
     fn hostile_values() {
-        // A control character in the annotation: fall back to the label.
-        let id = identify(&pod(Some("eve\n"), Some("eve"))).unwrap();
-        assert_eq!(id.query(), ("slug", "eve"));
+        // An annotation that is no user name: no identity, never the label instead.
+        assert_eq!(identify(&pod(Some("eve\n"), Some("eve"))), None);
+        assert_eq!(identify(&pod(Some(""), Some("eve"))), None);
+        assert_eq!(
+            identify(
+                &json!({"metadata": {"annotations": {USERNAME_KEY: 7}, "labels": {USERNAME_KEY: "eve"}}})
+            ),
+            None
+        );
+        // Issue 13: a name over the bound is refused, not replaced by its safe slug
+        // (which another user can share).
+        let long = format!("{}@example.com", "m".repeat(260));
+        let safe = crate::username::safe_slug(&long);
+        assert_eq!(identify(&pod(Some(&long), Some(&safe))), None);
         assert_eq!(identify(&pod(Some(""), None)), None);
         assert_eq!(identify(&pod(None, Some("a&b=c"))), None);
         assert_eq!(identify(&pod(None, Some(&"a".repeat(300)))), None);

@@ -6,11 +6,15 @@
 //! 1. [`detect_gpu`] (`detect.rs`): does any container or init container ask for a GPU
 //!    resource (`nvidia.com/gpu` or a configured per-model resource) above zero?
 //!    Pods that do not are allowed unchanged, without asking anyone.
-//! 2. [`identify`] (`identity.rs`): whose pod is it? The raw `hub.jupyter.org/username`
-//!    annotation first, else the label of the same name (escape-decoded when it
-//!    decodes, and looked up as a slug so that safe-scheme labels resolve too).
-//! 3. The webhook asks the booking service (I/O, not here) and hands the answer, or the
-//!    failure, to [`decide`] (`decision.rs`), which returns a [`Decision`].
+//! 2. [`trusted_identity`] (`trust.rs`, `identity.rs`): whose pod is it? Only pods
+//!    that a trusted spawner created (the review's `userInfo`) in its namespaces have
+//!    an identity: the raw `hub.jupyter.org/username` annotation when present, else
+//!    the label of the same name (escape-decoded when it decodes, and looked up as a
+//!    slug so that safe-scheme labels resolve too).
+//! 3. [`what_to_ask`] says what the webhook asks the booking service (I/O, not here):
+//!    the owner's bookings, only the free units (a pod without identity that may be
+//!    lent), or nothing; it hands the answer, or the failure, to [`decide`]
+//!    (`decision.rs`), which returns a [`Decision`].
 //! 4. [`plan`] (`patch.rs`) turns the decision into a [`json_patch::Patch`] over the pod
 //!    as it was sent. [`plan_cpu_only`] is the CPU-only step on its own, which the
 //!    controller reuses to recreate a pod without its GPU.
@@ -24,18 +28,24 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::gpu_model::ModelName;
+use crate::username::NameCase;
 
 mod decision;
 mod detect;
 mod identity;
 mod patch;
 mod quantity;
+mod trust;
 
-pub use decision::{decide, BookingErrorPolicy, Decision, Lookup, Schedulability, StripReason};
+pub use decision::{
+    decide, what_to_ask, Ask, BookingErrorPolicy, Decision, Lookup, Schedulability, StripReason,
+    UnidentifiedGpuPods,
+};
 pub use detect::{detect_gpu, GpuRequest};
 pub use identity::{identify, Identity};
 pub use patch::{plan, plan_cpu_only, plan_cpu_only_because, plan_node_resource};
 pub use quantity::parse_quantity;
+pub use trust::{trusted_identity, SpawnerTrust, UserInfo};
 
 /// Label: `high` for a pod of a booked user, `low` for a pod that got a free GPU without
 /// a booking (the controller may preempt it for a booked user).
@@ -92,6 +102,12 @@ pub struct AdmissionConfig {
     pub low_priority_class: Option<String>,
     /// What to do when the booking service cannot answer.
     pub on_booking_error: BookingErrorPolicy,
+    /// Who may vouch for a pod's user name (default: nobody).
+    pub spawners: SpawnerTrust,
+    /// How user names compare (JupyterHub lowercases by default).
+    pub name_case: NameCase,
+    /// What a GPU pod without a trusted identity gets.
+    pub unidentified_gpu_pods: UnidentifiedGpuPods,
 }
 
 impl Default for AdmissionConfig {
@@ -107,6 +123,9 @@ impl Default for AdmissionConfig {
             high_priority_class: Some(DEFAULT_HIGH_PRIORITY_CLASS.to_owned()),
             low_priority_class: Some(DEFAULT_LOW_PRIORITY_CLASS.to_owned()),
             on_booking_error: BookingErrorPolicy::Allow,
+            spawners: SpawnerTrust::default(),
+            name_case: NameCase::default(),
+            unidentified_gpu_pods: UnidentifiedGpuPods::default(),
         }
     }
 }

@@ -64,13 +64,6 @@ pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
                 ed.set_annotation(GPU_REMOVED_ANNOTATION, &reason);
             }
         }
-        Decision::BudgetOnly { gpumem_mib } => {
-            // Our labels are ours to write: a pod cannot claim a booking by itself.
-            ed.mark(None, None, None);
-            ed.remove_annotation(&cfg.terminate_at_annotation);
-            ed.demote_priority_class(cfg);
-            ed.apply_budget(cfg, *gpumem_mib);
-        }
         Decision::Unchecked { .. } => {}
     }
     ed.finish()
@@ -499,7 +492,7 @@ mod tests {
     }
 
     #[test]
-    fn unchecked_changes_nothing_and_budget_only_unmarks() {
+    fn unchecked_changes_nothing_and_strip_unmarks() {
         let pod = json!({"metadata": {"labels": {"gpu-booking/priority": "high"}},
             "spec": {"priorityClassName": "gpu-booking-high", "priority": 1000000,
                      "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
@@ -508,14 +501,16 @@ mod tests {
             message: "down".into(),
         };
         assert!(plan(&pod, &unchecked, &cfg).0.is_empty());
-        let out = apply(
-            &pod,
-            &plan(&pod, &Decision::BudgetOnly { gpumem_mib: None }, &cfg),
-        );
+        // A pod without identity that is stripped cannot keep a priority it wrote.
+        let strip = Decision::Strip {
+            reason: crate::admission::StripReason::NoIdentity,
+            earliest_booking: None,
+        };
+        let out = apply(&pod, &plan(&pod, &strip, &cfg));
         assert!(out["metadata"]["labels"]
             .get("gpu-booking/priority")
             .is_none());
-        assert_eq!(out["spec"]["priorityClassName"], "gpu-booking-low");
+        assert!(out["spec"].get("priorityClassName").is_none());
         assert!(out["spec"].get("priority").is_none());
     }
 

@@ -215,8 +215,9 @@ fn future() -> &'static str {
 /// The stub's table: who is booked, and what is free.
 /// - alice@example.com (and both her slugs): booked a100 (id 17), a100 full.
 /// - zoë@uni.example (and slugs): booked a6000 (id 18), a6000 free.
-/// - Bob.Smith (and slugs): not booked; a6000 and the MIG profile free, a100 full.
+/// - Bob.Smith (or bob.smith, and slugs): not booked; a6000 and the MIG profile free, a100 full.
 /// - a-b (and slugs) and anyone else: not booked, nothing free.
+/// - no query (a pod without identity): nobody, one a6000 free.
 /// - down@example.com: HTTP 500. slow@example.com: answers after 5 s. garbage@example.com: not JSON.
 fn answer_for(kind: &str, value: &str) -> Result<Value, (StatusCode, String)> {
     let who = match (kind, value) {
@@ -226,7 +227,10 @@ fn answer_for(kind: &str, value: &str) -> Result<Value, (StatusCode, String)> {
         ("user", "zoë@uni.example")
         | ("slug", "zo-c3-ab-40uni-2eexample")
         | ("slug", "zo-uni-example---99eefb17") => "zoe",
-        ("user", "Bob.Smith") | ("slug", "-42ob-2e-53mith") | ("slug", "Bob.Smith") => "bob",
+        // As the webhook asks by default: lowercased, as JupyterHub normalises names.
+        ("user", "Bob.Smith" | "bob.smith")
+        | ("slug", "-42ob-2e-53mith")
+        | ("slug", "Bob.Smith") => "bob",
         ("user", "down@example.com") => {
             return Err((StatusCode::INTERNAL_SERVER_ERROR, "down".into()))
         }
@@ -265,10 +269,13 @@ async fn stub_lookup(
     if auth.as_deref() != Some(SERVICE_TOKEN) {
         return Err((StatusCode::UNAUTHORIZED, "bad token".into()));
     }
-    let (kind, value) = q
-        .iter()
-        .next()
-        .ok_or((StatusCode::UNPROCESSABLE_ENTITY, "no query".into()))?;
+    let Some((kind, value)) = q.iter().next() else {
+        return Ok(Json(
+            json!({"schedulable": false, "until": null, "model": null, "booking_id": null,
+            "user": null, "free": {"a100": 0, "a6000": 1, "mig-1g.5gb": 0},
+            "gpumem_mib": {"a100": 40960, "a6000": 49152, "mig-1g.5gb": 5120}, "earliest_booking": null}),
+        ));
+    };
     if value == "slow@example.com" {
         tokio::time::sleep(Duration::from_secs(5)).await;
     }

@@ -1,0 +1,241 @@
+//! Whose word counts: a pod's `hub.jupyter.org/username` annotation or label is only
+//! believed when the spawner wrote it.
+//!
+//! Anyone who can create a pod can write any label or annotation, so the name in a pod
+//! proves nothing by itself (issue 13: a pod in any namespace with Alice's annotation
+//! got Alice's booking). The AdmissionReview says who asked the API server to create
+//! the pod (`request.userInfo`, authenticated by the API server) and in which
+//! namespace; JupyterHub's KubeSpawner creates pods as the hub's ServiceAccount
+//! (`system:serviceaccount:<namespace>:hub` in zero-to-jupyterhub) in its own
+//! namespace. Only such pods have an identity; every other GPU pod is an unidentified
+//! pod, which [`super::UnidentifiedGpuPods`] lends or strips.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::identity::{identify, Identity};
+use crate::username::NameCase;
+
+/// Who may vouch for a pod's user name, and where.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnerTrust {
+    /// User names (as the API server authenticates them) of trusted spawners, e.g.
+    /// `system:serviceaccount:jhub:hub`. Compared exactly.
+    pub users: Vec<String>,
+    /// Groups whose members are trusted spawners (e.g. a group that only the hub's
+    /// identity is in). Compared exactly.
+    pub groups: Vec<String>,
+    /// Namespaces whose pods may have an identity; empty: any namespace.
+    pub namespaces: Vec<String>,
+}
+
+/// The requester of an admission, as the review's `request.userInfo` names it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserInfo {
+    pub username: Option<String>,
+    pub groups: Vec<String>,
+}
+
+impl UserInfo {
+    /// Reads `request.userInfo` leniently: a missing or odd field is simply absent
+    /// (which trusts nobody), never an error.
+    pub fn from_review(user_info: Option<&Value>) -> Self {
+        let Some(info) = user_info else {
+            return Self::default();
+        };
+        Self {
+            username: info
+                .get("username")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            groups: info
+                .get("groups")
+                .and_then(Value::as_array)
+                .map(|groups| {
+                    groups
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl SpawnerTrust {
+    /// Whether a pod created by `requester` in `namespace` comes from a trusted spawner.
+    /// Nobody is trusted when no spawner is configured, and a request without a
+    /// namespace is trusted only when the namespaces are not restricted.
+    pub fn trusts(&self, requester: &UserInfo, namespace: Option<&str>) -> bool {
+        let by_name = requester
+            .username
+            .as_deref()
+            .is_some_and(|name| self.users.iter().any(|u| u == name));
+        let by_group = requester
+            .groups
+            .iter()
+            .any(|g| self.groups.iter().any(|trusted| trusted == g));
+        let namespace_ok = self.namespaces.is_empty()
+            || namespace.is_some_and(|ns| self.namespaces.iter().any(|n| n == ns));
+        (by_name || by_group) && namespace_ok
+    }
+
+    /// Whether any spawner is trusted at all (else no pod has an identity).
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty() && self.groups.is_empty()
+    }
+}
+
+/// The identity of a pod that `requester` asks to create in `namespace`: what the pod
+/// says ([`identify`]) when a trusted spawner created it, `None` otherwise.
+pub fn trusted_identity(
+    trust: &SpawnerTrust,
+    requester: &UserInfo,
+    namespace: Option<&str>,
+    pod: &Value,
+    case: NameCase,
+) -> Option<Identity> {
+    if trust.trusts(requester, namespace) {
+        identify(pod, case)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::USERNAME_KEY;
+    use serde_json::json;
+
+    const HUB: &str = "system:serviceaccount:jhub:hub";
+
+    fn trust() -> SpawnerTrust {
+        SpawnerTrust {
+            users: vec![HUB.into()],
+            groups: vec!["jupyterhub-spawners".into()],
+            namespaces: vec!["jhub".into()],
+        }
+    }
+
+    fn by(name: &str, groups: &[&str]) -> UserInfo {
+        UserInfo::from_review(Some(&json!({"username": name, "groups": groups})))
+    }
+
+    fn alice_pod() -> Value {
+        json!({"metadata": {
+            "annotations": {USERNAME_KEY: "alice@example.com"},
+            "labels": {USERNAME_KEY: "alice-example-com---ff8d9819"},
+        }})
+    }
+
+    #[test]
+    fn trust_table() {
+        let t = trust();
+        let cases = [
+            // (requester, groups, namespace, trusted?)
+            (HUB, vec![], Some("jhub"), true),
+            // Another ServiceAccount in the right namespace.
+            (
+                "system:serviceaccount:jhub:default",
+                vec![],
+                Some("jhub"),
+                false,
+            ),
+            // The right ServiceAccount name, another namespace's account.
+            (
+                "system:serviceaccount:other:hub",
+                vec![],
+                Some("jhub"),
+                false,
+            ),
+            // The right account, but the pod goes elsewhere.
+            (HUB, vec![], Some("other"), false),
+            (HUB, vec![], None, false),
+            // A person, whatever groups they say they are in but the trusted one.
+            (
+                "alice@example.com",
+                vec!["system:authenticated"],
+                Some("jhub"),
+                false,
+            ),
+            // Member of a trusted group.
+            ("someone", vec!["jupyterhub-spawners"], Some("jhub"), true),
+            // Names are exact: no prefix, no case folding.
+            (
+                "system:serviceaccount:jhub:hub2",
+                vec![],
+                Some("jhub"),
+                false,
+            ),
+            (
+                "SYSTEM:SERVICEACCOUNT:JHUB:HUB",
+                vec![],
+                Some("jhub"),
+                false,
+            ),
+            ("", vec![], Some("jhub"), false),
+        ];
+        for (name, groups, ns, expected) in cases {
+            assert_eq!(
+                t.trusts(&by(name, &groups), ns),
+                expected,
+                "{name} {groups:?} in {ns:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unrestricted_namespaces_and_nobody_configured() {
+        let t = SpawnerTrust {
+            namespaces: vec![],
+            ..trust()
+        };
+        assert!(t.trusts(&by(HUB, &[]), Some("anywhere")));
+        assert!(t.trusts(&by(HUB, &[]), None));
+        let nobody = SpawnerTrust::default();
+        assert!(nobody.is_empty());
+        assert!(!nobody.trusts(&by(HUB, &[]), Some("jhub")));
+    }
+
+    #[test]
+    fn odd_user_info_trusts_nobody() {
+        let t = trust();
+        for info in [
+            json!(null),
+            json!(7),
+            json!({"username": 7}),
+            json!({"groups": "jupyterhub-spawners"}),
+            json!({"username": null, "groups": [1, null]}),
+        ] {
+            assert!(
+                !t.trusts(&UserInfo::from_review(Some(&info)), Some("jhub")),
+                "{info}"
+            );
+        }
+        assert!(!t.trusts(&UserInfo::from_review(None), Some("jhub")));
+    }
+
+    #[test]
+    fn identity_only_from_the_trusted_spawner() {
+        let t = trust();
+        let pod = alice_pod();
+        let id = trusted_identity(&t, &by(HUB, &[]), Some("jhub"), &pod, NameCase::Lowercase);
+        assert_eq!(
+            id.map(|i| i.describe()),
+            Some("user alice@example.com".into())
+        );
+        for (who, ns) in [
+            ("system:serviceaccount:jhub:default", "jhub"),
+            (HUB, "elsewhere"),
+            ("mallory", "jhub"),
+        ] {
+            assert_eq!(
+                trusted_identity(&t, &by(who, &[]), Some(ns), &pod, NameCase::Lowercase),
+                None,
+                "{who} in {ns}"
+            );
+        }
+    }
+}

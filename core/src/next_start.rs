@@ -1,0 +1,158 @@
+//! The earliest valid start of a user's next booking of a model: first the user's own
+//! rules (cooldown, an active or planned booking), then the model's capacity.
+//!
+//! One function for both places that tell a user when they can book:
+//! `GET /api/v1/me/next-start` and the webhook's "you can book from ..." when it
+//! strips a GPU (issue 12, item 7: the warning used the rules alone and named a date
+//! on which every unit of the model was booked).
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+use crate::capacity;
+use crate::policy::Policy;
+use crate::rules::{self, Reason, Refusal, RuleCode};
+use crate::window::Window;
+
+/// When the next booking can start, and why not earlier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextStart {
+    pub start: DateTime<Utc>,
+    /// Every rule that holds it back; empty when it can start at `now`.
+    pub reasons: Vec<Reason>,
+}
+
+/// The length of booking asked about when the caller names none: the shortest the
+/// policy allows, in whole days (at least one).
+pub fn default_days(policy: &Policy) -> i64 {
+    ((policy.min_duration.num_seconds() + 86_399) / 86_400).max(1)
+}
+
+/// The earliest start of a booking of `duration` on `model` (with `units` units) for a
+/// user whose bookings (not cancelled) are `own`, given the model's bookings (not
+/// cancelled) in `booked`; those that end before the user's rules allow a start are
+/// simply never in the way. A model without units can never be booked.
+pub fn earliest_start(
+    policy: &Policy,
+    now: DateTime<Utc>,
+    own: &[Window],
+    model: &str,
+    units: u32,
+    booked: &[Window],
+    duration: TimeDelta,
+) -> Result<NextStart, Refusal> {
+    let (after_rules, mut reasons) = rules::earliest_start_for_user(policy, now, own);
+    let start = capacity::earliest_fit(units, booked, after_rules, duration)
+        .ok_or_else(|| Refusal::new(RuleCode::Capacity, format!("{model} has no units")))?;
+    if start > after_rules {
+        reasons.push(Reason {
+            code: RuleCode::Capacity,
+            message: format!(
+                "all units of {model} booked until {}",
+                rules::rfc3339(start)
+            ),
+            until: start,
+        });
+    }
+    Ok(NextStart { start, reasons })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    fn w(a: &str, b: &str) -> Window {
+        Window::new(t(a), t(b)).unwrap()
+    }
+
+    #[test]
+    fn default_days_round_up() {
+        assert_eq!(default_days(&Policy::default()), 1);
+        let policy = Policy {
+            min_duration: TimeDelta::hours(25),
+            ..Policy::default()
+        };
+        assert_eq!(default_days(&policy), 2);
+        let policy = Policy {
+            min_duration: TimeDelta::zero(),
+            ..Policy::default()
+        };
+        assert_eq!(default_days(&policy), 1);
+    }
+
+    #[test]
+    fn free_model_without_history_is_now() {
+        let now = t("2026-11-01T00:00:00Z");
+        let next = earliest_start(
+            &Policy::default(),
+            now,
+            &[],
+            "a100",
+            2,
+            &[],
+            TimeDelta::days(1),
+        );
+        assert_eq!(
+            next,
+            Ok(NextStart {
+                start: now,
+                reasons: vec![]
+            })
+        );
+    }
+
+    #[test]
+    fn cooldown_then_capacity() {
+        let now = t("2026-11-01T00:00:00Z");
+        // Ended a booking yesterday: cooldown until 14 days after.
+        let own = [w("2026-10-25T00:00:00Z", "2026-10-31T00:00:00Z")];
+        let next = earliest_start(
+            &Policy::default(),
+            now,
+            &own,
+            "a100",
+            1,
+            &[],
+            TimeDelta::days(1),
+        )
+        .unwrap();
+        assert_eq!(next.start, t("2026-11-14T00:00:00Z"));
+        assert_eq!(next.reasons.len(), 1);
+        assert_eq!(next.reasons[0].code, RuleCode::Cooldown);
+        // The one unit is booked across the end of the cooldown: later still.
+        let booked = [w("2026-11-10T00:00:00Z", "2026-11-20T00:00:00Z")];
+        let next = earliest_start(
+            &Policy::default(),
+            now,
+            &own,
+            "a100",
+            1,
+            &booked,
+            TimeDelta::days(1),
+        )
+        .unwrap();
+        assert_eq!(next.start, t("2026-11-20T00:00:00Z"));
+        assert_eq!(
+            next.reasons.last().map(|r| r.code),
+            Some(RuleCode::Capacity)
+        );
+    }
+
+    #[test]
+    fn a_model_without_units_is_refused() {
+        let now = t("2026-11-01T00:00:00Z");
+        let refused = earliest_start(
+            &Policy::default(),
+            now,
+            &[],
+            "gone",
+            0,
+            &[],
+            TimeDelta::days(1),
+        );
+        assert_eq!(refused.map_err(|r| r.code), Err(RuleCode::Capacity));
+    }
+}
