@@ -3,7 +3,7 @@
 //! would let jump past every timeout).
 
 use futures::future::BoxFuture;
-use gpu_booking_client::{AuditReport, BookingClient, ClientError, Model, PreemptionRequest};
+use gpu_booking_client::{AuditReport, BookingClient, ClientError, Model};
 
 pub type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
 
@@ -11,8 +11,6 @@ pub type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
 pub trait Booking: Send + Sync + 'static {
     fn models(&self) -> Answer<'_, Vec<Model>>;
     fn put_usage<'a>(&'a self, model: &'a str, in_use: i32, units: Option<i32>) -> Answer<'a, ()>;
-    fn open_preemptions(&self) -> Answer<'_, Vec<PreemptionRequest>>;
-    fn handle_preemption<'a>(&'a self, id: i64, outcome: &'a str) -> Answer<'a, ()>;
     fn audit<'a>(&'a self, report: &'a AuditReport) -> Answer<'a, i64>;
 }
 
@@ -22,12 +20,6 @@ impl Booking for BookingClient {
     }
     fn put_usage<'a>(&'a self, model: &'a str, in_use: i32, units: Option<i32>) -> Answer<'a, ()> {
         Box::pin(BookingClient::put_usage(self, model, in_use, units))
-    }
-    fn open_preemptions(&self) -> Answer<'_, Vec<PreemptionRequest>> {
-        Box::pin(BookingClient::open_preemptions(self))
-    }
-    fn handle_preemption<'a>(&'a self, id: i64, outcome: &'a str) -> Answer<'a, ()> {
-        Box::pin(BookingClient::handle_preemption(self, id, outcome))
     }
     fn audit<'a>(&'a self, report: &'a AuditReport) -> Answer<'a, i64> {
         Box::pin(BookingClient::audit(self, report))
