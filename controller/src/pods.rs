@@ -306,6 +306,28 @@ mod tests {
     }
 
     #[test]
+    fn reads_where_a_pod_may_run_and_its_vram_budget() {
+        let pod = lite(json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"nodeSelector": {"gpu-booking.io/model": "a100"},
+                "containers": [
+                    {"resources": {"limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": "40960"}}},
+                    {"resources": {"requests": {"gpu-booking.io/gpumem": "1024"}}},
+                    {"resources": {"limits": {"gpu-booking.io/gpumem": "lots"}}}],
+                "initContainers": [{"resources": {"limits": {"gpu-booking.io/gpumem": "99999"}}}]}
+        }));
+        let info = PodInfo::from_pod(&pod, &AdmissionConfig::default()).unwrap();
+        assert_eq!(info.placement.gpumem_mib, 41_984);
+        assert_eq!(
+            info.placement
+                .node_selector
+                .get("gpu-booking.io/model")
+                .map(String::as_str),
+            Some("a100")
+        );
+    }
+
+    #[test]
     fn odd_values_are_ignored_not_fatal() {
         let pod = lite(json!({
             "metadata": {"name": "p", "uid": "u", "labels": {"gpu-booking/priority": "urgent", "gpu-booking/booking": "x"},
