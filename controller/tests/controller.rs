@@ -672,3 +672,46 @@ async fn losing_the_lease_stops_actions_at_once() {
     h.server.clear_failures();
     h.until_deleting("booked").await;
 }
+
+/// A time-sliced card (4 replicas, 48 GiB of VRAM budget): the least recently used
+/// lent pod is small and may stay beside the booked pod; the big one goes.
+#[tokio::test(start_paused = true)]
+async fn a_small_tenant_of_a_time_sliced_card_coexists_with_the_booked_pod() {
+    let h = Harness::new();
+    node(
+        &h.server,
+        "sliced",
+        Some("NVIDIA-A100-SXM4-40GB"),
+        &[("nvidia.com/gpu", 4), ("gpu-booking.io/gpumem", 49_152)],
+    );
+    pod("small-idle")
+        .gpu(1)
+        .resource("gpu-booking.io/gpumem", 8_192)
+        .on("sliced")
+        .low_priority("a100")
+        .last_gpu_activity(t0() - TimeDelta::days(2))
+        .put(&h.server);
+    pod("big-busy")
+        .gpu(1)
+        .resource("gpu-booking.io/gpumem", 36_864)
+        .on("sliced")
+        .low_priority("a100")
+        .last_gpu_activity(t0() - TimeDelta::minutes(5))
+        .put(&h.server);
+    pod("jupyter-bob")
+        .gpu(1)
+        .resource("gpu-booking.io/gpumem", 16_384)
+        .booked_pending("a100")
+        .put(&h.server);
+    let c = h.start();
+    h.until_deleting("big-busy").await;
+    h.run_for(Duration::from_secs(300)).await;
+    assert_eq!(h.deletes(), 1);
+    assert!(h
+        .pod("small-idle")
+        .unwrap()
+        .metadata
+        .deletion_timestamp
+        .is_none());
+    assert_eq!(c.metrics.action_count("preempt", "no_victim"), 0);
+}
