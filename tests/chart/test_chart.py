@@ -475,7 +475,7 @@ def test_monitoring():
         assert ep["path"] == "/metrics"
     rule = one("everything", "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
-    for alert in ("GpuBookingApiDown", "GpuBookingWebhookErrors", "GpuBookingControllerNotLeading", "GpuBookingExpiryLag"):
+    for alert in ("GpuBookingApiDown", "GpuBookingWebhookErrors", "GpuBookingControllerNotLeading", "GpuBookingExpiryLag", "GpuBookingPreemptionGaveUp"):
         assert alert in alerts
         assert alerts[alert]["labels"]["severity"] in ("warning", "critical")
     assert objects("defaults", "ServiceMonitor") == [] and objects("defaults", "PrometheusRule") == []
