@@ -1,6 +1,9 @@
 //! The VRAM watchdog's choice (ADR "VRAM budget"): only when a GPU's free memory is
 //! under the floor, the biggest tenant on that GPU that uses more than its declared
-//! budget. Tenants without a budget are never chosen. Pure.
+//! budget. Tenants without a budget are never chosen. Pure; the order is
+//! `gpu_booking_core::eviction`'s.
+
+use gpu_booking_core::eviction::{biggest_over_budget, VramTenant};
 
 /// A pod on the GPU under pressure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,29 +32,26 @@ pub fn under_floor(free_bytes: u64, floor_mib: u64) -> bool {
 }
 
 /// The biggest over-budget tenant (by memory used; the larger overage, then the UID,
-/// break ties) when `free_bytes` is under `floor_mib`; else nobody.
+/// break ties) when `free_bytes` is under `floor_mib`; else nobody. The order is
+/// core's eviction module, the one the controller's preemption also uses.
 pub fn pick(free_bytes: u64, floor_mib: u64, tenants: &[Tenant]) -> Option<Choice> {
     if !under_floor(free_bytes, floor_mib) {
         return None;
     }
-    tenants
+    let tenants: Vec<VramTenant> = tenants
         .iter()
-        .filter_map(|t| {
-            let budget_mib = t.budget_mib?;
-            let used_mib = t.used_bytes / MIB;
-            (t.used_bytes > budget_mib.saturating_mul(MIB)).then(|| Choice {
-                uid: t.uid.clone(),
-                used_mib,
-                budget_mib,
-                over_mib: used_mib.saturating_sub(budget_mib),
-            })
+        .map(|t| VramTenant {
+            id: t.uid.clone(),
+            used_bytes: t.used_bytes,
+            budget_mib: t.budget_mib,
         })
-        .max_by(|a, b| {
-            a.used_mib
-                .cmp(&b.used_mib)
-                .then(a.over_mib.cmp(&b.over_mib))
-                .then(b.uid.cmp(&a.uid))
-        })
+        .collect();
+    biggest_over_budget(&tenants).map(|c| Choice {
+        uid: c.id,
+        used_mib: c.used_mib,
+        budget_mib: c.budget_mib,
+        over_mib: c.over_mib,
+    })
 }
 
 #[cfg(test)]

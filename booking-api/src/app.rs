@@ -14,7 +14,7 @@ use crate::auth::Authenticator;
 use crate::clock::Clock;
 use crate::metrics::{self, Metrics};
 use crate::openapi::ApiDoc;
-use crate::routes::{audit, bookings, health, me, models, preemptions, schedulability};
+use crate::routes::{audit, bookings, health, me, models, schedulability};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -58,12 +58,7 @@ pub fn router(state: AppState) -> Router {
         .route("/models/{name}/usage", put(models::put_usage))
         .route("/models/{name}/availability", get(models::availability))
         .route("/schedulability", get(schedulability::get))
-        .route("/audit", get(audit::list).post(audit::report))
-        .route(
-            "/preemptions",
-            get(preemptions::open).post(preemptions::request),
-        )
-        .route("/preemptions/{id}", put(preemptions::handle));
+        .route("/audit", get(audit::list).post(audit::report));
     Router::new()
         .nest("/api/v1", api)
         .route(

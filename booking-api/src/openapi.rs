@@ -14,7 +14,6 @@ use crate::routes;
         routes::models::list, routes::models::put, routes::models::put_usage, routes::models::availability,
         routes::schedulability::get,
         routes::audit::report, routes::audit::list,
-        routes::preemptions::request, routes::preemptions::open, routes::preemptions::handle,
     ),
     modifiers(&BearerAuth)
 )]

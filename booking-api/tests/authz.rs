@@ -113,15 +113,13 @@ fn service() -> String {
 }
 
 /// What a case needs to exist before it runs, created fresh for every role so
-/// that one role's success (a cancel, a handled preemption) cannot change the
+/// that one role's success (a cancel) cannot change the
 /// next role's answer.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Needs {
     Nothing,
     /// A planned booking owned by the case's "user".
     Booking,
-    /// An open preemption request.
-    Preemption,
 }
 
 struct Case {
@@ -295,32 +293,6 @@ fn cases() -> Vec<Case> {
             [401, 403, 403, 200, 403],
         ),
         c(
-            "request a preemption",
-            Method::POST,
-            "/api/v1/preemptions",
-            Needs::Nothing,
-            Some(
-                json!({"model": "a100", "user": "{owner}", "namespace": "jhub", "pod": "jupyter-x"}),
-            ),
-            [401, 403, 403, 202, 202],
-        ),
-        c(
-            "list open preemptions",
-            Method::GET,
-            "/api/v1/preemptions",
-            Needs::Nothing,
-            None,
-            [401, 403, 403, 200, 200],
-        ),
-        c(
-            "handle a preemption",
-            Method::PUT,
-            "/api/v1/preemptions/{id}",
-            Needs::Preemption,
-            Some(json!({"outcome": "preempted jhub/jupyter-bob"})),
-            [401, 403, 403, 200, 200],
-        ),
-        c(
             "healthz",
             Method::GET,
             "/healthz",
@@ -422,25 +394,6 @@ async fn every_role_on_every_route(pool: PgPool) {
                         .and_then(|j| j["id"].as_i64())
                         .expect("booking id")
                 }
-                Needs::Preemption => {
-                    let r = api
-                        .call(
-                            Method::POST,
-                            "/api/v1/preemptions",
-                            Some(&service()),
-                            Some(&json!({"model": "a100"})),
-                        )
-                        .await;
-                    assert_eq!(
-                        r.status, 202,
-                        "{}: fixture preemption: {}",
-                        case.name, r.text
-                    );
-                    r.json
-                        .as_ref()
-                        .and_then(|j| j["id"].as_i64())
-                        .expect("preemption id")
-                }
             };
             let token = match role_ix {
                 0 => None,
@@ -524,13 +477,15 @@ async fn open_routes_serve_their_content(pool: PgPool) {
         "/api/v1/models/{name}/availability",
         "/api/v1/schedulability",
         "/api/v1/audit",
-        "/api/v1/preemptions",
-        "/api/v1/preemptions/{id}",
     ] {
         assert!(
             doc["paths"].get(path).is_some(),
             "openapi.json lacks {path}"
         );
+    }
+    // Preemption is the controller's, from the cluster's state: no endpoint asks for it.
+    for gone in ["/api/v1/preemptions", "/api/v1/preemptions/{id}"] {
+        assert!(doc["paths"].get(gone).is_none(), "{gone} is documented");
     }
     let r = api.call(Method::GET, "/", None, None).await;
     assert!(

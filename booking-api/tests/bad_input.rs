@@ -152,13 +152,7 @@ impl Api {
     /// change.
     async fn snapshot(&self) -> Vec<(String, i64, String)> {
         let mut out = Vec::new();
-        for table in [
-            "booking",
-            "audit_event",
-            "gpu_model",
-            "app_user",
-            "preemption_request",
-        ] {
+        for table in ["booking", "audit_event", "gpu_model", "app_user"] {
             let (count, digest): (i64, String) = sqlx::query_as(&format!(
                 "SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {table} t"
             ))
@@ -254,9 +248,9 @@ fn shorten(s: &str) -> String {
     }
 }
 
-/// A model `a100` with 2 units, a planned booking of alice and an open preemption
-/// request: the state every bad request must leave as it found it.
-async fn seeded(pool: PgPool) -> (Api, i64, i64) {
+/// A model `a100` with 2 units and a planned booking of alice: the state every bad
+/// request must leave as it found it.
+async fn seeded(pool: PgPool) -> (Api, i64) {
     let api = Api::new(pool);
     let r = api
         .send(
@@ -278,17 +272,7 @@ async fn seeded(pool: PgPool) -> (Api, i64, i64) {
         .await;
     assert_eq!(r.status, 201, "{}", r.text);
     let booking = r.json.unwrap()["id"].as_i64().unwrap();
-    let r = api
-        .send(
-            Method::POST,
-            "/api/v1/preemptions",
-            Who::Service,
-            &B::Json(json!({"model": "a100"})),
-        )
-        .await;
-    assert_eq!(r.status, 202, "{}", r.text);
-    let preemption = r.json.unwrap()["id"].as_i64().unwrap();
-    (api, booking, preemption)
+    (api, booking)
 }
 
 fn window(start: DateTime<Utc>, days: i64) -> (String, String) {
@@ -303,7 +287,7 @@ const NOT_JSON: &[u16] = &[400, 415];
 
 #[sqlx::test(migrations = "../migrations")]
 async fn bad_booking_bodies(pool: PgPool) {
-    let (api, _, _) = seeded(pool).await;
+    let (api, _) = seeded(pool).await;
     let (s, e) = window(t0() + TimeDelta::days(40), 2);
     let valid = json!({"model": "a100", "start": s, "end": e});
     let valid_text = valid.to_string().into_bytes();
@@ -635,7 +619,7 @@ async fn bad_booking_bodies(pool: PgPool) {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn bad_paths_and_queries(pool: PgPool) {
-    let (api, booking, preemption) = seeded(pool).await;
+    let (api, booking) = seeded(pool).await;
     let get =
         |name: &str, uri: String, who: Who, status: &'static [u16], code: Option<&'static str>| {
             case(name, Method::GET, uri, who, B::None, status, code)
@@ -722,24 +706,6 @@ async fn bad_paths_and_queries(pool: PgPool) {
             "/api/v1/bookings/424242",
             Who::Admin,
             B::None,
-            &[404],
-            Some("not_found"),
-        ),
-        case(
-            "handle preemption xyz",
-            Method::PUT,
-            "/api/v1/preemptions/xyz",
-            Who::Service,
-            B::Json(json!({"outcome": "done"})),
-            BAD_REQUEST,
-            Some("bad_request"),
-        ),
-        case(
-            "handle preemption that is not there",
-            Method::PUT,
-            "/api/v1/preemptions/424242",
-            Who::Service,
-            B::Json(json!({"outcome": "done"})),
             &[404],
             Some("not_found"),
         ),
@@ -1046,20 +1012,12 @@ async fn bad_paths_and_queries(pool: PgPool) {
         )
         .await;
     assert_eq!(ok.status, 200, "{}", ok.text);
-    let ok = api
-        .send(Method::GET, "/api/v1/preemptions", Who::Service, &B::None)
-        .await;
-    assert!(
-        ok.json.as_ref().is_some_and(|j| j[0]["id"] == preemption),
-        "{}",
-        ok.text
-    );
     api.run(cases).await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn bad_model_and_usage_bodies(pool: PgPool) {
-    let (api, _, _) = seeded(pool).await;
+    let (api, _) = seeded(pool).await;
     let put = |name: &str, model: &str, body: Value| {
         case(
             name,
@@ -1247,8 +1205,8 @@ async fn bad_model_and_usage_bodies(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "../migrations")]
-async fn bad_audit_and_preemption_bodies(pool: PgPool) {
-    let (api, booking, preemption) = seeded(pool).await;
+async fn bad_audit_bodies(pool: PgPool) {
+    let (api, booking) = seeded(pool).await;
     let audit = |name: &str, body: B, status: &'static [u16], code: Option<&'static str>| {
         case(
             name,
@@ -1354,87 +1312,6 @@ async fn bad_audit_and_preemption_bodies(pool: PgPool) {
             None,
         ),
         case(
-            "preemption unknown model",
-            Method::POST,
-            "/api/v1/preemptions",
-            Who::Service,
-            B::Json(json!({"model": "h100"})),
-            UNPROCESSABLE,
-            Some("unknown_model"),
-        ),
-        case(
-            "preemption namespace with a newline",
-            Method::POST,
-            "/api/v1/preemptions",
-            Who::Service,
-            B::Json(json!({"model": "a100", "namespace": "jhub\n"})),
-            UNPROCESSABLE,
-            Some("invalid_request"),
-        ),
-        case(
-            "preemption pod of 300 bytes",
-            Method::POST,
-            "/api/v1/preemptions",
-            Who::Service,
-            B::Json(json!({"model": "a100", "pod": "p".repeat(300)})),
-            UNPROCESSABLE,
-            Some("invalid_request"),
-        ),
-        case(
-            "preemption user with NUL",
-            Method::POST,
-            "/api/v1/preemptions",
-            Who::Service,
-            B::Json(json!({"model": "a100", "user": "a\u{0}"})),
-            UNPROCESSABLE,
-            Some("invalid_request"),
-        ),
-        case(
-            "preemption model missing",
-            Method::POST,
-            "/api/v1/preemptions",
-            Who::Service,
-            B::Json(json!({"user": "alice"})),
-            BAD_REQUEST,
-            Some("bad_request"),
-        ),
-        case(
-            "preemption unknown field",
-            Method::POST,
-            "/api/v1/preemptions",
-            Who::Service,
-            B::Json(json!({"model": "a100", "priority": 1})),
-            BAD_REQUEST,
-            Some("bad_request"),
-        ),
-        case(
-            "handle with empty outcome",
-            Method::PUT,
-            format!("/api/v1/preemptions/{preemption}"),
-            Who::Service,
-            B::Json(json!({"outcome": ""})),
-            UNPROCESSABLE,
-            Some("invalid_request"),
-        ),
-        case(
-            "handle with outcome of 513",
-            Method::PUT,
-            format!("/api/v1/preemptions/{preemption}"),
-            Who::Service,
-            B::Json(json!({"outcome": "o".repeat(513)})),
-            UNPROCESSABLE,
-            Some("invalid_request"),
-        ),
-        case(
-            "handle with outcome missing",
-            Method::PUT,
-            format!("/api/v1/preemptions/{preemption}"),
-            Who::Service,
-            B::Json(json!({})),
-            BAD_REQUEST,
-            Some("bad_request"),
-        ),
-        case(
             "details of 70 KB about a real booking",
             Method::POST,
             "/api/v1/audit",
@@ -1453,7 +1330,7 @@ async fn bad_audit_and_preemption_bodies(pool: PgPool) {
 /// panic or a 500.
 #[sqlx::test(migrations = "../migrations")]
 async fn extreme_times(pool: PgPool) {
-    let (api, _, _) = seeded(pool).await;
+    let (api, _) = seeded(pool).await;
     let booking = |name: &str, who: Who, body: Value, status: &'static [u16]| {
         case(
             name,
@@ -1508,7 +1385,7 @@ async fn extreme_times(pool: PgPool) {
 /// not a valid model / user / action), not 500.
 #[sqlx::test(migrations = "../migrations")]
 async fn nul_bytes_are_a_4xx_not_a_500(pool: PgPool) {
-    let (api, _, preemption) = seeded(pool).await;
+    let (api, _) = seeded(pool).await;
     let get = |name: &str, uri: &str, who: Who| {
         case(name, Method::GET, uri, who, B::None, &[400, 404, 422], None)
     };
@@ -1583,20 +1460,6 @@ async fn nul_bytes_are_a_4xx_not_a_500(pool: PgPool) {
             Who::Service,
             json!({"action": "agent.reclaim", "details": {"a\u{0}": 1}}),
         ),
-        with_body(
-            "preemption for a model with a NUL",
-            Method::POST,
-            "/api/v1/preemptions".into(),
-            Who::Service,
-            json!({"model": "a1\u{0}00"}),
-        ),
-        with_body(
-            "preemption outcome holding a NUL",
-            Method::PUT,
-            format!("/api/v1/preemptions/{preemption}"),
-            Who::Service,
-            json!({"outcome": "done\u{0}"}),
-        ),
     ];
     api.run(cases).await;
 }
@@ -1605,7 +1468,7 @@ async fn nul_bytes_are_a_4xx_not_a_500(pool: PgPool) {
 /// refuse it, not panic (a panic drops the connection on a real server).
 #[sqlx::test(migrations = "../migrations")]
 async fn next_start_with_absurd_days_is_a_4xx_not_a_panic(pool: PgPool) {
-    let (api, _, _) = seeded(pool).await;
+    let (api, _) = seeded(pool).await;
     let cases = ["100000000", "-100000000", "106751991167"]
         .into_iter()
         .map(|d| {
@@ -1627,7 +1490,7 @@ async fn next_start_with_absurd_days_is_a_4xx_not_a_panic(pool: PgPool) {
 /// 4713 BC): a 4xx, not a 500 from the failed query.
 #[sqlx::test(migrations = "../migrations")]
 async fn availability_outside_postgres_range_is_a_4xx(pool: PgPool) {
-    let (api, _, _) = seeded(pool).await;
+    let (api, _) = seeded(pool).await;
     api.run(vec![
         case(
             "availability in 262143 BC",
@@ -1648,23 +1511,5 @@ async fn availability_outside_postgres_range_is_a_4xx(pool: PgPool) {
             None,
         ),
     ])
-    .await;
-}
-
-/// A preemption request naming a booking that does not exist violates the
-/// foreign key of `preemption_request.booking_id`: that is the caller's mistake
-/// (404 or 422), not a 500.
-#[sqlx::test(migrations = "../migrations")]
-async fn preemption_for_a_missing_booking_is_a_4xx(pool: PgPool) {
-    let (api, _, _) = seeded(pool).await;
-    api.run(vec![case(
-        "preemption for booking 424242",
-        Method::POST,
-        "/api/v1/preemptions",
-        Who::Service,
-        B::Json(json!({"model": "a100", "booking_id": 424242})),
-        &[404, 422],
-        None,
-    )])
     .await;
 }

@@ -1,5 +1,5 @@
 //! The booking service, as the controller and the node agent call it with a service
-//! token: the model catalog, usage reports, preemption requests and audit reports.
+//! token: the model catalog, usage reports and audit reports.
 //! Also the service token itself ([`TokenSource`]), which the webhook shares.
 //!
 //! Every call has a timeout; every failure is an error (a failed call never reads as
@@ -10,10 +10,9 @@ mod token;
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 pub use token::{FileStamp, TokenError, TokenSource};
 
@@ -65,22 +64,6 @@ pub struct UsageReport {
     pub gpumem_advertised: bool,
     /// The VRAM budget one unit can hold, MiB, when advertised.
     pub gpumem_unit_mib: Option<i32>,
-}
-
-/// An open request to free a unit of a model (`GET /api/v1/preemptions`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PreemptionRequest {
-    pub id: i64,
-    pub model: String,
-    #[serde(default)]
-    pub booking_id: Option<i64>,
-    #[serde(default)]
-    pub user: Option<String>,
-    #[serde(default)]
-    pub namespace: Option<String>,
-    #[serde(default)]
-    pub pod: Option<String>,
-    pub requested_at: DateTime<Utc>,
 }
 
 /// One enforcement action for the audit log (`POST /api/v1/audit`).
@@ -135,21 +118,6 @@ impl BookingClient {
     pub async fn put_usage(&self, model: &str, report: &UsageReport) -> Result<(), ClientError> {
         let path = format!("/api/v1/models/{model}/usage");
         let body = serde_json::to_value(report).map_err(|e| ClientError::Body(e.to_string()))?;
-        self.call::<Value>(reqwest::Method::PUT, &path, Some(&body))
-            .await?;
-        Ok(())
-    }
-
-    /// The open preemption requests, oldest first.
-    pub async fn open_preemptions(&self) -> Result<Vec<PreemptionRequest>, ClientError> {
-        self.call(reqwest::Method::GET, "/api/v1/preemptions", None)
-            .await
-    }
-
-    /// Marks a preemption request handled with what was done.
-    pub async fn handle_preemption(&self, id: i64, outcome: &str) -> Result<(), ClientError> {
-        let path = format!("/api/v1/preemptions/{id}");
-        let body = json!({"outcome": outcome});
         self.call::<Value>(reqwest::Method::PUT, &path, Some(&body))
             .await?;
         Ok(())

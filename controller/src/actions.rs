@@ -17,9 +17,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_booking_client::AuditReport;
 use gpu_booking_core::admission::{AdmissionConfig, BOOKING_LABEL, PRIORITY_LABEL, USERNAME_KEY};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -29,15 +27,20 @@ use crate::clock::SharedClock;
 use crate::config::OnExpiry;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::recreate::cpu_only_copy;
+use crate::recreate::{cpu_only_copy, lent_copy};
 
 /// Why a pod is acted on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reason {
     /// A booked pod reached its `terminate-at`.
     Expired { terminate_at: DateTime<Utc> },
-    /// A low-priority pod gives its unit of `model` to a booked user.
-    Preempted { model: String, for_whom: String },
+    /// A low-priority pod gives its unit of `model` to a booked pod that waits for
+    /// one (`for_whom`, `namespace/name`); `attempt` counts the rounds for that pod.
+    Preempted {
+        model: String,
+        for_whom: String,
+        attempt: u32,
+    },
     /// kube-scheduler is evicting a pod of ours for a pod of higher priority.
     SchedulerPreempted,
 }
@@ -65,8 +68,13 @@ impl Reason {
                 "the booking ended at {}",
                 terminate_at.to_rfc3339_opts(SecondsFormat::Secs, true)
             ),
-            Reason::Preempted { model, for_whom } => {
-                format!("its {model} GPU was lent and is now needed by a booked user ({for_whom})")
+            Reason::Preempted {
+                model, for_whom, ..
+            } => {
+                format!(
+                    "its {model} GPU was lent and is now needed by a booked pod ({for_whom}); \
+                     it was the least recently GPU-active lent pod that makes room"
+                )
             }
             Reason::SchedulerPreempted => {
                 "kube-scheduler preempted it for a pod of higher priority".into()
@@ -189,6 +197,11 @@ pub async fn run(ctx: &Ctx, job: &Job) -> Outcome {
         }
     };
     ctx.metrics.action(job.reason.metric(), outcome.metric());
+    if let (Reason::Preempted { model, .. }, Outcome::Recreated | Outcome::Deleted) =
+        (&job.reason, &outcome)
+    {
+        ctx.metrics.eviction(model, "booked_pod_pending");
+    }
     match &outcome {
         Outcome::Failed(e) => {
             tracing::warn!(pod = %format!("{}/{}", job.namespace, job.name), action = job.reason.metric(), error = %e, "action failed")
@@ -257,7 +270,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
         .pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
         .is_some_and(|o| !o.is_empty());
-    let mode = if owned && mode == Mode::RecreateCpu {
+    let mode = if owned && mode != Mode::Delete {
         Mode::Delete
     } else {
         mode
@@ -273,7 +286,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
         ctx.metrics.expiry_lag.observe(lag.as_secs_f64());
     }
     let outcome = match mode {
-        Mode::Demote => demote(ctx, job, &api).await?,
+        Mode::Demote => recreate(ctx, job, &api, &pod, Copy::Lent).await?,
         Mode::Delete => {
             note(
                 ctx,
@@ -293,40 +306,10 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
             .await;
             delete(ctx, job, &api).await?
         }
-        Mode::RecreateCpu => recreate(ctx, job, &api, &pod).await?,
+        Mode::RecreateCpu => recreate(ctx, job, &api, &pod, Copy::CpuOnly).await?,
     };
     audit(ctx, job, &pod, &outcome).await;
     Ok(outcome)
-}
-
-async fn demote(ctx: &Ctx, job: &Job, api: &Api<DynamicObject>) -> Result<Outcome, String> {
-    let mut annotations = serde_json::Map::new();
-    annotations.insert(ctx.cfg.terminate_at_annotation.clone(), Value::Null);
-    let patch = json!({
-        "metadata": {
-            "labels": {PRIORITY_LABEL: "low", BOOKING_LABEL: null},
-            "annotations": annotations,
-        }
-    });
-    if !ctx.leadership.is_leader() {
-        return Ok(Outcome::Skipped("not the leader"));
-    }
-    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-    with_retries(|| api.patch(&job.name, &params, &patch))
-        .await
-        .map_err(|e| format!("demoting: {e}"))?;
-    note(
-        ctx,
-        job,
-        &job.uid,
-        &format!(
-            "Demoted to low priority: {}; it keeps its GPU until a booked user needs it",
-            job.reason.text()
-        ),
-        "Demote",
-    )
-    .await;
-    Ok(Outcome::Demoted)
 }
 
 /// Deletes the pod with this uid (never a newer pod of the same name).
@@ -348,22 +331,46 @@ async fn delete(ctx: &Ctx, job: &Job, api: &Api<DynamicObject>) -> Result<Outcom
     }
 }
 
+/// Which copy replaces the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copy {
+    CpuOnly,
+    /// Lent (low priority) with its GPU; CPU-only when the pod names no model.
+    Lent,
+}
+
 async fn recreate(
     ctx: &Ctx,
     job: &Job,
     api: &Api<DynamicObject>,
     pod: &Value,
+    kind: Copy,
 ) -> Result<Outcome, String> {
     let reason = job.reason.text();
-    let copy = cpu_only_copy(pod, &ctx.cfg, &format!("GPU removed: {reason}"))
-        .map_err(|e| e.to_string())?;
+    let lent = match kind {
+        Copy::Lent => lent_copy(pod, &ctx.cfg).map_err(|e| e.to_string())?,
+        Copy::CpuOnly => None,
+    };
+    let (copy, outcome, how) = match lent {
+        Some(copy) => (
+            copy,
+            Outcome::Demoted,
+            "as a lent pod (low priority, GPU kept)",
+        ),
+        None => (
+            cpu_only_copy(pod, &ctx.cfg, &format!("GPU removed: {reason}"))
+                .map_err(|e| e.to_string())?,
+            Outcome::Recreated,
+            "without GPU",
+        ),
+    };
     let copy: DynamicObject = serde_json::from_value(copy).map_err(|e| e.to_string())?;
     let gone = ctx.gone.wait(&job.uid);
     note(
         ctx,
         job,
         &job.uid,
-        &format!("Recreating without GPU: {reason}"),
+        &format!("Recreating {how}: {reason}"),
         "Recreate",
     )
     .await;
@@ -383,12 +390,12 @@ async fn recreate(
             ctx,
             job,
             uid,
-            &format!("Recreated without GPU: {reason}"),
+            &format!("Recreated {how}: {reason}"),
             "Recreate",
         )
         .await;
     }
-    Ok(Outcome::Recreated)
+    Ok(outcome)
 }
 
 /// Until the pod with the job's uid no longer exists: the watch's signal, with a
@@ -466,19 +473,36 @@ where
     }
 }
 
-/// A Kubernetes Event on the pod with `uid`; a failure is logged, not fatal.
+/// A Kubernetes Event on the job's pod (or its copy) with `uid`.
 async fn note(ctx: &Ctx, job: &Job, uid: &str, message: &str, action: &str) {
+    let pod = PodRef {
+        namespace: &job.namespace,
+        name: &job.name,
+        uid,
+    };
+    note_pod(ctx, &pod, job.reason.event_reason(), message, action).await;
+}
+
+/// A pod an Event is about.
+pub struct PodRef<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+/// A Kubernetes Event on `pod`; a failure is logged, not fatal.
+pub async fn note_pod(ctx: &Ctx, pod: &PodRef<'_>, reason: &str, message: &str, action: &str) {
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
-        name: Some(job.name.clone()),
-        namespace: Some(job.namespace.clone()),
-        uid: Some(uid.to_owned()),
+        name: Some(pod.name.to_owned()),
+        namespace: Some(pod.namespace.to_owned()),
+        uid: Some(pod.uid.to_owned()),
         ..ObjectReference::default()
     };
     let event = Event {
         type_: EventType::Normal,
-        reason: job.reason.event_reason().into(),
+        reason: reason.into(),
         note: Some(message.chars().take(1000).collect()),
         action: action.into(),
         secondary: None,
@@ -510,9 +534,15 @@ async fn audit(ctx: &Ctx, job: &Job, pod: &Value, outcome: &Outcome) {
             details["lag_seconds"] =
                 json!((ctx.clock.now() - *terminate_at).num_milliseconds() as f64 / 1000.0);
         }
-        Reason::Preempted { model, for_whom } => {
+        Reason::Preempted {
+            model,
+            for_whom,
+            attempt,
+        } => {
             details["model"] = json!(model);
             details["for"] = json!(for_whom);
+            details["attempt"] = json!(attempt);
+            details["order"] = json!("least recently GPU-active lent pod that makes room");
         }
         Reason::SchedulerPreempted => {}
     }

@@ -27,8 +27,10 @@ pub enum OnExpiry {
     RecreateCpu,
     /// Delete it.
     Delete,
-    /// Relabel it low priority and drop `terminate-at`: it keeps its GPU until a
-    /// booked user needs the unit.
+    /// Recreate it as a lent pod: same name, the low priority class and label, no
+    /// booking, no `terminate-at`, its GPU kept (a pod's priority cannot change, so
+    /// the pod is deleted and created again; pods owned by another controller are
+    /// only deleted). It keeps the GPU until a booked pod needs the unit.
     Demote,
 }
 
@@ -155,15 +157,28 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_IDENTITY")]
     pub identity: Option<String>,
 
-    /// How often open preemption requests are fetched and Pending booked pods
-    /// re-examined.
+    /// How often Pending booked pods are looked at.
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub preemption_interval: Duration,
 
     /// After preempting for a Pending booked pod, how long to let the scheduler place
-    /// it before preempting another pod for it.
+    /// it before another round for it; doubled after each round (at most 32 times).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_RETRY", default_value = "60s", value_parser = parse_duration)]
     pub preemption_retry: Duration,
+
+    /// Rounds of preemption for one Pending booked pod before the controller gives up
+    /// on it (an Event on the pod says so).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_ATTEMPTS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub preemption_attempts: u32,
+
+    /// VRAM (MiB) kept spare beside a booked pod's budget when choosing victims on a
+    /// node that advertises the VRAM budget (seed 004's cushion).
+    #[arg(
+        long,
+        env = "GPU_BOOKING_CONTROLLER_PREEMPTION_VRAM_CUSHION",
+        default_value_t = 256
+    )]
+    pub preemption_vram_cushion: u64,
 
     /// How often the models are re-read from the booking service.
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_MODELS_REFRESH", default_value = "60s", value_parser = parse_duration)]
@@ -216,6 +231,8 @@ impl ControllerArgs {
             identity: None,
             preemption_interval: Duration::from_secs(2),
             preemption_retry: Duration::from_secs(60),
+            preemption_attempts: 3,
+            preemption_vram_cushion: 256,
             models_refresh: Duration::from_secs(60),
             gone_timeout: Duration::from_secs(600),
             admin_listen: ([0, 0, 0, 0], 9090).into(),

@@ -1,6 +1,6 @@
 //! The controller's loop: one task owns the state (pods, nodes, models, timers) and
 //! reacts to watch events, timers and finished work. Anything that waits on the
-//! network (actions, usage reports, preemption requests, node labels, models) runs
+//! network (actions, usage reports, node labels, models) runs
 //! on its own task and reports back by message, so a slow booking service never
 //! delays an expiry timer.
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use gpu_booking_client::{ClientError, Model, PreemptionRequest, UsageReport};
+use gpu_booking_client::{ClientError, Model, UsageReport};
 use gpu_booking_core::admission::AdmissionConfig;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -28,7 +28,7 @@ use crate::inventory::{self, Models, NodeInfo, Usage};
 use crate::metrics::ModelLabel;
 use crate::node_capacity;
 use crate::pods::{PodInfo, PodLite, Priority};
-use crate::victims;
+use crate::victims::{self, Round, View};
 
 /// How often usage is pushed and node labels are checked (changes are batched).
 const SYNC_EVERY: Duration = Duration::from_secs(1);
@@ -40,7 +40,6 @@ const LABEL_RETRY: Duration = Duration::from_secs(10);
 enum Msg {
     Done(Job, Outcome),
     Models(Result<Vec<Model>, ClientError>),
-    Requests(Result<Vec<PreemptionRequest>, ClientError>),
     Reported(BTreeMap<String, Usage>, bool),
     Labelled,
     /// A node's status patch ended (true: written).
@@ -60,13 +59,12 @@ pub struct Loop {
     in_flight: HashSet<String>,
     /// High-priority pods the scheduler could not place.
     pending: HashSet<String>,
-    /// What was preempted for each need (`pod:<ns>/<name>` or `booking:<id>`), when.
-    preempted_for: HashMap<String, Instant>,
-    /// Requests already answered in a dry run (they stay open).
-    dry_run_requests: HashSet<i64>,
+    /// Preemption rounds per Pending booked pod (uid).
+    attempts: HashMap<String, Attempts>,
+    /// Every node's labels (a booked pod's node selector is matched against them).
+    node_labels: HashMap<String, BTreeMap<String, String>>,
     reported: BTreeMap<String, Usage>,
     reporting: bool,
-    requests_in_flight: bool,
     labelling: HashMap<String, Instant>,
     /// Nodes whose VRAM budget is being written, or failed to be, and since when.
     advertising: HashMap<String, (Instant, bool)>,
@@ -99,11 +97,10 @@ impl Loop {
             timer_keys: HashMap::new(),
             in_flight: HashSet::new(),
             pending: HashSet::new(),
-            preempted_for: HashMap::new(),
-            dry_run_requests: HashSet::new(),
+            attempts: HashMap::new(),
+            node_labels: HashMap::new(),
             reported: BTreeMap::new(),
             reporting: false,
-            requests_in_flight: false,
             labelling: HashMap::new(),
             advertising: HashMap::new(),
             several_models: HashSet::new(),
@@ -396,16 +393,6 @@ impl Loop {
                     });
                 }
             }
-            Msg::Requests(result) => {
-                self.requests_in_flight = false;
-                match result {
-                    Ok(requests) => self.on_requests(requests),
-                    Err(e) => {
-                        self.ctx.metrics.error("booking");
-                        tracing::warn!(error = %e, "could not read the preemption requests");
-                    }
-                }
-            }
             Msg::Reported(done, ok) => {
                 self.reporting = false;
                 self.reported.extend(done);
@@ -472,8 +459,13 @@ impl Loop {
         match event {
             Event::Init => {
                 self.nodes.clear();
+                self.node_labels.clear();
             }
             Event::InitApply(node) | Event::Apply(node) => {
+                if let Some(name) = node.metadata.name.clone() {
+                    let labels = node.metadata.labels.clone().unwrap_or_default();
+                    self.node_labels.insert(name, labels);
+                }
                 if let Some(info) = NodeInfo::from_node(
                     &node,
                     &self.args.product_label,
@@ -503,6 +495,7 @@ impl Loop {
                     self.nodes.remove(name);
                     self.advertising.remove(name);
                     self.several_models.remove(name);
+                    self.node_labels.remove(name);
                     self.usage_dirty = true;
                 }
             }
@@ -770,147 +763,135 @@ impl Loop {
 
     // ---- preemption ---------------------------------------------------------------
 
+    /// One round: for each booked pod that the scheduler cannot place (oldest
+    /// first), core's eviction order decides whether room is free or on its way (a
+    /// victim still terminating counts), which lent pods give way, or that none can.
+    /// Rounds for one pod are bounded (`--preemption-attempts`) and spaced
+    /// (`--preemption-retry`, doubled each time). Nothing but the cluster's state
+    /// decides: no request from outside can end a pod.
     fn on_preempt_tick(&mut self) {
-        if !self.leader() || self.models.is_none() || !self.pods_synced || !self.nodes_synced {
+        if !self.leader() || !self.pods_synced || !self.nodes_synced {
             return;
         }
-        let retry = self.args.preemption_retry;
-        let now = Instant::now();
-        self.preempted_for.retain(|_, at| now < *at + retry);
-        if !self.requests_in_flight {
-            self.requests_in_flight = true;
-            let (booking, tx) = (self.ctx.booking.clone(), self.tx.clone());
-            tokio::spawn(async move {
-                let _ = tx.send(Msg::Requests(booking.open_preemptions().await));
-            });
-        }
-        let pending: Vec<PodInfo> = self
+        let Some(models) = &self.models else {
+            return;
+        };
+        let pending = &self.pending;
+        self.attempts.retain(|uid, _| pending.contains(uid));
+        let mut waiting: Vec<&PodInfo> = self
             .pending
             .iter()
             .filter_map(|uid| self.pods.get(uid))
-            .cloned()
             .collect();
-        for pod in pending {
-            let Some(model) = pod.model_label.clone() else {
+        waiting.sort_by(|a, b| {
+            (a.started, &a.namespace, &a.name).cmp(&(b.started, &b.namespace, &b.name))
+        });
+        let view = View {
+            pods: &self.pods,
+            nodes: &self.nodes,
+            node_labels: &self.node_labels,
+            models,
+            generic: &self.cfg.gpu_resources,
+            gpumem_resource: &self.cfg.gpumem_resource,
+            model_node_label: &self.args.model_node_label,
+            going: &self.in_flight,
+            cushion_mib: self.args.preemption_vram_cushion,
+        };
+        let mut round = Round::new(&view);
+        let now = Instant::now();
+        let mut jobs = Vec::new();
+        let mut notes = Vec::new();
+        for pod in waiting {
+            let Some(model) = pod
+                .model_label
+                .clone()
+                .or_else(|| pod.gpu.as_ref().and_then(|g| g.model.clone()))
+            else {
                 continue;
             };
-            let needed = pod.gpu.as_ref().map_or(1, |g| g.units);
-            let keys = need_keys(Some(&pod.namespace), Some(&pod.name), pod.booking_id);
-            if keys.iter().any(|k| self.preempted_for.contains_key(k)) {
-                continue;
-            }
-            let for_whom = format!("pod {}", pod.key());
-            if let Some(victims) = self.preempt(&model, needed, &for_whom) {
-                if !victims.is_empty() {
-                    for key in keys {
-                        self.preempted_for.insert(key, now);
+            // Decided even while waiting, so that the room this pod gets is not
+            // counted again for the next one.
+            let decision = round.decide(&view, pod, &model);
+            let state = self.attempts.entry(pod.uid.clone()).or_default();
+            match decision {
+                victims::Decision::Fits { .. } => {}
+                victims::Decision::NoRoom => {
+                    if !state.said_no_room {
+                        state.said_no_room = true;
+                        self.ctx.metrics.action("preempt", "no_victim");
+                        tracing::info!(pod = %pod.key(), %model, "booked pod waits; no lent pod can make room");
                     }
+                }
+                victims::Decision::Evict { node, victims } => {
+                    if state.next.is_some_and(|next| now < next) {
+                        continue;
+                    }
+                    if state.rounds >= self.args.preemption_attempts {
+                        if !state.gave_up {
+                            state.gave_up = true;
+                            self.ctx.metrics.action("preempt", "gave_up");
+                            tracing::warn!(pod = %pod.key(), %model, rounds = state.rounds, "booked pod still waits; preemption attempts spent");
+                            notes.push((pod.clone(), "PreemptionGaveUp", format!(
+                                "gpu-booking preempted {} time(s) for this pod and stops; it waits for a {model} unit to come free",
+                                state.rounds
+                            )));
+                        }
+                        continue;
+                    }
+                    state.rounds += 1;
+                    let doubling = 1u32 << (state.rounds - 1).min(5);
+                    state.next = Some(now + self.args.preemption_retry * doubling);
+                    let reason = Reason::Preempted {
+                        model: model.clone(),
+                        for_whom: pod.key(),
+                        attempt: state.rounds,
+                    };
+                    let names: Vec<String> = victims
+                        .iter()
+                        .filter_map(|uid| self.pods.get(uid))
+                        .map(|victim| {
+                            jobs.push(job_for(victim, reason.clone()));
+                            victim.key()
+                        })
+                        .collect();
+                    tracing::info!(pod = %pod.key(), %model, %node, victims = ?names, round = state.rounds, "preempting for a booked pod");
+                    notes.push((pod.clone(), "PreemptingForBooking", format!(
+                        "gpu-booking ends the lent {model} pod(s) {} on node {node} (least recently GPU-active) to make room for this pod (round {} of {})",
+                        names.join(", "),
+                        state.rounds,
+                        self.args.preemption_attempts
+                    )));
                 }
             }
         }
-    }
-
-    /// Starts preempting for `needed` units of `model`; the victims' names, or `None`
-    /// when enough units are free already.
-    fn preempt(&mut self, model: &str, needed: u64, for_whom: &str) -> Option<Vec<String>> {
-        let usage = self.usage()?;
-        let free = usage.get(model).map_or(0, Usage::free);
-        if free >= needed {
-            return None;
-        }
-        let node_models = inventory::node_models(self.nodes.values(), self.models.as_ref()?);
-        let chosen: Vec<Job> = victims::choose(
-            self.pods.values(),
-            model,
-            &node_models,
-            needed - free,
-            &self.in_flight,
-        )
-        .into_iter()
-        .map(|p| {
-            job_for(
-                p,
-                Reason::Preempted {
-                    model: model.to_owned(),
-                    for_whom: for_whom.to_owned(),
-                },
-            )
-        })
-        .collect();
-        let names = chosen
-            .iter()
-            .map(|j| format!("{}/{}", j.namespace, j.name))
-            .collect();
-        for job in chosen {
+        for job in jobs {
             self.start(job);
         }
-        Some(names)
-    }
-
-    fn on_requests(&mut self, requests: Vec<PreemptionRequest>) {
-        if !self.leader() {
+        if self.ctx.dry_run {
             return;
         }
-        let now = Instant::now();
-        for req in requests {
-            if self.dry_run_requests.contains(&req.id) {
-                continue;
-            }
-            let keys = need_keys(req.namespace.as_deref(), req.pod.as_deref(), req.booking_id);
-            let who = match (&req.namespace, &req.pod, &req.user) {
-                (Some(ns), Some(pod), _) => format!("pod {ns}/{pod}"),
-                (_, _, Some(user)) => format!("user {user}"),
-                _ => format!("request {}", req.id),
-            };
-            let known = self
-                .models
-                .as_ref()
-                .is_some_and(|m| m.names.contains(&req.model));
-            let outcome = if !known {
-                format!("unknown model {}", req.model)
-            } else if keys.iter().any(|k| self.preempted_for.contains_key(k)) {
-                "already preempting for it".to_owned()
-            } else {
-                match self.preempt(&req.model, 1, &who) {
-                    None => format!("a unit of {} is free; nothing preempted", req.model),
-                    Some(v) if v.is_empty() => {
-                        format!("no low-priority pod holds a unit of {}", req.model)
-                    }
-                    Some(v) => {
-                        for key in keys {
-                            self.preempted_for.insert(key, now);
-                        }
-                        format!("preempting {}", v.join(", "))
-                    }
-                }
-            };
-            tracing::info!(request = req.id, model = %req.model, %outcome, "preemption request");
-            if self.ctx.dry_run {
-                self.dry_run_requests.insert(req.id);
-                continue;
-            }
+        for (pod, reason, message) in notes {
             let ctx = self.ctx.clone();
             tokio::spawn(async move {
-                if let Err(e) = ctx.booking.handle_preemption(req.id, &outcome).await {
-                    ctx.metrics.error("booking");
-                    tracing::warn!(request = req.id, error = %e, "could not close the preemption request");
-                }
+                let at = actions::PodRef {
+                    namespace: &pod.namespace,
+                    name: &pod.name,
+                    uid: &pod.uid,
+                };
+                actions::note_pod(&ctx, &at, reason, &message, "Preempt").await;
             });
         }
     }
 }
 
-/// The keys one need is known by, so a webhook request and the Pending pod it is
-/// about are served once.
-fn need_keys(ns: Option<&str>, pod: Option<&str>, booking: Option<i64>) -> Vec<String> {
-    let mut keys = Vec::new();
-    if let (Some(ns), Some(pod)) = (ns, pod) {
-        keys.push(format!("pod:{ns}/{pod}"));
-    }
-    if let Some(id) = booking {
-        keys.push(format!("booking:{id}"));
-    }
-    keys
+/// The preemption rounds for one Pending booked pod.
+#[derive(Debug, Default)]
+struct Attempts {
+    rounds: u32,
+    /// No round before this.
+    next: Option<Instant>,
+    gave_up: bool,
+    said_no_room: bool,
 }
 
 fn job_for(info: &PodInfo, reason: Reason) -> Job {

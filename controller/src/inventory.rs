@@ -327,6 +327,7 @@ mod tests {
             node: Some(node.into()),
             finished: false,
             deleting: false,
+            placement: Default::default(),
             gpu: Some(GpuUse {
                 units,
                 model: model.map(str::to_owned),

@@ -4,10 +4,11 @@
 //!   `terminate-at`), fired within milliseconds of that time (pods that expired while
 //!   the controller was down fire at once); `--on-expiry` recreates the pod CPU-only
 //!   (default), deletes it, or demotes it to low priority.
-//! - **Preemption**: for open requests of the booking service and for booked pods the
-//!   scheduler cannot place, the least recently used low-priority pod of the needed
-//!   model is treated like an expiry. Pods of ours that kube-scheduler preempts are
-//!   recreated CPU-only too.
+//! - **Preemption**: decided from the cluster's state only. For booked pods the
+//!   scheduler cannot place, the lent pods that core's eviction order picks (least
+//!   recently GPU-active first, sparing those that may coexist) are treated like an
+//!   expiry; bounded rounds, no second victim while one terminates. Pods of ours that
+//!   kube-scheduler preempts are recreated CPU-only too.
 //! - **Inventory**: cards per model from the nodes, cards in use from the pods, pushed
 //!   to the booking service on change beside the declared units; each GPU node
 //!   labelled with its model and advertising its VRAM budget ([`node_capacity`]).

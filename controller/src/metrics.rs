@@ -17,8 +17,17 @@ pub struct ActionLabel {
     /// `expire`, `preempt`, `scheduler_preempted`, `label_node`, `report_usage`,
     /// `advertise_gpumem`.
     pub action: &'static str,
-    /// `recreated`, `deleted`, `demoted`, `done`, `dry_run`, `skipped`, `error`.
+    /// `recreated`, `deleted`, `demoted`, `done`, `dry_run`, `skipped`, `error`;
+    /// for `preempt` also `gave_up` (attempts spent for a booked pod) and `no_victim`.
     pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionLabel {
+    /// A model the booking service declares (a closed set the admins keep).
+    pub model: String,
+    /// `booked_pod_pending`.
+    pub reason: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -57,6 +66,8 @@ pub struct Metrics {
     registry: Registry,
     pub inventory: InventoryGauges,
     pub actions: Family<ActionLabel, Counter>,
+    /// Lent pods ended to make room, by model and reason.
+    pub evictions: Family<EvictionLabel, Counter>,
     /// Seconds from a pod's `terminate-at` to the controller's action on it.
     pub expiry_lag: Histogram,
     pub reconcile_errors: Family<ErrorLabel, Counter>,
@@ -79,6 +90,12 @@ impl Metrics {
             "actions",
             "Actions on pods and nodes, by kind and result",
             actions.clone(),
+        );
+        let evictions = Family::<EvictionLabel, Counter>::default();
+        registry.register(
+            "evictions",
+            "Lent pods ended to make room for a booked pod, by model and reason",
+            evictions.clone(),
         );
         let expiry_lag = Histogram::new([
             0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
@@ -144,6 +161,7 @@ impl Metrics {
             registry,
             inventory,
             actions,
+            evictions,
             expiry_lag,
             reconcile_errors,
             is_leader,
@@ -160,6 +178,24 @@ impl Metrics {
     pub fn action_count(&self, action: &'static str, result: &'static str) -> u64 {
         self.actions
             .get_or_create(&ActionLabel { action, result })
+            .get()
+    }
+
+    pub fn eviction(&self, model: &str, reason: &'static str) {
+        self.evictions
+            .get_or_create(&EvictionLabel {
+                model: model.to_owned(),
+                reason,
+            })
+            .inc();
+    }
+
+    pub fn eviction_count(&self, model: &str, reason: &'static str) -> u64 {
+        self.evictions
+            .get_or_create(&EvictionLabel {
+                model: model.to_owned(),
+                reason,
+            })
             .get()
     }
 

@@ -2,10 +2,12 @@
 //! pod that the watch decodes (10,000 pods would not fit comfortably as full objects).
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
-    detect_gpu, AdmissionConfig, BOOKING_LABEL, MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
+    detect_gpu, parse_quantity, AdmissionConfig, BOOKING_LABEL, MODEL_LABEL, PRIORITY_LABEL,
+    USERNAME_KEY,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
@@ -35,6 +37,9 @@ pub struct SpecLite {
     pub containers: Vec<ContainerLite>,
     #[serde(default)]
     pub init_containers: Vec<ContainerLite>,
+    /// Where the pod may run (the webhook puts the model's node label here).
+    #[serde(default)]
+    pub node_selector: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -119,6 +124,15 @@ pub struct GpuUse {
     pub model: Option<String>,
 }
 
+/// What the scheduler needs to place a pod, as far as preemption looks at it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// Its `nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// Its declared VRAM budget (the `gpumem` resource of its containers), MiB.
+    pub gpumem_mib: u64,
+}
+
 /// What the controller keeps of a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodInfo {
@@ -136,6 +150,7 @@ pub struct PodInfo {
     pub node: Option<String>,
     pub finished: bool,
     pub deleting: bool,
+    pub placement: Placement,
     pub gpu: Option<GpuUse>,
     /// When it started (or was created, before it started).
     pub started: Option<DateTime<Utc>>,
@@ -145,6 +160,24 @@ pub struct PodInfo {
     pub scheduler_preempted: bool,
     /// The scheduler found no node for it.
     pub unschedulable: bool,
+}
+
+/// The VRAM budget of the containers (their limit, else their request; init
+/// containers run before them and hold nothing beside them).
+fn gpumem_mib(containers: &[ContainerLite], resource: &str) -> u64 {
+    let budget = |c: &ContainerLite, section: &str| {
+        c.resources
+            .as_ref()?
+            .get(section)?
+            .get(resource)
+            .and_then(parse_quantity)
+            .filter(|q| q.is_finite() && *q > 0.0)
+    };
+    containers
+        .iter()
+        .filter_map(|c| budget(c, "limits").or_else(|| budget(c, "requests")))
+        .map(|mib| mib.ceil() as u64)
+        .fold(0u64, u64::saturating_add)
 }
 
 fn parse_time(s: &str) -> Option<DateTime<Utc>> {
@@ -208,6 +241,10 @@ impl PodInfo {
             node: pod.spec.node_name.clone().filter(|n| !n.is_empty()),
             finished: matches!(pod.status.phase.as_deref(), Some("Succeeded" | "Failed")),
             deleting: meta.deletion_timestamp.is_some(),
+            placement: Placement {
+                node_selector: pod.spec.node_selector.clone().unwrap_or_default(),
+                gpumem_mib: gpumem_mib(&pod.spec.containers, &cfg.gpumem_resource),
+            },
             gpu,
             started: pod
                 .status
@@ -282,6 +319,28 @@ mod tests {
         assert_eq!(info.expiry(), parse_time("2026-01-02T00:00:00Z"));
         assert_eq!(info.last_used(), parse_time("2026-01-01T05:00:00Z"));
         assert!(info.scheduler_preempted && info.holds_gpu() && !info.owned);
+    }
+
+    #[test]
+    fn reads_where_a_pod_may_run_and_its_vram_budget() {
+        let pod = lite(json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"nodeSelector": {"gpu-booking.io/model": "a100"},
+                "containers": [
+                    {"resources": {"limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": "40960"}}},
+                    {"resources": {"requests": {"gpu-booking.io/gpumem": "1024"}}},
+                    {"resources": {"limits": {"gpu-booking.io/gpumem": "lots"}}}],
+                "initContainers": [{"resources": {"limits": {"gpu-booking.io/gpumem": "99999"}}}]}
+        }));
+        let info = PodInfo::from_pod(&pod, &AdmissionConfig::default()).unwrap();
+        assert_eq!(info.placement.gpumem_mib, 41_984);
+        assert_eq!(
+            info.placement
+                .node_selector
+                .get("gpu-booking.io/model")
+                .map(String::as_str),
+            Some("a100")
+        );
     }
 
     #[test]

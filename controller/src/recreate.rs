@@ -1,4 +1,5 @@
-//! The CPU-only copy of a pod: what is created in place of a pod whose GPU time is up.
+//! The copies of a pod that the controller creates in its place: CPU-only when its GPU
+//! time is up ([`cpu_only_copy`]), lent when `--on-expiry demote` ([`lent_copy`]).
 //!
 //! The GPU part is `core`'s patch planner ([`plan_cpu_only_because`], the same step the
 //! webhook uses to strip a pod): GPU resources and the VRAM budget gone from every
@@ -8,7 +9,11 @@
 //! none of our other `gpu-booking` labels and annotations (but the one that says why
 //! the GPU was removed).
 
-use gpu_booking_core::admission::{plan_cpu_only_because, AdmissionConfig, GPU_REMOVED_ANNOTATION};
+use gpu_booking_core::admission::{
+    plan, plan_cpu_only_because, AdmissionConfig, Decision, GPU_REMOVED_ANNOTATION, MODEL_LABEL,
+    PRIORITY_LABEL,
+};
+use gpu_booking_core::gpu_model::ModelName;
 use serde_json::{json, Value};
 
 /// Metadata the API server sets, which a create must not carry.
@@ -46,6 +51,46 @@ pub fn cpu_only_copy(pod: &Value, cfg: &AdmissionConfig, reason: &str) -> Result
     let patch = plan_cpu_only_because(pod, cfg, reason);
     let mut copy = pod.clone();
     json_patch::patch(&mut copy, &patch.0)?;
+    creatable(&mut copy, cfg, |k| k == GPU_REMOVED_ANNOTATION)?;
+    Ok(copy)
+}
+
+/// The lent copy of a booked pod (`--on-expiry demote`): a pod's priority cannot
+/// change once it exists, so the pod is created again as the webhook admits a lent
+/// pod ([`plan`] with [`Decision::LowPriority`]): the low priority class, the labels
+/// `gpu-booking/priority=low` and `gpu-booking/model`, no booking label, no
+/// `terminate-at`, and its GPU, VRAM budget and model node selector kept. `None` when
+/// the pod names no valid model (the caller then makes a CPU-only copy).
+pub fn lent_copy(pod: &Value, cfg: &AdmissionConfig) -> Result<Option<Value>, CopyError> {
+    if !pod.is_object() {
+        return Err(CopyError::NotAPod);
+    }
+    let Some(model) = pod
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(MODEL_LABEL))
+        .and_then(Value::as_str)
+        .and_then(|m| ModelName::parse(m).ok())
+    else {
+        return Ok(None);
+    };
+    let decision = Decision::LowPriority {
+        model,
+        gpumem_mib: None,
+    };
+    let patch = plan(pod, &decision, cfg);
+    let mut copy = pod.clone();
+    json_patch::patch(&mut copy, &patch.0)?;
+    creatable(&mut copy, cfg, |k| k == PRIORITY_LABEL || k == MODEL_LABEL)?;
+    Ok(Some(copy))
+}
+
+/// Makes `copy` creatable: no status, no server-set metadata, no `nodeName`, and none
+/// of our labels and annotations but those `keep` names.
+fn creatable(
+    copy: &mut Value,
+    cfg: &AdmissionConfig,
+    keep: impl Fn(&str) -> bool,
+) -> Result<(), CopyError> {
     let Some(root) = copy.as_object_mut() else {
         return Err(CopyError::NotAPod);
     };
@@ -58,9 +103,7 @@ pub fn cpu_only_copy(pod: &Value, cfg: &AdmissionConfig, reason: &str) -> Result
         }
         for map in ["labels", "annotations"] {
             if let Some(entries) = meta.get_mut(map).and_then(Value::as_object_mut) {
-                entries.retain(|k, _| {
-                    k == GPU_REMOVED_ANNOTATION || !OUR_PREFIXES.iter().any(|p| k.starts_with(p))
-                });
+                entries.retain(|k, _| keep(k) || !OUR_PREFIXES.iter().any(|p| k.starts_with(p)));
                 entries.remove(&cfg.terminate_at_annotation);
             }
         }
@@ -70,7 +113,7 @@ pub fn cpu_only_copy(pod: &Value, cfg: &AdmissionConfig, reason: &str) -> Result
         // Only the API server's ephemeral-container subresource may add these.
         spec.remove("ephemeralContainers");
     }
-    Ok(copy)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -166,6 +209,46 @@ mod tests {
             }
         }
         assert!(gpu_pods == 0 || gpu_pods >= 8, "fixtures: {gpu_pods}");
+    }
+
+    #[test]
+    fn lent_copy_keeps_the_gpu_with_low_priority() {
+        let cfg = AdmissionConfig {
+            high_priority_class: Some("gpu-booking-high".into()),
+            low_priority_class: Some("gpu-booking-low".into()),
+            ..AdmissionConfig::default()
+        };
+        for (file, pod) in fixtures() {
+            let mut pod = booked(pod);
+            pod["metadata"]["labels"]["gpu-booking/model"] = json!("a100");
+            let copy = lent_copy(&pod, &cfg).unwrap().unwrap();
+            let meta = &copy["metadata"];
+            assert_eq!(meta["labels"]["gpu-booking/priority"], "low", "{file}");
+            assert_eq!(meta["labels"]["gpu-booking/model"], "a100", "{file}");
+            assert!(
+                meta["labels"].get("gpu-booking/booking").is_none(),
+                "{file}"
+            );
+            assert!(meta["annotations"].get("terminate-at").is_none(), "{file}");
+            assert!(meta.get("uid").is_none() && copy.get("status").is_none());
+            let spec = &copy["spec"];
+            assert_eq!(spec["priorityClassName"], "gpu-booking-low", "{file}");
+            assert!(spec.get("priority").is_none() && spec.get("nodeName").is_none());
+            assert_eq!(spec["nodeSelector"]["gpu-booking.io/model"], "a100");
+            assert_eq!(
+                detect_gpu(&copy, &cfg).map(|g| g.units),
+                detect_gpu(&pod, &cfg).map(|g| g.units),
+                "{file}: keeps its GPU"
+            );
+            assert!(copy.to_string().contains("gpu-booking.io/gpumem"), "{file}");
+        }
+        // Without a model there is no lent copy to make.
+        let mut pod = booked(fixtures().remove(0).1);
+        pod["metadata"]["labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove("gpu-booking/model");
+        assert!(lent_copy(&pod, &cfg).unwrap().is_none());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The controller against the real booking API on the real Postgres (and the fake
-//! API server), in real time: usage reports, a preemption request from the service,
+//! API server), in real time: usage reports, a preemption for a Pending booked pod,
 //! an expiry, and their audit rows.
 
 mod common;
@@ -90,13 +90,10 @@ async fn usage_preemption_and_expiry_reach_the_booking_service(pool: sqlx::PgPoo
         .booked_until(now - TimeDelta::minutes(1));
     ended.0["metadata"]["labels"]["gpu-booking/model"] = json!("a6000");
     ended.put(&server);
-    call(
-        reqwest::Method::POST,
-        format!("{}/api/v1/preemptions", api.url),
-        &service,
-        json!({"model": "a100", "user": "bob", "namespace": NS, "pod": "jupyter-bob"}),
-    )
-    .await;
+    pod("jupyter-bob")
+        .gpu(1)
+        .booked_pending("a100")
+        .put(&server);
 
     let booking = BookingClient::new(
         &api.url,
@@ -116,19 +113,6 @@ async fn usage_preemption_and_expiry_reach_the_booking_service(pool: sqlx::PgPoo
     )
     .unwrap();
 
-    let outcome: String = eventually(|| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar(
-                "SELECT outcome FROM preemption_request WHERE handled_at IS NOT NULL",
-            )
-            .fetch_optional(&pool)
-            .await
-            .unwrap()
-        }
-    })
-    .await;
-    assert_eq!(outcome, "preempting jhub/lent");
     let mut actions: Vec<(String, String)> = eventually(|| {
         let pool = pool.clone();
         async move {
@@ -150,6 +134,13 @@ async fn usage_preemption_and_expiry_reach_the_booking_service(pool: sqlx::PgPoo
             ("controller.preempt".to_owned(), "jhub/lent".to_owned())
         ]
     );
+    let details: serde_json::Value =
+        sqlx::query_scalar("SELECT details FROM audit_event WHERE action = 'controller.preempt'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(details["for"], "jhub/jupyter-bob");
+    assert_eq!(details["model"], "a100");
     // Cards from the nodes, beside the declared units (0 here, and they stay 0: a
     // report never overwrites them); in use settles at what is left on the GPUs (the
     // booked pod).

@@ -196,28 +196,49 @@ async fn on_expiry_delete_and_demote() {
 
     let mut h = Harness::new();
     h.args.on_expiry = OnExpiry::Demote;
-    pod("m")
+    h.server.set_pod_deletion(PodDeletion::Immediate);
+    let old = pod("m")
         .gpu(1)
         .on("gpu-1")
         .booked_until(h.after(TimeDelta::minutes(1)))
         .put(&h.server);
     let c = h.start();
-    h.server
-        .wait_until(|s| {
-            s.get_value("v1", "pods", Some(NS), "m")
-                .is_some_and(|p| p["metadata"]["labels"]["gpu-booking/priority"] == "low")
-        })
+    // A pod's priority cannot change: it is created again as a lent pod.
+    h.until_replaced("m", old.metadata.uid.as_deref().unwrap())
         .await;
     let p = h.pod_json("m").unwrap();
+    assert_eq!(p["metadata"]["labels"]["gpu-booking/priority"], "low");
+    assert_eq!(p["metadata"]["labels"]["gpu-booking/model"], "a100");
     assert!(p["metadata"]["annotations"].get("terminate-at").is_none());
     assert!(p["metadata"]["labels"].get("gpu-booking/booking").is_none());
-    assert!(p["metadata"].get("deletionTimestamp").is_none());
+    assert_eq!(p["spec"]["priorityClassName"], "gpu-booking-low");
+    assert!(p["spec"].get("priority").is_none() && p["spec"].get("nodeName").is_none());
     assert_eq!(
         p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "1",
         "keeps its GPU"
     );
-    assert_eq!(h.server.count(Verb::Delete, "pods"), 0);
+    assert_eq!(h.server.count(Verb::Delete, "pods"), 1);
     assert_eq!(c.metrics.action_count("expire", "demoted"), 1);
+    assert!(h.events_on("m").iter().any(|e| e.contains("as a lent pod")));
+    // As a lent pod it gives way to a booked pod like any other.
+    pod("jupyter-bob")
+        .gpu(1)
+        .booked_pending("a100")
+        .put(&h.server);
+    node(
+        &h.server,
+        "gpu-1",
+        Some("NVIDIA-A100-SXM4-40GB"),
+        &[("nvidia.com/gpu", 1)],
+    );
+    h.server
+        .modify::<k8s_openapi::api::core::v1::Pod>(Some(NS), "m", |p| {
+            p["spec"]["nodeName"] = json!("gpu-1");
+            p["status"] = json!({"phase": "Running"});
+        });
+    let uid = h.pod("m").unwrap().metadata.uid.unwrap();
+    h.until_replaced("m", &uid).await;
+    assert_eq!(c.metrics.eviction_count("a100", "booked_pod_pending"), 1);
 }
 
 /// Two models, three a100 units all taken; a booked user asks for an a100.
@@ -262,72 +283,171 @@ fn busy_cluster(h: &Harness) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn preemption_request_takes_the_oldest_low_priority_pod_of_the_model() {
+async fn one_pending_booked_pod_ends_exactly_the_least_recently_used_lent_pod() {
     let h = Harness::new();
     busy_cluster(&h);
-    h.booking.request(1, "a100", "jupyter-bob");
+    // low-old started first but was on its GPU an hour ago; low-new has been idle
+    // since yesterday: the agent's report decides, not the start.
+    h.server
+        .modify::<k8s_openapi::api::core::v1::Pod>(Some(NS), "low-old", |p| {
+            p["metadata"]["annotations"]["gpu-booking.io/last-gpu-activity"] =
+                json!(rfc3339(t0() - TimeDelta::hours(1)));
+        });
+    pod("jupyter-bob")
+        .gpu(1)
+        .booked_pending("a100")
+        .put(&h.server);
     let c = h.start();
-    h.until_deleting("low-old").await;
-    h.wait_booking(|s| !s.handled.is_empty()).await;
-    assert_eq!(
-        h.booking.state().handled[0],
-        (1, "preempting jhub/low-old".to_owned())
-    );
-    for untouched in ["booked-oldest", "low-new", "low-other-model"] {
-        assert!(
-            h.pod(untouched)
-                .unwrap()
-                .metadata
-                .deletion_timestamp
-                .is_none(),
-            "{untouched}"
-        );
+    h.until_deleting("low-new").await;
+    // While it terminates nothing else goes (150 rounds; within --gone-timeout, so
+    // that the copy is still made).
+    h.run_for(Duration::from_secs(300)).await;
+    assert_eq!(h.deletes(), 1, "one victim only");
+    for untouched in ["booked-oldest", "low-old", "low-other-model", "jupyter-bob"] {
+        let p = h.pod(untouched).unwrap();
+        assert!(p.metadata.deletion_timestamp.is_none(), "{untouched}");
     }
-    // Recreated without GPU once gone.
-    let uid = h.pod("low-old").unwrap().metadata.uid.unwrap();
-    h.server.pod_gone(NS, "low-old");
-    h.until_replaced("low-old", &uid).await;
-    assert!(!h.pod_json("low-old").unwrap()["spec"]
+    // Gone: its CPU-only copy comes; the booked pod has its unit, nothing more goes.
+    let uid = h.pod("low-new").unwrap().metadata.uid.unwrap();
+    h.server.pod_gone(NS, "low-new");
+    h.until_replaced("low-new", &uid).await;
+    assert!(!h.pod_json("low-new").unwrap()["spec"]
         .to_string()
         .contains("nvidia.com/gpu"));
-    h.run_for(Duration::from_secs(30)).await;
+    h.run_for(Duration::from_secs(600)).await;
+    assert_eq!(h.deletes(), 1);
     assert_eq!(c.metrics.action_count("preempt", "recreated"), 1);
-    assert_eq!(h.server.count(Verb::Delete, "pods"), 1, "one victim only");
+    assert_eq!(c.metrics.eviction_count("a100", "booked_pod_pending"), 1);
+    assert!(c.metrics.encode().contains(
+        "gpu_booking_controller_evictions_total{model=\"a100\",reason=\"booked_pod_pending\"} 1"
+    ));
+    // Events on both pods, an audit row for the victim.
+    let on_booked = h.events_on("jupyter-bob");
+    assert!(
+        on_booked
+            .iter()
+            .any(|e| e.starts_with("PreemptingForBooking")
+                && e.contains("jhub/low-new")
+                && e.contains("round 1 of 3")),
+        "{on_booked:?}"
+    );
+    let on_victim = h.events_on("low-new");
+    assert!(
+        on_victim
+            .iter()
+            .any(|e| e.starts_with("PreemptedForBooking") && e.contains("jhub/jupyter-bob")),
+        "{on_victim:?}"
+    );
+    let audits = h.booking.state().audits.clone();
+    let row = audits
+        .iter()
+        .find(|a| a.action == "controller.preempt")
+        .unwrap();
+    assert_eq!(row.subject.as_deref(), Some("jhub/low-new"));
+    assert_eq!(row.details["model"], "a100");
+    assert_eq!(row.details["for"], "jhub/jupyter-bob");
+}
+
+/// After the victim is gone, another lent pod takes the unit before the scheduler
+/// places the booked pod.
+fn grab_the_unit(h: &Harness, name: &str) {
+    pod(name)
+        .gpu(1)
+        .on("a100-node")
+        .low_priority("a100")
+        .started(h.now())
+        .last_gpu_activity(h.now())
+        .put(&h.server);
 }
 
 #[tokio::test(start_paused = true)]
-async fn pending_booked_pod_gets_a_unit_and_never_a_high_priority_one() {
+async fn a_second_round_only_once_the_victim_is_gone_and_the_pod_still_waits() {
     let h = Harness::new();
     busy_cluster(&h);
     pod("jupyter-bob")
         .gpu(1)
-        .high_priority("a100")
-        .pending_unschedulable()
+        .booked_pending("a100")
         .put(&h.server);
-    let _c = h.start();
+    let c = h.start();
     h.until_deleting("low-old").await;
-    // Once it is gone a unit is free: placing the booked pod is the scheduler's job,
-    // nothing more is preempted (and never the booked pod or another model's).
     h.server.pod_gone(NS, "low-old");
-    h.run_for(Duration::from_secs(300)).await;
+    grab_the_unit(&h, "grabber");
+    // Not before --preemption-retry (60 s) has passed since the first round.
+    h.run_for(Duration::from_secs(30)).await;
+    assert_eq!(h.deletes(), 1);
+    h.until_deleting("low-new").await;
+    assert_eq!(h.deletes(), 2);
     assert!(h
-        .pod("low-new")
+        .pod("grabber")
         .unwrap()
         .metadata
         .deletion_timestamp
         .is_none());
-    assert!(h
-        .pod("booked-oldest")
-        .unwrap()
-        .metadata
-        .deletion_timestamp
-        .is_none());
-    assert!(h
-        .pod("low-other-model")
-        .unwrap()
-        .metadata
-        .deletion_timestamp
-        .is_none());
+    assert_eq!(c.metrics.eviction_count("a100", "booked_pod_pending"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn preemption_rounds_are_bounded() {
+    let mut h = Harness::new();
+    h.args.preemption_attempts = 2;
+    h.server.set_pod_deletion(PodDeletion::Immediate);
+    busy_cluster(&h);
+    pod("jupyter-bob")
+        .gpu(1)
+        .booked_pending("a100")
+        .put(&h.server);
+    let c = h.start();
+    // Every unit freed is taken by someone else at once.
+    for (round, grabber) in ["g1", "g2", "g3"].iter().enumerate() {
+        if round < 2 {
+            h.wait(|s| s.count(Verb::Delete, "pods") as usize == round + 1)
+                .await;
+        }
+        grab_the_unit(&h, grabber);
+        h.run_for(Duration::from_secs(3600)).await;
+    }
+    assert_eq!(h.deletes(), 2, "two rounds, then it gives up");
+    assert_eq!(c.metrics.action_count("preempt", "gave_up"), 1);
+    let on_booked = h.events_on("jupyter-bob");
+    assert!(
+        on_booked.iter().any(|e| e.starts_with("PreemptionGaveUp")),
+        "{on_booked:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_victim_on_another_model() {
+    let h = Harness::new();
+    node(
+        &h.server,
+        "a100-node",
+        Some("NVIDIA-A100-SXM4-40GB"),
+        &[("nvidia.com/gpu", 1)],
+    );
+    node(
+        &h.server,
+        "a6000-node",
+        Some("NVIDIA-RTX-A6000"),
+        &[("nvidia.com/gpu", 1)],
+    );
+    pod("booked-a100")
+        .gpu(1)
+        .on("a100-node")
+        .high_priority("a100")
+        .put(&h.server);
+    pod("lent-a6000")
+        .gpu(1)
+        .on("a6000-node")
+        .low_priority("a6000")
+        .put(&h.server);
+    pod("jupyter-bob")
+        .gpu(1)
+        .booked_pending("a100")
+        .put(&h.server);
+    let c = h.start();
+    h.run_for(Duration::from_secs(600)).await;
+    assert_eq!(h.deletes(), 0);
+    assert_eq!(c.metrics.action_count("preempt", "no_victim"), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -344,11 +464,13 @@ async fn a_free_unit_means_no_preemption() {
         .on("a100-node")
         .low_priority("a100")
         .put(&h.server);
-    h.booking.request(1, "a100", "jupyter-bob");
+    pod("jupyter-bob")
+        .gpu(1)
+        .booked_pending("a100")
+        .put(&h.server);
     let _c = h.start();
-    h.wait_booking(|s| !s.handled.is_empty()).await;
-    assert!(h.booking.state().handled[0].1.contains("free"));
-    assert_eq!(h.server.count(Verb::Delete, "pods"), 0);
+    h.run_for(Duration::from_secs(600)).await;
+    assert_eq!(h.deletes(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -467,7 +589,6 @@ async fn dry_run_changes_nothing() {
         .high_priority("a100")
         .pending_unschedulable()
         .put(&h.server);
-    h.booking.request(1, "a100", "jupyter-carol");
     let c = h.start();
     h.run_for(Duration::from_secs(120)).await;
     for verb in [
@@ -492,7 +613,7 @@ async fn dry_run_changes_nothing() {
         .count();
     assert_eq!(updates, 0);
     let state = h.booking.state();
-    assert!(state.audits.is_empty() && state.handled.is_empty() && state.usage_calls == 0);
+    assert!(state.audits.is_empty() && state.usage_calls == 0);
     assert!(c.metrics.action_count("expire", "dry_run") >= 1);
     assert!(c.metrics.action_count("preempt", "dry_run") >= 1);
 }
@@ -551,4 +672,47 @@ async fn losing_the_lease_stops_actions_at_once() {
     // Back: the Lease is ours again (nobody else took it) and the overdue pod ends.
     h.server.clear_failures();
     h.until_deleting("booked").await;
+}
+
+/// A time-sliced card (4 replicas, 48 GiB of VRAM budget): the least recently used
+/// lent pod is small and may stay beside the booked pod; the big one goes.
+#[tokio::test(start_paused = true)]
+async fn a_small_tenant_of_a_time_sliced_card_coexists_with_the_booked_pod() {
+    let h = Harness::new();
+    node(
+        &h.server,
+        "sliced",
+        Some("NVIDIA-A100-SXM4-40GB"),
+        &[("nvidia.com/gpu", 4), ("gpu-booking.io/gpumem", 49_152)],
+    );
+    pod("small-idle")
+        .gpu(1)
+        .resource("gpu-booking.io/gpumem", 8_192)
+        .on("sliced")
+        .low_priority("a100")
+        .last_gpu_activity(t0() - TimeDelta::days(2))
+        .put(&h.server);
+    pod("big-busy")
+        .gpu(1)
+        .resource("gpu-booking.io/gpumem", 36_864)
+        .on("sliced")
+        .low_priority("a100")
+        .last_gpu_activity(t0() - TimeDelta::minutes(5))
+        .put(&h.server);
+    pod("jupyter-bob")
+        .gpu(1)
+        .resource("gpu-booking.io/gpumem", 16_384)
+        .booked_pending("a100")
+        .put(&h.server);
+    let c = h.start();
+    h.until_deleting("big-busy").await;
+    h.run_for(Duration::from_secs(300)).await;
+    assert_eq!(h.deletes(), 1);
+    assert!(h
+        .pod("small-idle")
+        .unwrap()
+        .metadata
+        .deletion_timestamp
+        .is_none());
+    assert_eq!(c.metrics.action_count("preempt", "no_victim"), 0);
 }

@@ -266,11 +266,17 @@ def test_priority_classes():
     high = one("defaults", "PriorityClass", "-high")
     low = one("defaults", "PriorityClass", "-low")
     assert high["value"] > 0 > low["value"]
-    assert high["preemptionPolicy"] == "PreemptLowerPriority"
+    # One preemption mechanism: the controller's (least recently used lent pod);
+    # kube-scheduler never preempts for our pods, it only queues booked pods first.
+    assert high["preemptionPolicy"] == "Never"
     assert low["preemptionPolicy"] == "Never"
     env = env_of(pod_spec(one("defaults", "Deployment", "-webhook"))["containers"][0])
     assert env["GPU_BOOKING_WEBHOOK_HIGH_PRIORITY_CLASS"]["value"] == high["metadata"]["name"]
     assert env["GPU_BOOKING_WEBHOOK_LOW_PRIORITY_CLASS"]["value"] == low["metadata"]["name"]
+    env = env_of(pod_spec(one("defaults", "Deployment", "-controller"))["containers"][0])
+    assert env["GPU_BOOKING_CONTROLLER_PREEMPTION_ATTEMPTS"]["value"] == "3"
+    assert env["GPU_BOOKING_CONTROLLER_PREEMPTION_RETRY"]["value"] == "60s"
+    assert env["GPU_BOOKING_CONTROLLER_PREEMPTION_VRAM_CUSHION"]["value"] == "256"
     assert objects("minimal", "PriorityClass") == []
 
 
@@ -469,7 +475,7 @@ def test_monitoring():
         assert ep["path"] == "/metrics"
     rule = one("everything", "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
-    for alert in ("GpuBookingApiDown", "GpuBookingWebhookErrors", "GpuBookingControllerNotLeading", "GpuBookingExpiryLag"):
+    for alert in ("GpuBookingApiDown", "GpuBookingWebhookErrors", "GpuBookingControllerNotLeading", "GpuBookingExpiryLag", "GpuBookingPreemptionGaveUp"):
         assert alert in alerts
         assert alerts[alert]["labels"]["severity"] in ("warning", "critical")
     assert objects("defaults", "ServiceMonitor") == [] and objects("defaults", "PrometheusRule") == []

@@ -238,7 +238,7 @@ fn review(uid: &str, file: &str) -> Bytes {
     Bytes::from(serde_json::to_vec(&review).unwrap())
 }
 
-/// The booking service: alice is booked on a6000 (a unit free: no preemption).
+/// The booking service: alice is booked on a6000 (a unit free).
 async fn start_stub() -> SocketAddr {
     let answer = json!({"schedulable": true, "until": "2099-11-30T00:00:00Z", "model": "a6000",
         "booking_id": 18, "user": "alice@example.com", "free": {"a100": 0, "a6000": 2},
@@ -254,10 +254,6 @@ async fn start_stub() -> SocketAddr {
         .route(
             "/api/v1/audit",
             post(|| async { (axum::http::StatusCode::CREATED, "{\"id\":1}") }),
-        )
-        .route(
-            "/api/v1/preemptions",
-            post(|| async { (axum::http::StatusCode::ACCEPTED, "{\"id\":1}") }),
         );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -226,9 +226,10 @@ impl Webhook {
         (out, decision.kind())
     }
 
-    /// Logs the decision and, unless this is a dry run, requests a preemption when the
-    /// booked model is full and reports the action to the audit log. Both calls run on
-    /// their own tasks: the answer does not wait for them.
+    /// Logs the decision and, unless this is a dry run, reports it to the audit log (on
+    /// its own task: the answer does not wait). A review never asks for a preemption:
+    /// the controller preempts for booked pods it sees Pending, so that no review, real
+    /// or forged, can end a pod.
     fn report(&self, facts: &Facts<'_>, decision: &Decision, ops: usize) {
         let subject = facts.subject();
         let user = facts.user();
@@ -251,15 +252,6 @@ impl Webhook {
             Decision::Booked { booking_id, .. } => Some(*booking_id),
             _ => None,
         };
-        if let Some((booking_id, model)) = decision.preemption() {
-            self.booking.request_preemption(json!({
-                "model": model.as_str(),
-                "booking_id": booking_id,
-                "user": user,
-                "namespace": facts.namespace(),
-                "pod": facts.name(),
-            }));
-        }
         if let Some(action) = decision.audit_action() {
             let model = match decision {
                 Decision::Booked { model, .. } | Decision::LowPriority { model, .. } => {
@@ -278,7 +270,7 @@ impl Webhook {
                     "model": model,
                     "gpu_units": facts.gpu.units,
                     "identity": facts.identity.map(Identity::describe),
-                    "preempt": decision.preemption().is_some(),
+                    "model_full": decision.preemption().is_some(),
                     "reason": decision.removal_reason(),
                     "warning": decision.warning(),
                     "booking_error": facts.failure.map(BookingError::to_string),

@@ -1,6 +1,7 @@
 //! The booking service, as the webhook uses it: one schedulability lookup per GPU pod
 //! (shared by concurrent lookups for the same user and reused for a few seconds), and
-//! fire-and-forget preemption requests and audit reports.
+//! fire-and-forget audit reports. Nothing else: an admission review never asks for a
+//! pod to be ended (the controller preempts from the cluster's state alone).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use gpu_booking_core::admission::{Ask, Schedulability};
 use gpu_booking_core::rate::TokenBucket;
 use serde_json::Value;
-use tokio::sync::{mpsc, OnceCell, Semaphore};
+use tokio::sync::{mpsc, OnceCell};
 
 use crate::metrics::{CallLabel, Metrics};
 
@@ -18,8 +19,6 @@ use crate::metrics::{CallLabel, Metrics};
 const ERROR_TTL: Duration = Duration::from_secs(1);
 /// Entries kept before expired ones are swept.
 const CACHE_SWEEP_AT: usize = 4096;
-/// Preemption requests in flight at most; beyond, they are dropped.
-const MAX_SIDE_CALLS: usize = 256;
 /// Audit reports waiting to be sent at most; beyond, they are dropped (and counted).
 const AUDIT_QUEUE: usize = 4096;
 /// Audit reports sent at once, each over a kept-alive connection.
@@ -86,7 +85,6 @@ pub struct BookingClient {
     timeout: Duration,
     ttl: Duration,
     cache: Mutex<HashMap<(&'static str, String), Arc<Entry>>>,
-    side_calls: Arc<Semaphore>,
     side_calls_started: AtomicU64,
     audit_queue: OnceLock<mpsc::Sender<Value>>,
     /// One token bucket per audit action: whoever can reach `/mutate` cannot make us
@@ -121,7 +119,6 @@ impl BookingClient {
             timeout,
             ttl,
             cache: Mutex::new(HashMap::new()),
-            side_calls: Arc::new(Semaphore::new(MAX_SIDE_CALLS)),
             side_calls_started: AtomicU64::new(0),
             audit_queue: OnceLock::new(),
             audit_rate: Mutex::new(HashMap::new()),
@@ -235,12 +232,6 @@ impl BookingClient {
         }
     }
 
-    /// Asks the controller (through the service) to free a unit of a model. Returns at
-    /// once; the call runs on its own task.
-    pub fn request_preemption(self: &Arc<Self>, body: Value) {
-        self.side_call("preemption", "/api/v1/preemptions", body);
-    }
-
     /// Reports an admission to the audit log. Returns at once: the report joins a
     /// bounded queue that [`AUDIT_SENDERS`] tasks send in order over kept-alive
     /// connections (a task and a connection per report would cost more than the
@@ -306,24 +297,10 @@ impl BookingClient {
         self.count_side_call(call, outcome);
     }
 
-    /// Preemption requests and audit reports started so far (counted before they are
+    /// Audit reports started so far (counted before they are
     /// sent, so a test can tell at once that none was started).
     pub fn side_calls_started(&self) -> u64 {
         self.side_calls_started.load(Ordering::SeqCst)
-    }
-
-    fn side_call(self: &Arc<Self>, call: &'static str, path: &'static str, body: Value) {
-        self.side_calls_started.fetch_add(1, Ordering::SeqCst);
-        let Ok(permit) = self.side_calls.clone().try_acquire_owned() else {
-            tracing::warn!(call, "too many side calls in flight; dropped");
-            self.count_side_call(call, "dropped");
-            return;
-        };
-        let this = self.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            this.send_counted(call, path, &body).await;
-        });
     }
 
     async fn post(&self, path: &str, body: &Value) -> Result<(), BookingError> {

@@ -23,7 +23,7 @@ pub struct OutcomeLabel {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabel {
-    /// `preemption` or `audit`.
+    /// `audit` (the only call besides the lookup).
     pub call: &'static str,
     /// `ok`, `error`, `dropped` (queue full) or `rate_limited` (over the audit rate).
     pub outcome: &'static str,

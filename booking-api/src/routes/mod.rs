@@ -5,5 +5,4 @@ pub mod bookings;
 pub mod health;
 pub mod me;
 pub mod models;
-pub mod preemptions;
 pub mod schedulability;

@@ -3,7 +3,6 @@
 pub mod audit;
 pub mod bookings;
 pub mod models;
-pub mod preemptions;
 pub mod users;
 
 use sqlx::{Postgres, Transaction};

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use gpu_booking_client::{AuditReport, ClientError, Model, PreemptionRequest, UsageReport};
+use gpu_booking_client::{AuditReport, Model, UsageReport};
 use gpu_booking_controller::booking::Answer;
 use gpu_booking_controller::{Booking, Controller, ControllerArgs, TokioClock};
 use gpu_booking_fake_apiserver::FakeApiServer;
@@ -32,8 +32,6 @@ pub struct BookingState {
     pub models: Vec<Model>,
     pub usage: BTreeMap<String, UsageReport>,
     pub usage_calls: usize,
-    pub requests: Vec<PreemptionRequest>,
-    pub handled: Vec<(i64, String)>,
     pub audits: Vec<AuditReport>,
 }
 
@@ -53,19 +51,6 @@ impl FakeBooking {
 
     pub fn state(&self) -> MutexGuard<'_, BookingState> {
         self.state.lock().unwrap()
-    }
-
-    pub fn request(&self, id: i64, model: &str, pod: &str) {
-        self.state().requests.push(PreemptionRequest {
-            id,
-            model: model.into(),
-            booking_id: Some(100 + id),
-            user: Some("bob".into()),
-            namespace: Some(NS.into()),
-            pod: Some(pod.into()),
-            requested_at: t0(),
-        });
-        self.notify.notify_waiters();
     }
 
     pub async fn wait_until(&self, mut condition: impl FnMut(&BookingState) -> bool) {
@@ -97,23 +82,6 @@ impl Booking for FakeBooking {
         state.usage_calls += 1;
         state.usage.insert(model.to_owned(), *report);
         drop(state);
-        self.changed(());
-        Box::pin(async { Ok(()) })
-    }
-
-    fn open_preemptions(&self) -> Answer<'_, Vec<PreemptionRequest>> {
-        let state = self.state();
-        let open = state
-            .requests
-            .iter()
-            .filter(|r| !state.handled.iter().any(|(id, _)| *id == r.id))
-            .cloned()
-            .collect();
-        Box::pin(async move { Ok::<_, ClientError>(open) })
-    }
-
-    fn handle_preemption<'a>(&'a self, id: i64, outcome: &'a str) -> Answer<'a, ()> {
-        self.state().handled.push((id, outcome.to_owned()));
         self.changed(());
         Box::pin(async { Ok(()) })
     }
@@ -190,6 +158,11 @@ impl PodSpec {
         self.0["metadata"]["labels"]["gpu-booking/model"] = json!(model);
         self
     }
+    /// The node agent's report of its last GPU activity.
+    pub fn last_gpu_activity(mut self, at: DateTime<Utc>) -> Self {
+        self.0["metadata"]["annotations"]["gpu-booking.io/last-gpu-activity"] = json!(rfc3339(at));
+        self
+    }
     pub fn started(mut self, at: DateTime<Utc>) -> Self {
         self.0["status"]["startTime"] = json!(rfc3339(at));
         self
@@ -211,6 +184,14 @@ impl PodSpec {
         self.0["status"]["conditions"] = json!([
             {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]);
         self
+    }
+    /// A booked pod the scheduler cannot place (as the webhook admits it: the
+    /// model's node selector, the high class).
+    pub fn booked_pending(self, model: &str) -> Self {
+        let mut p = self.high_priority(model).pending_unschedulable();
+        p.0["spec"]["nodeSelector"] = json!({"gpu-booking.io/model": model});
+        p.0["spec"]["priorityClassName"] = json!("gpu-booking-high");
+        p
     }
     pub fn put(self, server: &FakeApiServer) -> Pod {
         server.put(&serde_json::from_value::<Pod>(self.0).unwrap())
@@ -322,6 +303,28 @@ impl Harness {
         waited
             .await
             .expect("booking condition not met within a virtual day");
+    }
+
+    /// The events.k8s.io Events on pods of this name, as `reason: note`.
+    pub fn events_on(&self, name: &str) -> Vec<String> {
+        self.server
+            .list::<k8s_openapi::api::events::v1::Event>(Some(NS))
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    /// Pods of the test namespace being deleted (or deleted) so far.
+    pub fn deletes(&self) -> u64 {
+        self.server
+            .count(gpu_booking_fake_apiserver::Verb::Delete, "pods")
     }
 
     pub async fn until_deleting(&self, name: &str) {

@@ -211,7 +211,8 @@ pub enum Decision {
         until: DateTime<Utc>,
         /// Budget per GPU unit.
         gpumem_mib: Option<u64>,
-        /// No unit of the model is free: ask the controller to preempt a low-priority pod.
+        /// No unit of the model was free at admission (for the audit row; the
+        /// controller preempts only if the pod then stays Pending).
         preempt: bool,
     },
     /// No booking, but a unit is free: the pod gets it at low priority (preemptible).
@@ -349,7 +350,8 @@ impl Decision {
         }
     }
 
-    /// The booking and model to free a unit of, when the booked model is full.
+    /// The booking and model that had no free unit at admission (the webhook only
+    /// reports it; the controller decides from the Pending pod).
     pub fn preemption(&self) -> Option<(i64, &ModelName)> {
         match self {
             Decision::Booked {

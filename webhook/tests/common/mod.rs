@@ -322,6 +322,7 @@ impl StubBooking {
         };
         let app = Router::new()
             .route("/api/v1/schedulability", get(stub_lookup))
+            // Still served, so that a call to it would be seen (none must come).
             .route("/api/v1/preemptions", post(stub_post))
             .route("/api/v1/audit", post(stub_post))
             .with_state(state);
