@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use chrono::TimeDelta;
 use clap::{Args, ValueEnum};
@@ -190,11 +189,9 @@ impl PolicyArgs {
 
 pub use gpu_booking_ops::{init_logging, LogFormat};
 
-/// Parses `24h`, `14days`, `90s`, `1day 12h` (humantime syntax).
-pub fn parse_duration(s: &str) -> Result<TimeDelta, String> {
-    let d: Duration = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
-    TimeDelta::from_std(d).map_err(|e| format!("{s:?}: {e}"))
-}
+/// Policy durations as `TimeDelta`s, parsed by the one range-guarded parser of every
+/// component (see `gpu_booking_ops::duration`).
+pub use gpu_booking_ops::duration::parse_time_delta as parse_duration;
 
 #[cfg(test)]
 mod oidc_tests {

@@ -197,15 +197,9 @@ impl WebhookArgs {
     }
 }
 
-/// `2s`, `500ms`, `1m` (humantime), or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-    }
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
-}
+/// The one duration parser of every component: humantime or bare seconds, range-guarded
+/// (see `gpu_booking_ops::duration`).
+pub use gpu_booking_ops::duration::parse_duration;
 
 fn split_pair(s: &str) -> Result<(ModelName, &str), String> {
     let (model, value) = s
@@ -277,6 +271,8 @@ mod tests {
             "--model-gpumem=a100=lots",
             "--model-resource=a100",
             "--booking-timeout=soon",
+            "--booking-timeout=1e30",
+            "--cache-ttl=9999999999years",
         ] {
             assert!(
                 Cli::try_parse_from(base.iter().copied().chain([bad])).is_err(),
