@@ -21,6 +21,12 @@ pub enum ApiError {
     /// Malformed JSON, query or time.
     #[error("{0}")]
     BadRequest(String),
+    /// The body is larger than the service accepts.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The body is not JSON (`Content-Type`).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// Well-formed but not acceptable (outside the booking rules).
     #[error("{0}")]
     Invalid(String),
@@ -60,6 +66,8 @@ impl ApiError {
             ApiError::Rule(r) if r.code.is_conflict() => StatusCode::CONFLICT,
             ApiError::Rule(_) | ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -73,6 +81,8 @@ impl ApiError {
         match self {
             ApiError::Rule(r) => r.code.as_str(),
             ApiError::BadRequest(_) => "bad_request",
+            ApiError::TooLarge(_) => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Invalid(_) => "invalid_request",
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",

@@ -91,6 +91,7 @@ pub struct ListQuery {
     /// Bookings starting before this time.
     pub to: Option<DateTime<Utc>>,
     /// At most this many, newest start first (default 200, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
 }
 

@@ -109,7 +109,7 @@ pub struct HandlePreemption {
 
 #[utoipa::path(put, path = "/api/v1/preemptions/{id}", tag = "webhook", request_body = HandlePreemption,
     params(("id" = i64, Path)),
-    responses((status = 200, body = Preemption), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = Preemption), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn handle(
     State(state): State<AppState>,
