@@ -5,7 +5,9 @@
 //! slow or failing provider must not turn them into a stall or a flood. So:
 //!
 //! - tokens whose key id is in the cache are verified from a snapshot taken under a
-//!   short, synchronous read lock: nothing they touch is ever held across a fetch;
+//!   short, synchronous read lock: nothing they touch is ever held across a fetch
+//!   (keys past `max_age` are refetched, but while that fetch is in flight they are
+//!   still served, never waited for);
 //! - one fetch at a time (single-flight): callers that arrive while a fetch is in
 //!   flight wait for it and use its result instead of starting their own;
 //! - at most one fetch per `min_refetch` (successful or not), and
@@ -104,7 +106,15 @@ impl JwksCache {
         // Single flight: wait for the fetch in flight, if any. Only callers that
         // need a fetch get here; cached keys never wait on this lock.
         let seen = self.attempts.load(Ordering::Acquire);
-        let guard = self.fetching.lock().await;
+        let guard = match self.fetching.try_lock() {
+            Ok(guard) => guard,
+            // A fetch is in flight. A key id we hold, if only in keys past their
+            // age, is served as it is rather than waiting for it.
+            Err(_) => match self.cached(kid, alg, true) {
+                Some(stale) => return stale,
+                None => self.fetching.lock().await,
+            },
+        };
         if self.attempts.load(Ordering::Acquire) == seen && self.may_fetch() {
             self.refresh().await;
             self.attempts.fetch_add(1, Ordering::Release);

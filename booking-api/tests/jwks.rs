@@ -287,6 +287,41 @@ async fn known_keys_are_never_blocked_by_a_fetch_in_flight() {
 }
 
 #[tokio::test]
+async fn known_keys_past_their_age_are_served_while_a_refetch_is_in_flight() {
+    let signer = Signer::new("k1");
+    let mut h = Harness::start(vec![signer.jwk.clone()]).await;
+    // max_age zero: every use of a key wants a refetch.
+    let auth = h.auth(JwksOptions {
+        max_age: Duration::ZERO,
+        ..no_rate_limit()
+    });
+    let good = signer.sign(&claims("alice@example.com"));
+    assert!(auth.verify(&good).await.is_ok());
+    h.set_mode(Mode::Gated);
+    let refetch = {
+        let auth = auth.clone();
+        let good = good.clone();
+        tokio::spawn(async move { auth.verify(&good).await })
+    };
+    h.started.recv().await.unwrap();
+    let known = async {
+        for _ in 0..50 {
+            assert!(auth.verify(&good).await.is_ok());
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), known)
+        .await
+        .expect("a known key id waited for the refetch in flight");
+    assert_eq!(
+        h.requests(),
+        2,
+        "one refetch in flight, none started by the others"
+    );
+    h.provider.release.notify_waiters();
+    assert!(refetch.await.unwrap().is_ok());
+}
+
+#[tokio::test]
 async fn a_rotated_key_is_picked_up_and_a_withdrawn_one_refused_after_refetch() {
     let old = Signer::new("k-old");
     let new = Signer::new("k-new");
