@@ -131,11 +131,6 @@ impl JwksCache {
         found
     }
 
-    /// Fetch attempts so far (successful or not), for tests and logs.
-    pub fn fetch_attempts(&self) -> u64 {
-        self.attempts.load(Ordering::Acquire)
-    }
-
     /// `Some(key or None)` when the cache can answer without a fetch: the key id is
     /// in fresh keys (or in any keys, with `stale_ok`), usable for `alg` or not.
     /// `None` when a fetch could help.
