@@ -51,7 +51,8 @@ pub enum ApiError {
 pub struct ErrorBody {
     /// Machine-readable code: a rule (`cooldown`, `capacity`, ...) or
     /// `bad_request`, `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `unavailable` (503, with `Retry-After`: the database is unreachable).
+    /// `payload_too_large`, `unsupported_media_type`, `unavailable` (503, with
+    /// `Retry-After`: the database is unreachable).
     pub error: String,
     /// What went wrong, in plain words.
     pub message: String,
