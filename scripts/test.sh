@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 
 cargo test --workspace
+# The API's tokens against a real OIDC provider (npm oidc-provider, installed into
+# tests/oidc/node_modules on first use; skipped with a message without node).
+./scripts/oidc-test.sh
 # Benchmarks are not run here (they print figures, they do not pass or fail) but must compile.
 cargo check --workspace --all-targets
 
@@ -15,6 +18,9 @@ cargo check --workspace --all-targets
 # checks that every option the chart renders is one it accepts.
 cargo build -p gpu-booking
 GPU_BOOKING_BIN="$PWD/target/debug/gpu-booking" ./scripts/chart-test.sh
+# The OpenAPI document validated, then schemathesis against a running API as a user,
+# an admin and a service (installs schemathesis under target/ on first use).
+GPU_BOOKING_BIN="$PWD/target/debug/gpu-booking" ./scripts/api-fuzz.sh
 
 if [ -x tests/browser/run.sh ]; then
   cargo build -p gpu-booking

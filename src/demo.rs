@@ -73,7 +73,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         case_sensitive_names: false,
         log_format: LogFormat::Plain,
     };
-    let auth = Authenticator::new(Some(&secret), None, None, None);
+    let auth = Authenticator::new(Some(&secret), None);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

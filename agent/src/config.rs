@@ -235,16 +235,9 @@ impl AgentArgs {
     }
 }
 
-/// `15s`, `500ms`, `5m` (humantime), or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.trim().parse::<f64>() {
-        if secs.is_finite() && (0.0..1e9).contains(&secs) {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-        return Err(format!("{s:?}: out of range"));
-    }
-    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?}: {e}"))
-}
+/// The one duration parser of every component: humantime or bare seconds, range-guarded
+/// (see `gpu_booking_ops::duration`).
+pub use gpu_booking_ops::duration::parse_duration;
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,7 @@
 //! RS256/ES256 against an OIDC provider's JWKS for real ones.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -14,6 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::app::AppState;
+use crate::config::AuthArgs;
 use crate::error::ApiError;
 use crate::jwks::JwksCache;
 
@@ -68,19 +70,44 @@ impl Caller {
 #[derive(Clone)]
 pub struct Authenticator {
     hs256: Option<Arc<DecodingKey>>,
-    jwks: Option<Arc<JwksCache>>,
-    issuer: Option<String>,
-    audience: Option<String>,
+    oidc: Option<Arc<Oidc>>,
 }
+
+/// How tokens of an OIDC provider are checked. Issuer and audience are required: a
+/// provider's keys sign tokens of every client and realm it serves, and without
+/// both checks a token minted for any of them would be accepted here.
+pub struct Oidc {
+    pub jwks: JwksCache,
+    /// Required `iss`.
+    pub issuer: String,
+    /// Required in `aud`.
+    pub audience: String,
+    /// The claim that names the user. `email` counts only with
+    /// `email_verified: true` (anyone can put any address in an unverified one).
+    pub username_claim: String,
+    /// Longest accepted lifetime (`exp - iat`, or `exp - now` without `iat`).
+    pub max_lifetime: Duration,
+}
+
+/// Clock skew tolerated on `exp`, `nbf` and `iat`, in seconds.
+const LEEWAY_SECS: u64 = 30;
 
 #[derive(Debug, Deserialize)]
 struct Claims {
     sub: Option<String>,
     email: Option<String>,
+    /// Some providers (e.g. AWS Cognito) send `"true"` as a string.
+    #[serde(default)]
+    email_verified: Option<Value>,
+    exp: Option<i64>,
+    iat: Option<i64>,
     #[serde(default)]
     roles: Vec<String>,
     /// Keycloak puts realm roles here.
     realm_access: Option<RealmAccess>,
+    /// Every other claim, for a configured username claim.
+    #[serde(flatten)]
+    other: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,77 +117,84 @@ struct RealmAccess {
 }
 
 impl Authenticator {
-    pub fn new(
-        hs256_secret: Option<&[u8]>,
-        jwks: Option<JwksCache>,
-        issuer: Option<String>,
-        audience: Option<String>,
-    ) -> Authenticator {
+    pub fn new(hs256_secret: Option<&[u8]>, oidc: Option<Oidc>) -> Authenticator {
         Authenticator {
             hs256: hs256_secret.map(|s| Arc::new(DecodingKey::from_secret(s))),
-            jwks: jwks.map(Arc::new),
-            issuer,
-            audience,
+            oidc: oidc.map(Arc::new),
         }
     }
 
-    fn validation(&self, alg: Algorithm) -> Validation {
-        let mut v = Validation::new(alg);
-        v.set_required_spec_claims(&["exp"]);
-        v.leeway = 30;
-        match &self.audience {
-            Some(aud) => v.set_audience(&[aud]),
-            None => v.validate_aud = false,
-        }
-        if let Some(iss) = &self.issuer {
-            v.set_issuer(&[iss]);
-        }
-        v
+    /// The authenticator that the options describe; refuses unsafe OIDC settings
+    /// (see [`AuthArgs`]) with a message that names the option to set.
+    pub fn from_args(
+        auth: &AuthArgs,
+        hs256_secret: Option<&[u8]>,
+    ) -> anyhow::Result<Authenticator> {
+        anyhow::ensure!(
+            hs256_secret.is_some() || auth.jwks_url.is_some(),
+            "configure --jwt-secret(-file) or --jwks-url: no token could be verified"
+        );
+        let oidc = match &auth.jwks_url {
+            None => None,
+            Some(url) => Some(Oidc {
+                jwks: JwksCache::new(checked_jwks_url(url, auth.allow_insecure_jwks_url)?)?,
+                issuer: required(&auth.jwt_issuer, "--jwt-issuer (GPU_BOOKING_JWT_ISSUER)")?,
+                audience: required(
+                    &auth.jwt_audience,
+                    "--jwt-audience (GPU_BOOKING_JWT_AUDIENCE)",
+                )?,
+                username_claim: auth.jwt_username_claim.clone(),
+                max_lifetime: auth.max_token_lifetime,
+            }),
+        };
+        Ok(Authenticator::new(hs256_secret, oidc))
     }
 
-    /// Checks signature, algorithm and expiry, and reads the caller's identity.
+    /// Checks signature, algorithm, expiry, not-before and (for OIDC tokens) issuer,
+    /// audience and lifetime, and reads the caller's identity.
     pub async fn verify(&self, token: &str) -> Result<Caller, ApiError> {
-        let unauthorized = |why: &str| ApiError::Unauthorized(format!("invalid token: {why}"));
         // decode_header refuses `alg: none` (not an algorithm it knows).
         let header = decode_header(token).map_err(|_| unauthorized("malformed"))?;
-        let claims = match header.alg {
+        let (claims, oidc) = match header.alg {
             Algorithm::HS256 => {
                 let key = self
                     .hs256
                     .as_ref()
                     .ok_or_else(|| unauthorized("HS256 tokens are not accepted"))?;
-                decode::<Claims>(token, key, &self.validation(Algorithm::HS256))
+                (decode::<Claims>(token, key, &hs256_validation()), None)
             }
             alg @ (Algorithm::RS256 | Algorithm::ES256) => {
-                let jwks = self
-                    .jwks
+                let oidc = self
+                    .oidc
                     .as_ref()
                     .ok_or_else(|| unauthorized("no JWKS configured"))?;
                 let kid = header
                     .kid
                     .as_deref()
                     .ok_or_else(|| unauthorized("no key id"))?;
-                let key = jwks
+                let key = oidc
+                    .jwks
                     .key(kid, alg)
                     .await
                     .ok_or_else(|| unauthorized("unknown key"))?;
-                decode::<Claims>(token, &key, &self.validation(alg))
+                (
+                    decode::<Claims>(token, &key, &oidc.validation(alg)),
+                    Some(oidc),
+                )
             }
             _ => return Err(unauthorized("algorithm not accepted")),
-        }
-        .map_err(|e| match e.kind() {
-            jsonwebtoken::errors::ErrorKind::ExpiredSignature => unauthorized("expired"),
-            jsonwebtoken::errors::ErrorKind::InvalidSignature => unauthorized("bad signature"),
-            jsonwebtoken::errors::ErrorKind::MissingRequiredClaim(c) => {
-                ApiError::Unauthorized(format!("invalid token: missing claim {c}"))
+        };
+        let claims = claims.map_err(rejected)?.claims;
+        let name = match oidc {
+            // HS256 tokens are signed with our own secret: whoever holds it is
+            // trusted to name the user, by `email` or else `sub`.
+            None => claims.email.clone().or_else(|| claims.sub.clone()),
+            Some(oidc) => {
+                oidc.check_lifetime(&claims)?;
+                Some(oidc.username(&claims)?)
             }
-            _ => unauthorized("rejected"),
-        })?
-        .claims;
-        let name = claims
-            .email
-            .or(claims.sub)
-            .ok_or_else(|| unauthorized("no email or sub claim"))?;
+        }
+        .ok_or_else(|| unauthorized("no email or sub claim"))?;
         let user = Username::parse(&name)
             .map_err(|e| ApiError::Unauthorized(format!("invalid token: user name: {e}")))?;
         let roles = claims
@@ -181,6 +215,127 @@ impl Authenticator {
             service,
         })
     }
+}
+
+impl Oidc {
+    fn validation(&self, alg: Algorithm) -> Validation {
+        let mut v = Validation::new(alg);
+        v.set_required_spec_claims(&["exp", "iss", "aud"]);
+        v.leeway = LEEWAY_SECS;
+        v.validate_nbf = true;
+        v.set_audience(&[&self.audience]);
+        v.set_issuer(&[&self.issuer]);
+        v
+    }
+
+    /// A ceiling on `exp - iat`: a stolen long-lived token is worth more, and
+    /// providers issue minutes to hours. `iat` in the future is refused too.
+    fn check_lifetime(&self, claims: &Claims) -> Result<(), ApiError> {
+        let now = Utc::now().timestamp();
+        let exp = claims
+            .exp
+            .ok_or_else(|| unauthorized("missing claim exp"))?;
+        let leeway = LEEWAY_SECS as i64;
+        if claims.iat.is_some_and(|iat| iat > now + leeway) {
+            return Err(unauthorized("issued in the future (iat)"));
+        }
+        let from = claims.iat.unwrap_or(now);
+        let max = i64::try_from(self.max_lifetime.as_secs()).unwrap_or(i64::MAX);
+        if exp.saturating_sub(from) > max.saturating_add(leeway) {
+            return Err(unauthorized(
+                "lifetime longer than the accepted maximum (--max-token-lifetime)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The user the token names, from the configured claim.
+    fn username(&self, claims: &Claims) -> Result<String, ApiError> {
+        let claim = self.username_claim.as_str();
+        let value = match claim {
+            "sub" => claims.sub.clone(),
+            "email" => {
+                let verified = matches!(&claims.email_verified, Some(Value::Bool(true)))
+                    || matches!(&claims.email_verified, Some(Value::String(s)) if s == "true");
+                if claims.email.is_some() && !verified {
+                    return Err(unauthorized(
+                        "the email claim is not verified (email_verified is not true)",
+                    ));
+                }
+                claims.email.clone()
+            }
+            other => claims
+                .other
+                .get(other)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        };
+        value.ok_or_else(|| {
+            ApiError::Unauthorized(format!(
+                "invalid token: no {claim} claim (the user name claim, --jwt-username-claim)"
+            ))
+        })
+    }
+}
+
+fn hs256_validation() -> Validation {
+    let mut v = Validation::new(Algorithm::HS256);
+    v.set_required_spec_claims(&["exp"]);
+    v.leeway = LEEWAY_SECS;
+    v.validate_nbf = true;
+    v.validate_aud = false;
+    v
+}
+
+fn unauthorized(why: &str) -> ApiError {
+    ApiError::Unauthorized(format!("invalid token: {why}"))
+}
+
+fn rejected(e: jsonwebtoken::errors::Error) -> ApiError {
+    use jsonwebtoken::errors::ErrorKind;
+    match e.kind() {
+        ErrorKind::ExpiredSignature => unauthorized("expired"),
+        ErrorKind::ImmatureSignature => unauthorized("not valid yet (nbf)"),
+        ErrorKind::InvalidSignature => unauthorized("bad signature"),
+        ErrorKind::InvalidIssuer => unauthorized("wrong issuer"),
+        ErrorKind::InvalidAudience => unauthorized("wrong audience"),
+        ErrorKind::MissingRequiredClaim(c) => {
+            ApiError::Unauthorized(format!("invalid token: missing claim {c}"))
+        }
+        _ => unauthorized("rejected"),
+    }
+}
+
+fn required(value: &Option<String>, flag: &str) -> anyhow::Result<String> {
+    match value.as_deref().map(str::trim) {
+        Some(v) if !v.is_empty() => Ok(v.to_owned()),
+        _ => anyhow::bail!(
+            "--jwks-url needs {flag}: without it, tokens that the provider signs for any \
+             other issuer or client would be accepted"
+        ),
+    }
+}
+
+/// The JWKS URL, https unless `allow_insecure` (development only: over http anyone
+/// on the path can swap the keys and sign in as anyone).
+pub fn checked_jwks_url(url: &str, allow_insecure: bool) -> anyhow::Result<String> {
+    let parsed = reqwest::Url::parse(url.trim())
+        .map_err(|e| anyhow::anyhow!("--jwks-url {url:?} is not a URL: {e}"))?;
+    match parsed.scheme() {
+        "https" => {}
+        "http" if allow_insecure => {
+            tracing::warn!(
+                url,
+                "fetching the JWKS over plain http (--allow-insecure-jwks-url)"
+            )
+        }
+        "http" => anyhow::bail!(
+            "--jwks-url must be https:// (a key set fetched over http can be replaced by \
+             anyone on the path); --allow-insecure-jwks-url allows http for development"
+        ),
+        other => anyhow::bail!("--jwks-url: unsupported scheme {other:?}"),
+    }
+    Ok(parsed.to_string())
 }
 
 impl FromRequestParts<AppState> for Caller {

@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use chrono::TimeDelta;
 use clap::{Args, ValueEnum};
@@ -49,7 +48,7 @@ pub struct DatabaseArgs {
     pub db_max_connections: u32,
 }
 
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct AuthArgs {
     /// HS256 secret for bearer tokens (small installs). Prefer --jwt-secret-file.
     #[arg(long, env = "GPU_BOOKING_JWT_SECRET", hide_env_values = true)]
@@ -60,17 +59,49 @@ pub struct AuthArgs {
     pub jwt_secret_file: Option<PathBuf>,
 
     /// JWKS URL of an OIDC provider (RS256/ES256 tokens), e.g. Keycloak's
-    /// https://sso.example/realms/lab/protocol/openid-connect/certs.
+    /// https://sso.example/realms/lab/protocol/openid-connect/certs. Needs
+    /// --jwt-issuer and --jwt-audience, and https (see --allow-insecure-jwks-url).
     #[arg(long, env = "GPU_BOOKING_JWKS_URL")]
     pub jwks_url: Option<String>,
 
-    /// Required `iss` claim, if set.
+    /// Development only: accept an http:// JWKS URL (anyone on the path could swap
+    /// the keys and sign in as anyone).
+    #[arg(long, env = "GPU_BOOKING_ALLOW_INSECURE_JWKS_URL")]
+    pub allow_insecure_jwks_url: bool,
+
+    /// Required `iss` claim of OIDC tokens (required with --jwks-url), e.g.
+    /// https://sso.example/realms/lab.
     #[arg(long, env = "GPU_BOOKING_JWT_ISSUER")]
     pub jwt_issuer: Option<String>,
 
-    /// Required `aud` claim, if set.
+    /// Required `aud` claim of OIDC tokens (required with --jwks-url): the client id
+    /// or API audience the provider puts in tokens meant for this service.
     #[arg(long, env = "GPU_BOOKING_JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
+
+    /// The OIDC token claim that names the user: `email` (accepted only with
+    /// `email_verified: true`), `preferred_username`, `sub`, or any string claim.
+    #[arg(long, env = "GPU_BOOKING_JWT_USERNAME_CLAIM", default_value = "email")]
+    pub jwt_username_claim: String,
+
+    /// Longest lifetime accepted for an OIDC token (`exp - iat`).
+    #[arg(long, env = "GPU_BOOKING_MAX_TOKEN_LIFETIME", default_value = "24h", value_parser = gpu_booking_ops::duration::parse_duration)]
+    pub max_token_lifetime: std::time::Duration,
+}
+
+impl Default for AuthArgs {
+    fn default() -> Self {
+        AuthArgs {
+            jwt_secret: None,
+            jwt_secret_file: None,
+            jwks_url: None,
+            allow_insecure_jwks_url: false,
+            jwt_issuer: None,
+            jwt_audience: None,
+            jwt_username_claim: "email".into(),
+            max_token_lifetime: std::time::Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// The booking page's OIDC login (authorization code with PKCE, in the browser). The
@@ -197,11 +228,9 @@ impl PolicyArgs {
 
 pub use gpu_booking_ops::{init_logging, LogFormat};
 
-/// Parses `24h`, `14days`, `90s`, `1day 12h` (humantime syntax).
-pub fn parse_duration(s: &str) -> Result<TimeDelta, String> {
-    let d: Duration = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
-    TimeDelta::from_std(d).map_err(|e| format!("{s:?}: {e}"))
-}
+/// Policy durations as `TimeDelta`s, parsed by the one range-guarded parser of every
+/// component (see `gpu_booking_ops::duration`).
+pub use gpu_booking_ops::duration::parse_time_delta as parse_duration;
 
 #[cfg(test)]
 mod oidc_tests {

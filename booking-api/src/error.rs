@@ -10,6 +10,9 @@ use gpu_booking_core::rules::{Refusal, RuleCode};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+/// `Retry-After` of a 503 answer, in seconds.
+pub const RETRY_AFTER_SECS: &str = "2";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// A booking rule refused the request.
@@ -18,6 +21,12 @@ pub enum ApiError {
     /// Malformed JSON, query or time.
     #[error("{0}")]
     BadRequest(String),
+    /// The body is larger than the service accepts.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The body is not JSON (`Content-Type`).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// Well-formed but not acceptable (outside the booking rules).
     #[error("{0}")]
     Invalid(String),
@@ -41,7 +50,9 @@ pub enum ApiError {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorBody {
     /// Machine-readable code: a rule (`cooldown`, `capacity`, ...) or
-    /// `bad_request`, `invalid_request`, `unauthorized`, `forbidden`, `not_found`.
+    /// `bad_request`, `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
+    /// `payload_too_large`, `unsupported_media_type`, `unavailable` (503, with
+    /// `Retry-After`: the database is unreachable).
     pub error: String,
     /// What went wrong, in plain words.
     pub message: String,
@@ -56,6 +67,8 @@ impl ApiError {
             ApiError::Rule(r) if r.code.is_conflict() => StatusCode::CONFLICT,
             ApiError::Rule(_) | ApiError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -69,6 +82,8 @@ impl ApiError {
         match self {
             ApiError::Rule(r) => r.code.as_str(),
             ApiError::BadRequest(_) => "bad_request",
+            ApiError::TooLarge(_) => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Invalid(_) => "invalid_request",
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
@@ -90,7 +105,21 @@ impl ApiError {
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> ApiError {
         match &e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+            // The database is down, restarting, unreachable or out of connections:
+            // the request may succeed if tried again. Class 08 is a connection
+            // exception, 57 an operator intervention (57P01 when a backend is
+            // terminated, 57P03 while the server starts), 53 insufficient
+            // resources (too many connections).
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => ApiError::Unavailable(e),
+            sqlx::Error::Database(db)
+                if db.code().is_some_and(|c| {
+                    ["08", "57", "53"].iter().any(|class| c.starts_with(class))
+                }) =>
+            {
                 ApiError::Unavailable(e)
             }
             // Class 22 (data exception: a NUL byte, a value out of range) is the
@@ -128,6 +157,14 @@ impl IntoResponse for ApiError {
             message: self.to_string(),
             earliest_start,
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if matches!(self, ApiError::Unavailable(_)) {
+            // Worth another try soon (RFC 9110, 10.2.3).
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
+        response
     }
 }

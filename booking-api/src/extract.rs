@@ -19,8 +19,16 @@ pub struct Query<T>(pub T);
 pub struct Path<T>(pub T);
 
 impl From<JsonRejection> for ApiError {
+    /// A body over the limit stays 413 and a body that is not JSON 415 (as the
+    /// OpenAPI document says); every other rejection is the caller's malformed JSON.
     fn from(r: JsonRejection) -> ApiError {
-        ApiError::BadRequest(r.body_text())
+        match r.status() {
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE => ApiError::TooLarge(r.body_text()),
+            axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+                ApiError::UnsupportedMediaType(r.body_text())
+            }
+            _ => ApiError::BadRequest(r.body_text()),
+        }
     }
 }
 

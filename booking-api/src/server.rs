@@ -12,7 +12,6 @@ use crate::app::{router, AppState};
 use crate::auth::Authenticator;
 use crate::clock::SystemClock;
 use crate::config::{ApiArgs, AuthArgs, DatabaseArgs};
-use crate::jwks::JwksCache;
 use crate::metrics::Metrics;
 use crate::MIGRATOR;
 
@@ -49,17 +48,7 @@ pub fn hs256_secret(auth: &AuthArgs) -> anyhow::Result<Option<Vec<u8>>> {
 }
 
 pub fn authenticator(auth: &AuthArgs) -> anyhow::Result<Authenticator> {
-    let secret = hs256_secret(auth)?;
-    anyhow::ensure!(
-        secret.is_some() || auth.jwks_url.is_some(),
-        "configure --jwt-secret(-file) or --jwks-url: no token could be verified"
-    );
-    Ok(Authenticator::new(
-        secret.as_deref(),
-        auth.jwks_url.clone().map(JwksCache::new),
-        auth.jwt_issuer.clone(),
-        auth.jwt_audience.clone(),
-    ))
+    Authenticator::from_args(auth, hs256_secret(auth)?.as_deref())
 }
 
 pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {

@@ -62,7 +62,7 @@ pub fn test_state(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>, secret: &
         pool,
         policy: Arc::new(policy),
         clock,
-        auth: Authenticator::new(Some(secret), None, None, None),
+        auth: Authenticator::new(Some(secret), None),
         metrics: Arc::new(Metrics::default()),
         page: crate::page::Page::default(),
         names: gpu_booking_core::username::NameCase::default(),

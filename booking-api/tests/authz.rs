@@ -216,7 +216,8 @@ fn cases() -> Vec<Case> {
             "/api/v1/bookings/{id}",
             Needs::Booking,
             None,
-            [401, 200, 403, 200, 403],
+            // Another user's booking is 404, like a missing one.
+            [401, 200, 404, 200, 404],
         ),
         c(
             "delete a booking",
@@ -224,7 +225,8 @@ fn cases() -> Vec<Case> {
             "/api/v1/bookings/{id}",
             Needs::Booking,
             None,
-            [401, 200, 403, 200, 403],
+            // Another user's booking is 404, like a missing one.
+            [401, 200, 404, 200, 404],
         ),
         c(
             "next start",
@@ -813,7 +815,7 @@ async fn good_token_edges(pool: PgPool) {
 /// A user cannot read, cancel or list another user's booking, and the refused
 /// cancel changes nothing; the owner and an admin can.
 #[sqlx::test(migrations = "../migrations")]
-async fn other_users_booking_is_403(pool: PgPool) {
+async fn other_users_booking_is_404_like_a_missing_one(pool: PgPool) {
     let api = Api::new(pool.clone());
     let r = api
         .call(
@@ -846,8 +848,8 @@ async fn other_users_booking_is_403(pool: PgPool) {
             None,
         )
         .await;
-    assert_eq!(r.status, 403, "{}", r.text);
-    assert_eq!(r.json.unwrap()["error"], "forbidden");
+    assert_eq!(r.status, 404, "{}", r.text);
+    assert_eq!(r.json.unwrap()["message"], format!("no booking {id}"));
     let r = api
         .call(
             Method::DELETE,
@@ -856,8 +858,26 @@ async fn other_users_booking_is_403(pool: PgPool) {
             None,
         )
         .await;
-    assert_eq!(r.status, 403, "{}", r.text);
-    assert_eq!(r.json.unwrap()["error"], "forbidden");
+    assert_eq!(r.status, 404, "{}", r.text);
+    let theirs = r.json.unwrap();
+    assert_eq!(theirs["message"], format!("no booking {id}"));
+    // Exactly the answer for an id nobody has.
+    let missing = id + 1000;
+    let r = api
+        .call(
+            Method::DELETE,
+            &format!("/api/v1/bookings/{missing}"),
+            Some(&bob),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text);
+    assert_eq!(
+        r.text.replace(&missing.to_string(), "ID"),
+        serde_json::to_string(&theirs)
+            .unwrap()
+            .replace(&id.to_string(), "ID")
+    );
     // A service is not an admin.
     let r = api
         .call(
@@ -867,7 +887,7 @@ async fn other_users_booking_is_403(pool: PgPool) {
             None,
         )
         .await;
-    assert_eq!(r.status, 403, "{}", r.text);
+    assert_eq!(r.status, 404, "{}", r.text);
     let r = api
         .call(Method::GET, "/api/v1/bookings?user=alice", Some(&bob), None)
         .await;

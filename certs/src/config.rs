@@ -186,10 +186,9 @@ pub struct DevArgs {
     pub name: Vec<String>,
 }
 
-/// `30days`, `12h`, `90min` (humantime).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
-}
+/// The one duration parser of every component: humantime or bare seconds, range-guarded
+/// (see `gpu_booking_ops::duration`).
+pub use gpu_booking_ops::duration::parse_duration;
 
 fn parse_time_delta(s: &str) -> Result<TimeDelta, String> {
     let d = parse_duration(s)?;

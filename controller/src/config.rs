@@ -295,15 +295,9 @@ impl ControllerArgs {
     }
 }
 
-/// `2s`, `500ms`, `1m` (humantime), or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-    }
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
-}
+/// The one duration parser of every component: humantime or bare seconds, range-guarded
+/// (see `gpu_booking_ops::duration`).
+pub use gpu_booking_ops::duration::parse_duration;
 
 #[cfg(test)]
 mod tests {

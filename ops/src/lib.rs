@@ -3,6 +3,8 @@
 //! of the webhook, the controller and the node agent.
 #![forbid(unsafe_code)]
 
+pub mod duration;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 

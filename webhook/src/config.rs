@@ -283,15 +283,9 @@ impl WebhookArgs {
     }
 }
 
-/// `2s`, `500ms`, `1m` (humantime), or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-    }
-    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
-}
+/// The one duration parser of every component: humantime or bare seconds, range-guarded
+/// (see `gpu_booking_ops::duration`).
+pub use gpu_booking_ops::duration::parse_duration;
 
 /// The trimmed, non-empty entries of a list option (an empty environment variable
 /// gives one empty entry).
@@ -418,6 +412,8 @@ mod tests {
             "--unidentified-gpu-pods=budget",
             "--audit-per-second=-1",
             "--audit-per-second=inf",
+            "--booking-timeout=1e30",
+            "--cache-ttl=9999999999years",
         ] {
             assert!(
                 Cli::try_parse_from(base.iter().copied().chain([bad])).is_err(),

@@ -17,9 +17,12 @@ use crate::store::audit::{self, AuditEvent};
 #[serde(deny_unknown_fields)]
 pub struct ReportAction {
     /// What was done, e.g. `webhook.strip`, `controller.expire`, `agent.reclaim`.
+    #[schema(min_length = 1, max_length = 64)]
     pub action: String,
     /// What it was done to, e.g. `jhub/jupyter-alice`.
+    #[schema(min_length = 1, max_length = 512)]
     pub subject: Option<String>,
+    #[schema(min_length = 1, max_length = 256)]
     pub user: Option<String>,
     pub booking_id: Option<i64>,
     /// Evidence: samples, reasons, PIDs ...
@@ -86,6 +89,7 @@ pub struct AuditQuery {
     /// Entries with a smaller id (paging back).
     pub before: Option<i64>,
     /// Default 100, at most 1000.
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
 }
 

@@ -18,6 +18,7 @@ use crate::store::{bookings, models};
 pub struct NextStartQuery {
     pub model: String,
     /// Length of the booking in days (default: the shortest allowed, rounded up).
+    #[param(minimum = -36500, maximum = 36500)]
     pub days: Option<i64>,
 }
 
@@ -50,7 +51,7 @@ impl From<Reason> for ReasonView {
 }
 
 #[utoipa::path(get, path = "/api/v1/me/next-start", tag = "bookings", params(NextStartQuery),
-    responses((status = 200, body = NextStart), (status = 422, body = ErrorBody)),
+    responses((status = 200, body = NextStart), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn next_start(
     State(state): State<AppState>,
