@@ -70,6 +70,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         policy: PolicyArgs::default(),
         oidc: OidcArgs::default(),
+        limits: Default::default(),
         log_format: LogFormat::Plain,
     };
     let auth = Authenticator::new(Some(&secret), None, None, None);
@@ -107,7 +108,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.webhook_listen
     );
     println!("Ctrl-C stops it.");
-    server::serve(listener, server::state(pool, &api_args, auth)).await
+    server::serve(
+        listener,
+        server::state(pool, &api_args, auth),
+        &api_args.limits,
+    )
+    .await
 }
 
 /// Starts the webhook in the background with a fresh demo CA and serving

@@ -26,6 +26,10 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub oidc: OidcArgs,
 
+    /// Timeouts and limits of the listening port.
+    #[command(flatten)]
+    pub limits: ApiLimits,
+
     /// Log format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -189,6 +193,9 @@ impl PolicyArgs {
 }
 
 pub use gpu_booking_ops::{init_logging, LogFormat};
+
+/// The API's port limits: bodies up to 1 MiB by default (its requests are small JSON).
+pub type ApiLimits = gpu_booking_ops::serve::ServerLimits<{ 1024 * 1024 }>;
 
 /// Parses `24h`, `14days`, `90s`, `1day 12h` (humantime syntax).
 pub fn parse_duration(s: &str) -> Result<TimeDelta, String> {

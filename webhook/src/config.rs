@@ -134,6 +134,10 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_MODEL_RESOURCE", value_delimiter = ',', value_parser = parse_model_resource)]
     pub model_resource: Vec<(ModelName, String)>,
 
+    /// Timeouts and limits of the HTTPS port.
+    #[command(flatten)]
+    pub limits: crate::server::WebhookLimits,
+
     /// Log line format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -167,6 +171,7 @@ impl WebhookArgs {
             default_gpumem_mib: None,
             model_gpumem: Vec::new(),
             model_resource: Vec::new(),
+            limits: Default::default(),
             log_format: LogFormat::Plain,
         }
     }
