@@ -66,7 +66,7 @@ fn parse_database_name(s: &str) -> Result<String, String> {
 /// The sample users, one for each outcome of the webhook, with the review to try it.
 const SAMPLES: [(&str, &str, &str); 3] = [
     (
-        "alice@example.com",
+        "zoë@uni.example",
         "booked: a running booking of an a100 (seeded)",
         "examples/admission/booked-user-gpu-pod.json",
     ),
