@@ -445,3 +445,46 @@ async fn read_within_budget(
     }
     Ok((buf.freeze(), share))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn timeouts_are_humane_durations_within_bounds() {
+        assert_eq!(parse_timeout("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_timeout(" 1m "), Ok(Duration::from_secs(60)));
+        for bad in ["0s", "1e30", "2days", "", "soon", "-1s"] {
+            assert!(parse_timeout(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn each_server_has_its_body_default_and_help_shows_every_default() {
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            limits: ServerLimits<1234>,
+        }
+        let cli = Cli::try_parse_from(["x"]).expect("defaults");
+        assert_eq!(cli.limits.max_body_bytes, 1234);
+        let defaults = ServerLimits::<1234>::default();
+        assert_eq!(cli.limits.header_read_timeout, defaults.header_read_timeout);
+        assert_eq!(cli.limits.idle_timeout, defaults.idle_timeout);
+        assert_eq!(cli.limits.max_connections, defaults.max_connections);
+        assert_eq!(cli.limits.body_buffer_bytes, defaults.body_buffer_bytes);
+        let help = <Cli as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        for shown in [
+            "[default: 10s]",
+            "[default: 60s]",
+            "[default: 256]",
+            "[default: 1234]",
+        ] {
+            assert!(help.contains(shown), "{shown} not in --help:\n{help}");
+        }
+        assert!(Cli::try_parse_from(["x", "--max-connections=0"]).is_err());
+    }
+}
