@@ -2,7 +2,7 @@
 
 use chrono::TimeDelta;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use gpu_booking_api::auth::{mint_token, Role};
+use gpu_booking_api::auth::{mint_token_for, Role};
 use gpu_booking_api::config::{parse_duration, ApiArgs, AuthArgs, DatabaseArgs};
 use gpu_booking_api::server;
 
@@ -41,6 +41,9 @@ pub enum Command {
     Demo(crate::demo::DemoArgs),
 }
 
+/// Only what minting an HS256 token uses; the secret, issuer and audience read the
+/// same flags and environment as `gpu-booking api`, so that a shell set up for the API
+/// mints tokens it accepts.
 #[derive(Debug, Args)]
 pub struct TokenArgs {
     /// The user the token names (claim `sub`).
@@ -52,8 +55,18 @@ pub struct TokenArgs {
     /// Lifetime, e.g. 1h, 30days.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub ttl: TimeDelta,
-    #[command(flatten)]
-    pub auth: AuthArgs,
+    /// HS256 secret (the API's --jwt-secret). Prefer --jwt-secret-file.
+    #[arg(long, env = "GPU_BOOKING_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// File holding the HS256 secret (the API's --jwt-secret-file).
+    #[arg(long, env = "GPU_BOOKING_JWT_SECRET_FILE")]
+    pub jwt_secret_file: Option<std::path::PathBuf>,
+    /// The `iss` claim: the API's --jwt-issuer, where it requires one.
+    #[arg(long, alias = "issuer", env = "GPU_BOOKING_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// The `aud` claim: the API's --jwt-audience, where it requires one.
+    #[arg(long, alias = "audience", env = "GPU_BOOKING_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -72,7 +85,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Token(args) => {
-            let secret = server::hs256_secret(&args.auth)?.ok_or_else(|| {
+            let auth = AuthArgs {
+                jwt_secret: args.jwt_secret.clone(),
+                jwt_secret_file: args.jwt_secret_file.clone(),
+                ..AuthArgs::default()
+            };
+            let secret = server::hs256_secret(&auth)?.ok_or_else(|| {
                 anyhow::anyhow!("set GPU_BOOKING_JWT_SECRET or --jwt-secret-file")
             })?;
             let role = args.role.map(|r| match r {
@@ -80,7 +98,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 RoleArg::Service => Role::Service,
             });
             gpu_booking_core::username::Username::parse(&args.user)?;
-            println!("{}", mint_token(&secret, &args.user, role, args.ttl)?);
+            let token = mint_token_for(
+                &secret,
+                &args.user,
+                role,
+                args.ttl,
+                args.jwt_issuer.as_deref(),
+                args.jwt_audience.as_deref(),
+            )?;
+            println!("{token}");
             Ok(())
         }
         Command::Webhook(args) => gpu_booking_webhook::run(args).await,

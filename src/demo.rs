@@ -1,8 +1,9 @@
 //! `gpu-booking demo`: the system on a local Postgres with no set-up.
 //!
-//! Database, in order: `DATABASE_URL`; else a server on 127.0.0.1:5432 (its own
-//! database `gpu_booking_demo` is created); else a private cluster started with the
-//! system's `initdb`/`pg_ctl` under `target/demo-postgres`.
+//! Database, in order: `DATABASE_URL`; else a server on 127.0.0.1:5432, else a
+//! private cluster started with the system's `initdb`/`pg_ctl` under
+//! `target/demo-postgres`; on either of these the demo's own database
+//! `gpu_booking_demo` (created, or dropped and recreated with `--fresh`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,7 +14,9 @@ use clap::Args;
 use gpu_booking_api::auth::{mint_token, Authenticator, Role};
 use gpu_booking_api::config::{ApiArgs, AuthArgs, DatabaseArgs, LogFormat, OidcArgs, PolicyArgs};
 use gpu_booking_api::server;
+use gpu_booking_api::store::bookings::{self, NewBooking};
 use gpu_booking_api::store::models::{self, ModelSpec};
+use gpu_booking_core::username::Username;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
@@ -37,19 +40,67 @@ pub struct DemoArgs {
     /// Where a private Postgres cluster goes if none is running.
     #[arg(long, default_value = "target/demo-postgres")]
     pub data_dir: PathBuf,
+    /// Drop the demo's database and start over (bookings and cooldowns of earlier runs
+    /// are kept otherwise). Not with DATABASE_URL: that database is not the demo's.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Name of the demo's own database (lowercase letters, digits, `_`).
+    #[arg(long, default_value = "gpu_booking_demo", value_parser = parse_database_name)]
+    pub demo_database: String,
 }
 
-const DEMO_DB: &str = "gpu_booking_demo";
+/// A database name that needs no quoting in `CREATE DATABASE`.
+fn parse_database_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err("1 to 63 of a-z, 0-9 and _, starting with a letter".into())
+    }
+}
+
+/// The sample users, one for each outcome of the webhook, with the review to try it.
+const SAMPLES: [(&str, &str, &str); 3] = [
+    (
+        "zoë@uni.example",
+        "booked: a running booking of an a100 (seeded)",
+        "examples/admission/booked-user-gpu-pod.json",
+    ),
+    (
+        "Bob.Smith",
+        "lent: no booking, a free a6000 is lent",
+        "examples/admission/unbooked-user-gpu-pod.json",
+    ),
+    (
+        "carol@example.com",
+        "stripped: no booking, asks for an a100 and none is free",
+        "examples/admission/stripped-user-gpu-pod.json",
+    ),
+];
+
+/// The per-model resource the "stripped" sample asks for.
+const A100_RESOURCE: &str = "nvidia.com/a100";
+
 const PRIVATE_PORT: u16 = 55432;
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     gpu_booking_api::config::init_logging(LogFormat::Plain);
     let url = match &args.database_url {
+        Some(_) if args.fresh => {
+            bail!("--fresh drops the demo's own database; with DATABASE_URL, reset that database yourself")
+        }
         Some(url) => url.clone(),
-        None => match local_server().await {
-            Some(url) => url,
-            None => private_cluster(&args.data_dir)?,
-        },
+        None => {
+            let admin = match local_server().await {
+                Some(url) => url,
+                None => private_cluster(&args.data_dir)?,
+            };
+            demo_database(&admin, &args.demo_database, args.fresh).await?
+        }
     };
     let database = DatabaseArgs {
         database_url: url.clone(),
@@ -71,6 +122,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         policy: PolicyArgs::default(),
         oidc: OidcArgs::default(),
         case_sensitive_names: false,
+        limits: Default::default(),
         log_format: LogFormat::Plain,
     };
     let auth = Authenticator::new(Some(&secret), None);
@@ -81,7 +133,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let service_token = token("webhook", Some(Role::Service))?;
     let ca = start_webhook(&args, &service_token).await?;
     println!("gpu-booking demo");
-    println!("  database:     {}", redact(&url));
+    let kept = if args.fresh {
+        "dropped and recreated: --fresh"
+    } else {
+        "kept from earlier runs; --fresh starts over"
+    };
+    println!("  database:     {} ({kept})", redact(&url));
     println!("  booking page: http://{}/", args.listen);
     println!("  OpenAPI:      http://{}/api/openapi.json", args.listen);
     println!(
@@ -102,13 +159,26 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "  try: curl -H \"Authorization: Bearer <user token>\" http://{}/api/v1/models",
         args.listen
     );
+    let secret_file = write_secret(&args.cert_dir, &secret)?;
     println!(
-        "  try: curl --cacert {} -H 'Content-Type: application/json' --data @examples/admission/unbooked-user-gpu-pod.json https://{}/mutate",
-        ca.display(),
-        args.webhook_listen
+        "  any user:     GPU_BOOKING_JWT_SECRET_FILE={} gpu-booking token --user NAME [--role admin]",
+        secret_file.display()
     );
+    for (user, outcome, review) in SAMPLES {
+        println!("  sample {user:<18} {outcome}");
+        println!(
+            "    curl --cacert {} -H 'Content-Type: application/json' --data @{review} https://{}/mutate",
+            ca.display(),
+            args.webhook_listen
+        );
+    }
     println!("Ctrl-C stops it.");
-    server::serve(listener, server::state(pool, &api_args, auth)).await
+    server::serve(
+        listener,
+        server::state(pool, &api_args, auth),
+        &api_args.limits,
+    )
+    .await
 }
 
 /// Starts the webhook in the background with a fresh demo CA and serving
@@ -140,6 +210,7 @@ async fn start_webhook(args: &DemoArgs, service_token: &str) -> anyhow::Result<P
         // The examples' reviews come from JupyterHub's ServiceAccount in jhub.
         "--trusted-spawner=system:serviceaccount:jhub:hub".to_string(),
         "--spawner-namespace=jhub".to_string(),
+        format!("--model-resource=a100={A100_RESOURCE}"),
     ])?
     .args;
     let server = gpu_booking_webhook::WebhookServer::from_args(&webhook_args)?;
@@ -162,8 +233,27 @@ async fn start_webhook(args: &DemoArgs, service_token: &str) -> anyhow::Result<P
     Ok(ca_path)
 }
 
-/// Seeds two models if the database has none: 2 x a100 (all in use, so unbooked
-/// GPU pods are stripped) and 4 x a6000 (free).
+/// Writes the demo's JWT secret where `gpu-booking token` can read it (owner only),
+/// so that a token can be minted for any user while this demo runs.
+fn write_secret(dir: &Path, secret: &[u8]) -> anyhow::Result<PathBuf> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("jwt-secret");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options
+        .open(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(secret)?;
+    Ok(path)
+}
+
+/// Seeds, if the database has no models: 2 x a100 (all in use by lent pods, so
+/// unbooked a100 pods are stripped), 4 x a6000 (free, so unbooked pods are lent one),
+/// and a running a100 booking of the "booked" sample user.
 async fn seed(pool: &PgPool) -> anyhow::Result<()> {
     if !models::list(pool).await?.is_empty() {
         return Ok(());
@@ -189,33 +279,68 @@ async fn seed(pool: &PgPool) -> anyhow::Result<()> {
         };
         models::set_usage(pool, name, &usage, now).await?;
     }
+    // Through the booking rules like any booking: it starts now, for the shortest
+    // duration the policy allows.
+    let policy = gpu_booking_core::policy::Policy::default();
+    let user = Username::parse(SAMPLES[0].0)?;
+    let booking = NewBooking {
+        user: &user,
+        model: "a100",
+        start: now,
+        end: now + policy.min_duration,
+        override_rules: false,
+        created_by: "demo",
+    };
+    bookings::create(pool, &policy, now, booking)
+        .await
+        .map_err(|e| anyhow::anyhow!("seeding the sample booking: {e}"))?;
     Ok(())
 }
 
-/// A server on 127.0.0.1:5432 with trust auth, and our database on it.
+/// The demo's own database on the server of `admin_url` (created if missing; dropped
+/// first with `fresh`); its URL.
+async fn demo_database(admin_url: &str, name: &str, fresh: bool) -> anyhow::Result<String> {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(admin_url)
+        .await
+        .with_context(|| format!("connecting to {}", redact(admin_url)))?;
+    if fresh {
+        // FORCE: a demo still running elsewhere must not keep the old data alive.
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .execute(&pool)
+            .await
+            .context("dropping the demo database (--fresh)")?;
+    }
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(name)
+        .fetch_optional(&pool)
+        .await?;
+    if exists.is_none() {
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&pool)
+            .await
+            .context("creating the demo database")?;
+    }
+    pool.close().await;
+    let base = admin_url
+        .rsplit_once('/')
+        .map_or(admin_url, |(base, _)| base);
+    Ok(format!("{base}/{name}"))
+}
+
+/// A server on 127.0.0.1:5432 with trust auth: the URL of its `postgres` database.
 async fn local_server() -> Option<String> {
     for user in ["postgres", "root"] {
         let admin = format!("postgres://{user}@127.0.0.1:5432/postgres");
-        let Ok(pool) = PgPoolOptions::new()
+        if let Ok(pool) = PgPoolOptions::new()
             .max_connections(1)
             .connect(&admin)
             .await
-        else {
-            continue;
-        };
-        let exists: Option<i32> =
-            sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-                .bind(DEMO_DB)
-                .fetch_optional(&pool)
-                .await
-                .ok()?;
-        if exists.is_none() {
-            sqlx::query(&format!("CREATE DATABASE {DEMO_DB}"))
-                .execute(&pool)
-                .await
-                .ok()?;
+        {
+            pool.close().await;
+            return Some(admin);
         }
-        return Some(format!("postgres://{user}@127.0.0.1:5432/{DEMO_DB}"));
     }
     None
 }

@@ -435,7 +435,10 @@
     }
     if (row.children.length) body.append(row);
     table.append(body);
-    const usage = model ? ' · in use now: ' + model.in_use + ' of ' + model.units : '';
+    // Units in use are not booked ones: pods without a booking borrow free units, and a
+    // booking takes them back (a newcomer read "2 of 2 in use" as "nothing to book").
+    const usage = model ? ' · in use now: ' + model.in_use + ' of ' + model.units +
+      ' (lent to users without a booking; a booking takes them back)' : '';
     return el('div', { class: 'calendar-model' },
       el('h4', { id: title }, av.model, el('span', { class: 'muted', text: ' ' + av.units + (av.units === 1 ? ' unit' : ' units') + usage })),
       el('div', { class: 'table-scroll' }, table));

@@ -373,18 +373,37 @@ pub fn mint_token(
     role: Option<Role>,
     ttl: TimeDelta,
 ) -> anyhow::Result<String> {
+    mint_token_for(secret, user, role, ttl, None, None)
+}
+
+/// [`mint_token`] with the `iss` and `aud` claims an API run with `--jwt-issuer` /
+/// `--jwt-audience` requires.
+pub fn mint_token_for(
+    secret: &[u8],
+    user: &str,
+    role: Option<Role>,
+    ttl: TimeDelta,
+    issuer: Option<&str>,
+    audience: Option<&str>,
+) -> anyhow::Result<String> {
     let roles: Vec<&str> = match role {
         Some(Role::Admin) => vec!["admin"],
         Some(Role::Service) => vec!["service"],
         Some(Role::User) | None => vec![],
     };
     let now = Utc::now();
-    let claims: Value = json!({
+    let mut claims: Value = json!({
         "sub": user,
         "roles": roles,
         "iat": now.timestamp(),
         "exp": (now + ttl).timestamp(),
     });
+    if let Some(iss) = issuer {
+        claims["iss"] = json!(iss);
+    }
+    if let Some(aud) = audience {
+        claims["aud"] = json!(aud);
+    }
     Ok(encode(
         &Header::new(Algorithm::HS256),
         &claims,

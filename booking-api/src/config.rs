@@ -32,6 +32,10 @@ pub struct ApiArgs {
     #[arg(long, env = "GPU_BOOKING_CASE_SENSITIVE_NAMES")]
     pub case_sensitive_names: bool,
 
+    /// Timeouts and limits of the listening port.
+    #[command(flatten)]
+    pub limits: ApiLimits,
+
     /// Log format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -231,6 +235,9 @@ pub use gpu_booking_ops::{init_logging, LogFormat};
 /// Policy durations as `TimeDelta`s, parsed by the one range-guarded parser of every
 /// component (see `gpu_booking_ops::duration`).
 pub use gpu_booking_ops::duration::parse_time_delta as parse_duration;
+
+/// The API's port limits: bodies up to 1 MiB by default (its requests are small JSON).
+pub type ApiLimits = gpu_booking_ops::serve::ServerLimits<{ 1024 * 1024 }>;
 
 #[cfg(test)]
 mod oidc_tests {

@@ -1,6 +1,7 @@
 //! Prometheus metrics of the API (`gpu_booking_api_*`).
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,11 +12,14 @@ use prometheus_client::registry::Registry;
 
 use crate::app::AppState;
 
+/// Every value comes from a closed set (see [`method_label`], [`status_label`]; the
+/// route is a template of the router or `unmatched`), so that no client can grow the
+/// metrics by sending made-up methods, paths or statuses.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub method: String,
+    pub method: &'static str,
     pub route: String,
-    pub status: u16,
+    pub status: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -77,15 +81,74 @@ impl Metrics {
     }
 }
 
+/// The request method if it is one of HTTP's standard nine (RFC 9110 and PATCH),
+/// else `other`: any token is a valid method on the wire.
+pub fn method_label(method: &Method) -> &'static str {
+    const STANDARD: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    STANDARD
+        .iter()
+        .find(|m| *m == method)
+        .map_or("other", Method::as_str)
+}
+
+/// The status code for the ones the API answers (the OpenAPI document's and the
+/// server's own), else its class (`2xx` .. `5xx`, `other`).
+pub fn status_label(status: StatusCode) -> &'static str {
+    const KNOWN: [(u16, &str); 18] = [
+        (200, "200"),
+        (201, "201"),
+        (204, "204"),
+        (304, "304"),
+        (400, "400"),
+        (401, "401"),
+        (403, "403"),
+        (404, "404"),
+        (405, "405"),
+        (408, "408"),
+        (409, "409"),
+        (413, "413"),
+        (415, "415"),
+        (422, "422"),
+        (429, "429"),
+        (500, "500"),
+        (503, "503"),
+        (504, "504"),
+    ];
+    let code = status.as_u16();
+    if let Some((_, label)) = KNOWN.iter().find(|(c, _)| *c == code) {
+        return label;
+    }
+    match code / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        5 => "5xx",
+        _ => "other",
+    }
+}
+
+/// The label of requests no route matched (the fallback's 404s, whatever the path).
+pub const UNMATCHED: &str = "unmatched";
+
 /// Counts and times every request by its route template (not its raw path, so
 /// that ids do not explode the label set).
 pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
-    let method = req.method().to_string();
+        .map_or_else(|| UNMATCHED.to_string(), |m| m.as_str().to_string());
+    let method = method_label(req.method());
     let started = std::time::Instant::now();
     let response = next.run(req).await;
     let m = &state.metrics;
@@ -98,7 +161,7 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
         .get_or_create(&RequestLabels {
             method,
             route,
-            status: response.status().as_u16(),
+            status: status_label(response.status()),
         })
         .inc();
     response

@@ -4,6 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use gpu_booking_ops::serve::BodyRefusal;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -11,7 +14,8 @@ use tokio::net::TcpListener;
 use crate::app::{router, AppState};
 use crate::auth::Authenticator;
 use crate::clock::SystemClock;
-use crate::config::{ApiArgs, AuthArgs, DatabaseArgs};
+use crate::config::{ApiArgs, ApiLimits, AuthArgs, DatabaseArgs};
+use crate::error::ErrorBody;
 use crate::metrics::Metrics;
 use crate::MIGRATOR;
 
@@ -74,14 +78,42 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %args.listen, "booking API listening");
-    serve(listener, state(pool, &args, auth)).await
+    serve(listener, state(pool, &args, auth), &args.limits).await
 }
 
-pub async fn serve(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving the API")
+/// Serves the API on `listener` within `limits` (timeouts, connections, body size and
+/// memory) until SIGTERM / Ctrl-C.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    limits: &ApiLimits,
+) -> anyhow::Result<()> {
+    gpu_booking_ops::serve::serve(
+        listener,
+        limits,
+        router(state),
+        refuse_body,
+        |tcp| async move { Ok(tcp) },
+        shutdown_signal(),
+    )
+    .await
+    .context("serving the API")
+}
+
+/// The API's answer to a body it did not read: 413 `payload_too_large`, 408
+/// `request_timeout` or 400 `bad_request`, as JSON `{error, message}`.
+pub fn refuse_body(refusal: &BodyRefusal) -> Response {
+    let (status, error) = match refusal {
+        BodyRefusal::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+        BodyRefusal::TimedOut { .. } => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+        BodyRefusal::Unreadable(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+    };
+    let body = ErrorBody {
+        error: error.to_string(),
+        message: refusal.to_string(),
+        earliest_start: None,
+    };
+    (status, axum::Json(body)).into_response()
 }
 
 pub use gpu_booking_ops::shutdown_signal;

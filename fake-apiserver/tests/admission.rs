@@ -85,6 +85,8 @@ impl Hook {
             listener,
             Arc::new(store),
             app,
+            // A test server lives as long as the test process.
+            Box::leak(Box::default()),
             std::future::pending(),
         ));
         Self {

@@ -511,7 +511,9 @@ async fn start_framework(dir: &std::path::Path) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        let _ = gpu_booking_webhook::serve_tls(listener, certs, app, std::future::pending()).await;
+        let limits = gpu_booking_webhook::WebhookLimits::default();
+        let _ = gpu_booking_webhook::serve_tls(listener, certs, app, &limits, std::future::pending())
+            .await;
     });
     addr
 }

@@ -205,6 +205,9 @@ pub struct WebhookArgs {
     /// Audit reports of one kind per second on average (see --audit-burst).
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_AUDIT_PER_SECOND", default_value_t = 2.0, value_parser = parse_rate)]
     pub audit_per_second: f64,
+    /// Timeouts and limits of the HTTPS port.
+    #[command(flatten)]
+    pub limits: crate::server::WebhookLimits,
 
     /// Log line format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
@@ -246,6 +249,7 @@ impl WebhookArgs {
             case_sensitive_names: false,
             audit_burst: 20,
             audit_per_second: 2.0,
+            limits: Default::default(),
             log_format: LogFormat::Plain,
         }
     }

@@ -32,7 +32,7 @@ pub use booking::{BookingClient, BookingError, TokenSource};
 pub use config::{LogFormat, OnBookingError, Unidentified, WebhookArgs};
 pub use metrics::Metrics;
 pub use review::{ReviewOut, StatusOut};
-pub use server::{admin_router, router, serve_plain, serve_tls, MAX_BODY_BYTES};
+pub use server::{admin_router, router, serve_plain, serve_tls, WebhookLimits, MAX_BODY_BYTES};
 pub use tls::CertStore;
 
 /// Everything [`run`] builds from the options, before any socket is bound.
@@ -41,6 +41,8 @@ pub struct WebhookServer {
     pub certs: Arc<CertStore>,
     pub metrics: Arc<Metrics>,
     pub ready: Arc<AtomicBool>,
+    /// Timeouts and limits of the HTTPS port.
+    pub limits: WebhookLimits,
 }
 
 impl WebhookServer {
@@ -71,6 +73,7 @@ impl WebhookServer {
             certs: Arc::new(certs),
             metrics,
             ready: Arc::new(AtomicBool::new(false)),
+            limits: args.limits.clone(),
         })
     }
 
@@ -92,7 +95,14 @@ impl WebhookServer {
         shutdown: impl Future<Output = ()> + Send,
     ) -> anyhow::Result<()> {
         self.ready.store(true, Ordering::Release);
-        let served = serve_tls(listener, self.certs.clone(), self.router(), shutdown).await;
+        let served = serve_tls(
+            listener,
+            self.certs.clone(),
+            self.router(),
+            &self.limits,
+            shutdown,
+        )
+        .await;
         self.ready.store(false, Ordering::Release);
         served
     }

@@ -11,10 +11,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use gpu_booking_ops::serve::BodyRefusal;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -26,10 +23,8 @@ use crate::tls::CertStore;
 /// Largest review body read; larger ones are answered `invalid` (the API server caps
 /// objects at about 1.5 MiB, so a real review never comes close).
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
-/// Longest a client may take to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest open connections get to finish their requests at shutdown.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The webhook's port limits (`--max-body-bytes` defaults to [`MAX_BODY_BYTES`]).
+pub type WebhookLimits = gpu_booking_ops::serve::ServerLimits<MAX_BODY_BYTES>;
 
 /// The webhook's routes (`POST /mutate`), without TLS: tests drive it with
 /// `tower::ServiceExt::oneshot`.
@@ -65,64 +60,29 @@ pub fn admin_router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
     gpu_booking_ops::admin_router(move || metrics.encode(), ready, "starting")
 }
 
-/// Serves `app` over TLS on `listener` until `shutdown` completes, then lets open
-/// connections finish (at most [`DRAIN_TIMEOUT`]). Each connection takes the TLS
-/// configuration current at its start, so a rotated certificate is used from the next
-/// connection on.
+/// Serves `app` over TLS on `listener` within `limits` until `shutdown` completes,
+/// then lets open connections finish (the shared serving of `gpu_booking_ops::serve`).
+/// Each connection takes the TLS configuration current at its start, so a rotated
+/// certificate is used from the next connection on.
 pub async fn serve_tls(
     listener: TcpListener,
     certs: Arc<CertStore>,
     app: Router,
+    limits: &WebhookLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off, do not spin.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = tcp.set_nodelay(true);
+    let handshake = move |tcp| {
         let acceptor = TlsAcceptor::from(certs.current());
-        let app = app.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let conn = builder
-                .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
-                .into_owned();
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
-    }
-    Ok(())
+        async move { acceptor.accept(tcp).await }
+    };
+    gpu_booking_ops::serve::serve(listener, limits, app, refuse_body, handshake, shutdown).await
+}
+
+/// A body the server did not read (over the limit, too slow) is answered as every
+/// request is: an AdmissionReview that refuses the pod and says why (its `uid` is
+/// unknown, the review having not been read), on HTTP/1.1 and HTTP/2 alike.
+pub fn refuse_body(refusal: &BodyRefusal) -> Response {
+    json_response(&ReviewOut::invalid(API_VERSION_V1, "", refusal.to_string()))
 }
 
 /// Serves `app` over plain HTTP until `shutdown` completes.

@@ -45,6 +45,28 @@ fn bounded(name: &str, value: Option<&str>, max: usize) -> Result<(), ApiError> 
     }
 }
 
+/// Deepest nesting of `details`. A listing wraps details two levels deeper (the array
+/// of events, the event), and serde_json-based readers stop at 128 levels: this keeps
+/// every page readable by them, with room to spare.
+pub const MAX_DETAILS_DEPTH: usize = 64;
+
+/// Nesting depth of arrays and objects (a scalar is 0). Iterative: the value may be
+/// as deep as the JSON parser allowed.
+fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(d + 1);
+        stack.extend(children.map(|c| (c, d + 1)));
+    }
+    deepest
+}
+
 #[utoipa::path(post, path = "/api/v1/audit", tag = "audit", request_body = ReportAction,
     responses((status = 201, body = Recorded), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -59,6 +81,11 @@ pub async fn report(
     bounded("user", body.user.as_deref(), 256)?;
     if body.details.to_string().len() > 64 * 1024 {
         return Err(ApiError::Invalid("details must be under 64 KiB".into()));
+    }
+    if depth(&body.details) > MAX_DETAILS_DEPTH {
+        return Err(ApiError::Invalid(format!(
+            "details must nest at most {MAX_DETAILS_DEPTH} arrays or objects deep"
+        )));
     }
     let details = if body.details.is_null() {
         Value::Object(Default::default())

@@ -1,0 +1,209 @@
+//! The demo a newcomer can follow (issue 11, item 5), on the real binary and the
+//! Postgres on 127.0.0.1:5432: `demo --fresh` starts from an empty database and says
+//! so; each sample review reaches its outcome (booked, lent, stripped); a token for
+//! any user can be minted with the printed command; the piped log has no colour
+//! codes. And `gpu-booking token` lists only options it honours, and its issuer and
+//! audience satisfy an API that requires them.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncBufReadExt;
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpu-booking");
+const ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+fn free_addr() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    listener.local_addr().expect("its address")
+}
+
+async fn admin_pool() -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(ADMIN_URL)
+        .await
+        .expect("the Postgres on 127.0.0.1:5432")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_demo_starts_fresh_and_reaches_every_outcome() {
+    let db = format!("gpu_booking_demo_test_{}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("gpu-booking-demo-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    // Data of an earlier run, which --fresh must drop.
+    let admin = admin_pool().await;
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&admin)
+        .await
+        .expect("creating the old demo database");
+    let old = sqlx::PgPool::connect(&format!("postgres://postgres@127.0.0.1:5432/{db}"))
+        .await
+        .expect("the old database");
+    sqlx::query("CREATE TABLE left_from_an_earlier_run (x int)")
+        .execute(&old)
+        .await
+        .expect("a marker");
+    old.close().await;
+
+    let (api, webhook, webhook_admin) = (free_addr(), free_addr(), free_addr());
+    let mut demo = Command::new(BIN)
+        .args([
+            "demo".to_string(),
+            "--fresh".into(),
+            format!("--listen={api}"),
+            format!("--webhook-listen={webhook}"),
+            format!("--webhook-admin-listen={webhook_admin}"),
+            format!("--cert-dir={}", dir.display()),
+            format!("--demo-database={db}"),
+        ])
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting the demo");
+    let mut lines = tokio::io::BufReader::new(demo.stdout.take().expect("stdout")).lines();
+    let mut printed = String::new();
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("the demo did not finish starting")
+            .expect("reading its output")
+            .unwrap_or_else(|| panic!("the demo exited:\n{printed}"));
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.starts_with("Ctrl-C stops it") {
+            break;
+        }
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    assert!(
+        !printed.contains('\u{1b}'),
+        "colour codes in a piped log:\n{printed}"
+    );
+    assert!(
+        printed.contains("dropped and recreated: --fresh"),
+        "{printed}"
+    );
+    let demo_db = sqlx::PgPool::connect(&format!("postgres://postgres@127.0.0.1:5432/{db}"))
+        .await
+        .expect("the demo database");
+    let marker: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('left_from_an_earlier_run')::text")
+            .fetch_one(&demo_db)
+            .await
+            .expect("a query");
+    assert_eq!(marker, None, "--fresh kept the earlier run's data");
+    demo_db.close().await;
+
+    // Each sample review gets its outcome, as printed.
+    let ca = std::fs::read(dir.join("ca.crt")).expect("the demo CA");
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).expect("a PEM CA"))
+        .build()
+        .expect("a client");
+    for (file, warning) in [
+        ("booked-user-gpu-pod.json", "booked a100 GPU until"),
+        (
+            "unbooked-user-gpu-pod.json",
+            "a6000 GPU lent without a booking",
+        ),
+        (
+            "stripped-user-gpu-pod.json",
+            "GPU removed (no free a100 GPU",
+        ),
+    ] {
+        assert!(printed.contains(file), "{file} is not offered:\n{printed}");
+        let review = std::fs::read(format!("examples/admission/{file}")).expect("a sample");
+        let answer: serde_json::Value = https
+            .post(format!("https://{webhook}/mutate"))
+            .header("content-type", "application/json")
+            .body(review)
+            .send()
+            .await
+            .expect("the webhook answers")
+            .json()
+            .await
+            .expect("a review");
+        let warnings = answer["response"]["warnings"].to_string();
+        assert!(warnings.contains(warning), "{file}: {answer}");
+    }
+
+    // A token for any user, with the printed command.
+    let command = printed
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("any user:"))
+        .expect("the any-user line");
+    let secret_file = command
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("GPU_BOOKING_JWT_SECRET_FILE="))
+        .expect("the secret file");
+    let minted = Command::new(BIN)
+        .args(["token", "--user", "dave@example.com"])
+        .env("GPU_BOOKING_JWT_SECRET_FILE", secret_file)
+        .env_remove("GPU_BOOKING_JWT_SECRET")
+        .output()
+        .await
+        .expect("minting");
+    assert!(minted.status.success(), "{minted:?}");
+    let token = String::from_utf8(minted.stdout).expect("UTF-8");
+    let status = reqwest::Client::new()
+        .get(format!("http://{api}/api/v1/bookings"))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .expect("the API answers")
+        .status();
+    assert_eq!(status, 200, "a minted token for a new user is refused");
+
+    let _ = demo.kill().await;
+    let _ = demo.wait().await;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .execute(&admin)
+        .await
+        .expect("dropping the test database");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn token_lists_only_what_it_honours_and_sets_issuer_and_audience() {
+    let help = Command::new(BIN)
+        .args(["token", "--help"])
+        .output()
+        .await
+        .expect("token --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        !help.contains("jwks"),
+        "token --help lists --jwks-url:\n{help}"
+    );
+    for option in ["--jwt-issuer", "--jwt-audience", "--jwt-secret-file"] {
+        assert!(help.contains(option), "{option} missing:\n{help}");
+    }
+    let secret = "demo-token-test-secret-0123456789abcdef";
+    let minted = Command::new(BIN)
+        .args([
+            "token",
+            "--user",
+            "erin@example.com",
+            "--jwt-issuer",
+            "https://sso.example/realms/lab",
+            "--jwt-audience",
+            "gpu-booking",
+        ])
+        .env("GPU_BOOKING_JWT_SECRET", secret)
+        .output()
+        .await
+        .expect("minting");
+    assert!(minted.status.success(), "{minted:?}");
+    let token = String::from_utf8(minted.stdout).expect("UTF-8");
+    // Verified as `gpu-booking api` verifies HS256 tokens (their `iss`/`aud` are ours).
+    let strict = gpu_booking_api::auth::Authenticator::new(Some(secret.as_bytes()), None);
+    let caller = strict
+        .verify(token.trim())
+        .await
+        .expect("the API accepts it");
+    assert_eq!(caller.user.as_str(), "erin@example.com");
+}
