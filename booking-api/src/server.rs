@@ -87,7 +87,13 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
 }
 
 pub async fn serve(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
-    axum::serve(listener, router(state))
+    serve_router(listener, router(state)).await
+}
+
+/// Serves `app` (the API's router, possibly with more routes merged in, as the demo
+/// does) until SIGTERM / Ctrl-C.
+pub async fn serve_router(listener: TcpListener, app: axum::Router) -> anyhow::Result<()> {
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serving the API")
