@@ -1186,6 +1186,20 @@ async fn bad_model_and_usage_bodies(pool: PgPool) {
             Some("invalid_request"),
         ),
         usage(
+            "negative cards",
+            "a100",
+            B::Json(json!({"in_use": 0, "cards": -1})),
+            UNPROCESSABLE,
+            Some("invalid_request"),
+        ),
+        usage(
+            "negative gpumem per unit",
+            "a100",
+            B::Json(json!({"in_use": 0, "gpumem_advertised": true, "gpumem_unit_mib": -1})),
+            UNPROCESSABLE,
+            Some("invalid_request"),
+        ),
+        usage(
             "in_use a float",
             "a100",
             B::Json(json!({"in_use": 0.5})),

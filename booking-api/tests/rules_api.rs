@@ -977,6 +977,101 @@ async fn next_start_in_each_situation(pool: PgPool) {
 // schedulability, usage, availability
 
 #[sqlx::test(migrations = "../migrations")]
+async fn usage_reports_cards_beside_declared_units(pool: PgPool) {
+    let api = Api::new(pool, &[("t4", 4), ("a100", 2)]).await;
+    let model = |api_models: &Value, name: &str| {
+        api_models
+            .as_array()
+            .and_then(|ms| ms.iter().find(|m| m["name"] == name))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    // Before any report: nothing counted, no mismatch, no budget advertised.
+    let before = api
+        .call(Method::GET, "/api/v1/models", &user("carol"), None)
+        .await;
+    let t4 = model(before.ok(), "t4");
+    assert_eq!(
+        (t4["cards"].clone(), t4["mismatch"].clone()),
+        (Value::Null, json!(false))
+    );
+    // The controller counts one time-sliced card of t4 (the admin declared 4 units,
+    // one per replica): the declared units stay, the disagreement is shown.
+    api.call(
+        Method::PUT,
+        "/api/v1/models/t4/usage",
+        &service(),
+        Some(json!({"in_use": 1, "cards": 1, "gpumem_advertised": true, "gpumem_unit_mib": 14848})),
+    )
+    .await
+    .ok();
+    api.call(
+        Method::PUT,
+        "/api/v1/models/a100/usage",
+        &service(),
+        Some(json!({"in_use": 0, "cards": 2, "gpumem_advertised": false})),
+    )
+    .await
+    .ok();
+    let after = api
+        .call(Method::GET, "/api/v1/models", &user("carol"), None)
+        .await;
+    let t4 = model(after.ok(), "t4");
+    assert_eq!(
+        (
+            t4["units"].clone(),
+            t4["cards"].clone(),
+            t4["in_use"].clone(),
+            t4["free"].clone(),
+            t4["mismatch"].clone()
+        ),
+        (json!(4), json!(1), json!(1), json!(3), json!(true))
+    );
+    let a100 = model(after.ok(), "a100");
+    assert_eq!(
+        (
+            a100["units"].clone(),
+            a100["cards"].clone(),
+            a100["mismatch"].clone()
+        ),
+        (json!(2), json!(2), json!(false))
+    );
+    // Only models whose nodes advertise gpumem get a budget at admission.
+    let s = api
+        .call(
+            Method::GET,
+            "/api/v1/schedulability?user=carol",
+            &service(),
+            None,
+        )
+        .await;
+    assert_eq!(s.ok()["gpumem_advertised_mib"], json!({"t4": 14848}));
+    // A node away for maintenance: cards drop to 0, bookable units do not.
+    api.call(
+        Method::PUT,
+        "/api/v1/models/a100/usage",
+        &service(),
+        Some(json!({"in_use": 0, "cards": 0})),
+    )
+    .await
+    .ok();
+    let away = api
+        .call(Method::GET, "/api/v1/models", &user("carol"), None)
+        .await;
+    let a100 = model(away.ok(), "a100");
+    assert_eq!(
+        (
+            a100["units"].clone(),
+            a100["cards"].clone(),
+            a100["mismatch"].clone()
+        ),
+        (json!(2), json!(0), json!(true))
+    );
+    let now = api.now();
+    api.book("dave", "a100", now, now + days(2)).await.created();
+}
+
+#[sqlx::test(migrations = "../migrations")]
 async fn schedulability_by_user_and_by_slug(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 4), ("a6000", 2)]).await;
     let now = api.now();
@@ -1067,6 +1162,8 @@ async fn schedulability_by_user_and_by_slug(pool: PgPool) {
     )
     .await
     .ok();
+    // A count of cards (here under its old name, units) never replaces the declared
+    // units: a6000 still has the 2 units its admin declared.
     api.call(
         Method::PUT,
         "/api/v1/models/a6000/usage",
@@ -1083,7 +1180,7 @@ async fn schedulability_by_user_and_by_slug(pool: PgPool) {
             None,
         )
         .await;
-    assert_eq!(r.ok()["free"], json!({"a100": 0, "a6000": 5}));
+    assert_eq!(r.ok()["free"], json!({"a100": 0, "a6000": 2}));
     let models = api
         .call(Method::GET, "/api/v1/models", &user("carol"), None)
         .await;

@@ -48,6 +48,23 @@ pub struct Model {
     pub in_use: i32,
     #[serde(default)]
     pub position: i32,
+    /// Physical cards the controller counted (informational, beside `units`).
+    #[serde(default)]
+    pub cards: Option<i32>,
+}
+
+/// What the controller reports of one model (`PUT /api/v1/models/{name}/usage`):
+/// recorded beside the admin's declared units, never in their place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageReport {
+    /// Cards with a pod on them.
+    pub in_use: i32,
+    /// Physical cards (MIG devices for a MIG profile) on the nodes.
+    pub cards: i32,
+    /// Whether every node with cards of the model advertises the VRAM budget resource.
+    pub gpumem_advertised: bool,
+    /// The VRAM budget one unit can hold, MiB, when advertised.
+    pub gpumem_unit_mib: Option<i32>,
 }
 
 /// An open request to free a unit of a model (`GET /api/v1/preemptions`).
@@ -114,15 +131,10 @@ impl BookingClient {
         Ok(models)
     }
 
-    /// Reports a model's units in use (and units, when counted).
-    pub async fn put_usage(
-        &self,
-        model: &str,
-        in_use: i32,
-        units: Option<i32>,
-    ) -> Result<(), ClientError> {
+    /// Reports what the controller counted of a model.
+    pub async fn put_usage(&self, model: &str, report: &UsageReport) -> Result<(), ClientError> {
         let path = format!("/api/v1/models/{model}/usage");
-        let body = json!({"in_use": in_use, "units": units});
+        let body = serde_json::to_value(report).map_err(|e| ClientError::Body(e.to_string()))?;
         self.call::<Value>(reqwest::Method::PUT, &path, Some(&body))
             .await?;
         Ok(())

@@ -3,14 +3,16 @@
 //! would let jump past every timeout).
 
 use futures::future::BoxFuture;
-use gpu_booking_client::{AuditReport, BookingClient, ClientError, Model, PreemptionRequest};
+use gpu_booking_client::{
+    AuditReport, BookingClient, ClientError, Model, PreemptionRequest, UsageReport,
+};
 
 pub type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
 
 /// What the controller asks of the booking service.
 pub trait Booking: Send + Sync + 'static {
     fn models(&self) -> Answer<'_, Vec<Model>>;
-    fn put_usage<'a>(&'a self, model: &'a str, in_use: i32, units: Option<i32>) -> Answer<'a, ()>;
+    fn put_usage<'a>(&'a self, model: &'a str, report: &'a UsageReport) -> Answer<'a, ()>;
     fn open_preemptions(&self) -> Answer<'_, Vec<PreemptionRequest>>;
     fn handle_preemption<'a>(&'a self, id: i64, outcome: &'a str) -> Answer<'a, ()>;
     fn audit<'a>(&'a self, report: &'a AuditReport) -> Answer<'a, i64>;
@@ -20,8 +22,8 @@ impl Booking for BookingClient {
     fn models(&self) -> Answer<'_, Vec<Model>> {
         Box::pin(BookingClient::models(self))
     }
-    fn put_usage<'a>(&'a self, model: &'a str, in_use: i32, units: Option<i32>) -> Answer<'a, ()> {
-        Box::pin(BookingClient::put_usage(self, model, in_use, units))
+    fn put_usage<'a>(&'a self, model: &'a str, report: &'a UsageReport) -> Answer<'a, ()> {
+        Box::pin(BookingClient::put_usage(self, model, report))
     }
     fn open_preemptions(&self) -> Answer<'_, Vec<PreemptionRequest>> {
         Box::pin(BookingClient::open_preemptions(self))

@@ -60,7 +60,7 @@ pub struct ControllerArgs {
     pub on_expiry: OnExpiry,
 
     /// Log and count what would be done; change nothing (no deletes, creates, patches,
-    /// node labels, events, usage reports or audit rows).
+    /// node labels or status, events, usage reports or audit rows).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_DRY_RUN", default_value_t = false)]
     pub dry_run: bool,
 
@@ -88,6 +88,31 @@ pub struct ControllerArgs {
     /// Extended resource carrying the VRAM budget (removed with the GPU).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_GPUMEM_RESOURCE", default_value = DEFAULT_GPUMEM_RESOURCE)]
     pub gpumem_resource: String,
+
+    /// Advertise the VRAM budget resource (`--gpumem-resource`, MiB) on every GPU node
+    /// in status.capacity and status.allocatable: cards x (memory per card from GFD's
+    /// `nvidia.com/gpu.memory`, per MIG device from its profile's) minus the reserve.
+    /// Off when something else advertises it.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_ADVERTISE_GPUMEM", default_value_t = true, action = clap::ArgAction::Set)]
+    pub advertise_gpumem: bool,
+
+    /// VRAM per card (per MIG device) kept out of the advertised budget, MiB: the
+    /// driver, the CUDA context, the exporter.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_CONTROLLER_GPUMEM_RESERVE_MIB",
+        default_value_t = 512
+    )]
+    pub gpumem_reserve_mib: u64,
+
+    /// Model of cards (and single-strategy MIG devices) that no model's pattern names,
+    /// as seed 001's implicit `*` entry; empty: such cards belong to no model.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_FALLBACK_MODEL", default_value = gpu_booking_core::inventory::DEFAULT_FALLBACK_MODEL)]
+    pub fallback_model: String,
+
+    /// Mixed-strategy MIG devices that no pattern names become model `mig-<profile>`.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_MIG_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub mig_fallback: bool,
 
     /// Priority class of booked pods (dropped from a recreated pod).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_HIGH_PRIORITY_CLASS", default_value = DEFAULT_HIGH_PRIORITY_CLASS)]
@@ -177,6 +202,10 @@ impl ControllerArgs {
             terminate_at_annotation: DEFAULT_TERMINATE_AT_ANNOTATION.into(),
             gpu_resource: vec![DEFAULT_GPU_RESOURCE.into()],
             gpumem_resource: DEFAULT_GPUMEM_RESOURCE.into(),
+            advertise_gpumem: true,
+            gpumem_reserve_mib: 512,
+            fallback_model: gpu_booking_core::inventory::DEFAULT_FALLBACK_MODEL.into(),
+            mig_fallback: true,
             high_priority_class: DEFAULT_HIGH_PRIORITY_CLASS.into(),
             low_priority_class: DEFAULT_LOW_PRIORITY_CLASS.into(),
             leader_elect: true,
@@ -213,12 +242,29 @@ impl ControllerArgs {
                 self.product_label
             );
         }
+        self.inventory_options()?;
         if self.lease_renew.is_zero() || self.lease_renew * 3 > self.lease_duration * 2 {
             anyhow::bail!(
                 "--lease-renew must be above zero and at most two thirds of --lease-duration"
             );
         }
         Ok(cfg)
+    }
+
+    /// How the inventory names cards no pattern names, and the VRAM reserve.
+    pub fn inventory_options(&self) -> anyhow::Result<crate::inventory::InventoryOptions> {
+        let fallback_model = match self.fallback_model.as_str() {
+            "" => None,
+            name => Some(
+                gpu_booking_core::gpu_model::ModelName::parse(name).context("--fallback-model")?,
+            ),
+        };
+        Ok(crate::inventory::InventoryOptions {
+            product_label: self.product_label.clone(),
+            fallback_model,
+            mig_fallback: self.mig_fallback,
+            reserve_mib: self.gpumem_reserve_mib,
+        })
     }
 
     /// This replica's name in the Lease.
@@ -280,5 +326,19 @@ mod tests {
         let mut args = ControllerArgs::with_defaults("http://x");
         args.terminate_at_annotation = "no spaces allowed".into();
         assert!(args.admission_config().is_err());
+        let mut args = ControllerArgs::with_defaults("http://x");
+        args.fallback_model = "Not A Model".into();
+        assert!(args.admission_config().is_err());
+        args.fallback_model = String::new();
+        let opts = args.inventory_options().unwrap();
+        assert_eq!(opts.fallback_model, None);
+        let cli =
+            Cli::try_parse_from(["x", "--booking-url=u", "--gpumem-reserve-mib=1024"]).unwrap();
+        let opts = cli.args.inventory_options().unwrap();
+        assert_eq!(opts.reserve_mib, 1024);
+        assert_eq!(
+            opts.fallback_model.map(String::from).as_deref(),
+            Some("gpu")
+        );
     }
 }

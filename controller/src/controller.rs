@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use gpu_booking_client::{ClientError, Model, PreemptionRequest};
+use gpu_booking_client::{ClientError, Model, PreemptionRequest, UsageReport};
 use gpu_booking_core::admission::AdmissionConfig;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -25,6 +25,8 @@ use crate::actions::{self, Ctx, Job, Outcome, Reason};
 use crate::clock::until;
 use crate::config::ControllerArgs;
 use crate::inventory::{self, Models, NodeInfo, Usage};
+use crate::metrics::ModelLabel;
+use crate::node_capacity;
 use crate::pods::{PodInfo, PodLite, Priority};
 use crate::victims;
 
@@ -41,6 +43,8 @@ enum Msg {
     Requests(Result<Vec<PreemptionRequest>, ClientError>),
     Reported(BTreeMap<String, Usage>, bool),
     Labelled,
+    /// A node's status patch ended (true: written).
+    Advertised(String, bool),
 }
 
 pub struct Loop {
@@ -64,6 +68,12 @@ pub struct Loop {
     reporting: bool,
     requests_in_flight: bool,
     labelling: HashMap<String, Instant>,
+    /// Nodes whose VRAM budget is being written, or failed to be, and since when.
+    advertising: HashMap<String, (Instant, bool)>,
+    /// Nodes with cards of several models, already reported by an Event.
+    several_models: HashSet<String>,
+    /// Pods the scheduler cannot place for want of the VRAM budget.
+    pending_gpumem: HashSet<String>,
     usage_dirty: bool,
     init_pods: Option<HashSet<String>>,
     pods_synced: bool,
@@ -95,6 +105,9 @@ impl Loop {
             reporting: false,
             requests_in_flight: false,
             labelling: HashMap::new(),
+            advertising: HashMap::new(),
+            several_models: HashSet::new(),
+            pending_gpumem: HashSet::new(),
             usage_dirty: true,
             init_pods: None,
             pods_synced: false,
@@ -168,6 +181,7 @@ impl Loop {
                 _ = sync_tick.tick() => {
                     self.report_usage();
                     self.label_nodes();
+                    self.advertise_gpumem();
                 }
                 Ok(()) = leader.changed() => {
                     if *leader.borrow_and_update() {
@@ -216,6 +230,16 @@ impl Loop {
         let Some(info) = PodInfo::from_pod(pod, &self.cfg) else {
             return;
         };
+        if pod.unschedulable_for(&self.cfg.gpumem_resource) {
+            self.pending_gpumem.insert(info.uid.clone());
+        } else {
+            self.pending_gpumem.remove(&info.uid);
+        }
+        self.ctx
+            .metrics
+            .inventory
+            .pods_pending_gpumem
+            .set(self.pending_gpumem.len() as i64);
         if let Some(seen) = &mut self.init_pods {
             seen.insert(info.uid.clone());
         }
@@ -251,6 +275,13 @@ impl Loop {
             self.usage_dirty |= info.holds_gpu();
         }
         self.pending.remove(uid);
+        if self.pending_gpumem.remove(uid) {
+            self.ctx
+                .metrics
+                .inventory
+                .pods_pending_gpumem
+                .set(self.pending_gpumem.len() as i64);
+        }
         self.cancel_timer(uid);
         self.ctx.gone.fire(uid);
     }
@@ -381,6 +412,14 @@ impl Loop {
                 self.usage_dirty |= !ok;
             }
             Msg::Labelled => {}
+            Msg::Advertised(node, _written) => {
+                // Written or not, look again after LABEL_RETRY, or as soon as the
+                // watch shows the node's status changed (`on_node_event`): the watch,
+                // not the answer, says what the node advertises.
+                if let Some(entry) = self.advertising.get_mut(&node) {
+                    *entry = (Instant::now(), false);
+                }
+            }
         }
         false
     }
@@ -395,7 +434,15 @@ impl Loop {
     }
 
     fn set_models(&mut self, models: &[Model]) -> bool {
-        let models = Models::from_api(models, &self.cfg.gpu_resources);
+        let opts = match self.args.inventory_options() {
+            Ok(opts) => opts,
+            Err(e) => {
+                // Checked at start-up; kept as an error path rather than a panic.
+                tracing::error!(error = %e, "invalid inventory options");
+                return false;
+            }
+        };
+        let models = Models::from_api(models, &self.cfg.gpu_resources, &opts);
         let mut cfg = self.base_cfg.clone();
         for (resource, model) in &models.resources {
             if let Ok(name) = gpu_booking_core::gpu_model::ModelName::parse(model) {
@@ -404,9 +451,9 @@ impl Loop {
         }
         let restart = cfg.model_resources != self.cfg.model_resources;
         let changed = self.models.as_ref().is_none_or(|m| {
-            m.names != models.names
+            !m.same_inventory(&models)
                 || m.resources != models.resources
-                || m.catalog != models.catalog
+                || m.declared != models.declared
         });
         if changed {
             tracing::info!(models = ?models.names, "models loaded");
@@ -431,8 +478,21 @@ impl Loop {
                     &node,
                     &self.args.product_label,
                     &self.args.model_node_label,
+                    &self.cfg.gpumem_resource,
                 ) {
                     if self.nodes.get(&info.name) != Some(&info) {
+                        let status_changed = self
+                            .nodes
+                            .get(&info.name)
+                            .is_none_or(|old| old.gpumem_status != info.gpumem_status);
+                        if status_changed
+                            && self
+                                .advertising
+                                .get(&info.name)
+                                .is_some_and(|(_, busy)| !busy)
+                        {
+                            self.advertising.remove(&info.name);
+                        }
                         self.usage_dirty = true;
                         self.nodes.insert(info.name.clone(), info);
                     }
@@ -441,6 +501,8 @@ impl Loop {
             Event::Delete(node) => {
                 if let Some(name) = node.metadata.name.as_deref() {
                     self.nodes.remove(name);
+                    self.advertising.remove(name);
+                    self.several_models.remove(name);
                     self.usage_dirty = true;
                 }
             }
@@ -463,26 +525,76 @@ impl Loop {
             self.nodes.values(),
             self.pods.values(),
             models,
-            &self.cfg.gpu_resources,
         ))
+    }
+
+    /// The inventory gauges, from this replica's own view (followers' too).
+    fn publish_inventory(&self, usage: &BTreeMap<String, Usage>) {
+        let Some(models) = &self.models else {
+            return;
+        };
+        let g = &self.ctx.metrics.inventory;
+        for family in [&g.cards, &g.units, &g.in_use, &g.mismatch] {
+            family.clear();
+        }
+        for (model, u) in usage {
+            let label = ModelLabel {
+                model: model.clone(),
+            };
+            let declared = models.declared.get(model).copied();
+            g.cards.get_or_create(&label).set(u.cards as i64);
+            g.in_use.get_or_create(&label).set(u.in_use as i64);
+            if let Some(units) = declared {
+                g.units.get_or_create(&label).set(i64::from(units));
+                let cards = i64::try_from(u.cards).unwrap_or(i64::MAX);
+                let mismatch =
+                    gpu_booking_core::inventory::units_mismatch(i64::from(units), Some(cards));
+                g.mismatch.get_or_create(&label).set(i64::from(mismatch));
+            }
+        }
+        let (mut gpu_nodes, mut blind, mut several) = (0, 0, 0);
+        for node in self.nodes.values() {
+            let inv = inventory::node_gpus(node, models);
+            if inv.groups.is_empty() {
+                continue;
+            }
+            gpu_nodes += 1;
+            let memory_known = inv.groups.iter().all(|g| g.memory_mib.is_some());
+            if !memory_known || !node.has_gpu_telemetry(&self.args.product_label) {
+                blind += 1;
+            }
+            if matches!(
+                inv.model,
+                gpu_booking_core::inventory::NodeModel::Several(_)
+            ) {
+                several += 1;
+            }
+        }
+        g.gpu_nodes.set(gpu_nodes);
+        g.gpu_nodes_without_telemetry.set(blind);
+        g.nodes_with_several_models.set(several);
     }
 
     /// Pushes the models whose units or use changed since the last report.
     fn report_usage(&mut self) {
-        if !self.usage_dirty
-            || self.reporting
-            || !self.leader()
-            || !self.pods_synced
-            || !self.nodes_synced
-        {
+        if !self.usage_dirty || self.reporting || !self.pods_synced || !self.nodes_synced {
             return;
         }
         let Some(usage) = self.usage() else {
             return;
         };
         self.usage_dirty = false;
+        self.publish_inventory(&usage);
+        if !self.leader() {
+            // Elected later, it reports everything (`on_elected`).
+            return;
+        }
+        // Only declared models are reported: the service knows no other (cards of a
+        // fallback model nobody declared show in the metrics instead).
+        let declared = self.models.as_ref().map(|m| &m.declared);
         let changed: BTreeMap<String, Usage> = usage
             .into_iter()
+            .filter(|(model, _)| declared.is_some_and(|d| d.contains_key(model)))
             .filter(|(model, u)| self.reported.get(model) != Some(u))
             .collect();
         if changed.is_empty() {
@@ -492,8 +604,9 @@ impl Loop {
             for (model, u) in &changed {
                 tracing::info!(
                     model,
-                    units = u.units,
+                    cards = u.cards,
                     in_use = u.in_use,
+                    gpumem_advertised = u.gpumem_advertised,
                     "dry run: would report usage"
                 );
                 self.ctx.metrics.action("report_usage", "dry_run");
@@ -508,11 +621,13 @@ impl Loop {
             let mut ok = true;
             for (model, u) in changed {
                 let clamp = |n: u64| i32::try_from(n).unwrap_or(i32::MAX);
-                match ctx
-                    .booking
-                    .put_usage(&model, clamp(u.in_use), Some(clamp(u.units)))
-                    .await
-                {
+                let report = UsageReport {
+                    in_use: clamp(u.in_use),
+                    cards: clamp(u.cards),
+                    gpumem_advertised: u.gpumem_advertised,
+                    gpumem_unit_mib: u.gpumem_unit_mib.map(clamp),
+                };
+                match ctx.booking.put_usage(&model, &report).await {
                     Ok(()) => {
                         ctx.metrics.action("report_usage", "done");
                         done.insert(model, u);
@@ -539,8 +654,16 @@ impl Loop {
         }
         let now = Instant::now();
         let mut work = Vec::new();
+        let mut refused = Vec::new();
         for node in self.nodes.values() {
-            let want = inventory::node_model(node, models);
+            let inv = inventory::node_gpus(node, models);
+            if let gpu_booking_core::inventory::NodeModel::Several(several) = &inv.model {
+                if !self.several_models.contains(&node.name) {
+                    let names: Vec<&str> = several.iter().map(|m| m.as_str()).collect();
+                    refused.push((node.name.clone(), names.join(", ")));
+                }
+            }
+            let want = inv.model.label().map(|m| m.as_str().to_owned());
             if want == node.model_label {
                 continue;
             }
@@ -552,6 +675,22 @@ impl Loop {
                 continue;
             }
             work.push((node.name.clone(), want));
+        }
+        for (name, several) in refused {
+            self.several_models.insert(name.clone());
+            let note = format!(
+                "cards of several models ({several}) on one node: one model label cannot \
+                 select them all, so the node carries none and booked pods of these \
+                 models are not placed here; their cards still count"
+            );
+            tracing::warn!(node = %name, models = %several, "node with several GPU models left unlabelled");
+            if self.ctx.dry_run {
+                continue;
+            }
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                node_capacity::warn_node(&ctx, &name, "SeveralGpuModels", &note).await;
+            });
         }
         for (name, want) in work {
             self.labelling.insert(name.clone(), now);
@@ -583,6 +722,48 @@ impl Loop {
                     }
                 }
                 let _ = tx.send(Msg::Labelled);
+            });
+        }
+    }
+
+    /// Makes each node advertise the VRAM budget its GPUs hold (and no more, and none
+    /// when it has none); nodes that say so already are left alone.
+    fn advertise_gpumem(&mut self) {
+        let Some(models) = &self.models else {
+            return;
+        };
+        if !self.args.advertise_gpumem || !self.leader() || !self.nodes_synced {
+            return;
+        }
+        let now = Instant::now();
+        let resource = self.cfg.gpumem_resource.clone();
+        let mut work = Vec::new();
+        for node in self.nodes.values() {
+            let busy = self
+                .advertising
+                .get(&node.name)
+                .is_some_and(|(at, in_flight)| *in_flight || now < *at + LABEL_RETRY);
+            if busy {
+                continue;
+            }
+            let patch = node_capacity::plan(node, models, &resource);
+            if !patch.0.is_empty() {
+                work.push((node.name.clone(), patch));
+            }
+        }
+        for (name, patch) in work {
+            if self.ctx.dry_run {
+                let what = serde_json::to_string(&patch).unwrap_or_default();
+                tracing::info!(node = %name, patch = %what, "dry run: would advertise the VRAM budget");
+                self.ctx.metrics.action("advertise_gpumem", "dry_run");
+                self.advertising.insert(name, (now, false));
+                continue;
+            }
+            self.advertising.insert(name.clone(), (now, true));
+            let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
+            tokio::spawn(async move {
+                let written = node_capacity::apply(&ctx, &name, patch).await;
+                let _ = tx.send(Msg::Advertised(name, written));
             });
         }
     }

@@ -1,41 +1,59 @@
-//! The GPU inventory: which model each node's GPUs are, how many units of each model
-//! the cluster has, and how many are in use. Pure functions of nodes, models and pods.
+//! The GPU inventory as the controller keeps it: what it reads of nodes, the models
+//! from the booking service, and the calls into `core`'s inventory, which decides how
+//! a node's cards are named and counted (units are cards: a time-sliced card is one
+//! unit, a MIG device one unit of its profile; unnamed cards fall back to `gpu` and
+//! unnamed mixed-strategy MIG devices to `mig-<profile>`).
 //!
-//! - A node's model: its product label (`nvidia.com/gpu.product`) matched against the
-//!   models' ordered patterns, first match wins ([`ModelCatalog`]).
-//! - Units: a model with its own resource (`nvidia.com/a100`, or a MIG profile such as
-//!   `nvidia.com/mig-1g.5gb` under the mixed strategy) counts that resource's
-//!   allocatable on every node; a model without one counts the generic resource
-//!   (`nvidia.com/gpu`) of the nodes whose product matches it.
-//! - In use: the GPU units of pods bound to a node and not finished, on the model of
-//!   their per-model resource, else the model of their node.
+//! - A node's model label: its one model; a node with cards of several models gets
+//!   none (refused with an Event: one label value cannot select several models).
+//! - In use: cards with a pod on them (replicas of a time-sliced card rounded up).
+//! - The VRAM budget a node advertises: units x (memory per unit - reserve).
 
 use std::collections::{BTreeMap, HashMap};
 
 use gpu_booking_client::Model;
 use gpu_booking_core::admission::parse_quantity;
 use gpu_booking_core::gpu_model::{ModelCatalog, ModelName, ModelPattern};
+use gpu_booking_core::inventory::{
+    model_inventory, node_inventory, InventoryConfig, ModelInventory, NodeFacts, NodeInventory,
+    PodGpus, NVIDIA_LABEL_PREFIX, NVML_MEMORY_LABEL,
+};
 use k8s_openapi::api::core::v1::Node;
+use serde_json::{json, Map, Value};
 
 use crate::pods::PodInfo;
+
+/// How cards that no pattern names are handled, and the VRAM reserve (from options).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryOptions {
+    pub product_label: String,
+    pub fallback_model: Option<ModelName>,
+    pub mig_fallback: bool,
+    pub reserve_mib: u64,
+}
 
 /// The models as the controller uses them.
 #[derive(Debug, Clone, Default)]
 pub struct Models {
-    pub catalog: ModelCatalog,
+    /// How core names and counts cards.
+    pub inventory: InventoryConfig,
     /// Per-model resources: resource -> model.
     pub resources: BTreeMap<String, String>,
     /// Every model name, in order.
     pub names: Vec<String>,
+    /// The units each model's admin declared.
+    pub declared: BTreeMap<String, i32>,
 }
 
 impl Models {
     /// From the booking service's list; models or patterns that do not parse are
     /// skipped with a warning (one bad entry must not stop the others).
-    pub fn from_api(models: &[Model], generic: &[String]) -> Self {
+    pub fn from_api(models: &[Model], generic: &[String], opts: &InventoryOptions) -> Self {
         let mut entries = Vec::new();
         let mut resources = BTreeMap::new();
+        let mut model_resources = BTreeMap::new();
         let mut names = Vec::new();
+        let mut declared = BTreeMap::new();
         for m in models {
             let Ok(name) = ModelName::parse(&m.name) else {
                 tracing::warn!(model = %m.name, "model name is not valid; skipped");
@@ -54,15 +72,31 @@ impl Models {
                 .collect();
             if let Some(resource) = m.resource.as_ref().filter(|r| !generic.contains(r)) {
                 resources.insert(resource.clone(), m.name.clone());
+                model_resources.insert(resource.clone(), name.clone());
             }
             names.push(m.name.clone());
+            declared.insert(m.name.clone(), m.units);
             entries.push((name, patterns));
         }
         Self {
-            catalog: ModelCatalog::new(entries),
+            inventory: InventoryConfig {
+                catalog: ModelCatalog::new(entries),
+                model_resources,
+                gpu_resources: generic.to_vec(),
+                product_label: opts.product_label.clone(),
+                fallback_model: opts.fallback_model.clone(),
+                mig_fallback: opts.mig_fallback,
+                reserve_mib: opts.reserve_mib,
+            },
             resources,
             names,
+            declared,
         }
+    }
+
+    /// Whether a change from `self` to `other` changes what the inventory says.
+    pub fn same_inventory(&self, other: &Models) -> bool {
+        self.inventory == other.inventory && self.names == other.names
     }
 }
 
@@ -70,72 +104,107 @@ impl Models {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: String,
-    pub product: Option<String>,
+    /// GFD's labels (`nvidia.com/*`, the product label) and the allocatable resources.
+    pub facts: NodeFacts,
     /// The value of the model label the node carries now.
     pub model_label: Option<String>,
-    /// Allocatable units of each resource (whole units; GPU resources only matter).
-    pub allocatable: BTreeMap<String, u64>,
+    /// `status.capacity` and `status.allocatable` as far as the VRAM budget goes:
+    /// each map (present or not) with the budget resource only, what the status
+    /// patch is planned against.
+    pub gpumem_status: Value,
 }
 
 impl NodeInfo {
-    pub fn from_node(node: &Node, product_label: &str, model_label: &str) -> Option<Self> {
+    pub fn from_node(
+        node: &Node,
+        product_label: &str,
+        model_label: &str,
+        gpumem_resource: &str,
+    ) -> Option<Self> {
         let labels = node.metadata.labels.as_ref();
         let label = |k: &str| labels.and_then(|l| l.get(k)).cloned();
-        let allocatable = node
-            .status
-            .as_ref()
+        let status = node.status.as_ref();
+        let allocatable = status
             .and_then(|s| s.allocatable.as_ref())
             .map(|a| {
                 a.iter()
                     .filter_map(|(k, q)| {
-                        let units = parse_quantity(&serde_json::Value::String(q.0.clone()))?;
+                        let units = parse_quantity(&Value::String(q.0.clone()))?;
                         (units.is_finite() && units >= 1.0)
                             .then(|| (k.clone(), units.floor() as u64))
                     })
                     .collect()
             })
             .unwrap_or_default();
+        let gfd_labels = labels
+            .map(|l| {
+                l.iter()
+                    .filter(|(k, _)| {
+                        k.starts_with(NVIDIA_LABEL_PREFIX)
+                            || *k == product_label
+                            || *k == NVML_MEMORY_LABEL
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut gpumem_status = Map::new();
+        let maps = [
+            ("capacity", status.and_then(|s| s.capacity.as_ref())),
+            ("allocatable", status.and_then(|s| s.allocatable.as_ref())),
+        ];
+        for (field, map) in maps {
+            if let Some(map) = map {
+                let mut only = Map::new();
+                if let Some(q) = map.get(gpumem_resource) {
+                    only.insert(gpumem_resource.to_owned(), json!(q.0));
+                }
+                gpumem_status.insert(field.to_owned(), Value::Object(only));
+            }
+        }
         Some(Self {
             name: node.metadata.name.clone()?,
-            product: label(product_label),
+            facts: NodeFacts {
+                labels: gfd_labels,
+                allocatable,
+            },
             model_label: label(model_label),
-            allocatable,
+            gpumem_status: json!({ "status": gpumem_status }),
         })
     }
-}
 
-/// Units and units in use of one model.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub units: u64,
-    pub in_use: u64,
-}
+    /// The VRAM budget the node advertises now (allocatable), MiB.
+    pub fn gpumem_allocatable(&self) -> Option<u64> {
+        self.gpumem_status
+            .pointer("/status/allocatable")
+            .and_then(Value::as_object)
+            .and_then(|m| m.values().next())
+            .and_then(parse_quantity)
+            .filter(|n| n.is_finite() && *n >= 1.0)
+            .map(|n| n.floor() as u64)
+    }
 
-impl Usage {
-    pub fn free(&self) -> u64 {
-        self.units.saturating_sub(self.in_use)
+    /// Whether GFD describes this node's GPUs (its product label is there); a GPU
+    /// node without it has no telemetry to name or size its cards.
+    pub fn has_gpu_telemetry(&self, product_label: &str) -> bool {
+        self.facts.labels.contains_key(product_label)
     }
 }
 
-/// The model of a node: its product matched by the catalog; else, when the node
-/// offers exactly one model's own resource, that model.
+/// Units, cards in use and VRAM budget of one model.
+pub type Usage = ModelInventory;
+
+/// The node's GPUs as core counts them.
+pub fn node_gpus(node: &NodeInfo, models: &Models) -> NodeInventory {
+    node_inventory(&node.facts, &models.inventory)
+}
+
+/// The model label a node should carry: its one model (none for several).
 pub fn node_model(node: &NodeInfo, models: &Models) -> Option<String> {
-    if let Some(model) = node
-        .product
-        .as_deref()
-        .and_then(|p| models.catalog.model_for(p))
-    {
-        return Some(model.to_owned());
-    }
-    let mut own = models
-        .resources
-        .iter()
-        .filter(|(resource, _)| node.allocatable.get(*resource).is_some_and(|&u| u > 0))
-        .map(|(_, model)| model);
-    match (own.next(), own.next()) {
-        (Some(model), None) => Some(model.clone()),
-        _ => None,
-    }
+    node_gpus(node, models)
+        .model
+        .label()
+        .map(|m| m.as_str().to_owned())
 }
 
 /// The model a pod's GPUs are of: its per-model resource's, else its node's.
@@ -147,58 +216,66 @@ pub fn pod_model(pod: &PodInfo, node_models: &HashMap<String, Option<String>>) -
     node_models.get(pod.node.as_deref()?).cloned().flatten()
 }
 
-/// Each node's model.
+/// Each node's model for pods that ask for a generic GPU.
 pub fn node_models<'a>(
     nodes: impl IntoIterator<Item = &'a NodeInfo>,
     models: &Models,
 ) -> HashMap<String, Option<String>> {
     nodes
         .into_iter()
-        .map(|n| (n.name.clone(), node_model(n, models)))
+        .map(|n| {
+            let inv = node_gpus(n, models);
+            let model = inv
+                .generic_model(&models.inventory)
+                .map(|m| m.as_str().to_owned());
+            (n.name.clone(), model)
+        })
         .collect()
 }
 
-/// Units and units in use of every model (every model appears, with zeros if need be).
+/// Cards, cards in use and the advertised VRAM budget of every model (every model
+/// appears, with zeros if need be; models of the fallbacks appear when they have
+/// cards).
 pub fn usage<'a>(
-    nodes: impl IntoIterator<Item = &'a NodeInfo> + Clone,
+    nodes: impl IntoIterator<Item = &'a NodeInfo>,
     pods: impl IntoIterator<Item = &'a PodInfo>,
     models: &Models,
-    generic: &[String],
 ) -> BTreeMap<String, Usage> {
-    let mut out: BTreeMap<String, Usage> = models
+    let nodes: Vec<(&NodeInfo, NodeInventory)> = nodes
+        .into_iter()
+        .map(|n| (n, node_gpus(n, models)))
+        .collect();
+    let names: Vec<ModelName> = models
         .names
         .iter()
-        .map(|m| (m.clone(), Usage::default()))
+        .filter_map(|n| ModelName::parse(n).ok())
         .collect();
-    let by_node = node_models(nodes.clone(), models);
-    for node in nodes {
-        for (resource, model) in &models.resources {
-            if let Some(&units) = node.allocatable.get(resource) {
-                out.entry(model.clone()).or_default().units += units;
-            }
-        }
-        let Some(Some(model)) = by_node.get(&node.name) else {
-            continue;
-        };
-        // A model with its own resource counted it above; its nodes' generic
-        // resource (if any) is not the model's.
-        if models.resources.values().any(|m| m == model) {
-            continue;
-        }
-        let units: u64 = generic.iter().filter_map(|r| node.allocatable.get(r)).sum();
-        out.entry(model.clone()).or_default().units += units;
-    }
-    for pod in pods {
-        if !pod.holds_gpu() {
-            continue;
-        }
-        if let (Some(model), Some(gpu)) = (pod_model(pod, &by_node), &pod.gpu) {
-            if let Some(usage) = out.get_mut(&model) {
-                usage.in_use += gpu.units;
-            }
-        }
-    }
-    out
+    // Pods naming a model by resource carry it as a string; core wants the name.
+    let pods: Vec<(&PodInfo, Option<ModelName>)> = pods
+        .into_iter()
+        .filter(|p| p.holds_gpu())
+        .map(|p| {
+            let model = p.gpu.as_ref().and_then(|g| g.model.as_deref());
+            (p, model.and_then(|m| ModelName::parse(m).ok()))
+        })
+        .collect();
+    model_inventory(
+        nodes
+            .iter()
+            .map(|(n, inv)| (n.name.as_str(), inv, n.gpumem_allocatable())),
+        pods.iter().filter_map(|(p, model)| {
+            Some(PodGpus {
+                node: p.node.as_deref()?,
+                model: model.as_ref(),
+                units: p.gpu.as_ref()?.units,
+            })
+        }),
+        &names,
+        &models.inventory,
+    )
+    .into_iter()
+    .map(|(m, u)| (m.as_str().to_owned(), u))
+    .collect()
 }
 
 #[cfg(test)]
@@ -212,12 +289,27 @@ mod tests {
             .unwrap()
     }
 
+    fn opts() -> InventoryOptions {
+        InventoryOptions {
+            product_label: "nvidia.com/gpu.product".into(),
+            fallback_model: ModelName::parse("gpu").ok(),
+            mig_fallback: true,
+            reserve_mib: 512,
+        }
+    }
+
     fn node(name: &str, product: Option<&str>, alloc: &[(&str, u64)]) -> NodeInfo {
         NodeInfo {
             name: name.into(),
-            product: product.map(str::to_owned),
+            facts: NodeFacts {
+                labels: product
+                    .map(|p| ("nvidia.com/gpu.product".to_owned(), p.to_owned()))
+                    .into_iter()
+                    .collect(),
+                allocatable: alloc.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            },
             model_label: None,
-            allocatable: alloc.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            gpumem_status: json!({"status": {}}),
         }
     }
 
@@ -257,6 +349,7 @@ mod tests {
                 model("any", &["*"], None),
             ],
             &generic,
+            &opts(),
         );
         let nodes = vec![
             node(
@@ -291,35 +384,12 @@ mod tests {
                 pending
             },
         ];
-        let usage = usage(&nodes, &pods, &models, &generic);
-        assert_eq!(
-            usage["a100-40gb"],
-            Usage {
-                units: 6,
-                in_use: 3
-            }
-        );
-        assert_eq!(
-            usage["mig-1g.5gb"],
-            Usage {
-                units: 7,
-                in_use: 3
-            }
-        );
-        assert_eq!(
-            usage["rtx-a6000"],
-            Usage {
-                units: 8,
-                in_use: 1
-            }
-        );
-        assert_eq!(
-            usage["any"],
-            Usage {
-                units: 1,
-                in_use: 0
-            }
-        );
+        let usage = usage(&nodes, &pods, &models);
+        let pair = |m: &str| (usage[m].cards, usage[m].in_use);
+        assert_eq!(pair("a100-40gb"), (6, 3));
+        assert_eq!(pair("mig-1g.5gb"), (7, 3));
+        assert_eq!(pair("rtx-a6000"), (8, 1));
+        assert_eq!(pair("any"), (1, 0));
         let by_node = node_models(&nodes, &models);
         assert_eq!(by_node["r1"].as_deref(), Some("rtx-a6000"));
         assert_eq!(by_node["cpu"], None);
@@ -327,14 +397,16 @@ mod tests {
 
     #[test]
     fn first_match_wins() {
+        let generic = ["nvidia.com/gpu".to_owned()];
         let models = Models::from_api(
             &[
                 model("broad", &["*A100*"], None),
                 model("narrow", &["A100-*-40GB"], None),
             ],
-            &[],
+            &generic,
+            &opts(),
         );
-        let n = node("x", Some("A100-SXM4-40GB"), &[]);
+        let n = node("x", Some("A100-SXM4-40GB"), &[("nvidia.com/gpu", 1)]);
         assert_eq!(node_model(&n, &models).as_deref(), Some("broad"));
         // A bad model or pattern is skipped, the rest still work.
         let models = Models::from_api(
@@ -342,8 +414,40 @@ mod tests {
                 model("Bad Name", &["*"], None),
                 model("ok", &["", "*A100*"], None),
             ],
-            &[],
+            &generic,
+            &opts(),
         );
         assert_eq!(node_model(&n, &models).as_deref(), Some("ok"));
+        // No pattern names the card: the fallback model `gpu` does.
+        let t4 = node("t4", Some("Tesla-T4-SHARED"), &[("nvidia.com/gpu", 4)]);
+        assert_eq!(node_model(&t4, &models).as_deref(), Some("gpu"));
+    }
+
+    #[test]
+    fn node_status_as_kept_and_gpumem_read() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {
+                "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15360",
+                "kubernetes.io/hostname": "n1"}},
+            "status": {"capacity": {"cpu": "8", "gpu-booking.io/gpumem": "14848"},
+                       "allocatable": {"cpu": "8", "nvidia.com/gpu": "1",
+                                       "gpu-booking.io/gpumem": "14848"}}
+        }))
+        .unwrap();
+        let info = NodeInfo::from_node(
+            &node,
+            "nvidia.com/gpu.product",
+            "gpu-booking.io/model",
+            "gpu-booking.io/gpumem",
+        )
+        .unwrap();
+        assert_eq!(info.facts.labels.len(), 2, "only GFD's labels are kept");
+        assert_eq!(info.gpumem_allocatable(), Some(14848));
+        assert_eq!(
+            info.gpumem_status,
+            json!({"status": {"capacity": {"gpu-booking.io/gpumem": "14848"},
+                              "allocatable": {"gpu-booking.io/gpumem": "14848"}}})
+        );
+        assert!(info.has_gpu_telemetry("nvidia.com/gpu.product"));
     }
 }

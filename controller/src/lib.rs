@@ -8,8 +8,9 @@
 //!   scheduler cannot place, the least recently used low-priority pod of the needed
 //!   model is treated like an expiry. Pods of ours that kube-scheduler preempts are
 //!   recreated CPU-only too.
-//! - **Inventory**: units per model from the nodes, units in use from the pods, pushed
-//!   to the booking service on change; each GPU node labelled with its model.
+//! - **Inventory**: cards per model from the nodes, cards in use from the pods, pushed
+//!   to the booking service on change beside the declared units; each GPU node
+//!   labelled with its model and advertising its VRAM budget ([`node_capacity`]).
 //! - **Leader election** with a Lease; Events, audit rows, metrics, `--dry-run`.
 //!
 //! Modules: [`config`] (options), [`controller`] (the loop and its state),
@@ -26,6 +27,7 @@ pub mod controller;
 pub mod inventory;
 pub mod leader;
 pub mod metrics;
+pub mod node_capacity;
 pub mod pods;
 pub mod recreate;
 pub mod victims;

@@ -14,7 +14,8 @@ use prometheus_client::registry::{Registry, Unit};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabel {
-    /// `expire`, `preempt`, `scheduler_preempted`, `label_node`, `report_usage`.
+    /// `expire`, `preempt`, `scheduler_preempted`, `label_node`, `report_usage`,
+    /// `advertise_gpumem`.
     pub action: &'static str,
     /// `recreated`, `deleted`, `demoted`, `done`, `dry_run`, `skipped`, `error`.
     pub result: &'static str,
@@ -26,8 +27,35 @@ pub struct ErrorLabel {
     pub source: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    pub model: String,
+}
+
+/// The inventory as gauges (every replica keeps them, from its own watches).
+#[derive(Default)]
+pub struct InventoryGauges {
+    /// Physical cards (MIG devices) of each model on the nodes.
+    pub cards: Family<ModelLabel, Gauge>,
+    /// Units each model's admin declared.
+    pub units: Family<ModelLabel, Gauge>,
+    /// Cards with a pod on them.
+    pub in_use: Family<ModelLabel, Gauge>,
+    /// 1 when a model's cards disagree with its declared units.
+    pub mismatch: Family<ModelLabel, Gauge>,
+    /// Nodes with GPUs.
+    pub gpu_nodes: Gauge,
+    /// GPU nodes whose GPU memory GFD does not describe (no budget can be advertised).
+    pub gpu_nodes_without_telemetry: Gauge,
+    /// GPU nodes with cards of several models (left without a model label).
+    pub nodes_with_several_models: Gauge,
+    /// Pods Pending because no node has the VRAM budget they ask for.
+    pub pods_pending_gpumem: Gauge,
+}
+
 pub struct Metrics {
     registry: Registry,
+    pub inventory: InventoryGauges,
     pub actions: Family<ActionLabel, Counter>,
     /// Seconds from a pod's `terminate-at` to the controller's action on it.
     pub expiry_lag: Histogram,
@@ -75,8 +103,46 @@ impl Metrics {
         );
         let timers = Gauge::default();
         registry.register("expiry_timers", "Expiry timers armed", timers.clone());
+        let inventory = InventoryGauges::default();
+        registry.register(
+            "model_cards",
+            "Physical cards (MIG devices for a MIG profile) of each model on the nodes",
+            inventory.cards.clone(),
+        );
+        registry.register(
+            "model_units",
+            "Units of each model its admin declared (what bookings are checked against)",
+            inventory.units.clone(),
+        );
+        registry.register(
+            "model_in_use",
+            "Cards of each model with a pod on them",
+            inventory.in_use.clone(),
+        );
+        registry.register(
+            "model_units_mismatch",
+            "1 when a model's cards on the nodes disagree with its declared units",
+            inventory.mismatch.clone(),
+        );
+        registry.register("gpu_nodes", "Nodes with GPUs", inventory.gpu_nodes.clone());
+        registry.register(
+            "gpu_nodes_without_telemetry",
+            "GPU nodes whose GPU product or memory GPU feature discovery does not describe",
+            inventory.gpu_nodes_without_telemetry.clone(),
+        );
+        registry.register(
+            "nodes_with_several_models",
+            "GPU nodes with cards of several models, left without a model label",
+            inventory.nodes_with_several_models.clone(),
+        );
+        registry.register(
+            "pods_pending_gpumem",
+            "Pods the scheduler cannot place for want of the VRAM budget resource",
+            inventory.pods_pending_gpumem.clone(),
+        );
         Self {
             registry,
+            inventory,
             actions,
             expiry_lag,
             reconcile_errors,

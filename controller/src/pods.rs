@@ -62,6 +62,22 @@ pub struct ConditionLite {
     pub status: String,
     #[serde(default)]
     pub reason: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+impl PodLite {
+    /// Whether the scheduler cannot place the pod for want of `resource` (its
+    /// message names the resource: "0/3 nodes are available: 3 Insufficient ...").
+    pub fn unschedulable_for(&self, resource: &str) -> bool {
+        self.spec.node_name.is_none()
+            && self.status.conditions.iter().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+                    && c.message.as_deref().is_some_and(|m| m.contains(resource))
+            })
+    }
 }
 
 impl kube::Resource for PodLite {

@@ -150,16 +150,23 @@ async fn usage_preemption_and_expiry_reach_the_booking_service(pool: sqlx::PgPoo
             ("controller.preempt".to_owned(), "jhub/lent".to_owned())
         ]
     );
-    // Units from the nodes; in use settles at what is left on the GPUs (the booked pod).
-    let usage: Vec<(String, i32, i32)> = eventually(|| {
+    // Cards from the nodes, beside the declared units (0 here, and they stay 0: a
+    // report never overwrites them); in use settles at what is left on the GPUs (the
+    // booked pod).
+    type Row = (String, i32, Option<i32>, i32);
+    let usage: Vec<Row> = eventually(|| {
         let pool = pool.clone();
         async move {
-            let rows: Vec<(String, i32, i32)> =
-                sqlx::query_as("SELECT name, units, in_use FROM gpu_model ORDER BY name")
+            let rows: Vec<Row> =
+                sqlx::query_as("SELECT name, units, cards, in_use FROM gpu_model ORDER BY name")
                     .fetch_all(&pool)
                     .await
                     .unwrap();
-            (rows == [("a100".to_owned(), 2, 1), ("a6000".to_owned(), 4, 0)]).then_some(rows)
+            let want = [
+                ("a100".to_owned(), 0, Some(2), 1),
+                ("a6000".to_owned(), 0, Some(4), 0),
+            ];
+            (rows == want).then_some(rows)
         }
     })
     .await;

@@ -300,6 +300,23 @@ impl ModelCatalog {
             .map(|entry| &entry.name)
     }
 
+    /// The model of a MIG device named in GFD's `<card>-MIG-<profile>` form: like
+    /// [`model_name_for`](Self::model_name_for), but only patterns that mention MIG
+    /// take part, so that a card pattern such as `*A100*` never claims the card's MIG
+    /// devices (NVIDIA's proposal matches MIG devices against MIG entries only).
+    pub fn mig_model_name_for(&self, product: &str) -> Option<&ModelName> {
+        let folded = product.to_ascii_lowercase();
+        self.entries
+            .iter()
+            .find(|entry| {
+                entry
+                    .patterns
+                    .iter()
+                    .any(|p| p.folded.contains("mig") && glob_match(&p.folded, &folded))
+            })
+            .map(|entry| &entry.name)
+    }
+
     /// The entries, in matching order.
     pub fn entries(&self) -> &[ModelEntry] {
         &self.entries
@@ -423,6 +440,16 @@ mod tests {
         );
         assert_eq!(c.model_for("NVIDIA-A100-SXM4-40GB"), Some("a100"));
         assert_eq!(c.model_for("7g.40gb"), None);
+        // In the MIG form only MIG patterns count: `*A100*` does not claim a device.
+        assert_eq!(
+            c.mig_model_name_for("NVIDIA-A100-SXM4-40GB-MIG-2g.10gb")
+                .map(ModelName::as_str),
+            Some("mig-medium")
+        );
+        assert_eq!(
+            c.mig_model_name_for("NVIDIA-A100-SXM4-40GB-MIG-7g.40gb"),
+            None
+        );
         let names: Vec<&str> = c.models().into_iter().map(ModelName::as_str).collect();
         assert_eq!(names, ["mig-small", "mig-medium", "mig-large", "a100"]);
     }

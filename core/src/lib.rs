@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod capacity;
 pub mod gpu_model;
+pub mod inventory;
 pub mod policy;
 pub mod rules;
 pub mod username;

@@ -358,6 +358,7 @@ proptest! {
             free: [(model("a100"), free_a100), (model("a6000"), free_a6000)].into_iter().collect(),
             gpumem_mib: Default::default(),
             earliest_booking: None,
+            gpumem_advertised_mib: None,
         };
         let now = "2029-01-01T00:00:00Z".parse().unwrap();
         let d = decide(&gpu, Lookup::Answer(&answer), &cfg, now);

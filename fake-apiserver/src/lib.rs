@@ -25,7 +25,8 @@
 //!   sends). A modification that makes an object leave (enter) a watch's selection is
 //!   sent as `DELETED` (`ADDED`). `timeoutSeconds` ends the stream. No bookmarks.
 //! - **get**, **create** (`409 AlreadyExists`, `generateName`, `uid`,
-//!   `creationTimestamp`, `resourceVersion`; new pods get `status.phase: Pending`),
+//!   `creationTimestamp`, `resourceVersion`; new pods get `status.phase: Pending`;
+//!   `?dryRun=All` answers what would be stored and stores nothing),
 //!   **replace** (`409 Conflict` on a stale `metadata.resourceVersion`), **patch**
 //!   (`application/json-patch+json` as RFC 6902; merge, strategic-merge and apply
 //!   patches all as RFC 7386 merge patches, so lists are replaced whole; an apply patch
@@ -41,6 +42,96 @@
 //! - Errors are `Status` objects with the real `reason`s and codes (`NotFound` 404,
 //!   `AlreadyExists` 409, `Conflict` 409, `Invalid` 422, `BadRequest` 400, `Expired`
 //!   410). `/version` answers v1.30.
+//!
+//! # Scheduler and kubelet (opt-in)
+//!
+//! A test that calls [`FakeApiServer::enable_scheduler`] gets kube-scheduler's
+//! behaviour; one that does not sees pods stay unbound, as before. After every change to
+//! pods or nodes (a request or a test hook), before the request is answered, pending
+//! pods are scheduled, so when a pod create returns it is bound or marked unschedulable.
+//!
+//! - Queue order: higher `spec.priority` first, then arrival ("Pod Priority and
+//!   Preemption"); pods of another `schedulerName` are left alone.
+//! - Filters in kube-scheduler's order: cordon, `NoSchedule`/`NoExecute` taints against
+//!   tolerations, `nodeSelector` and required node affinity (`In`, `NotIn`, `Exists`,
+//!   `DoesNotExist`, `Gt`, `Lt`, `matchFields` on `metadata.name`), then every requested
+//!   resource against `status.allocatable` minus what the node's unfinished pods hold,
+//!   terminating ones included ("Resource Management for Pods and Containers"): the
+//!   request is the sum over containers or the largest init container, sidecars and
+//!   `overhead` counted, a limit without a request counts as the request, and a resource
+//!   the node does not advertise is insufficient.
+//! - Bound: `spec.nodeName` and `PodScheduled=True`, as the binding subresource writes
+//!   them. Not: `PodScheduled=False`, reason `Unschedulable`, and kube-scheduler's message
+//!   (`0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2
+//!   Insufficient gpu-booking.io/gpumem. preemption: 0/3 nodes are available: ...`).
+//! - Preemption as DefaultPreemption does it: not for `preemptionPolicy: Never`; victims of
+//!   strictly lower priority on one node, the most important reprieved first; victims get
+//!   `DisruptionTarget` (reason `PreemptionByScheduler`) then a graceful delete, the
+//!   preemptor `status.nominatedNodeName`, and no second round while its nominated node
+//!   still has victims terminating. PodDisruptionBudgets are ignored.
+//! - An unschedulable pod is retried when a node changes, a pod on a node goes away or
+//!   finishes, or its own spec changes (kube-scheduler's cluster events), not on a timer.
+//! - Simplified: nodes are scored by free CPU and memory only (ties: first by name); no
+//!   inter-pod affinity, topology spread, ports or volumes; no backoff; no Events.
+//!
+//! [`FakeApiServer::enable_kubelet`] adds a kubelet on every node: a bound pod starts at
+//! once (`Running`, `startTime`, ready containers, `Ready`), and a graceful deletion ends
+//! after the grace period (the delete's `gracePeriodSeconds`, else the pod's
+//! `terminationGracePeriodSeconds`, else 30 s) on the tokio clock, freeing its resources.
+//! Simplified: containers always start and always use their whole grace period; no
+//! kubelet admission of pods bound straight to a full node.
+//! # Admission (opt-in: [`FakeApiServer::enable_admission`])
+//!
+//! A create then runs kube-apiserver's mutating admission before it is stored
+//! ("Admission Controllers", "Dynamic Admission Control"): the `Priority` plugin
+//! (`priorityClassName`, else the lowest `globalDefault` class, else 0, resolved to
+//! `spec.priority` and `spec.preemptionPolicy`; 403 `Forbidden` for an unknown class or
+//! a disagreeing priority or policy; `system-node-critical` and
+//! `system-cluster-critical` always exist), then every webhook of the stored
+//! `admissionregistration.k8s.io/v1` `MutatingWebhookConfiguration`s, configurations by
+//! name, webhooks in order; if a webhook changed the object, a second round re-runs
+//! `Priority` (so a webhook that sets a class must remove the priority it found) and
+//! the `IfNeeded` webhooks that ran before the change.
+//!
+//! - Matching: `rules` (operations, groups, versions, resources with `*`, `*/*`,
+//!   `pods/*`, `*/status`, scope), `namespaceSelector` (the namespace's stored labels
+//!   plus `kubernetes.io/metadata.name`; a Namespace being created is matched on its
+//!   own labels; other cluster-scoped objects always match), `objectSelector`, and
+//!   `matchConditions` in CEL (the `cel` crate) over `object`, `oldObject`, `request`;
+//!   a false condition skips the webhook, an error skips it (`Ignore`) or refuses the
+//!   request with 403 (`Fail`).
+//! - The call: an HTTPS POST of an `admission.k8s.io/v1` AdmissionReview (uid, kind,
+//!   resource, name, namespace, operation, `userInfo`, object, dryRun, options) to
+//!   `https://<service>.<namespace>.svc:<port><path>?timeout=<n>s`, the certificate
+//!   checked against `caBundle` for that name, or to `clientConfig.url`;
+//!   `timeoutSeconds` (default 10) enforced. Services are found through
+//!   [`FakeApiServer::register_service`].
+//! - Failures to call (unregistered service, TLS, timeout, HTTP error, an answer of the
+//!   wrong version, kind or uid, a bad patch type or undecodable patch): `Ignore` goes
+//!   on unchanged; `Fail` answers 500 `Internal error occurred: failed calling webhook
+//!   "<name>": ...`. A patch that does not apply is a 500 whatever the policy, as in
+//!   the real dispatcher.
+//! - `allowed: false`: the webhook's status, `admission webhook "<name>" denied the
+//!   request: <message>`, code 400 or more. `warnings` become `Warning: 299 - "<text>"`
+//!   headers (also on a refusal). Every call is in [`FakeApiServer::admission_log`].
+//! - `?dryRun=All`: the review says `dryRun: true`, and a webhook whose `sideEffects` is
+//!   not `None`/`NoneOnDryRun` refuses the request (400 `does not support dry run`).
+//! - Identity: the review's `userInfo` is whoever the request's impersonation headers
+//!   name ([`FakeApiServer::client_as`]), else `system:admin` in `system:masters`.
+//!
+//! Simplifications, each a line:
+//! - Only creates are admitted; updates, patches and deletes skip admission.
+//! - No built-in plugin but `Priority` (no defaulting, no ServiceAccount, no
+//!   DefaultTolerationSeconds, no LimitRanger), and no validating webhooks.
+//! - `matchPolicy` is ignored: only the exact group/version/resource matches.
+//! - CEL has no `authorizer` variable, and expressions are compiled at each call, not
+//!   checked when the configuration is stored.
+//! - Webhooks are never called for `admissionregistration.k8s.io` objects (as in the
+//!   real server), and the reinvocation round runs at most once (the real one too).
+//! - A dry-run create answers without `resourceVersion`.
+//! - Webhook calls use real sockets and tokio timers: under a paused clock
+//!   (`start_paused`) the timeout fires as soon as the runtime idles, so admission tests
+//!   run on the real clock.
 //!
 //! # Test hooks
 //!
@@ -58,6 +149,9 @@
 //! - Waiting without sleeping: [`FakeApiServer::wait_until`] re-checks a condition after
 //!   every request or change.
 //! - Time: [`FakeApiServer::set_clock`] for `creationTimestamp` and deletion marks.
+//! - Nodes and placement: [`FakeApiServer::add_node`] with a [`NodeBuilder`] (GPUs,
+//!   allocatable resources, labels, taints, cordon), [`FakeApiServer::pod_node`],
+//!   [`FakeApiServer::schedule_now`] (one pass, opted in or not).
 //!
 //! ```
 //! # async fn demo() {
@@ -76,15 +170,25 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod filters;
+mod kubelet;
+mod node_builder;
+mod admission;
 mod path;
+mod preemption;
+mod resources;
+mod scheduler;
 mod select;
 mod service;
+mod sim;
+mod snapshot;
 mod status;
 mod store;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 
 use chrono::{DateTime, Utc};
@@ -93,6 +197,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+pub use node_builder::NodeBuilder;
+pub use admission::{AdmissionRecord, UserInfo};
 pub use path::ResourceKey;
 pub use service::ResponseBody;
 pub use status::ApiError;
@@ -190,6 +296,9 @@ impl Failure {
 pub(crate) struct Shared {
     store: Mutex<store::Store>,
     notify: Notify,
+    /// Itself, for the kubelet's timers (which outlive the request that set them).
+    me: Weak<Shared>,
+    admission: admission::State,
 }
 
 impl Shared {
@@ -197,7 +306,10 @@ impl Shared {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// After a request or a test hook: the opt-in scheduler and kubelet act on what
+    /// changed, then waiters re-check.
     fn changed(&self) {
+        sim::settle(self, false);
         self.notify.notify_waiters();
     }
 }
@@ -237,9 +349,11 @@ fn key_for(api_version: &str, plural: &str) -> ResourceKey {
 impl FakeApiServer {
     pub fn new() -> Self {
         Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new_cyclic(|me| Shared {
                 store: Mutex::new(store::Store::new()),
                 notify: Notify::new(),
+                me: me.clone(),
+                admission: admission::State::default(),
             }),
         }
     }
@@ -259,7 +373,40 @@ impl FakeApiServer {
     pub fn service(&self) -> FakeService {
         FakeService {
             shared: self.shared.clone(),
+            user: None,
         }
+    }
+
+    /// A client whose requests are made as `username` in `groups` (plus
+    /// `system:authenticated`): it sends the impersonation headers
+    /// (`Impersonate-User`, `Impersonate-Group`), and admission webhooks see that user in
+    /// the review's `userInfo`. [`Self::client`] acts as `system:admin`.
+    pub fn client_as(&self, username: &str, groups: &[&str]) -> kube::Client {
+        let service = FakeService {
+            shared: self.shared.clone(),
+            user: Some(Arc::new(UserInfo::new(username, groups))),
+        };
+        kube::Client::new(service, "default")
+    }
+
+    /// From now on a create runs the admission chain as kube-apiserver does before it
+    /// is stored: the `Priority` plugin, then the webhooks of the stored
+    /// `MutatingWebhookConfiguration`s (see the crate docs, "Admission").
+    pub fn enable_admission(&self) {
+        self.shared.admission.enable();
+    }
+
+    /// Where the webhook service `namespace/name` on `port` (its `clientConfig.service`)
+    /// really listens: the fake's stand-in for cluster DNS and the service proxy.
+    pub fn register_service(&self, namespace: &str, name: &str, port: u16, addr: SocketAddr) {
+        self.shared
+            .admission
+            .register_service(namespace, name, port, addr);
+    }
+
+    /// Every webhook call so far, in order.
+    pub fn admission_log(&self) -> Vec<AdmissionRecord> {
+        self.shared.admission.log()
     }
 
     fn lock(&self) -> MutexGuard<'_, store::Store> {
@@ -409,6 +556,50 @@ impl FakeApiServer {
         n
     }
 
+    /// From now on pending pods are scheduled as kube-scheduler would (see the crate
+    /// docs), after every change to pods or nodes, before the request that made it is
+    /// answered: when a pod create returns, the pod is bound or marked unschedulable.
+    pub fn enable_scheduler(&self) {
+        {
+            let mut store = self.lock();
+            store.sim.scheduler = true;
+            store.sim.dirty = true;
+            store.sim.room = true;
+        }
+        self.shared.changed();
+    }
+
+    /// From now on a minimal kubelet runs every node: bound pods start (`Running`,
+    /// ready) and graceful deletions end after the grace period on the tokio clock
+    /// (see the crate docs). [`Self::pod_gone`] and [`Self::finish_deletions`] still
+    /// end them early.
+    pub fn enable_kubelet(&self) {
+        {
+            let mut store = self.lock();
+            store.sim.kubelet = true;
+            store.sim.dirty = true;
+        }
+        self.shared.changed();
+    }
+
+    /// One scheduling pass now, whether or not [`Self::enable_scheduler`] was called.
+    pub fn schedule_now(&self) {
+        self.lock().sim.room = true;
+        sim::settle(&self.shared, true);
+        self.shared.notify.notify_waiters();
+    }
+
+    /// Stores a node made by a [`NodeBuilder`] (pending pods may now fit).
+    pub fn add_node(&self, node: NodeBuilder) -> k8s_openapi::api::core::v1::Node {
+        self.put(&node.build())
+    }
+
+    /// The node pod `ns/name` is bound to (`spec.nodeName`), if it exists and is bound.
+    pub fn pod_node(&self, ns: &str, name: &str) -> Option<String> {
+        let pod = self.lock().get(&snapshot::pods_key(), ns, name)?;
+        scheduler::node_of(&pod)
+    }
+
     /// How pods bound to a node end when deleted.
     pub fn set_pod_deletion(&self, mode: PodDeletion) {
         self.lock().pod_deletion = mode;
@@ -481,6 +672,8 @@ impl FakeApiServer {
 #[derive(Clone)]
 pub struct FakeService {
     shared: Arc<Shared>,
+    /// Who the requests are from ([`FakeApiServer::client_as`]); `None`: the admin.
+    user: Option<Arc<UserInfo>>,
 }
 
 impl tower::Service<http::Request<kube::client::Body>> for FakeService {
@@ -492,7 +685,10 @@ impl tower::Service<http::Request<kube::client::Body>> for FakeService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<kube::client::Body>) -> Self::Future {
+        if let Some(user) = &self.user {
+            user.stamp(req.headers_mut());
+        }
         let shared = self.shared.clone();
         Box::pin(async move { Ok(service::handle(shared, req).await) })
     }

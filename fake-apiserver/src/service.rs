@@ -174,12 +174,64 @@ pub(crate) async fn handle(
             return error_response(ApiError::injected(code));
         }
     }
+    // A create runs the admission chain first (when the test switched it on); what it
+    // admitted is what gets stored.
+    let mut body = body;
+    let mut warnings = Vec::new();
+    if verb == Verb::Create {
+        if let Ok(obj) = serde_json::from_slice::<Value>(&body) {
+            let user = crate::admission::UserInfo::from_headers(&parts.headers);
+            let admitted =
+                crate::admission::admit_create(&shared, &target, obj, user, dry_run(&params)).await;
+            if let Some(outcome) = admitted {
+                warnings = outcome.warnings;
+                match outcome.result {
+                    Ok(obj) => body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default()),
+                    Err(e) => {
+                        shared.changed();
+                        return with_warnings(error_response(e), &warnings);
+                    }
+                }
+            }
+        }
+    }
     let result = dispatch(&shared, verb, &target, &params, &content_type, &body);
     shared.changed();
-    match result {
+    let response = match result {
         Ok(response) => response,
         Err(e) => error_response(e),
+    };
+    with_warnings(response, &warnings)
+}
+
+/// `?dryRun=All`: the request is checked (admission included) and nothing is stored.
+fn dry_run(params: &HashMap<String, String>) -> bool {
+    params.get("dryRun").is_some_and(|d| d == "All")
+}
+
+/// Admission warnings as the API server sends them: one `Warning: 299 - "text"`
+/// header each, duplicates dropped ("Dynamic Admission Control": Response, warnings).
+fn with_warnings(
+    mut response: Response<ResponseBody>,
+    warnings: &[String],
+) -> Response<ResponseBody> {
+    let mut seen = std::collections::HashSet::new();
+    for text in warnings.iter().filter(|w| !w.is_empty()) {
+        if !seen.insert(text) {
+            continue;
+        }
+        let escaped = text.replace('\\', "\\\\").replace('"', "\\\"");
+        let printable: String = escaped
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        if let Ok(value) =
+            http::HeaderValue::from_bytes(format!("299 - \"{printable}\"").as_bytes())
+        {
+            response.headers_mut().append(http::header::WARNING, value);
+        }
     }
+    response
 }
 
 fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
@@ -211,9 +263,17 @@ fn dispatch(
         Verb::Watch => watch(shared, target, params),
         Verb::Create => {
             let obj = parse_body(body)?;
-            let created = shared
-                .lock()
-                .create(resource, target.namespace.as_deref(), obj)?;
+            let mut store = shared.lock();
+            let created = if dry_run(params) {
+                Arc::new(crate::admission::dry_run_create(
+                    &mut store,
+                    resource,
+                    target.namespace.as_deref(),
+                    obj,
+                )?)
+            } else {
+                store.create(resource, target.namespace.as_deref(), obj)?
+            };
             Ok(json_response(201, &created))
         }
         Verb::Update => {

@@ -108,13 +108,15 @@ pub(crate) struct Store {
     pub pod_deletion: PodDeletion,
     pub clock: Clock,
     pub serial: u64,
+    /// The opt-in scheduler and kubelet.
+    pub sim: crate::sim::Sim,
 }
 
 pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj.get("metadata")?.get(field)?.as_str()
 }
 
-fn timestamp(t: DateTime<Utc>) -> String {
+pub(crate) fn timestamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
@@ -134,6 +136,7 @@ impl Store {
             pod_deletion: PodDeletion::WaitForKubelet,
             clock: Arc::new(Utc::now),
             serial: 0,
+            sim: Default::default(),
         }
     }
 
@@ -148,6 +151,7 @@ impl Store {
 
     /// Records a change and hands it to every watch that selects it.
     fn publish(&mut self, change: Change) {
+        self.sim.note(&change);
         self.watches.retain(|w| match w.line(&change) {
             Some(line) => w.tx.send(line).is_ok(),
             None => !w.tx.is_closed(),

@@ -475,6 +475,39 @@ def test_monitoring():
     assert objects("defaults", "ServiceMonitor") == [] and objects("defaults", "PrometheusRule") == []
 
 
+def test_inventory_alerts_use_metrics_the_controller_exports():
+    rule = one("everything", "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    inventory = ("GpuBookingPodPendingOnGpumem", "GpuBookingGpuTelemetryMissing",
+                 "GpuBookingModelUnitsMismatch", "GpuBookingUndeclaredModelCards",
+                 "GpuBookingNodeWithSeveralModels")
+    sources = {
+        "controller": (render.ROOT / "controller/src/metrics.rs").read_text(),
+        "agent": (render.ROOT / "agent/src/metrics.rs").read_text(),
+    }
+    for name in inventory:
+        alert = alerts[name]
+        assert alert["labels"]["severity"] == "warning"
+        for metric in re.findall(r"gpu_booking_(controller|agent)_([a-z_]+)", alert["expr"]):
+            assert f'"{metric[1]}"' in sources[metric[0]], f"{name}: {metric}"
+    assert alerts["GpuBookingModelUnitsMismatch"]["for"] == "30m"
+    assert "nvml_up" in alerts["GpuBookingGpuTelemetryMissing"]["expr"]
+
+
+def test_controller_may_patch_node_status_only_when_it_advertises_gpumem():
+    def node_status_rules(roles):
+        return [r for o in roles if o["kind"] == "ClusterRole" and component(o) == "controller"
+                for r in o["rules"] if "nodes/status" in r["resources"]]
+    (rule,) = node_status_rules(objects("defaults", "ClusterRole"))
+    assert rule["verbs"] == ["patch"]
+    off = render.render(set_values=["controller.advertiseGpumem=false"])
+    assert node_status_rules(off) == []
+    (controller,) = [o for o in off if o["kind"] == "Deployment" and component(o) == "controller"]
+    env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPU_BOOKING_CONTROLLER_ADVERTISE_GPUMEM"] == "false"
+    assert env["GPU_BOOKING_CONTROLLER_GPUMEM_RESERVE_MIB"] == "512"
+
+
 def test_network_policies():
     policies = {p["metadata"]["name"]: p for p in objects("everything", "NetworkPolicy")}
     deny = policies["gpu-booking-default-deny"]

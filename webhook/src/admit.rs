@@ -200,6 +200,12 @@ impl Webhook {
                 "internal_error",
             );
         };
+        if let (Lookup::Answer(a), Some(model)) = (lookup, decision.model()) {
+            if a.budget_withheld(model, &self.cfg) {
+                self.metrics.budgets_withheld.inc();
+                tracing::info!(%model, "no VRAM budget: the model's nodes do not advertise it");
+            }
+        }
         let facts = Facts {
             req,
             pod,

@@ -59,6 +59,9 @@ pub struct Metrics {
     pub cache_lookups: Family<OutcomeLabel, Counter>,
     pub side_calls: Family<CallLabel, Counter>,
     pub tls_reloads: Family<OutcomeLabel, Counter>,
+    /// GPU pods admitted without their VRAM budget: their model's nodes do not
+    /// advertise the budget resource.
+    pub budgets_withheld: Counter,
 }
 
 impl Default for Metrics {
@@ -80,6 +83,7 @@ impl Metrics {
         let cache_lookups = Family::<OutcomeLabel, Counter>::default();
         let side_calls = Family::<CallLabel, Counter>::default();
         let tls_reloads = Family::<OutcomeLabel, Counter>::default();
+        let budgets_withheld = Counter::default();
         {
             let r = registry.sub_registry_with_prefix("webhook");
             r.register(
@@ -119,6 +123,11 @@ impl Metrics {
                 "Serving certificate (re)loads, by outcome",
                 tls_reloads.clone(),
             );
+            r.register(
+                "budgets_withheld",
+                "GPU pods admitted without a VRAM budget because their model's nodes do not advertise it",
+                budgets_withheld.clone(),
+            );
         }
         let decision_handles = DECISIONS
             .iter()
@@ -141,6 +150,7 @@ impl Metrics {
             cache_lookups,
             side_calls,
             tls_reloads,
+            budgets_withheld,
         }
     }
 

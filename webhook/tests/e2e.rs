@@ -221,10 +221,11 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
     let service = api_server.token("webhook", Some("service"));
     let http = reqwest::Client::new();
     let put = reqwest::Method::PUT;
-    // a100: 2 units, both in use (full). a6000: 4 units, none in use (free).
-    for (model, units, pattern, mib, in_use) in [
-        ("a100", 2, "*A100*", 40960, 2),
-        ("a6000", 4, "*A6000*", 49152, 0),
+    // a100: 2 units, both in use (full), its nodes advertise the VRAM budget (80 GB
+    // cards). a6000: 4 units, none in use (free), its nodes advertise no budget.
+    for (model, units, pattern, mib, in_use, unit_mib) in [
+        ("a100", 2, "*A100*", 40960, 2, Some(81408)),
+        ("a6000", 4, "*A6000*", 49152, 0, None),
     ] {
         let url = format!("{}/api/v1/models/{model}", api_server.url);
         api(
@@ -240,7 +241,8 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
             put.clone(),
             format!("{url}/usage"),
             &service,
-            json!({"in_use": in_use}),
+            json!({"in_use": in_use, "cards": units,
+                   "gpumem_advertised": unit_mib.is_some(), "gpumem_unit_mib": unit_mib}),
         )
         .await;
     }
@@ -365,6 +367,17 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         Some("a6000")
     );
     assert_eq!(spec.priority_class_name.as_deref(), Some("gpu-booking-low"));
+    // No a6000 node advertises the budget: none is asked for (the pod would stay
+    // Pending on it).
+    let resources = spec.containers[0].resources.as_ref().unwrap();
+    for section in [&resources.limits, &resources.requests] {
+        assert!(
+            section
+                .as_ref()
+                .is_none_or(|m| !m.contains_key("gpu-booking.io/gpumem")),
+            "{section:?}"
+        );
+    }
 
     // Bob asking for the full a100 by resource name: stripped, told when he can book.
     let mut pod = ks("6.2.0-Bob.Smith-gpu.json");

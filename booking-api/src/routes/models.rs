@@ -22,6 +22,9 @@ pub struct ModelView {
     pub model: Model,
     /// Units not in use right now.
     pub free: i32,
+    /// The cards counted on the nodes disagree with the declared units (a card
+    /// missing or added, or units declared per time-slicing replica).
+    pub mismatch: bool,
 }
 
 #[utoipa::path(get, path = "/api/v1/models", tag = "models",
@@ -36,6 +39,7 @@ pub async fn list(
             .into_iter()
             .map(|m| ModelView {
                 free: m.free_now(),
+                mismatch: m.mismatch(),
                 model: m,
             })
             .collect(),
@@ -126,10 +130,17 @@ pub async fn put(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutUsage {
-    /// Units in use now.
+    /// Units (cards) in use now.
     pub in_use: i32,
-    /// Units the cluster has, when the reporter counts them (the controller does).
-    pub units: Option<i32>,
+    /// Physical cards the cluster has, when the reporter counts them (the controller
+    /// does). Recorded beside the declared units, never in their place; `units` is
+    /// read as its old name.
+    #[serde(alias = "units")]
+    pub cards: Option<i32>,
+    /// Whether every node with cards of the model advertises the VRAM budget resource.
+    pub gpumem_advertised: Option<bool>,
+    /// The VRAM budget one unit can hold, MiB (with `gpumem_advertised`).
+    pub gpumem_unit_mib: Option<i32>,
 }
 
 #[utoipa::path(put, path = "/api/v1/models/{name}/usage", tag = "models", request_body = PutUsage,
@@ -143,20 +154,25 @@ pub async fn put_usage(
     Json(body): Json<PutUsage>,
 ) -> Result<axum::Json<Model>, ApiError> {
     caller.require_service()?;
-    if body.in_use < 0 || body.units.is_some_and(|u| !(0..=100_000).contains(&u)) {
+    if body.in_use < 0 || body.cards.is_some_and(|u| !(0..=100_000).contains(&u)) {
         return Err(ApiError::Invalid(
-            "in_use and units must be between 0 and 100000".into(),
+            "in_use and cards must be between 0 and 100000".into(),
         ));
     }
-    let model = models::set_usage(
-        &state.pool,
-        &name,
-        body.in_use,
-        body.units,
-        state.clock.now(),
-    )
-    .await?
-    .ok_or_else(|| ApiError::unknown_model(&name))?;
+    if body.gpumem_unit_mib.is_some_and(|m| m < 0) {
+        return Err(ApiError::Invalid(
+            "gpumem_unit_mib must not be negative".into(),
+        ));
+    }
+    let report = models::UsageReport {
+        in_use: body.in_use,
+        cards: body.cards,
+        gpumem_advertised: body.gpumem_advertised,
+        gpumem_unit_mib: body.gpumem_unit_mib,
+    };
+    let model = models::set_usage(&state.pool, &name, &report, state.clock.now())
+        .await?
+        .ok_or_else(|| ApiError::unknown_model(&name))?;
     Ok(axum::Json(model))
 }
 

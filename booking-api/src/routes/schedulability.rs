@@ -41,6 +41,9 @@ pub struct Schedulability {
     /// When not booked: the earliest start the user's own bookings allow for a
     /// new booking (capacity aside).
     pub earliest_booking: Option<DateTime<Utc>>,
+    /// The VRAM budget (MiB) one unit can hold, for each model whose every node
+    /// advertises the budget resource; other models' pods get no budget.
+    pub gpumem_advertised_mib: BTreeMap<String, i32>,
 }
 
 #[utoipa::path(get, path = "/api/v1/schedulability", tag = "webhook", params(SchedulabilityQuery),
@@ -87,6 +90,10 @@ pub async fn get(
         .iter()
         .map(|m| (m.name.clone(), m.gpumem_mib))
         .collect();
+    let gpumem_advertised_mib: BTreeMap<String, i32> = models
+        .iter()
+        .filter_map(|m| Some((m.name.clone(), m.advertised_unit_mib()?)))
+        .collect();
     let answer = match active {
         Some(b) => Schedulability {
             schedulable: true,
@@ -97,6 +104,7 @@ pub async fn get(
             free,
             gpumem_mib,
             earliest_booking: None,
+            gpumem_advertised_mib,
         },
         None => {
             let user = candidates.into_iter().next();
@@ -116,6 +124,7 @@ pub async fn get(
                 free,
                 gpumem_mib,
                 earliest_booking,
+                gpumem_advertised_mib,
             }
         }
     };

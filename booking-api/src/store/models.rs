@@ -23,6 +23,14 @@ pub struct Model {
     /// Units in use right now, as last reported by the controller.
     pub in_use: i32,
     pub usage_reported_at: Option<DateTime<Utc>>,
+    /// Physical cards (MIG devices for a MIG profile) the controller counts on the
+    /// nodes; informational, beside the declared `units` and never in their place.
+    pub cards: Option<i32>,
+    /// Whether every node with cards of this model advertises the VRAM budget
+    /// resource (the webhook budgets pods of the model only then).
+    pub gpumem_advertised: bool,
+    /// The VRAM budget one unit can hold, MiB, when advertised.
+    pub gpumem_unit_mib: Option<i32>,
 }
 
 impl Model {
@@ -30,10 +38,24 @@ impl Model {
     pub fn free_now(&self) -> i32 {
         (self.units - self.in_use).max(0)
     }
+
+    /// Whether the cards counted disagree with the declared units.
+    pub fn mismatch(&self) -> bool {
+        gpu_booking_core::inventory::units_mismatch(
+            i64::from(self.units),
+            self.cards.map(i64::from),
+        )
+    }
+
+    /// The per-unit VRAM budget the nodes advertise, when they all do.
+    pub fn advertised_unit_mib(&self) -> Option<i32> {
+        self.gpumem_unit_mib
+            .filter(|&mib| self.gpumem_advertised && mib > 0)
+    }
 }
 
-const COLUMNS: &str =
-    "name, position, units, patterns, resource, gpumem_mib, in_use, usage_reported_at";
+const COLUMNS: &str = "name, position, units, patterns, resource, gpumem_mib, in_use, \
+    usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib";
 
 pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Model>> {
     sqlx::query_as(&format!(
@@ -84,21 +106,37 @@ pub async fn upsert(
     .await
 }
 
-/// Records what the controller counted; `units` too when it reports inventory.
+/// What the controller reports of a model: beside the declared units, never them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsageReport {
+    pub in_use: i32,
+    pub cards: Option<i32>,
+    /// `None`: not reported (the last report's values stay).
+    pub gpumem_advertised: Option<bool>,
+    pub gpumem_unit_mib: Option<i32>,
+}
+
+/// Records what the controller counted. The declared `units` are the admin's: a
+/// report never changes them (a node away for maintenance must not shrink what can
+/// be booked), it records `cards` beside them.
 pub async fn set_usage(
     db: impl PgExecutor<'_>,
     name: &str,
-    in_use: i32,
-    units: Option<i32>,
+    report: &UsageReport,
     at: DateTime<Utc>,
 ) -> sqlx::Result<Option<Model>> {
     sqlx::query_as(&format!(
-        "UPDATE gpu_model SET in_use = $2, units = COALESCE($3, units), usage_reported_at = $4, updated_at = $4
+        "UPDATE gpu_model SET in_use = $2, cards = COALESCE($3, cards),
+            gpumem_advertised = COALESCE($4, gpumem_advertised),
+            gpumem_unit_mib = CASE WHEN $4 IS NULL THEN gpumem_unit_mib ELSE $5 END,
+            usage_reported_at = $6, updated_at = $6
          WHERE name = $1 RETURNING {COLUMNS}"
     ))
     .bind(name)
-    .bind(in_use)
-    .bind(units)
+    .bind(report.in_use)
+    .bind(report.cards)
+    .bind(report.gpumem_advertised)
+    .bind(report.gpumem_unit_mib)
     .bind(at)
     .fetch_optional(db)
     .await

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use gpu_booking_client::{AuditReport, ClientError, Model, PreemptionRequest};
+use gpu_booking_client::{AuditReport, ClientError, Model, PreemptionRequest, UsageReport};
 use gpu_booking_controller::booking::Answer;
 use gpu_booking_controller::{Booking, Controller, ControllerArgs, TokioClock};
 use gpu_booking_fake_apiserver::FakeApiServer;
@@ -30,7 +30,7 @@ pub fn rfc3339(t: DateTime<Utc>) -> String {
 #[derive(Default)]
 pub struct BookingState {
     pub models: Vec<Model>,
-    pub usage: BTreeMap<String, (i32, Option<i32>)>,
+    pub usage: BTreeMap<String, UsageReport>,
     pub usage_calls: usize,
     pub requests: Vec<PreemptionRequest>,
     pub handled: Vec<(i64, String)>,
@@ -92,10 +92,10 @@ impl Booking for FakeBooking {
         Box::pin(async move { Ok(models) })
     }
 
-    fn put_usage<'a>(&'a self, model: &'a str, in_use: i32, units: Option<i32>) -> Answer<'a, ()> {
+    fn put_usage<'a>(&'a self, model: &'a str, report: &'a UsageReport) -> Answer<'a, ()> {
         let mut state = self.state();
         state.usage_calls += 1;
-        state.usage.insert(model.to_owned(), (in_use, units));
+        state.usage.insert(model.to_owned(), *report);
         drop(state);
         self.changed(());
         Box::pin(async { Ok(()) })
@@ -223,10 +223,24 @@ pub fn node(
     product: Option<&str>,
     allocatable: &[(&str, u64)],
 ) -> Node {
-    let mut labels = serde_json::Map::new();
-    if let Some(product) = product {
-        labels.insert("nvidia.com/gpu.product".into(), json!(product));
-    }
+    let labels: Vec<(&str, &str)> = product
+        .map(|p| ("nvidia.com/gpu.product", p))
+        .into_iter()
+        .collect();
+    gpu_node(server, name, &labels, allocatable)
+}
+
+/// A node with GPU feature discovery's labels, as on a real cluster.
+pub fn gpu_node(
+    server: &FakeApiServer,
+    name: &str,
+    gfd_labels: &[(&str, &str)],
+    allocatable: &[(&str, u64)],
+) -> Node {
+    let labels: serde_json::Map<String, Value> = gfd_labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
     let alloc: serde_json::Map<String, Value> = allocatable
         .iter()
         .map(|(k, v)| (k.to_string(), json!(v.to_string())))

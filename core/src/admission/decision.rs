@@ -71,6 +71,41 @@ pub struct Schedulability {
     /// When this user could start a booking, if the service knows.
     #[serde(default)]
     pub earliest_booking: Option<DateTime<Utc>>,
+    /// Per model, the VRAM budget (MiB) one unit can hold, for the models whose every
+    /// node advertises the budget resource (the controller's inventory report). A
+    /// model missing here gets no budget: a pod asking for a resource no node has
+    /// would stay Pending (seed 000's apply order). Absent altogether (a service that
+    /// predates the report): budgets are not checked against the nodes.
+    #[serde(default)]
+    pub gpumem_advertised_mib: Option<BTreeMap<ModelName, u64>>,
+}
+
+impl Schedulability {
+    /// The budget due to a pod on `model` (per unit), before the nodes are asked:
+    /// the service's declared one, else the configured one.
+    fn budget_due(&self, model: &ModelName, cfg: &AdmissionConfig) -> Option<u64> {
+        self.gpumem_mib
+            .get(model)
+            .copied()
+            .or_else(|| cfg.gpumem_for(Some(model)))
+    }
+
+    /// The VRAM budget per unit a pod on `model` gets: the one due, capped at what one
+    /// unit of the model can hold, and none when the model's nodes do not advertise
+    /// the budget resource.
+    pub fn budget_for(&self, model: &ModelName, cfg: &AdmissionConfig) -> Option<u64> {
+        let due = self.budget_due(model, cfg)?;
+        match &self.gpumem_advertised_mib {
+            None => Some(due),
+            Some(advertised) => advertised.get(model).map(|&unit| due.min(unit)),
+        }
+    }
+
+    /// Whether a budget is due on `model` but withheld because its nodes do not
+    /// advertise the budget resource (the webhook logs and counts it).
+    pub fn budget_withheld(&self, model: &ModelName, cfg: &AdmissionConfig) -> bool {
+        self.budget_due(model, cfg).is_some() && self.budget_for(model, cfg).is_none()
+    }
 }
 
 /// What the webhook learned about the pod's owner.
@@ -142,13 +177,7 @@ pub fn decide(
         Lookup::Failed(message) => return on_booking_error(message, cfg),
         Lookup::Answer(answer) => answer,
     };
-    let budget = |model: &ModelName| {
-        answer
-            .gpumem_mib
-            .get(model)
-            .copied()
-            .or_else(|| cfg.gpumem_for(Some(model)))
-    };
+    let budget = |model: &ModelName| answer.budget_for(model, cfg);
     if gpu.models.len() > 1 {
         return Decision::Strip {
             reason: StripReason::SeveralModels,
@@ -237,6 +266,14 @@ impl Decision {
             Decision::Strip { .. } => Some("webhook.strip"),
             Decision::Unchecked { .. } => Some("webhook.unchecked"),
             Decision::BudgetOnly { .. } => None,
+        }
+    }
+
+    /// The model whose GPU the pod gets (booked or lent).
+    pub fn model(&self) -> Option<&ModelName> {
+        match self {
+            Decision::Booked { model, .. } | Decision::LowPriority { model, .. } => Some(model),
+            _ => None,
         }
     }
 
@@ -353,7 +390,60 @@ mod tests {
             free: free.iter().map(|(m, n)| (model(m), *n)).collect(),
             gpumem_mib: [(model("a100"), 40960)].into_iter().collect(),
             earliest_booking: Some("2026-12-01T09:00:00Z".parse().unwrap()),
+            gpumem_advertised_mib: None,
         }
+    }
+
+    #[test]
+    fn no_budget_for_a_model_whose_nodes_do_not_advertise_it() {
+        let cfg = AdmissionConfig {
+            default_gpumem_mib: Some(8192),
+            ..AdmissionConfig::default()
+        };
+        let mut a = answer(Some("a100"), &[("a100", 1), ("t4", 2)]);
+        // The inventory report says: only t4's nodes advertise, 14848 MiB per card.
+        a.gpumem_advertised_mib = Some([(model("t4"), 14848)].into_iter().collect());
+        let d = decide(&generic(), Lookup::Answer(&a), &cfg, now());
+        assert!(
+            matches!(
+                d,
+                Decision::Booked {
+                    gpumem_mib: None,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert!(a.budget_withheld(&model("a100"), &cfg));
+        // Lent on t4: budgeted, and never above what one card holds.
+        let t4 = GpuRequest {
+            units: 1,
+            models: [model("t4")].into_iter().collect(),
+        };
+        let d = decide(&t4, Lookup::Answer(&a), &cfg, now());
+        assert_eq!(
+            d,
+            Decision::LowPriority {
+                model: model("t4"),
+                gpumem_mib: Some(8192)
+            }
+        );
+        assert!(!a.budget_withheld(&model("t4"), &cfg));
+        a.gpumem_mib.insert(model("t4"), 40960);
+        assert_eq!(a.budget_for(&model("t4"), &cfg), Some(14848));
+        // Nothing advertised anywhere: no budget at all.
+        a.gpumem_advertised_mib = Some(BTreeMap::new());
+        let d = decide(&t4, Lookup::Answer(&a), &cfg, now());
+        assert_eq!(d.model(), Some(&model("t4")));
+        assert!(matches!(
+            d,
+            Decision::LowPriority {
+                gpumem_mib: None,
+                ..
+            }
+        ));
+        // No budget due: nothing withheld.
+        assert!(!a.budget_withheld(&model("x"), &AdmissionConfig::default()));
     }
 
     #[test]
@@ -487,6 +577,16 @@ mod tests {
             "gpumem_mib": {"a100": 40960, "a6000": 12288}, "earliest_booking": null}"#;
         let a: Schedulability = serde_json::from_str(body).unwrap();
         assert_eq!(a.free.get(&model("a6000")), Some(&3));
+        assert_eq!(a.gpumem_advertised_mib, None);
+        let with: Schedulability = serde_json::from_str(&body.replace(
+            "\"earliest_booking\"",
+            "\"gpumem_advertised_mib\": {\"a100\": 40448}, \"earliest_booking\"",
+        ))
+        .unwrap();
+        assert_eq!(
+            with.gpumem_advertised_mib,
+            Some([(model("a100"), 40448)].into_iter().collect())
+        );
         let unbooked = r#"{"schedulable": false, "until": null, "model": null, "booking_id": null,
             "user": null, "free": {}, "gpumem_mib": {}, "earliest_booking": "2026-12-01T00:00:00+01:00"}"#;
         let a: Schedulability = serde_json::from_str(unbooked).unwrap();

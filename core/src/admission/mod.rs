@@ -34,7 +34,7 @@ mod quantity;
 pub use decision::{decide, BookingErrorPolicy, Decision, Lookup, Schedulability, StripReason};
 pub use detect::{detect_gpu, GpuRequest};
 pub use identity::{identify, Identity};
-pub use patch::{plan, plan_cpu_only, plan_cpu_only_because};
+pub use patch::{plan, plan_cpu_only, plan_cpu_only_because, plan_node_resource};
 pub use quantity::parse_quantity;
 
 /// Label: `high` for a pod of a booked user, `low` for a pod that got a free GPU without

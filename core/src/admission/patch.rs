@@ -99,7 +99,24 @@ pub fn plan_cpu_only_because(pod: &Value, cfg: &AdmissionConfig, reason: &str) -
     ed.finish()
 }
 
-/// A working copy of a pod and the operations that led to it.
+/// The JSON Patch of a node's `status` subresource that makes it advertise `amount`
+/// of the extended resource `resource` in `capacity` and `allocatable`, or no longer
+/// advertise it (`None`), as "Advertise Extended Resources for a Node" does it by
+/// hand. The same editor as for pods: a missing map is created by the operation that
+/// needs it, the `/` in the name is escaped (`~1`), an absent member is never
+/// removed, and the patch is empty when the node says so already.
+pub fn plan_node_resource(node: &Value, resource: &str, amount: Option<u64>) -> Patch {
+    let mut ed = PodEditor::new(node);
+    for field in ["capacity", "allocatable"] {
+        match amount {
+            Some(n) => ed.set(&["status", field, resource], json!(n.to_string())),
+            None => ed.remove(&["status", field, resource]),
+        }
+    }
+    ed.finish()
+}
+
+/// A working copy of a pod (or a node's status) and the operations that led to it.
 struct PodEditor {
     pod: Value,
     ops: Vec<PatchOperation>,
@@ -537,5 +554,37 @@ mod tests {
         assert!(plan(&json!([1, 2]), &booked(), &AdmissionConfig::default())
             .0
             .is_empty());
+    }
+
+    #[test]
+    fn node_resource_is_added_replaced_removed_and_left_alone() {
+        let res = "gpu-booking.io/gpumem";
+        let node = json!({"status": {"capacity": {"cpu": "8"}, "allocatable": {"cpu": "8"}}});
+        let p = plan_node_resource(&node, res, Some(40448));
+        assert_eq!(
+            serde_json::to_value(&p).unwrap(),
+            json!([
+                {"op": "add", "path": "/status/capacity/gpu-booking.io~1gpumem", "value": "40448"},
+                {"op": "add", "path": "/status/allocatable/gpu-booking.io~1gpumem", "value": "40448"}
+            ])
+        );
+        let mut out = node.clone();
+        json_patch::patch(&mut out, &p).unwrap();
+        assert!(
+            plan_node_resource(&out, res, Some(40448)).0.is_empty(),
+            "already right"
+        );
+        let p = plan_node_resource(&out, res, Some(1000));
+        json_patch::patch(&mut out, &p).unwrap();
+        assert_eq!(out["status"]["allocatable"][res], "1000");
+        let p = plan_node_resource(&out, res, None);
+        json_patch::patch(&mut out, &p).unwrap();
+        assert_eq!(out, node);
+        assert!(plan_node_resource(&node, res, None).0.is_empty());
+        // A status without the maps: they are created.
+        let mut bare = json!({"metadata": {"name": "n"}});
+        let p = plan_node_resource(&bare, res, Some(7));
+        json_patch::patch(&mut bare, &p).unwrap();
+        assert_eq!(bare["status"]["capacity"][res], "7");
     }
 }
