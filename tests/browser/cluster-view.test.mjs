@@ -40,8 +40,8 @@ describe('cluster view (demo)', () => {
     assert.equal(await page.locator('.cl-node').count(), 3, 'three GPU nodes: one A100 node, two A6000 nodes');
 
     // The booked user: a card on an A6000 node, booked, with its end.
-    await page.getByLabel('User').fill(BOOKED);
-    await page.getByLabel('GPUs').selectOption('1');
+    await page.getByLabel('Notebook user', { exact: true }).fill(BOOKED);
+    await page.getByLabel('GPUs to ask for', { exact: true }).selectOption('1');
     await page.getByRole('button', { name: 'Spawn a notebook as this user' }).click();
     await page.locator('#cl-result', { hasText: 'Spawned jupyter-' }).waitFor();
     const booked = page.locator('.cl-node[data-node^="gpu-a6000"] .cl-unit.cl-booked', { hasText: BOOKED });
@@ -49,7 +49,7 @@ describe('cluster view (demo)', () => {
     assert.match(await booked.innerText(), /booked by zoë@uni\.example until/);
 
     // An unbooked user: lent a free card.
-    await page.getByLabel('User').fill(LENT);
+    await page.getByLabel('Notebook user', { exact: true }).fill(LENT);
     await page.getByRole('button', { name: 'Spawn a notebook as this user' }).click();
     const lent = page.locator('.cl-unit.cl-lent', { hasText: LENT });
     await lent.waitFor({ timeout: 20000 });
@@ -73,7 +73,7 @@ describe('cluster view (demo)', () => {
     await page.goto(`${BASE}/#cluster`);
     await page.locator('.cl-node').first().waitFor();
     const before = await page.locator('.cl-pod').count();
-    await page.getByLabel('User').fill(' padded ');
+    await page.getByLabel('Notebook user', { exact: true }).fill(' padded ');
     await page.evaluate(() => { document.getElementById('cl-user').value = 'bad\u0007name'; });
     await page.getByRole('button', { name: 'Spawn a notebook as this user' }).click();
     await page.locator('#cl-result', { hasText: 'The cluster refused the notebook' }).waitFor();
