@@ -11,8 +11,8 @@
 //! `nvidia.com/mig-<profile>`. No `gpumem`: advertising the VRAM budget is the
 //! controller's job, and the simulation must show whether it does it.
 
+use gpu_booking_fake_apiserver::NodeBuilder;
 use k8s_openapi::api::core::v1::Node;
-use serde_json::{json, Map, Value};
 
 /// MIG slices of one node (GFD's `mixed` strategy).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,62 +116,44 @@ impl GpuNode {
     /// The Node object as the API server holds it once the kubelet, the device plugin
     /// and GFD have reported.
     pub fn to_node(&self) -> Node {
-        let mut labels = Map::new();
-        labels.insert("kubernetes.io/hostname".into(), json!(self.name));
-        labels.insert("kubernetes.io/os".into(), json!("linux"));
-        let mut allocatable = Map::new();
-        allocatable.insert("cpu".into(), json!(self.cpu.to_string()));
-        allocatable.insert("memory".into(), json!(format!("{}Gi", self.memory_gib)));
-        allocatable.insert("pods".into(), json!(self.pods.to_string()));
+        self.builder().build()
+    }
+
+    /// The fake API server's node builder with this node's labels and allocatable.
+    pub fn builder(&self) -> NodeBuilder {
+        let mut node = NodeBuilder::new(&self.name)
+            .label("kubernetes.io/os", "linux")
+            .allocatable("cpu", &self.cpu.to_string())
+            .allocatable("memory", &format!("{}Gi", self.memory_gib))
+            .allocatable("pods", &self.pods.to_string());
         if let Some(product) = self.product_label() {
-            labels.insert("nvidia.com/gpu.present".into(), json!("true"));
-            labels.insert("nvidia.com/gpu.product".into(), json!(product));
-            labels.insert("nvidia.com/gpu.count".into(), json!(self.gpus.to_string()));
-            labels.insert(
-                "nvidia.com/gpu.memory".into(),
-                json!(self.memory_mib.to_string()),
-            );
-            labels.insert(
-                "nvidia.com/gpu.replicas".into(),
-                json!(self.replicas.to_string()),
-            );
             let sharing = if self.replicas > 1 {
                 "time-slicing"
             } else {
                 "none"
             };
-            labels.insert("nvidia.com/gpu.sharing-strategy".into(), json!(sharing));
-            allocatable.insert(
-                "nvidia.com/gpu".into(),
-                json!(self.gpu_allocatable().to_string()),
-            );
+            node = node
+                .label("nvidia.com/gpu.present", "true")
+                .label("nvidia.com/gpu.product", &product)
+                .label("nvidia.com/gpu.count", &self.gpus.to_string())
+                .label("nvidia.com/gpu.memory", &self.memory_mib.to_string())
+                .label("nvidia.com/gpu.replicas", &self.replicas.to_string())
+                .label("nvidia.com/gpu.sharing-strategy", sharing)
+                .allocatable("nvidia.com/gpu", &self.gpu_allocatable().to_string());
         }
         if let (Some(mig), Some(product)) = (&self.mig, &self.product) {
             let prefix = format!("nvidia.com/mig-{}", mig.profile);
-            labels.insert("nvidia.com/mig.strategy".into(), json!("mixed"));
-            labels.insert(format!("{prefix}.count"), json!(mig.count.to_string()));
-            labels.insert(
-                format!("{prefix}.memory"),
-                json!(mig.memory_mib.to_string()),
-            );
-            labels.insert(
-                format!("{prefix}.product"),
-                json!(format!("{product}-MIG-{}", mig.profile)),
-            );
-            allocatable.insert(prefix, json!(mig.count.to_string()));
+            node = node
+                .label("nvidia.com/mig.strategy", "mixed")
+                .label(&format!("{prefix}.count"), &mig.count.to_string())
+                .label(&format!("{prefix}.memory"), &mig.memory_mib.to_string())
+                .label(
+                    &format!("{prefix}.product"),
+                    &format!("{product}-MIG-{}", mig.profile),
+                )
+                .allocatable(&prefix, &mig.count.to_string());
         }
-        let node = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": self.name, "labels": Value::Object(labels)},
-            "status": {
-                "allocatable": Value::Object(allocatable.clone()),
-                "capacity": Value::Object(allocatable),
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
-            }
-        });
-        // The JSON above is built from plain strings: it is always a valid Node.
-        serde_json::from_value(node).unwrap_or_default()
+        node
     }
 }
 
