@@ -26,7 +26,9 @@
 //!   sent as `DELETED` (`ADDED`). `timeoutSeconds` ends the stream. No bookmarks.
 //! - **get**, **create** (`409 AlreadyExists`, `generateName`, `uid`,
 //!   `creationTimestamp`, `resourceVersion`; new pods get `status.phase: Pending`;
-//!   `?dryRun=All` answers what would be stored and stores nothing),
+//!   `?dryRun=All` answers what would be stored and stores nothing; a pod's numeric
+//!   resource quantities, as KubeSpawner sends them, are stored as canonical strings:
+//!   `4.0` -> `"4"`, `0.5` -> `"500m"`; other objects' quantities are left alone),
 //!   **replace** (`409 Conflict` on a stale `metadata.resourceVersion`), **patch**
 //!   (`application/json-patch+json` as RFC 6902; merge, strategic-merge and apply
 //!   patches all as RFC 7386 merge patches, so lists are replaced whole; an apply patch
@@ -120,7 +122,9 @@
 //!   name ([`FakeApiServer::client_as`]), else `system:admin` in `system:masters`.
 //!
 //! Simplifications, each a line:
-//! - Only creates are admitted; updates, patches and deletes skip admission.
+//! - Only creates through the API are admitted; updates, patches, deletes and the
+//!   test hooks ([`FakeApiServer::put`] and the like) skip admission.
+//! - Reviews are always `admission.k8s.io/v1`, whatever `admissionReviewVersions` lists.
 //! - No built-in plugin but `Priority` (no defaulting, no ServiceAccount, no
 //!   DefaultTolerationSeconds, no LimitRanger), and no validating webhooks.
 //! - `matchPolicy` is ignored: only the exact group/version/resource matches.
@@ -151,7 +155,8 @@
 //! - Time: [`FakeApiServer::set_clock`] for `creationTimestamp` and deletion marks.
 //! - Nodes and placement: [`FakeApiServer::add_node`] with a [`NodeBuilder`] (GPUs,
 //!   allocatable resources, labels, taints, cordon), [`FakeApiServer::pod_node`],
-//!   [`FakeApiServer::schedule_now`] (one pass, opted in or not).
+//!   [`FakeApiServer::unschedulable_reason`], [`FakeApiServer::schedule_now`] (one
+//!   pass, opted in or not).
 //!
 //! ```
 //! # async fn demo() {
@@ -598,6 +603,13 @@ impl FakeApiServer {
     pub fn pod_node(&self, ns: &str, name: &str) -> Option<String> {
         let pod = self.lock().get(&snapshot::pods_key(), ns, name)?;
         scheduler::node_of(&pod)
+    }
+
+    /// Why pod `ns/name` is pending: the message of its `PodScheduled=False` condition
+    /// (`0/3 nodes are available: ...`); `None` when it has none.
+    pub fn unschedulable_reason(&self, ns: &str, name: &str) -> Option<String> {
+        let pod = self.lock().get(&snapshot::pods_key(), ns, name)?;
+        scheduler::unschedulable_message(&pod)
     }
 
     /// How pods bound to a node end when deleted.

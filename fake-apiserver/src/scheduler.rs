@@ -9,8 +9,6 @@
 //! finishes (or its own spec changes), with no backoff timer; no inter-pod affinity,
 //! topology spread, ports or volumes; no Events are written.
 
-use std::sync::Arc;
-
 use serde_json::{json, Value};
 
 use crate::preemption::{self, Preemption, PREEMPTION_REASON};
@@ -319,7 +317,16 @@ pub(crate) fn run(store: &mut Store) {
     }
 }
 
-/// The node pod `ns/name` is bound to.
-pub(crate) fn node_of(pod: &Arc<Value>) -> Option<String> {
+/// The node a pod is bound to.
+pub(crate) fn node_of(pod: &Value) -> Option<String> {
     Some(str_at(pod, "/spec/nodeName").to_owned()).filter(|n| !n.is_empty())
+}
+
+/// Why the scheduler left a pod pending: its `PodScheduled=False` message.
+pub(crate) fn unschedulable_message(pod: &Value) -> Option<String> {
+    pod.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| str_at(c, "/type") == "PodScheduled" && str_at(c, "/status") == "False")
+        .map(|c| str_at(c, "/message").to_owned())
 }

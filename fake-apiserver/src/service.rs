@@ -174,23 +174,21 @@ pub(crate) async fn handle(
             return error_response(ApiError::injected(code));
         }
     }
-    // A create runs the admission chain first (when the test switched it on); what it
-    // admitted is what gets stored.
+    // A create is decoded (pod quantities canonical) and admitted (when the test
+    // switched admission on) first; what comes out is what gets stored.
     let mut body = body;
     let mut warnings = Vec::new();
     if verb == Verb::Create {
         if let Ok(obj) = serde_json::from_slice::<Value>(&body) {
             let user = crate::admission::UserInfo::from_headers(&parts.headers);
-            let admitted =
+            let outcome =
                 crate::admission::admit_create(&shared, &target, obj, user, dry_run(&params)).await;
-            if let Some(outcome) = admitted {
-                warnings = outcome.warnings;
-                match outcome.result {
-                    Ok(obj) => body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default()),
-                    Err(e) => {
-                        shared.changed();
-                        return with_warnings(error_response(e), &warnings);
-                    }
+            warnings = outcome.warnings;
+            match outcome.result {
+                Ok(obj) => body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default()),
+                Err(e) => {
+                    shared.changed();
+                    return with_warnings(error_response(e), &warnings);
                 }
             }
         }

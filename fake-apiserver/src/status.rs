@@ -66,6 +66,33 @@ impl ApiError {
         )
     }
 
+    /// `pods "name" is forbidden: why` (403), as `apierrors.NewForbidden` writes it;
+    /// `group_resource` is `pods` or `deployments.apps`.
+    pub fn forbidden(group_resource: &str, name: &str, why: &str) -> Self {
+        let message = if name.is_empty() {
+            format!("{group_resource} is forbidden: {why}")
+        } else {
+            format!("{group_resource} \"{name}\" is forbidden: {why}")
+        };
+        Self::new(
+            403,
+            "Forbidden",
+            message,
+            json!({"name": name, "kind": group_resource}),
+        )
+    }
+
+    /// `Internal error occurred: message` (500), as `apierrors.NewInternalError`
+    /// writes it.
+    pub fn internal(message: &str) -> Self {
+        Self::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {message}"),
+            json!({"causes": [{"message": message}]}),
+        )
+    }
+
     pub fn gone(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message, Value::Null)
     }

@@ -15,7 +15,7 @@ use base64::Engine;
 use gpu_booking_certs::pki::DevCerts;
 use gpu_booking_fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -952,35 +952,14 @@ async fn without_enable_admission_nothing_is_called() {
     assert!(hook.reviews().is_empty());
 }
 
-/// A KubeSpawner request body from the repository's `tests/fixtures/kubespawner/`,
-/// its numeric quantities (`4.0`, `0.5`) written as the API server stores them
-/// (`"4"`, `"500m"`): the fake does not canonicalize quantities.
-fn kubespawner(file: &str) -> Pod {
+/// A KubeSpawner request body from the repository's `tests/fixtures/kubespawner/`, as
+/// JupyterHub sends it (quantities as JSON numbers: `4.0`, `17179869184`).
+fn kubespawner(file: &str) -> DynamicObject {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/kubespawner")
         .join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut pod: Value = serde_json::from_str(&text).unwrap();
-    for list in ["containers", "initContainers"] {
-        for c in pod["spec"][list].as_array_mut().into_iter().flatten() {
-            for section in ["requests", "limits"] {
-                for q in c["resources"][section]
-                    .as_object_mut()
-                    .into_iter()
-                    .flat_map(|m| m.values_mut())
-                {
-                    if let Some(f) = q.as_f64() {
-                        *q = if f.fract() == 0.0 {
-                            json!(format!("{}", f as i64))
-                        } else {
-                            json!(format!("{}m", (f * 1000.0).round() as i64))
-                        };
-                    }
-                }
-            }
-        }
-    }
-    serde_json::from_value(pod).unwrap()
+    serde_json::from_str(&text).unwrap()
 }
 
 /// A booking service that knows one user, Bob.Smith (not booked, a6000 free); everyone
@@ -1054,7 +1033,10 @@ async fn the_real_webhook_behind_the_charts_configuration() {
         "system:serviceaccount:jhub:hub",
         &["system:serviceaccounts"],
     );
-    let pods: Api<Pod> = Api::namespaced(hub, "jhub");
+    // Raw KubeSpawner bodies: the stored pods read back as typed Pods because the fake
+    // stores their numeric quantities as canonical strings, as the API server does.
+    let pods: Api<DynamicObject> =
+        Api::namespaced_with(hub, "jhub", &ApiResource::erase::<Pod>(&()));
 
     let bob = pods
         .create(
@@ -1071,6 +1053,16 @@ async fn the_real_webhook_behind_the_charts_configuration() {
         "low"
     );
     let spec = stored.spec.unwrap();
+    let limits = spec.containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .limits
+        .unwrap();
+    assert_eq!(
+        (limits["cpu"].0.as_str(), limits["memory"].0.as_str()),
+        ("4", "17179869184")
+    );
     assert_eq!(spec.priority_class_name.as_deref(), Some("gpu-booking-low"));
     assert_eq!(
         (spec.priority, spec.preemption_policy.as_deref()),
@@ -1080,6 +1072,9 @@ async fn the_real_webhook_behind_the_charts_configuration() {
     let nobody = pods
         .create(&PostParams::default(), &kubespawner("7.1.0-a-b-gpu.json"))
         .await
+        .unwrap();
+    let nobody = server
+        .get::<Pod>(Some("jhub"), &nobody.metadata.name.unwrap())
         .unwrap();
     let limits = nobody.spec.unwrap().containers[0]
         .resources
@@ -1143,4 +1138,62 @@ async fn measure_creates_through_admission() {
         println!("{label}: {n} sequential creates, {per:?} each");
     }
     assert_eq!(hook.reviews().len(), n as usize);
+}
+
+#[tokio::test]
+async fn kubespawner_quantities_are_stored_canonical_with_or_without_admission() {
+    // JupyterHub sends `cpu: 4.0`; the API server stores "4" (and a typed client could
+    // not read the number back).
+    for admission in [false, true] {
+        let server = FakeApiServer::new();
+        if admission {
+            server.enable_admission();
+        }
+        let pods: Api<DynamicObject> =
+            Api::namespaced_with(server.client(), "jhub", &ApiResource::erase::<Pod>(&()));
+        let created = pods
+            .create(
+                &PostParams::default(),
+                &kubespawner("6.2.0-Bob.Smith-gpu.json"),
+            )
+            .await
+            .unwrap();
+        let name = created.metadata.name.unwrap();
+        let stored = server
+            .get::<Pod>(Some("jhub"), &name)
+            .expect("the stored pod reads back as a Pod");
+        let requests = stored.spec.unwrap().containers[0]
+            .resources
+            .clone()
+            .unwrap()
+            .requests
+            .unwrap();
+        assert_eq!(
+            (requests["cpu"].0.as_str(), requests["memory"].0.as_str()),
+            ("1", "4294967296")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_webhook_that_is_down_follows_the_failure_policy() {
+    // Nothing listens behind the service: Fail refuses, Ignore admits unchanged.
+    let server = FakeApiServer::new();
+    server.enable_admission();
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    server.register_service(HOOK_NS, HOOK_SVC, 443, closed);
+    let ca = DevCerts::generate("CA", &["hook.gpu-booking.svc".into()])
+        .unwrap()
+        .ca_pem;
+    configure(&server, "c", vec![chart_shaped(&ca, "Fail")]);
+    let e = create(&server, "jhub", &gpu_pod("a")).await.unwrap_err();
+    assert_eq!(e.code, 500);
+    assert!(e.message.starts_with("Internal error occurred: failed calling webhook \"pods.gpu-booking.io\": failed to call webhook: Post"), "{}", e.message);
+    configure(&server, "c", vec![chart_shaped(&ca, "Ignore")]);
+    let created = create(&server, "jhub", &gpu_pod("b")).await.unwrap();
+    assert_eq!(created.spec.unwrap().priority, Some(0));
+    assert_eq!(server.admission_log().len(), 2);
 }

@@ -223,6 +223,10 @@ async fn issue_11_gpumem_budget_without_an_advertising_node_is_unschedulable_unt
     create(&server, budgeted).await;
     assert_eq!(server.pod_node(NS, "jupyter-alice"), None);
     assert_eq!(
+        server.unschedulable_reason(NS, "jupyter-alice"),
+        Some(unschedulable(&server, "jupyter-alice"))
+    );
+    assert_eq!(
         unschedulable(&server, "jupyter-alice"),
         "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \
          2 Insufficient gpu-booking.io/gpumem. preemption: 0/3 nodes are available: \
@@ -245,6 +249,7 @@ async fn issue_11_gpumem_budget_without_an_advertising_node_is_unschedulable_unt
     );
     let scheduled = condition(&server, "jupyter-alice", "PodScheduled").unwrap();
     assert_eq!(scheduled.status, "True");
+    assert_eq!(server.unschedulable_reason(NS, "jupyter-alice"), None);
 }
 
 /// "Resource Management for Pods and Containers": an extended resource given only as a
@@ -277,6 +282,19 @@ async fn extended_resource_limit_without_request_counts_as_the_request() {
     // CPU limits without requests count too (the API server copies the limit).
     create(&server, limits(pod("e"), &[("cpu", "17")])).await;
     assert!(unschedulable(&server, "e").starts_with("0/1 nodes are available: 1 Insufficient cpu."));
+}
+
+/// A node takes at most `allocatable.pods` pods (NodeResourcesFit's "Too many pods").
+#[tokio::test]
+async fn allocatable_pods_caps_how_many_pods_a_node_takes() {
+    let server = scheduled_server();
+    server.add_node(NodeBuilder::new("tiny").allocatable("pods", "1"));
+    create(&server, pod("first")).await;
+    create(&server, pod("second")).await;
+    assert_eq!(server.pod_node(NS, "first").as_deref(), Some("tiny"));
+    assert!(
+        unschedulable(&server, "second").starts_with("0/1 nodes are available: 1 Too many pods.")
+    );
 }
 
 /// The effective request is the larger of the containers' sum and the largest init
@@ -613,16 +631,17 @@ async fn preemption_picks_one_node_with_the_least_important_victims() {
     }
 }
 
-/// The room a preemption made goes to the preemptor, not to a lower-priority pod that
-/// arrived meanwhile.
+/// The room a preemption made is kept for the preemptor: while it waits for its last
+/// victim, a lower-priority pod that arrives does not take the part already freed (the
+/// nominated pod counts on its node, "Pod Priority and Preemption").
 #[tokio::test]
 async fn room_made_by_preemption_is_kept_for_the_preemptor() {
     let server = scheduled_server();
-    server.add_node(NodeBuilder::new("gpu-1").gpus(1));
+    server.add_node(NodeBuilder::new("gpu-1").gpus(2));
     create(
         &server,
         priority(
-            limits(pod("lent"), &[(GPU, "1")]),
+            limits(pod("lent-1"), &[(GPU, "1")]),
             0,
             "PreemptLowerPriority",
         ),
@@ -631,19 +650,38 @@ async fn room_made_by_preemption_is_kept_for_the_preemptor() {
     create(
         &server,
         priority(
-            limits(pod("booked"), &[(GPU, "1")]),
+            limits(pod("lent-2"), &[(GPU, "1")]),
+            0,
+            "PreemptLowerPriority",
+        ),
+    )
+    .await;
+    create(
+        &server,
+        priority(
+            limits(pod("booked"), &[(GPU, "2")]),
             1000,
             "PreemptLowerPriority",
         ),
     )
     .await;
-    assert!(terminating(&server, "lent"));
+    assert!(terminating(&server, "lent-1") && terminating(&server, "lent-2"));
+    assert_eq!(nominated(&server, "booked").as_deref(), Some("gpu-1"));
+    server.pod_gone(NS, "lent-1");
+    // One GPU is free, but it is the booked pod's.
     create(
         &server,
-        priority(limits(pod("sneaky"), &[(GPU, "1")]), 10, "Never"),
+        priority(
+            limits(pod("sneaky"), &[(GPU, "1")]),
+            10,
+            "PreemptLowerPriority",
+        ),
     )
     .await;
-    server.pod_gone(NS, "lent");
+    assert_eq!(server.pod_node(NS, "sneaky"), None);
+    assert!(unschedulable(&server, "sneaky")
+        .starts_with("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."));
+    server.pod_gone(NS, "lent-2");
     assert_eq!(server.pod_node(NS, "booked").as_deref(), Some("gpu-1"));
     assert_eq!(server.pod_node(NS, "sneaky"), None);
 }
@@ -768,4 +806,36 @@ async fn spawn_storm_never_overcommits_a_gpu() {
     let expected: std::collections::BTreeMap<String, usize> =
         (0..4).map(|n| (format!("gpu-{n}"), 2)).collect();
     assert_eq!(per_node, expected);
+}
+
+/// An unschedulable pod is retried when its own spec changes (here a toleration is
+/// added), not only when nodes or other pods change.
+#[tokio::test]
+async fn a_pending_pod_given_a_toleration_is_retried() {
+    let server = scheduled_server();
+    server.add_node(
+        NodeBuilder::new("gpu-1")
+            .gpus(1)
+            .taint("dedicated", "ml", "NoSchedule"),
+    );
+    create(&server, limits(pod("p"), &[(GPU, "1")])).await;
+    assert!(unschedulable(&server, "p").contains("untolerated taint {dedicated: ml}"));
+    let pods: Api<Pod> = Api::namespaced(server.client(), NS);
+    let toleration = json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}});
+    pods.patch("p", &PatchParams::default(), &Patch::Merge(toleration))
+        .await
+        .unwrap();
+    assert_eq!(server.pod_node(NS, "p").as_deref(), Some("gpu-1"));
+}
+
+/// Pods for another scheduler (`spec.schedulerName`) are left alone.
+#[tokio::test]
+async fn pods_of_another_scheduler_are_left_alone() {
+    let server = scheduled_server();
+    server.add_node(NodeBuilder::new("n1"));
+    let mut other = pod("other");
+    other["spec"]["schedulerName"] = json!("volcano");
+    create(&server, other).await;
+    assert_eq!(server.pod_node(NS, "other"), None);
+    assert!(condition(&server, "other", "PodScheduled").is_none());
 }

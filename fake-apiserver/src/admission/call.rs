@@ -33,16 +33,6 @@ pub struct Answer {
     pub warnings: Vec<String>,
 }
 
-/// `Internal error occurred: ...` (500), as `apierrors.NewInternalError` writes it.
-pub fn internal_error(message: &str) -> ApiError {
-    ApiError::new(
-        500,
-        "InternalError",
-        format!("Internal error occurred: {message}"),
-        json!({"causes": [{"message": message}]}),
-    )
-}
-
 /// The error a refusal becomes: the webhook's status, its message prefixed with who
 /// denied the request, never a code under 400 (the server's `ToStatusErr`).
 pub fn refusal(webhook: &str, status: &Value) -> ApiError {
@@ -231,10 +221,11 @@ pub async fn call(
         Err(e) => return Err(failed(chain(&e))),
     };
     let code = response.status();
-    let body = match tokio::time::timeout(Duration::from_secs(timeout), response.bytes()).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(e)) => return Err(failed(chain(&e))),
-        Err(_) => return Err(failed("context deadline exceeded".into())),
+    // reqwest's timeout runs until the body is read, as the API server's context does.
+    let body = match response.bytes().await {
+        Ok(body) => body,
+        Err(e) if e.is_timeout() => return Err(failed("context deadline exceeded".into())),
+        Err(e) => return Err(failed(chain(&e))),
     };
     if !code.is_success() {
         return Err(failed(format!(

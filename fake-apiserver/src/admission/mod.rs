@@ -15,6 +15,7 @@ mod call;
 mod identity;
 mod matching;
 mod priority;
+mod quantity;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -279,7 +280,7 @@ fn should_call(
     // Cluster-scoped objects other than namespaces never skip a webhook by namespace.
     if !namespace_labels.is_null() {
         let ns_ok = matching::selector_matches(hook.namespace_selector.as_ref(), namespace_labels)
-            .map_err(|e| call::internal_error(&e))?;
+            .map_err(|e| ApiError::internal(&e))?;
         if !ns_ok {
             return Ok(false);
         }
@@ -289,7 +290,7 @@ fn should_call(
         .cloned()
         .unwrap_or_else(|| json!({}));
     let obj_ok = matching::selector_matches(hook.object_selector.as_ref(), &labels)
-        .map_err(|e| call::internal_error(&e))?;
+        .map_err(|e| ApiError::internal(&e))?;
     if !obj_ok {
         return Ok(false);
     }
@@ -297,7 +298,7 @@ fn should_call(
         Conditions::Call => Ok(true),
         Conditions::Skip => Ok(false),
         Conditions::Error(_) if ignores_failures(hook) => Ok(false),
-        Conditions::Error(e) => Err(priority::forbidden(
+        Conditions::Error(e) => Err(ApiError::forbidden(
             &attrs.group_resource(),
             &attrs.name,
             &e,
@@ -364,7 +365,7 @@ async fn run_webhooks(
                     tracing::warn!(webhook = %hook.name, %message, "fake API server: failing open");
                     continue;
                 }
-                return Err(call::internal_error(&message));
+                return Err(ApiError::internal(&message));
             }
         };
         record.allowed = answer.allowed;
@@ -383,7 +384,7 @@ async fn run_webhooks(
             // A patch that does not apply is the server's internal error, whatever the
             // failurePolicy (as the real dispatcher treats it).
             json_patch::patch(&mut patched, patch)
-                .map_err(|e| call::internal_error(&e.to_string()))?;
+                .map_err(|e| ApiError::internal(&e.to_string()))?;
             if patched != *object {
                 *object = patched;
                 reinvocation.changed();
@@ -413,26 +414,28 @@ fn group_version(resource: &ResourceKey) -> (String, String) {
     }
 }
 
-/// Runs the admission chain on the object of a create. `None` when admission is off.
+/// What happens to the object of a create before it is stored: its numeric pod
+/// quantities become canonical strings (always, as the API server's decoding does),
+/// then the admission chain runs (when the test switched it on).
 pub(crate) async fn admit_create(
     shared: &Shared,
     target: &Target,
     mut object: Value,
     user: UserInfo,
     dry_run: bool,
-) -> Option<Outcome> {
-    let state = &shared.admission;
-    if !state.enabled() {
-        return None;
-    }
+) -> Outcome {
     let (group, version) = group_version(&target.resource);
+    if group.is_empty() && target.resource.plural == "pods" && target.subresource.is_none() {
+        quantity::canonicalize_pod(&mut object);
+    }
+    let state = &shared.admission;
     // Webhooks are never called for webhook configurations themselves (so that a bad
     // webhook cannot lock its own configuration).
-    if group == "admissionregistration.k8s.io" {
-        return Some(Outcome {
+    if !state.enabled() || group == "admissionregistration.k8s.io" {
+        return Outcome {
             result: Ok(object),
             warnings: Vec::new(),
-        });
+        };
     }
     if let (Some(ns), Some(meta)) = (&target.namespace, object.get_mut("metadata")) {
         if meta.is_object() && meta.get("namespace").is_none() {
@@ -470,7 +473,7 @@ pub(crate) async fn admit_create(
     let result = chain(state, &snap, &attrs, &mut object, &mut warnings)
         .await
         .map(|()| object);
-    Some(Outcome { result, warnings })
+    Outcome { result, warnings }
 }
 
 async fn chain(

@@ -66,21 +66,6 @@ pub fn with_system_classes(mut stored: Vec<PriorityClass>) -> Vec<PriorityClass>
     stored
 }
 
-/// `pods "name" is forbidden: why` (403), as `admission.NewForbidden` writes it.
-pub fn forbidden(plural: &str, name: &str, why: &str) -> ApiError {
-    let message = if name.is_empty() {
-        format!("{plural} is forbidden: {why}")
-    } else {
-        format!("{plural} \"{name}\" is forbidden: {why}")
-    };
-    ApiError::new(
-        403,
-        "Forbidden",
-        message,
-        json!({"name": name, "kind": plural}),
-    )
-}
-
 /// Runs the plugin on a pod being created; changes `pod` in place. Run again after a
 /// webhook changed the pod (reinvocation), it re-checks what the pod then says.
 pub fn admit(pod: &mut Value, classes: &[PriorityClass]) -> Result<(), ApiError> {
@@ -123,7 +108,7 @@ pub fn admit(pod: &mut Value, classes: &[PriorityClass]) -> Result<(), ApiError>
             .iter()
             .find(|c| c.name == class_name)
             .ok_or_else(|| {
-                forbidden(
+                ApiError::forbidden(
                     "pods",
                     &name,
                     &format!("no PriorityClass with name {class_name} was found"),
@@ -133,7 +118,7 @@ pub fn admit(pod: &mut Value, classes: &[PriorityClass]) -> Result<(), ApiError>
     };
     if let Some(given) = spec.get("priority").filter(|p| !p.is_null()) {
         if given.as_i64() != Some(priority) {
-            return Err(forbidden(
+            return Err(ApiError::forbidden(
                 "pods",
                 &name,
                 &format!(
@@ -145,7 +130,7 @@ pub fn admit(pod: &mut Value, classes: &[PriorityClass]) -> Result<(), ApiError>
     spec["priority"] = json!(priority);
     if let Some(given) = spec.get("preemptionPolicy").and_then(Value::as_str) {
         if given != policy {
-            return Err(forbidden(
+            return Err(ApiError::forbidden(
                 "pods",
                 &name,
                 &format!(
