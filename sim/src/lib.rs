@@ -30,7 +30,7 @@ use std::time::Duration;
 use gpu_booking_controller::{Controller, ControllerArgs};
 use gpu_booking_fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use serde_json::json;
 
 pub use chart::{ChartValues, FailurePolicy};
@@ -231,21 +231,33 @@ impl SimCluster {
 
     /// A client acting as JupyterHub's ServiceAccount.
     pub fn hub(&self) -> Api<Pod> {
-        let client = self
-            .server
-            .client_as(spawner::HUB_USER, &spawner::HUB_GROUPS);
-        Api::namespaced(client, spawner::NOTEBOOK_NAMESPACE)
+        Api::namespaced(self.hub_client(), spawner::NOTEBOOK_NAMESPACE)
+    }
+
+    fn hub_client(&self) -> kube::Client {
+        self.server
+            .client_as(spawner::HUB_USER, &spawner::HUB_GROUPS)
     }
 
     /// Spawns `user`'s notebook as JupyterHub does, asking for `gpus` GPUs; the pod as
-    /// stored (admitted, and bound or marked unschedulable).
+    /// stored (admitted, and bound or marked unschedulable). The body goes out as
+    /// KubeSpawner sends it, quantities as JSON numbers included (the API server
+    /// stores them as canonical strings).
     pub async fn spawn(&self, user: &str, gpus: u32) -> Result<Pod, kube::Error> {
-        let mut body = spawner::apiserver_quantities(spawner::notebook_pod(user, gpus));
+        let mut body = spawner::notebook_pod(user, gpus);
         if let Some(seconds) = self.grace_period {
             body["spec"]["terminationGracePeriodSeconds"] = json!(seconds);
         }
-        let pod: Pod = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
-        self.hub().create(&PostParams::default(), &pod).await
+        let raw: DynamicObject = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.hub_client(),
+            spawner::NOTEBOOK_NAMESPACE,
+            &ApiResource::erase::<Pod>(&()),
+        );
+        let stored = api.create(&PostParams::default(), &raw).await?;
+        serde_json::to_value(stored)
+            .and_then(serde_json::from_value)
+            .map_err(kube::Error::SerdeError)
     }
 
     /// Stops `user`'s notebook as JupyterHub does (a graceful delete).

@@ -80,48 +80,6 @@ pub fn notebook_pod(user: &str, gpus: u32) -> Value {
     pod
 }
 
-/// The pod with every resource quantity that KubeSpawner sends as a JSON number
-/// (`cpu: 4.0`, `memory: 17179869184`) written as the API server re-encodes it once
-/// decoded (`"4"`, `"16Gi"`): what webhooks, the scheduler and every client read back.
-/// The fake API server stores bodies as sent, so the simulation does this step.
-pub fn apiserver_quantities(mut pod: Value) -> Value {
-    for list in ["containers", "initContainers"] {
-        for container in pod["spec"][list].as_array_mut().into_iter().flatten() {
-            for section in ["limits", "requests"] {
-                let Some(map) = container["resources"][section].as_object_mut() else {
-                    continue;
-                };
-                for quantity in map.values_mut() {
-                    if let Some(n) = quantity.as_f64() {
-                        *quantity = Value::String(canonical_quantity(n));
-                    }
-                }
-            }
-        }
-    }
-    pod
-}
-
-/// A number as a canonical Kubernetes quantity: whole numbers with the largest binary
-/// suffix that divides them, fractions in milli-units.
-fn canonical_quantity(n: f64) -> String {
-    if n.fract() != 0.0 {
-        return format!("{}m", (n * 1000.0).round() as i64);
-    }
-    let whole = n as u64;
-    for (suffix, unit) in [
-        ("Ti", 1u64 << 40),
-        ("Gi", 1 << 30),
-        ("Mi", 1 << 20),
-        ("Ki", 1 << 10),
-    ] {
-        if whole >= unit && whole % unit == 0 {
-            return format!("{}{suffix}", whole / unit);
-        }
-    }
-    whole.to_string()
-}
-
 /// Python's `urllib.parse.quote(s, safe=safe)`: the hub quotes names in URLs with
 /// `safe='@'` and in OAuth client ids with `safe=''`.
 fn url_encode(s: &str, safe: &str) -> String {
@@ -222,19 +180,6 @@ mod tests {
             comparable(notebook_pod("alice@example.com", 0)),
             comparable(fixture("7.1.0-alice-at-example.com-nogpu.json"))
         );
-    }
-
-    #[test]
-    fn quantities_read_back_as_the_api_server_writes_them() {
-        let pod = apiserver_quantities(notebook_pod("a-b", 1));
-        let res = &pod["spec"]["containers"][0]["resources"];
-        assert_eq!(res["limits"]["cpu"], "4");
-        assert_eq!(res["limits"]["memory"], "16Gi");
-        assert_eq!(res["requests"]["memory"], "4Gi");
-        assert_eq!(res["requests"]["nvidia.com/gpu"], "1");
-        assert_eq!(canonical_quantity(0.5), "500m");
-        assert_eq!(canonical_quantity(1000.0), "1000");
-        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(pod).expect("a typed Pod");
     }
 
     #[test]
