@@ -36,8 +36,9 @@ pub enum Command {
     /// from a Kubernetes signer) in Secrets and inject the CA bundle; or write dev
     /// certificates to a folder.
     Certs(gpu_booking_certs::CertsArgs),
-    /// Run the API, the booking page and the webhook on a local Postgres, with
-    /// seeded models, and print the URLs and tokens to try them.
+    /// Run the API and the booking page on a local Postgres, and the webhook and the
+    /// controller on a simulated lab cluster (the page's Cluster view spawns notebooks
+    /// on it); print the URLs and tokens to try them.
     Demo(crate::demo::DemoArgs),
 }
 

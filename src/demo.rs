@@ -1,4 +1,6 @@
-//! `gpu-booking demo`: the system on a local Postgres with no set-up.
+//! `gpu-booking demo`: the system on a local Postgres with no set-up: the API and the
+//! booking page, and a simulated lab cluster with the webhook and the controller on
+//! it ([`crate::demo_cluster`]).
 //!
 //! Database, in order: `DATABASE_URL`; else a server on 127.0.0.1:5432, else a
 //! private cluster started with the system's `initdb`/`pg_ctl` under
@@ -15,10 +17,9 @@ use gpu_booking_api::auth::{mint_token, Authenticator, Role};
 use gpu_booking_api::config::{ApiArgs, AuthArgs, DatabaseArgs, LogFormat, OidcArgs, PolicyArgs};
 use gpu_booking_api::server;
 use gpu_booking_api::store::bookings::{self, NewBooking};
-use gpu_booking_api::store::models::{self, ModelSpec};
+use sqlx::PgPool;
 use gpu_booking_core::username::Username;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -83,7 +84,7 @@ const SAMPLES: [(&str, &str, &str); 3] = [
 ];
 
 /// The per-model resource the "stripped" sample asks for.
-const A100_RESOURCE: &str = "nvidia.com/a100";
+pub(crate) const A100_RESOURCE: &str = "nvidia.com/a100";
 
 const PRIVATE_PORT: u16 = 55432;
 
@@ -108,7 +109,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     let pool = server::connect(&database).await?;
     server::migrate(&pool).await?;
-    seed(&pool).await?;
 
     // A fresh secret every run: demo tokens die with the demo.
     let secret = gpu_booking_api::testing::random_secret();
@@ -131,7 +131,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     let token = |user: &str, role| mint_token(&secret, user, role, TimeDelta::days(1));
     let service_token = token("webhook", Some(Role::Service))?;
-    let ca = start_webhook(&args, &service_token).await?;
+    // The API is reached at its listening address (0.0.0.0 is not a destination).
+    let api_url = format!("http://{}", reachable(args.listen));
+    let sim = crate::demo_cluster::start(&args, &pool, api_url, service_token.clone()).await?;
+    seed(&pool).await?;
+    let ca = sim.webhook_ca().await.unwrap_or_default();
     println!("gpu-booking demo");
     let kept = if args.fresh {
         "dropped and recreated: --fresh"
@@ -172,65 +176,27 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             args.webhook_listen
         );
     }
+    println!(
+        "  cluster view: http://{}/#cluster (a simulated lab: spawn notebooks as any user)",
+        args.listen
+    );
     println!("Ctrl-C stops it.");
-    server::serve(
-        listener,
-        server::state(pool, &api_args, auth),
-        &api_args.limits,
-    )
-    .await
+    let app = gpu_booking_api::app::router(server::state(pool, &api_args, auth))
+        .merge(crate::demo_cluster::routes(sim.clone()));
+    let served = server::serve_router(listener, app, &api_args.limits).await;
+    if let Ok(sim) = std::sync::Arc::try_unwrap(sim) {
+        sim.shutdown().await;
+    }
+    served
 }
 
-/// Starts the webhook in the background with a fresh demo CA and serving
-/// certificate for localhost; returns the CA's path for `curl --cacert`.
-async fn start_webhook(args: &DemoArgs, service_token: &str) -> anyhow::Result<PathBuf> {
-    let dir = &args.cert_dir;
-    // The same generator as `gpu-booking certs dev` (crate certs).
-    let names = ["localhost".to_string(), "127.0.0.1".to_string()];
-    let certs = gpu_booking_certs::pki::DevCerts::generate("gpu-booking demo CA", &names)?;
-    let paths = certs
-        .write_to(dir)
-        .with_context(|| format!("writing the demo certificates to {}", dir.display()))?;
-    let (ca_path, cert_path, key_path) = (paths.ca, paths.cert, paths.key);
-
-    // The webhook's own option parser fills in every default.
-    #[derive(clap::Parser)]
-    struct WebhookCli {
-        #[command(flatten)]
-        args: gpu_booking_webhook::WebhookArgs,
+/// `addr` as a destination: an unspecified address (0.0.0.0, ::) becomes loopback.
+fn reachable(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    match addr.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => ([127, 0, 0, 1], addr.port()).into(),
+        ip if ip.is_unspecified() => (std::net::Ipv6Addr::LOCALHOST, addr.port()).into(),
+        _ => addr,
     }
-    let webhook_args = <WebhookCli as clap::Parser>::try_parse_from([
-        "webhook".to_string(),
-        format!("--listen={}", args.webhook_listen),
-        format!("--admin-listen={}", args.webhook_admin_listen),
-        format!("--tls-cert={}", cert_path.display()),
-        format!("--tls-key={}", key_path.display()),
-        format!("--booking-url=http://{}", args.listen),
-        format!("--service-token={service_token}"),
-        // The examples' reviews come from JupyterHub's ServiceAccount in jhub.
-        "--trusted-spawner=system:serviceaccount:jhub:hub".to_string(),
-        "--spawner-namespace=jhub".to_string(),
-        format!("--model-resource=a100={A100_RESOURCE}"),
-    ])?
-    .args;
-    let server = gpu_booking_webhook::WebhookServer::from_args(&webhook_args)?;
-    let listener = tokio::net::TcpListener::bind(args.webhook_listen)
-        .await
-        .with_context(|| format!("binding {}", args.webhook_listen))?;
-    let admin = tokio::net::TcpListener::bind(args.webhook_admin_listen)
-        .await
-        .with_context(|| format!("binding {}", args.webhook_admin_listen))?;
-    tokio::spawn(gpu_booking_webhook::serve_plain(
-        admin,
-        server.admin_router(),
-        std::future::pending(),
-    ));
-    tokio::spawn(async move {
-        if let Err(e) = server.serve(listener, std::future::pending()).await {
-            tracing::error!(error = %e, "the demo webhook stopped");
-        }
-    });
-    Ok(ca_path)
 }
 
 /// Writes the demo's JWT secret where `gpu-booking token` can read it (owner only),
@@ -251,34 +217,10 @@ fn write_secret(dir: &Path, secret: &[u8]) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// Seeds, if the database has no models: 2 x a100 (all in use by lent pods, so
-/// unbooked a100 pods are stripped), 4 x a6000 (free, so unbooked pods are lent one),
-/// and a running a100 booking of the "booked" sample user.
+/// Seeds, once: a running a100 booking of the "booked" sample user (the models are
+/// the simulated lab's, declared by [`crate::demo_cluster::start`]).
 async fn seed(pool: &PgPool) -> anyhow::Result<()> {
-    if !models::list(pool).await?.is_empty() {
-        return Ok(());
-    }
     let now = chrono::Utc::now();
-    for (name, units, pattern, mib, in_use) in [
-        ("a100", 2, "*A100*", 40960, 2),
-        ("a6000", 4, "*A6000*", 49152, 0),
-    ] {
-        let patterns = vec![pattern.to_string()];
-        let spec = ModelSpec {
-            name,
-            units,
-            patterns: &patterns,
-            resource: None,
-            gpumem_mib: mib,
-            position: None,
-        };
-        models::upsert(pool, spec, now).await?;
-        let usage = models::UsageReport {
-            in_use,
-            ..models::UsageReport::default()
-        };
-        models::set_usage(pool, name, &usage, now).await?;
-    }
     // Through the booking rules like any booking: it starts now, for the shortest
     // duration the policy allows.
     let policy = gpu_booking_core::policy::Policy::default();
@@ -291,9 +233,10 @@ async fn seed(pool: &PgPool) -> anyhow::Result<()> {
         override_rules: false,
         created_by: "demo",
     };
-    bookings::create(pool, &policy, now, booking)
-        .await
-        .map_err(|e| anyhow::anyhow!("seeding the sample booking: {e}"))?;
+    if let Err(e) = bookings::create(pool, &policy, now, booking).await {
+        // A restart within the sample user's cooldown: the page says why.
+        tracing::info!(error = %e, "the sample booking was not made again");
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 mod cli;
 mod demo;
+mod demo_cluster;
 
 use clap::Parser;
 

@@ -349,7 +349,7 @@
 
   // ---------------------------------------------------------------- views
 
-  const VIEWS = ['signin', 'book', 'mine', 'admin'];
+  const VIEWS = ['signin', 'book', 'mine', 'admin', 'cluster'];
 
   function showView(name) {
     $('loading').hidden = true;
@@ -371,9 +371,11 @@
     if (!state.mode) { showView('signin'); return; }
     const hash = location.hash.replace(/^#/, '');
     let view = hash.split('-')[0] || 'book';
-    if (!['book', 'mine', 'admin'].includes(view)) view = 'book';
+    if (!['book', 'mine', 'admin', 'cluster'].includes(view)) view = 'book';
     if (view === 'admin' && !state.admin) view = 'book';
     showView(view);
+    // The demo's cluster view lives in cluster.js (absent outside the demo).
+    if (window.gpuBookingCluster) window.gpuBookingCluster.shown(view === 'cluster', state.user);
     if (view === 'mine') loadMine();
     if (view === 'admin') loadAdmin();
   }

@@ -88,10 +88,20 @@ pub async fn serve(
     state: AppState,
     limits: &ApiLimits,
 ) -> anyhow::Result<()> {
+    serve_router(listener, router(state), limits).await
+}
+
+/// Serves `app` (the API's router, possibly with more routes merged in, as the demo
+/// does) within `limits` until SIGTERM / Ctrl-C.
+pub async fn serve_router(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: &ApiLimits,
+) -> anyhow::Result<()> {
     gpu_booking_ops::serve::serve(
         listener,
         limits,
-        router(state),
+        app,
         refuse_body,
         |tcp| async move { Ok(tcp) },
         shutdown_signal(),

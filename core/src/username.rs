@@ -169,6 +169,25 @@ pub fn safe_slug(name: &str) -> String {
     strip_and_hash(name)
 }
 
+/// KubeSpawner 7.x's slug for *object names* (the `{user_server}` part of the pod name
+/// `jupyter-{user_server}`): `safe_slug(name, is_valid=is_valid_object_name)`, so a
+/// name is kept only when it already is a DNS-1123 label (lowercase `[a-z0-9-]`, at
+/// most 63 characters, alphanumeric at both ends) without `--`; `Bob.Smith` becomes
+/// `bob-smith---274c9d19` although its label slug keeps `Bob.Smith`.
+pub fn safe_object_slug(name: &str) -> String {
+    let dns_label = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if dns_label && !name.contains("--") {
+        return name.to_owned();
+    }
+    strip_and_hash(name)
+}
+
 /// kubespawner's `is_valid_label`: empty, or at most 63 code points of `[a-z0-9._-]`
 /// (case-insensitively, in Python's sense) that start and end with an ASCII
 /// letter or digit.
@@ -580,6 +599,22 @@ mod tests {
             safe_slug(&"x".repeat(65)),
             "xxxxxxxxxxxxxxxxxxxxx---9537c5fd"
         );
+    }
+
+    #[test]
+    fn safe_object_slug_matches_kubespawner_pod_names() {
+        // Pod names of tests/fixtures/kubespawner/7.1.0-*.json: `jupyter-` + this.
+        assert_eq!(
+            safe_object_slug("alice@example.com"),
+            "alice-example-com---ff8d9819"
+        );
+        assert_eq!(safe_object_slug("Bob.Smith"), "bob-smith---274c9d19");
+        assert_eq!(safe_object_slug("a-b"), "a-b");
+        assert_eq!(
+            safe_object_slug("zoë@uni.example"),
+            "zo-uni-example---99eefb17"
+        );
+        assert_eq!(safe_slug("Bob.Smith"), "Bob.Smith");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 # Browser tests of the booking page: Debian's Chromium, driven by playwright-core,
 # against `gpu-booking demo` (the real API) on a fresh database of the Postgres at
 # ${PGHOST:-127.0.0.1}:5432. Builds nothing: expects target/debug/gpu-booking
-# (cargo build -p gpu-booking) or GPU_BOOKING_BIN. Screenshots go to
+# (cargo build -p gpu-booking) or GPU_BOOKING_BIN. The files run one after the other
+# (they share the demo). Screenshots go to
 # artifacts/screenshots/, the server's log to artifacts/browser-demo.log.
 set -euo pipefail
 
@@ -84,4 +85,4 @@ fi
 cd "$here"
 BASE_URL="http://127.0.0.1:$port" USER_TOKEN="$user_token" ADMIN_TOKEN="$admin_token" \
   SCREENSHOT_DIR="$artifacts/screenshots" CHROMIUM=/usr/bin/chromium \
-  node --test --test-reporter=spec --test-timeout=120000 booking-page.test.mjs
+  node --test --test-concurrency=1 --test-reporter=spec --test-timeout=120000 booking-page.test.mjs cluster-view.test.mjs

@@ -1,0 +1,353 @@
+//! A simulated lab cluster with the whole gpu-booking system running on it, in one
+//! process: the end-to-end tests (`tests/e2e_*.rs`) and `gpu-booking demo` both use it.
+//!
+//! - The **fake** Kubernetes API server ([`gpu_booking_fake_apiserver`]) with its
+//!   kube-scheduler-like scheduling, its kubelet and its admission chain switched on.
+//! - GPU nodes labelled as gpu-feature-discovery labels them ([`lab`]).
+//! - The chart's PriorityClasses and MutatingWebhookConfiguration ([`chart`]), the
+//!   latter with the `caBundle` of the webhook's fresh CA and its Service registered
+//!   at the webhook's real address, so that pod creations reach it over HTTPS.
+//! - The real webhook and the real controller ([`stack`]); the booking API is given
+//!   ([`BookingService`]): the demo serves its own, tests start one with
+//!   [`stack::ApiServer`].
+//! - Notebook pods as KubeSpawner 7.1 writes them, created with the hub's
+//!   ServiceAccount ([`spawner`]); what the cluster looks like ([`view`]); the demo's
+//!   HTTP routes over both ([`routes`]).
+#![forbid(unsafe_code)]
+
+pub mod chart;
+pub mod lab;
+pub mod models;
+pub mod routes;
+pub mod spawner;
+pub mod stack;
+pub mod view;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gpu_booking_controller::{Controller, ControllerArgs};
+use gpu_booking_fake_apiserver::FakeApiServer;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
+use serde_json::json;
+
+pub use chart::{ChartValues, FailurePolicy};
+pub use lab::GpuNode;
+pub use stack::{ApiServer, WebhookServer};
+pub use view::ClusterView;
+
+/// The booking API the webhook and the controller talk to.
+#[derive(Debug, Clone)]
+pub struct BookingService {
+    pub url: String,
+    /// A token with the `service` role.
+    pub service_token: String,
+}
+
+/// How to build a [`SimCluster`]; [`SimCluster::builder`] starts at the demo lab.
+pub struct SimBuilder {
+    nodes: Vec<GpuNode>,
+    chart: ChartValues,
+    webhook_listen: SocketAddr,
+    webhook_admin_listen: Option<SocketAddr>,
+    cert_dir: Option<PathBuf>,
+    webhook_args: Vec<String>,
+    controller: Box<dyn FnOnce(&mut ControllerArgs) + Send>,
+    grace_period: Option<i64>,
+}
+
+impl SimBuilder {
+    /// The lab's nodes as configured so far.
+    pub fn lab_nodes(&self) -> &[GpuNode] {
+        &self.nodes
+    }
+
+    /// `spec.terminationGracePeriodSeconds` of spawned notebooks (what a hub admin sets
+    /// with KubeSpawner's `extra_pod_config`); without it the API server's default of
+    /// 30 s applies and a preempted or expired notebook takes that long to go.
+    pub fn notebook_grace_period(mut self, seconds: i64) -> Self {
+        self.grace_period = Some(seconds);
+        self
+    }
+
+    /// The lab's nodes (replacing the demo lab).
+    pub fn nodes(mut self, nodes: Vec<GpuNode>) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// The chart's `webhook.failurePolicy`.
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.chart.failure_policy = policy;
+        self
+    }
+
+    /// Other chart values.
+    pub fn chart(mut self, chart: ChartValues) -> Self {
+        self.chart = chart;
+        self
+    }
+
+    /// Where the webhook listens (default: a free port on 127.0.0.1).
+    pub fn webhook_listen(mut self, addr: SocketAddr) -> Self {
+        self.webhook_listen = addr;
+        self
+    }
+
+    /// Serve the webhook's `/healthz`, `/readyz` and `/metrics` at `addr`.
+    pub fn webhook_admin_listen(mut self, addr: SocketAddr) -> Self {
+        self.webhook_admin_listen = Some(addr);
+        self
+    }
+
+    /// Keep the webhook's CA and certificate in `dir` (default: a temporary folder).
+    pub fn cert_dir(mut self, dir: PathBuf) -> Self {
+        self.cert_dir = Some(dir);
+        self
+    }
+
+    /// A `gpu-booking webhook` option, as the chart would pass it.
+    pub fn webhook_arg(mut self, arg: impl Into<String>) -> Self {
+        self.webhook_args.push(arg.into());
+        self
+    }
+
+    /// Adjusts the controller's options.
+    pub fn controller(
+        mut self,
+        configure: impl FnOnce(&mut ControllerArgs) + Send + 'static,
+    ) -> Self {
+        self.controller = Box::new(configure);
+        self
+    }
+
+    /// Builds the cluster and starts the webhook and the controller against `booking`.
+    pub async fn start(self, booking: BookingService) -> anyhow::Result<SimCluster> {
+        let server = FakeApiServer::new();
+        server.keep_request_log(false);
+        server.enable_scheduler();
+        server.enable_kubelet();
+        server.enable_admission();
+
+        for ns in [
+            spawner::NOTEBOOK_NAMESPACE,
+            &self.chart.namespace,
+            "kube-system",
+            "default",
+        ] {
+            let namespace: Namespace = serde_json::from_value(json!({
+                "metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}}
+            }))?;
+            server.put(&namespace);
+        }
+        for node in &self.nodes {
+            server.put(&node.to_node());
+        }
+        for class in self.chart.priority_classes() {
+            server.put_value("priorityclasses", class);
+        }
+
+        let webhook = WebhookServer::start(stack::WebhookOptions {
+            booking_url: booking.url.clone(),
+            service_token: booking.service_token.clone(),
+            listen: self.webhook_listen,
+            admin_listen: self.webhook_admin_listen,
+            dns_names: vec![
+                format!("{}.{}.svc", self.chart.webhook_name, self.chart.namespace),
+                format!(
+                    "{}.{}.svc.cluster.local",
+                    self.chart.webhook_name, self.chart.namespace
+                ),
+            ],
+            cert_dir: match self.cert_dir {
+                Some(dir) => stack::CertDir::Kept(dir),
+                None => stack::CertDir::temporary()?,
+            },
+            extra_args: self.webhook_args,
+        })
+        .await?;
+        server.register_service(
+            &self.chart.namespace,
+            &self.chart.webhook_name,
+            self.chart.service_port,
+            webhook.addr,
+        );
+        server.put_value(
+            "mutatingwebhookconfigurations",
+            self.chart.webhook_configuration(&webhook.ca_pem),
+        );
+
+        let mut model_node_label = String::new();
+        let configure = self.controller;
+        let controller = stack::start_controller(
+            server.client(),
+            &booking.url,
+            &booking.service_token,
+            |args| {
+                configure(args);
+                model_node_label = args.model_node_label.clone();
+            },
+        )?;
+        Ok(SimCluster {
+            server,
+            grace_period: self.grace_period,
+            model_node_label,
+            chart: self.chart,
+            nodes: self.nodes,
+            webhook: tokio::sync::Mutex::new(Some(webhook)),
+            controller,
+        })
+    }
+}
+
+/// The simulated lab with the webhook and the controller running on it.
+pub struct SimCluster {
+    pub server: FakeApiServer,
+    pub chart: ChartValues,
+    pub nodes: Vec<GpuNode>,
+    grace_period: Option<i64>,
+    /// The node label the controller writes the model into.
+    model_node_label: String,
+    webhook: tokio::sync::Mutex<Option<WebhookServer>>,
+    pub controller: Controller,
+}
+
+impl SimCluster {
+    /// The demo lab, the chart's defaults, a free webhook port.
+    pub fn builder() -> SimBuilder {
+        SimBuilder {
+            nodes: lab::demo_lab(),
+            chart: ChartValues::default(),
+            webhook_listen: ([127, 0, 0, 1], 0).into(),
+            webhook_admin_listen: None,
+            cert_dir: None,
+            webhook_args: Vec::new(),
+            controller: Box::new(|_| {}),
+            grace_period: None,
+        }
+    }
+
+    /// A client acting as JupyterHub's ServiceAccount.
+    pub fn hub(&self) -> Api<Pod> {
+        Api::namespaced(self.hub_client(), spawner::NOTEBOOK_NAMESPACE)
+    }
+
+    fn hub_client(&self) -> kube::Client {
+        self.server
+            .client_as(spawner::HUB_USER, &spawner::HUB_GROUPS)
+    }
+
+    /// Spawns `user`'s notebook as JupyterHub does, asking for `gpus` GPUs; the pod as
+    /// stored (admitted, and bound or marked unschedulable). The body goes out as
+    /// KubeSpawner sends it, quantities as JSON numbers included (the API server
+    /// stores them as canonical strings).
+    pub async fn spawn(&self, user: &str, gpus: u32) -> Result<Pod, kube::Error> {
+        let mut body = spawner::notebook_pod(user, gpus);
+        if let Some(seconds) = self.grace_period {
+            body["spec"]["terminationGracePeriodSeconds"] = json!(seconds);
+        }
+        let raw: DynamicObject = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.hub_client(),
+            spawner::NOTEBOOK_NAMESPACE,
+            &ApiResource::erase::<Pod>(&()),
+        );
+        let stored = api.create(&PostParams::default(), &raw).await?;
+        serde_json::to_value(stored)
+            .and_then(serde_json::from_value)
+            .map_err(kube::Error::SerdeError)
+    }
+
+    /// Stops `user`'s notebook as JupyterHub does (a graceful delete).
+    pub async fn stop_notebook(&self, user: &str) -> Result<(), kube::Error> {
+        self.hub()
+            .delete(&spawner::pod_name(user), &DeleteParams::default())
+            .await
+            .map(|_| ())
+    }
+
+    /// `user`'s notebook pod, if there is one.
+    pub fn notebook(&self, user: &str) -> Option<Pod> {
+        self.server
+            .get::<Pod>(Some(spawner::NOTEBOOK_NAMESPACE), &spawner::pod_name(user))
+    }
+
+    /// The warnings the admission webhooks gave on the latest admission of pod `name`
+    /// in the notebook namespace (what `kubectl` prints as `Warning:`).
+    pub fn admission_warnings(&self, name: &str) -> Vec<String> {
+        self.server
+            .admission_log()
+            .into_iter()
+            .rev()
+            .find(|r| r.name == name && r.namespace.as_deref() == Some(spawner::NOTEBOOK_NAMESPACE))
+            .map(|r| r.warnings)
+            .unwrap_or_default()
+    }
+
+    /// What the cluster looks like now.
+    pub fn view(&self) -> ClusterView {
+        view::ClusterView::of(&self.server)
+    }
+
+    /// Waits until `condition` holds on the cluster, re-checking after every change;
+    /// false when `timeout` passed first.
+    pub async fn wait_until(
+        &self,
+        timeout: Duration,
+        condition: impl FnMut(&FakeApiServer) -> bool,
+    ) -> bool {
+        tokio::time::timeout(timeout, self.server.wait_until(condition))
+            .await
+            .is_ok()
+    }
+
+    /// Waits until the controller has labelled every GPU node with its model (so booked
+    /// pods, which select nodes by that label, can be placed), as a running cluster
+    /// would have long before anyone spawns. Fails after `timeout`, naming the nodes.
+    pub async fn controller_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+        let unlabelled = |s: &FakeApiServer| -> Vec<String> {
+            s.list::<k8s_openapi::api::core::v1::Node>(None)
+                .into_iter()
+                .filter(|n| {
+                    let labels = n.metadata.labels.clone().unwrap_or_default();
+                    labels.contains_key("nvidia.com/gpu.product")
+                        && !labels.contains_key(&self.model_node_label)
+                })
+                .filter_map(|n| n.metadata.name)
+                .collect()
+        };
+        if self.wait_until(timeout, |s| unlabelled(s).is_empty()).await {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "the controller did not label GPU nodes {:?} with {} within {timeout:?} (is every product a declared model?)",
+            unlabelled(&self.server),
+            self.model_node_label
+        )
+    }
+
+    /// Stops the webhook: its Service has no endpoint any more and the API server's
+    /// calls fail (then `failurePolicy` decides).
+    pub async fn stop_webhook(&self) {
+        if let Some(webhook) = self.webhook.lock().await.take() {
+            webhook.stop().await;
+        }
+    }
+
+    /// The webhook's CA file, while it runs.
+    pub async fn webhook_ca(&self) -> Option<PathBuf> {
+        self.webhook
+            .lock()
+            .await
+            .as_ref()
+            .map(|w| w.ca_path.clone())
+    }
+
+    /// Stops the controller and the webhook.
+    pub async fn shutdown(self) {
+        self.controller.stop();
+        self.stop_webhook().await;
+    }
+}

@@ -1,0 +1,248 @@
+//! Starting the real services in this process: the booking API on Postgres, the
+//! admission webhook over HTTPS with a fresh CA, and the controller. Each returns a
+//! handle whose `stop` (or drop) ends it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use chrono::TimeDelta;
+use gpu_booking_api::auth::{mint_token, Role};
+use gpu_booking_api::clock::Clock;
+use gpu_booking_client::{BookingClient, TokenSource};
+use gpu_booking_controller::{Controller, ControllerArgs, SystemClock};
+use gpu_booking_core::policy::Policy;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A background task and the switch that stops it.
+struct Task {
+    stop: watch::Sender<bool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Task {
+    fn spawn<F>(run: impl FnOnce(watch::Receiver<bool>) -> F) -> Self
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (stop, rx) = watch::channel(false);
+        let handle = Some(tokio::spawn(run(rx)));
+        Self { stop, handle }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.await;
+        }
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// The booking API on `127.0.0.1` (a free port), with its own HS256 secret.
+pub struct ApiServer {
+    pub url: String,
+    pub addr: SocketAddr,
+    pub pool: PgPool,
+    secret: Vec<u8>,
+    task: Task,
+}
+
+impl ApiServer {
+    /// Migrates `pool` and serves the real API (the router the binary serves) on it,
+    /// with `policy` and `clock`.
+    pub async fn start(
+        pool: PgPool,
+        policy: Policy,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
+        gpu_booking_api::server::migrate(&pool).await?;
+        let secret = gpu_booking_api::testing::random_secret();
+        let state = gpu_booking_api::testing::test_state(pool.clone(), policy, clock, &secret);
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let app = gpu_booking_api::app::router(state);
+        let task = Task::spawn(|rx| async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stopped(rx))
+                .await
+            {
+                tracing::error!(error = %e, "the simulated lab's booking API stopped");
+            }
+        });
+        Ok(Self {
+            url: format!("http://{addr}"),
+            addr,
+            pool,
+            secret,
+            task,
+        })
+    }
+
+    /// A bearer token for `user` with `role`, valid a day.
+    pub fn token(&self, user: &str, role: Option<Role>) -> anyhow::Result<String> {
+        mint_token(&self.secret, user, role, TimeDelta::days(1))
+    }
+
+    pub async fn stop(self) {
+        self.task.stop().await;
+    }
+}
+
+/// Where the webhook's certificates are written.
+pub enum CertDir {
+    /// A temporary folder removed with the webhook.
+    Temporary(tempfile::TempDir),
+    /// A folder that stays (the demo prints the CA's path).
+    Kept(PathBuf),
+}
+
+impl CertDir {
+    pub fn temporary() -> anyhow::Result<Self> {
+        Ok(Self::Temporary(tempfile::tempdir()?))
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            CertDir::Temporary(dir) => dir.path(),
+            CertDir::Kept(path) => path,
+        }
+    }
+}
+
+/// How to start the webhook.
+pub struct WebhookOptions {
+    /// The booking API it asks.
+    pub booking_url: String,
+    pub service_token: String,
+    /// Where it listens (`127.0.0.1:0`: a free port).
+    pub listen: SocketAddr,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served, if anywhere.
+    pub admin_listen: Option<SocketAddr>,
+    /// Names the serving certificate covers besides `localhost` and `127.0.0.1`
+    /// (the Service's DNS names, which the API server checks).
+    pub dns_names: Vec<String>,
+    pub cert_dir: CertDir,
+    /// Further `gpu-booking webhook` options, as on its command line.
+    pub extra_args: Vec<String>,
+}
+
+/// The real webhook, serving `/mutate` over TLS.
+pub struct WebhookServer {
+    pub addr: SocketAddr,
+    /// The CA that signed its certificate (the configuration's `caBundle`).
+    pub ca_pem: String,
+    pub ca_path: PathBuf,
+    pub metrics: Arc<gpu_booking_webhook::Metrics>,
+    _certs: CertDir,
+    task: Task,
+}
+
+impl WebhookServer {
+    pub async fn start(options: WebhookOptions) -> anyhow::Result<Self> {
+        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        names.extend(options.dns_names.iter().cloned());
+        // The same generator as `gpu-booking certs dev` (crate certs).
+        let certs = gpu_booking_certs::pki::DevCerts::generate("gpu-booking sim CA", &names)?;
+        let dir = options.cert_dir.path();
+        let paths = certs
+            .write_to(dir)
+            .with_context(|| format!("writing the webhook's certificates to {}", dir.display()))?;
+
+        // The webhook's own option parser fills in every default.
+        #[derive(clap::Parser)]
+        struct WebhookCli {
+            #[command(flatten)]
+            args: gpu_booking_webhook::WebhookArgs,
+        }
+        let mut argv = vec![
+            "webhook".to_string(),
+            format!("--tls-cert={}", paths.cert.display()),
+            format!("--tls-key={}", paths.key.display()),
+            format!("--booking-url={}", options.booking_url),
+            format!("--service-token={}", options.service_token),
+            // As the chart configures it: only the hub's pods carry a user.
+            format!("--trusted-spawner={}", crate::spawner::HUB_USER),
+            format!("--spawner-namespace={}", crate::spawner::NOTEBOOK_NAMESPACE),
+        ];
+        argv.extend(options.extra_args.iter().cloned());
+        let args = <WebhookCli as clap::Parser>::try_parse_from(argv)?.args;
+        let server = gpu_booking_webhook::WebhookServer::from_args(&args)?;
+        let listener = TcpListener::bind(options.listen)
+            .await
+            .with_context(|| format!("binding {}", options.listen))?;
+        let addr = listener.local_addr()?;
+        let admin = match options.admin_listen {
+            Some(at) => Some(
+                TcpListener::bind(at)
+                    .await
+                    .with_context(|| format!("binding {at}"))?,
+            ),
+            None => None,
+        };
+        let metrics = server.metrics.clone();
+        let task = Task::spawn(|rx| async move {
+            let admin = admin.map(|admin| {
+                tokio::spawn(gpu_booking_webhook::serve_plain(
+                    admin,
+                    server.admin_router(),
+                    stopped(rx.clone()),
+                ))
+            });
+            if let Err(e) = server.serve(listener, stopped(rx)).await {
+                tracing::error!(error = %e, "the simulated lab's webhook stopped");
+            }
+            if let Some(admin) = admin {
+                let _ = admin.await;
+            }
+        });
+        Ok(Self {
+            addr,
+            ca_pem: certs.ca_pem,
+            ca_path: paths.ca,
+            metrics,
+            _certs: options.cert_dir,
+            task,
+        })
+    }
+
+    pub async fn stop(self) {
+        self.task.stop().await;
+    }
+}
+
+/// Starts the real controller on `client` against the booking API at `booking_url`.
+/// `configure` adjusts its options (they start at the binary's defaults, without
+/// leader election: one replica).
+pub fn start_controller(
+    client: kube::Client,
+    booking_url: &str,
+    service_token: &str,
+    configure: impl FnOnce(&mut ControllerArgs),
+) -> anyhow::Result<Controller> {
+    let mut args = ControllerArgs::with_defaults(booking_url);
+    args.leader_elect = false;
+    args.identity = Some("sim-controller".into());
+    args.service_token = Some(service_token.to_owned());
+    configure(&mut args);
+    let booking = BookingClient::new(
+        &args.booking_url,
+        TokenSource::from_options(args.service_token.as_deref(), None)?,
+        args.booking_timeout,
+        "gpu-booking-sim/controller",
+    )?;
+    Controller::start(client, Arc::new(booking), Arc::new(SystemClock), &args)
+}

@@ -1,0 +1,251 @@
+//! The end-to-end harness: the real booking API on the test's Postgres database and
+//! the simulated lab cluster (`gpu-booking-sim`: fake API server scheduling and
+//! admitting as Kubernetes does, the real webhook over HTTPS, the real controller).
+//! Scenarios book through the REST API, spawn as JupyterHub does and assert on the
+//! cluster's final state; a wait that times out names what the cluster got wrong and
+//! shows the cluster as it was.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_api::auth::Role;
+use gpu_booking_core::policy::Policy;
+use gpu_booking_fake_apiserver::FakeApiServer;
+use gpu_booking_sim::models::{declare, DEMO_MODELS};
+use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
+use gpu_booking_sim::{ApiServer, BookingService, SimBuilder, SimCluster};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+/// How long a scenario waits for the cluster to settle before it fails (a bound on
+/// liveness, not a timing assertion: the controller acts within a second or two).
+pub const SETTLE: Duration = Duration::from_secs(30);
+/// Grace period of the notebooks in tests (KubeSpawner's `extra_pod_config`): short,
+/// so that preempted and expired pods are gone quickly.
+pub const GRACE_SECONDS: i64 = 1;
+
+pub struct Lab {
+    pub api: ApiServer,
+    pub sim: SimCluster,
+    admin: String,
+    http: reqwest::Client,
+}
+
+/// A booking as the API returns it.
+#[derive(Debug, Clone)]
+pub struct Booking {
+    pub id: i64,
+    pub end: DateTime<Utc>,
+}
+
+impl Lab {
+    /// The demo lab (2 x A100 on one node, 2 x 2 RTX A6000, a CPU node).
+    pub async fn start(pool: PgPool) -> Lab {
+        Lab::start_with(pool, SimCluster::builder()).await
+    }
+
+    pub async fn start_with(pool: PgPool, builder: SimBuilder) -> Lab {
+        if std::env::var_os("RUST_LOG").is_some() {
+            gpu_booking_api::config::init_logging(gpu_booking_api::config::LogFormat::Plain);
+        }
+        let api = ApiServer::start(
+            pool.clone(),
+            Policy::default(),
+            Arc::new(gpu_booking_api::clock::SystemClock),
+        )
+        .await
+        .expect("the booking API starts");
+        let builder = builder
+            .notebook_grace_period(GRACE_SECONDS)
+            .controller(|args| args.preemption_interval = Duration::from_millis(200));
+        declare(&pool, &DEMO_MODELS, builder.lab_nodes())
+            .await
+            .expect("the lab's models are declared");
+        let service_token = api
+            .token("gpu-booking-controller", Some(Role::Service))
+            .unwrap();
+        let sim = builder
+            .start(BookingService {
+                url: api.url.clone(),
+                service_token,
+            })
+            .await
+            .expect("the simulated cluster starts");
+        sim.controller_ready(SETTLE)
+            .await
+            .expect("the controller is ready");
+        let lab = Lab {
+            api,
+            sim,
+            admin: String::new(),
+            http: reqwest::Client::new(),
+        };
+        let admin = lab
+            .api
+            .token("admin@example.com", Some(Role::Admin))
+            .unwrap();
+        let lab = Lab { admin, ..lab };
+        lab.wait_reported().await;
+        lab
+    }
+
+    /// `GET /api/v1/models` as the admin.
+    async fn models(&self) -> Vec<Value> {
+        let models: Value = self
+            .http
+            .get(format!("{}/api/v1/models", self.api.url))
+            .bearer_auth(&self.admin)
+            .send()
+            .await
+            .expect("the booking API answers")
+            .json()
+            .await
+            .expect("models as JSON");
+        models.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits until the controller has reported every model's usage with the VRAM
+    /// budget advertised, as a cluster that has run for a while has: the webhook gives
+    /// budgets only for models whose nodes advertise it.
+    async fn wait_reported(&self) {
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        loop {
+            let models = self.models().await;
+            let reported = |m: &Value| {
+                !m["usage_reported_at"].is_null()
+                    && (m["cards"] == 0 || m["gpumem_advertised"] == true)
+            };
+            if models.iter().all(reported) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the controller never reported the lab's models with their VRAM budget advertised: {models:?}"
+            );
+            // The booking service has no change feed: poll it.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Books `model` for `user` from now for `length` (as an admin, overriding the
+    /// minimum duration so that tests can watch a booking end).
+    pub async fn book(&self, user: &str, model: &str, length: TimeDelta) -> Booking {
+        let start = Utc::now() - TimeDelta::seconds(1);
+        let resp = self
+            .http
+            .post(format!("{}/api/v1/bookings", self.api.url))
+            .bearer_auth(&self.admin)
+            .json(&json!({"model": model, "user": user, "start": start,
+                "end": start + length + TimeDelta::seconds(1), "override": true}))
+            .send()
+            .await
+            .expect("the booking API answers");
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        assert!(
+            status.is_success(),
+            "booking {model} for {user}: {status} {body}"
+        );
+        Booking {
+            id: body["id"].as_i64().expect("a booking id"),
+            end: body["end"].as_str().unwrap().parse().unwrap(),
+        }
+    }
+
+    /// Ends a running booking now (`DELETE /api/v1/bookings/{id}`).
+    pub async fn end_early(&self, booking: &Booking) {
+        let resp = self
+            .http
+            .delete(format!("{}/api/v1/bookings/{}", self.api.url, booking.id))
+            .bearer_auth(&self.admin)
+            .send()
+            .await
+            .expect("the booking API answers");
+        assert!(
+            resp.status().is_success(),
+            "ending booking {}: {}",
+            booking.id,
+            resp.status()
+        );
+    }
+
+    /// Waits until the controller has told the booking service how many units of
+    /// `model` are in use (the webhook's "free" count comes from there).
+    pub async fn wait_in_use(&self, model: &str, in_use: i64) {
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        loop {
+            let found = self
+                .models()
+                .await
+                .into_iter()
+                .find(|m| m["name"] == model)
+                .map(|m| m["in_use"].clone());
+            if found.as_ref().and_then(Value::as_i64) == Some(in_use) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the controller never reported {in_use} units of {model} in use (the booking service says {found:?})"
+            );
+            // The booking service has no change feed: poll it.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until `condition` holds; otherwise fails with `wrong` (what the cluster
+    /// got wrong) and the cluster as it was.
+    pub async fn expect(&self, wrong: &str, condition: impl FnMut(&FakeApiServer) -> bool) {
+        if !self.sim.wait_until(SETTLE, condition).await {
+            panic!(
+                "{wrong}\ncluster after {SETTLE:?}:\n{}",
+                serde_json::to_string_pretty(&self.sim.view()).unwrap_or_default()
+            );
+        }
+    }
+
+    pub fn notebook(&self, user: &str) -> Option<Pod> {
+        self.sim.notebook(user)
+    }
+
+    pub async fn shutdown(self) {
+        self.sim.shutdown().await;
+        self.api.stop().await;
+    }
+}
+
+/// The pod's node, if bound.
+pub fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
+}
+
+pub fn is_running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && pod.metadata.deletion_timestamp.is_none()
+}
+
+pub fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// GPUs the pod asks for.
+pub fn gpus(pod: &Pod) -> u64 {
+    gpu_booking_sim::view::gpus_of(pod)
+}
+
+/// `user`'s notebook, running (bound, started, not terminating).
+pub fn running(server: &FakeApiServer, user: &str) -> Option<Pod> {
+    server
+        .get::<Pod>(Some(NOTEBOOK_NAMESPACE), &pod_name(user))
+        .filter(is_running)
+}
