@@ -17,9 +17,9 @@ use gpu_booking_api::auth::{mint_token, Authenticator, Role};
 use gpu_booking_api::config::{ApiArgs, AuthArgs, DatabaseArgs, LogFormat, OidcArgs, PolicyArgs};
 use gpu_booking_api::server;
 use gpu_booking_api::store::bookings::{self, NewBooking};
-use sqlx::PgPool;
 use gpu_booking_core::username::Username;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -78,7 +78,7 @@ const SAMPLES: [(&str, &str, &str); 3] = [
     ),
     (
         "carol@example.com",
-        "stripped: no booking, asks for an a100 and none is free",
+        "no booking, asks for an a100: lent while one is free, stripped once both are in use",
         "examples/admission/stripped-user-gpu-pod.json",
     ),
 ];

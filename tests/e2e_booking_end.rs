@@ -92,6 +92,9 @@ async fn booking_end_ends_the_pod_and_it_comes_back_cpu_only(pool: PgPool) {
     lab.shutdown().await;
 }
 
+// Fails today, as it should: the controller does not yet follow booking changes
+// (issue 12 item 4); it ends pods at their `terminate-at` only. Run with --ignored.
+#[ignore = "issue 12 item 4: the controller does not follow booking changes yet"]
 #[sqlx::test(migrations = "./migrations")]
 async fn ending_a_booking_early_ends_the_pod(pool: PgPool) {
     let lab = Lab::start(pool).await;

@@ -55,6 +55,8 @@ pub struct Round {
     units: BTreeMap<(String, String), u64>,
     /// Free VRAM budget by node (`None`: not advertised).
     vram: BTreeMap<String, Option<u64>>,
+    /// The VRAM budget one unit holds, by (model, node), where the node advertises it.
+    unit_vram: BTreeMap<(String, String), u64>,
     /// Tenants by model; ids are `namespace/name`.
     tenants: BTreeMap<String, Vec<Tenant>>,
     uids: HashMap<String, String>,
@@ -90,6 +92,14 @@ impl Round {
                 node.facts.allocatable.get(view.gpumem_resource).copied(),
             );
         }
+        // Before any pod is subtracted: what one unit of each model holds on each node.
+        let unit_vram = units
+            .iter()
+            .filter_map(|(key, &n)| {
+                let total = vram.get(&key.1).copied().flatten()?;
+                (n > 0).then(|| (key.clone(), total / n))
+            })
+            .collect();
         let mut tenants: BTreeMap<String, Vec<Tenant>> = BTreeMap::new();
         let mut uids = HashMap::new();
         for pod in view.pods.values() {
@@ -123,6 +133,7 @@ impl Round {
             node_models,
             units,
             vram,
+            unit_vram,
             tenants,
             uids,
         }
@@ -157,7 +168,15 @@ impl Round {
             })
             .collect();
         let tenants = self.tenants.get(model).map(Vec::as_slice).unwrap_or(&[]);
-        match eviction::plan(&need, view.cushion_mib, &rooms, tenants) {
+        // The cushion never asks for more VRAM than the pod's units hold: a pod whose
+        // budget fills its cards (whole cards) can use nothing beyond them, and asking
+        // for it would cost a second victim for one booked unit.
+        let cushion = rooms
+            .iter()
+            .filter_map(|room| self.unit_vram.get(&(model.to_owned(), room.node.clone())))
+            .map(|&per_unit| (per_unit.saturating_mul(need.units)).saturating_sub(need.vram_mib))
+            .fold(view.cushion_mib, u64::min);
+        match eviction::plan(&need, cushion, &rooms, tenants) {
             Plan::Fits { node } => {
                 self.reserve(model, &node, &need);
                 Decision::Fits { node }

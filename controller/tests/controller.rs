@@ -678,7 +678,10 @@ async fn losing_the_lease_stops_actions_at_once() {
 /// lent pod is small and may stay beside the booked pod; the big one goes.
 #[tokio::test(start_paused = true)]
 async fn a_small_tenant_of_a_time_sliced_card_coexists_with_the_booked_pod() {
-    let h = Harness::new();
+    let mut h = Harness::new();
+    // The node's budget is given here as the test writes it (no GFD memory label):
+    // the controller must not advertise over it.
+    h.args.advertise_gpumem = false;
     node(
         &h.server,
         "sliced",

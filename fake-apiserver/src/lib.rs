@@ -175,10 +175,10 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod admission;
 mod filters;
 mod kubelet;
 mod node_builder;
-mod admission;
 mod path;
 mod preemption;
 mod resources;
@@ -202,8 +202,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-pub use node_builder::NodeBuilder;
 pub use admission::{AdmissionRecord, UserInfo};
+pub use node_builder::NodeBuilder;
 pub use path::ResourceKey;
 pub use service::ResponseBody;
 pub use status::ApiError;

@@ -971,7 +971,8 @@ async fn stub_booking() -> String {
         axum::extract::Query(q): axum::extract::Query<std::collections::BTreeMap<String, String>>,
     ) -> Json<Value> {
         let gpumem = json!({"a100": 40960, "a6000": 49152});
-        let bob = q.values().any(|v| v == "Bob.Smith");
+        // Names arrive normalised as JupyterHub does (lowercase).
+        let bob = q.values().any(|v| v.eq_ignore_ascii_case("Bob.Smith"));
         Json(json!({
             "schedulable": false, "until": null, "model": null, "booking_id": null,
             "user": if bob { json!("Bob.Smith") } else { Value::Null },
@@ -1010,12 +1011,15 @@ async fn the_real_webhook_behind_the_charts_configuration() {
     let certs = DevCerts::generate("gpu-booking webhook CA", &[service_name.into()]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let paths = certs.write_to(dir.path()).unwrap();
-    let args = gpu_booking_webhook::WebhookArgs::with_defaults(
+    let mut args = gpu_booking_webhook::WebhookArgs::with_defaults(
         paths.cert,
         paths.key,
         stub_booking().await,
         "service-token".into(),
     );
+    // As the chart configures it: only the hub's pods in jhub carry a user.
+    args.trusted_spawner = vec!["system:serviceaccount:jhub:hub".into()];
+    args.spawner_namespace = vec!["jhub".into()];
     let webhook = Arc::new(gpu_booking_webhook::WebhookServer::from_args(&args).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     server.register_service(

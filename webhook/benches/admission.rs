@@ -512,8 +512,9 @@ async fn start_framework(dir: &std::path::Path) -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         let limits = gpu_booking_webhook::WebhookLimits::default();
-        let _ = gpu_booking_webhook::serve_tls(listener, certs, app, &limits, std::future::pending())
-            .await;
+        let _ =
+            gpu_booking_webhook::serve_tls(listener, certs, app, &limits, std::future::pending())
+                .await;
     });
     addr
 }
