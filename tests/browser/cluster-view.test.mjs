@@ -9,7 +9,7 @@ import {
   BASE, ADMIN_TOKEN, launch, newPage, shot, api, waitReady, signInWithToken, contrastFailures, unlabelled,
 } from './helpers.mjs';
 
-const BOOKED = 'zoë@uni.example';
+const BOOKED = 'yann@uni.example';
 const LENT = 'bob@example.com';
 
 let b;
@@ -18,7 +18,7 @@ describe('cluster view (demo)', () => {
   before(async () => {
     await waitReady();
     b = await launch();
-    // zoë books an A6000 from now (an admin's booking, overriding the shortest-booking rule).
+    // yann books an A6000 from now (an admin's booking, overriding the shortest-booking rule).
     const start = new Date(Date.now() - 1000);
     await api('POST', '/bookings', ADMIN_TOKEN, {
       model: 'a6000', user: BOOKED, start: start.toISOString(),
@@ -46,7 +46,7 @@ describe('cluster view (demo)', () => {
     await page.locator('#cl-result', { hasText: 'Spawned jupyter-' }).waitFor();
     const booked = page.locator('.cl-node[data-node^="gpu-a6000"] .cl-unit.cl-booked', { hasText: BOOKED });
     await booked.waitFor({ timeout: 20000 });
-    assert.match(await booked.innerText(), /booked by zoë@uni\.example until/);
+    assert.match(await booked.innerText(), /booked by yann@uni\.example until/);
 
     // An unbooked user: lent a free card.
     await page.getByLabel('Notebook user', { exact: true }).fill(LENT);
