@@ -121,6 +121,36 @@ pub(crate) fn timestamp(t: DateTime<Utc>) -> String {
 }
 
 impl Store {
+    /// The name a create gives `obj` (its `metadata.name`, else `generateName` plus a
+    /// serial), after checking that it is an object with a `metadata` map; the one
+    /// rule for the API's creates and admission's dry runs.
+    pub(crate) fn name_for_create(
+        &mut self,
+        plural: &str,
+        obj: &mut Value,
+    ) -> Result<String, ApiError> {
+        if !obj.is_object() {
+            return Err(ApiError::bad_request("the body is not a JSON object"));
+        }
+        if !obj.get("metadata").is_some_and(Value::is_object) {
+            obj["metadata"] = json!({});
+        }
+        match meta_str(obj, "name").filter(|n| !n.is_empty()) {
+            Some(name) => Ok(name.to_owned()),
+            None => match meta_str(obj, "generateName") {
+                Some(prefix) => {
+                    self.serial += 1;
+                    Ok(format!("{prefix}{:05x}", self.serial & 0xfffff))
+                }
+                None => Err(ApiError::invalid(
+                    plural,
+                    "",
+                    "metadata.name or metadata.generateName is required",
+                )),
+            },
+        }
+    }
+
     pub fn new() -> Self {
         Self {
             rv: 1,
@@ -229,28 +259,7 @@ impl Store {
         mut obj: Value,
     ) -> Result<Arc<Value>, ApiError> {
         let plural = resource.plural.as_str();
-        if !obj.is_object() {
-            return Err(ApiError::bad_request("the body is not a JSON object"));
-        }
-        if !obj.get("metadata").is_some_and(Value::is_object) {
-            obj["metadata"] = json!({});
-        }
-        let name = match meta_str(&obj, "name").filter(|n| !n.is_empty()) {
-            Some(name) => name.to_owned(),
-            None => match meta_str(&obj, "generateName") {
-                Some(prefix) => {
-                    self.serial += 1;
-                    format!("{prefix}{:05x}", self.serial & 0xfffff)
-                }
-                None => {
-                    return Err(ApiError::invalid(
-                        plural,
-                        "",
-                        "metadata.name or metadata.generateName is required",
-                    ))
-                }
-            },
-        };
+        let name = self.name_for_create(plural, &mut obj)?;
         let ns_key = ns.unwrap_or("").to_owned();
         if let (Some(url_ns), Some(body_ns)) = (ns, meta_str(&obj, "namespace")) {
             if url_ns != body_ns {

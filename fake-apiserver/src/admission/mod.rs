@@ -507,28 +507,7 @@ pub(crate) fn dry_run_create(
     ns: Option<&str>,
     mut obj: Value,
 ) -> Result<Value, ApiError> {
-    if !obj.is_object() {
-        return Err(ApiError::bad_request("the body is not a JSON object"));
-    }
-    if !obj.get("metadata").is_some_and(Value::is_object) {
-        obj["metadata"] = json!({});
-    }
-    let name = match meta_str(&obj, "name").filter(|n| !n.is_empty()) {
-        Some(name) => name.to_owned(),
-        None => match meta_str(&obj, "generateName") {
-            Some(prefix) => {
-                store.serial += 1;
-                format!("{prefix}{:05x}", store.serial & 0xfffff)
-            }
-            None => {
-                return Err(ApiError::invalid(
-                    &resource.plural,
-                    "",
-                    "metadata.name or metadata.generateName is required",
-                ))
-            }
-        },
-    };
+    let name = store.name_for_create(&resource.plural, &mut obj)?;
     if store.get(resource, ns.unwrap_or(""), &name).is_some() {
         return Err(ApiError::already_exists(&resource.plural, &name));
     }
