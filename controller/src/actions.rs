@@ -3,11 +3,17 @@
 //! the pod first (the watch may lag), checks leadership before every write, leaves a
 //! Kubernetes Event on the pod and an audit row in the booking service.
 //!
-//! Leadership: every write that starts an action (delete, patch) needs the Lease. The
-//! one write done without it is the create that completes a recreate whose delete
-//! already happened: skipping it would lose the user's pod, and it cannot clash with
-//! a new leader (which sees no pod to act on; a second create of the same name fails
-//! with AlreadyExists).
+//! Two-step actions (end the pod, then put its replacement in its place: the CPU-only
+//! copy, the lent copy, or the hub's restart) are recorded as an [`intent`] before the
+//! first step and driven by [`finish`], step by step as `core::intent::next_step`
+//! says, so that whichever replica leads next finishes one that this replica could not
+//! (killed in between): the sweep of intents starts a [`Reason::Resumed`] job for each.
+//!
+//! Leadership: every write that starts an action (the intent, delete, patch) needs the
+//! Lease. The one write done without it is the replacement that completes an action
+//! whose first step already happened: skipping it would lose the user's pod, and it
+//! cannot clash with a new leader (the same name: a second create fails with
+//! AlreadyExists, which counts as done).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,6 +31,8 @@ use tokio::sync::oneshot;
 use crate::booking::Booking;
 use crate::clock::SharedClock;
 use crate::config::OnExpiry;
+use crate::hub::Hub;
+use crate::intent::{self, Intent, Replacement};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::recreate::{cpu_only_copy, lent_copy};
@@ -43,6 +51,8 @@ pub enum Reason {
     },
     /// kube-scheduler is evicting a pod of ours for a pod of higher priority.
     SchedulerPreempted,
+    /// A two-step action recorded by this or another replica, to be finished.
+    Resumed(Box<Intent>),
 }
 
 impl Reason {
@@ -51,6 +61,7 @@ impl Reason {
             Reason::Expired { .. } => "expire",
             Reason::Preempted { .. } => "preempt",
             Reason::SchedulerPreempted => "scheduler_preempted",
+            Reason::Resumed(_) => "resume",
         }
     }
 
@@ -59,6 +70,7 @@ impl Reason {
             Reason::Expired { .. } => "BookingEnded",
             Reason::Preempted { .. } => "PreemptedForBooking",
             Reason::SchedulerPreempted => "PreemptedByScheduler",
+            Reason::Resumed(_) => "ActionResumed",
         }
     }
 
@@ -79,6 +91,11 @@ impl Reason {
             Reason::SchedulerPreempted => {
                 "kube-scheduler preempted it for a pod of higher priority".into()
             }
+            Reason::Resumed(intent) => format!(
+                "finishing an action recorded at {} ({})",
+                intent.created_text(),
+                intent.reason
+            ),
         }
     }
 }
@@ -96,6 +113,8 @@ pub struct Job {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Recreated,
+    /// JupyterHub stopped the server and started it again.
+    Restarted,
     Deleted,
     Demoted,
     DryRun,
@@ -108,6 +127,7 @@ impl Outcome {
     pub fn metric(&self) -> &'static str {
         match self {
             Outcome::Recreated => "recreated",
+            Outcome::Restarted => "restarted",
             Outcome::Deleted => "deleted",
             Outcome::Demoted => "demoted",
             Outcome::DryRun => "dry_run",
@@ -156,6 +176,12 @@ pub struct Ctx {
     pub dry_run: bool,
     pub gone: GoneSignals,
     pub gone_timeout: Duration,
+    /// JupyterHub's API (`--on-expiry hub-restart`).
+    pub hub: Option<Arc<Hub>>,
+    /// Where intents are recorded (the controller's own namespace).
+    pub intent_namespace: String,
+    /// Cancelled when the controller is killed: actions stop where they are.
+    pub halt: tokio_util::sync::CancellationToken,
 }
 
 /// What is done to the pod.
@@ -164,12 +190,18 @@ enum Mode {
     RecreateCpu,
     Delete,
     Demote,
+    HubRestart,
 }
 
 /// Delays between attempts of a write that failed for a passing reason.
 const BACKOFF: [u64; 7] = [200, 500, 1_000, 2_000, 5_000, 10_000, 30_000];
 /// How often a pod we wait for is re-read, in case its DELETED event was missed.
 const GONE_RECHECK: Duration = Duration::from_secs(5);
+/// An intent not finished within this is given up (logged, an Event, counted), so
+/// that one that can never finish is not retried for ever.
+const ABANDON_AFTER: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+/// Steps [`finish`] takes at most in one go (a whole action takes three).
+const MAX_STEPS: usize = 6;
 
 fn pods(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(ctx.client.clone(), ns, &ApiResource::erase::<Pod>(&()))
@@ -220,6 +252,9 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
     if !ctx.leadership.is_leader() {
         return Ok(Outcome::Skipped("not the leader"));
     }
+    if let Reason::Resumed(intent) = &job.reason {
+        return resume(ctx, job, intent).await;
+    }
     let api = pods(ctx, &job.namespace);
     let Some(obj) = api.get_opt(&job.name).await.map_err(|e| e.to_string())? else {
         return Ok(Outcome::Skipped("gone"));
@@ -250,7 +285,8 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
                 return Ok(Outcome::Skipped("no longer due"));
             }
             match ctx.on_expiry {
-                OnExpiry::RecreateCpu => Mode::RecreateCpu,
+                // Becomes the hub's restart below where the hub runs the pod.
+                OnExpiry::RecreateCpu | OnExpiry::HubRestart => Mode::RecreateCpu,
                 OnExpiry::Delete => Mode::Delete,
                 OnExpiry::Demote => Mode::Demote,
             }
@@ -265,6 +301,12 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
             }
         }
         Reason::SchedulerPreempted => Mode::RecreateCpu,
+        Reason::Resumed(_) => unreachable!("handled above"),
+    };
+    // Through the hub where the hub runs the pod (its user is on it).
+    let mode = match (mode, ctx.on_expiry, hub_server(&pod)) {
+        (Mode::RecreateCpu, OnExpiry::HubRestart, Some(_)) if ctx.hub.is_some() => Mode::HubRestart,
+        (mode, _, _) => mode,
     };
     let owned = pod
         .pointer("/metadata/ownerReferences")
@@ -307,6 +349,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
             delete(ctx, job, &api).await?
         }
         Mode::RecreateCpu => recreate(ctx, job, &api, &pod, Copy::CpuOnly).await?,
+        Mode::HubRestart => restart(ctx, job, &pod).await?,
     };
     audit(ctx, job, &pod, &outcome).await;
     Ok(outcome)
@@ -342,7 +385,7 @@ enum Copy {
 async fn recreate(
     ctx: &Ctx,
     job: &Job,
-    api: &Api<DynamicObject>,
+    _api: &Api<DynamicObject>,
     pod: &Value,
     kind: Copy,
 ) -> Result<Outcome, String> {
@@ -351,79 +394,265 @@ async fn recreate(
         Copy::Lent => lent_copy(pod, &ctx.cfg).map_err(|e| e.to_string())?,
         Copy::CpuOnly => None,
     };
-    let (copy, outcome, how) = match lent {
-        Some(copy) => (
-            copy,
-            Outcome::Demoted,
-            "as a lent pod (low priority, GPU kept)",
-        ),
+    let (copy, demoted) = match lent {
+        Some(copy) => (copy, true),
         None => (
             cpu_only_copy(pod, &ctx.cfg, &format!("GPU removed: {reason}"))
                 .map_err(|e| e.to_string())?,
-            Outcome::Recreated,
-            "without GPU",
+            false,
         ),
     };
-    let copy: DynamicObject = serde_json::from_value(copy).map_err(|e| e.to_string())?;
-    let gone = ctx.gone.wait(&job.uid);
+    let mut copy = copy;
+    // The intent checks that the copy replaces this pod: say so in its metadata.
+    copy["metadata"]["namespace"] = json!(job.namespace);
+    let intent = new_intent(job, Replacement::Copy { pod: copy, demoted });
+    begin(ctx, job, &intent).await
+}
+
+/// `--on-expiry hub-restart`: the hub stops the server and starts it again.
+async fn restart(ctx: &Ctx, job: &Job, pod: &Value) -> Result<Outcome, String> {
+    let Some((user, server)) = hub_server(pod) else {
+        return Err("the pod names no JupyterHub user".into());
+    };
+    let intent = new_intent(job, Replacement::Hub { user, server });
+    begin(ctx, job, &intent).await
+}
+
+/// The JupyterHub user and server name of a KubeSpawner pod (the raw name in the
+/// annotation, the server name in its label; "" for the default server).
+fn hub_server(pod: &Value) -> Option<(String, String)> {
+    let user = pod
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(USERNAME_KEY))
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())?;
+    let server = pod
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(HUB_SERVER_LABEL))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    Some((user.to_owned(), server.to_owned()))
+}
+
+/// KubeSpawner's label with the server's name ("" for the default server).
+const HUB_SERVER_LABEL: &str = "hub.jupyter.org/servername";
+
+fn new_intent(job: &Job, replacement: Replacement) -> Intent {
+    Intent {
+        namespace: job.namespace.clone(),
+        pod: job.name.clone(),
+        uid: job.uid.clone(),
+        action: job.reason.metric().to_owned(),
+        reason: job.reason.text(),
+        replacement,
+        created: None,
+    }
+}
+
+/// Records the intent (before anything changes), then carries it out.
+async fn begin(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, String> {
+    if !ctx.leadership.is_leader() {
+        return Ok(Outcome::Skipped("not the leader"));
+    }
+    intent::record(&ctx.client, &ctx.intent_namespace, intent).await?;
     note(
         ctx,
         job,
         &job.uid,
-        &format!("Recreating {how}: {reason}"),
+        &format!(
+            "{}: {}",
+            how(&intent.replacement, "Recreating", "Restarting"),
+            intent.reason
+        ),
         "Recreate",
     )
     .await;
-    match delete(ctx, job, api).await {
-        Ok(Outcome::Deleted) | Ok(Outcome::Skipped("gone")) => {}
-        other => {
-            ctx.gone.forget(&job.uid);
-            return other;
+    finish(ctx, job, intent).await
+}
+
+fn how(replacement: &Replacement, copy_verb: &str, hub_verb: &str) -> String {
+    match replacement {
+        Replacement::Copy { demoted: true, .. } => {
+            format!("{copy_verb} as a lent pod (low priority, GPU kept)")
+        }
+        Replacement::Copy { demoted: false, .. } => format!("{copy_verb} without GPU"),
+        Replacement::Hub { .. } => {
+            format!("{hub_verb} through JupyterHub (the webhook admits the new pod)")
         }
     }
-    // From here on the pod is going: its copy is created whatever happens to the
-    // Lease (see the module documentation).
-    wait_gone(ctx, job, api, gone).await?;
-    let created = create(api, &copy, &job.uid).await?;
-    if let Some(uid) = created.metadata.uid.as_deref() {
+}
+
+/// A recorded action found by the sweep: finished, or given up when too old.
+async fn resume(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, String> {
+    if ctx.dry_run {
+        tracing::info!(pod = %intent.key(), "dry run: would finish a recorded action");
+        return Ok(Outcome::DryRun);
+    }
+    let too_old = intent
+        .created
+        .is_some_and(|at| ctx.clock.now() - at > ABANDON_AFTER);
+    if too_old {
+        ctx.metrics.action("resume", "gave_up");
+        tracing::error!(pod = %intent.key(), recorded = %intent.created_text(), "a recorded action could not be finished in time; given up");
         note(
             ctx,
             job,
-            uid,
-            &format!("Recreated {how}: {reason}"),
+            &intent.uid,
+            &format!(
+                "gpu-booking gives up {} (recorded at {}): {}",
+                how(&intent.replacement, "recreating it", "restarting it"),
+                intent.created_text(),
+                intent.reason
+            ),
             "Recreate",
         )
         .await;
+        intent::forget(&ctx.client, &ctx.intent_namespace, &intent.uid).await?;
+        return Ok(Outcome::Skipped("given up"));
+    }
+    let outcome = finish(ctx, job, intent).await?;
+    let shown = match &intent.replacement {
+        Replacement::Copy { pod, .. } => pod.clone(),
+        Replacement::Hub { user, .. } => {
+            json!({"metadata": {"annotations": {USERNAME_KEY: user}}})
+        }
+    };
+    if !matches!(outcome, Outcome::Skipped(_)) {
+        audit(ctx, job, &shown, &outcome).await;
     }
     Ok(outcome)
 }
 
-/// Until the pod with the job's uid no longer exists: the watch's signal, with a
+/// Drives `intent` to its end from wherever it stands: ends the original if it still
+/// runs, waits until it is gone, puts the replacement in its place, and removes the
+/// intent. Safe to run again at any point (by this replica or the next leader).
+pub async fn finish(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, String> {
+    use gpu_booking_core::intent::{next_step, PodNow, Step};
+    let api = pods(ctx, &intent.namespace);
+    let mut gone = ctx.gone.wait(&intent.uid);
+    let result = async {
+        for _ in 0..MAX_STEPS {
+            let current = api
+                .get_opt(&intent.pod)
+                .await
+                .map_err(|e| format!("reading the pod: {e}"))?;
+            let now = match &current {
+                None => PodNow::Absent,
+                Some(p) => PodNow::Present {
+                    uid: p.metadata.uid.as_deref().unwrap_or_default(),
+                    terminating: p.metadata.deletion_timestamp.is_some(),
+                },
+            };
+            match next_step(&intent.uid, now) {
+                Step::EndOriginal => {
+                    if !ctx.leadership.is_leader() {
+                        return Ok(Outcome::Skipped("not the leader"));
+                    }
+                    match &intent.replacement {
+                        Replacement::Copy { .. } => match delete(ctx, job, &api).await? {
+                            Outcome::Deleted | Outcome::Skipped("gone") => {}
+                            other => return Ok(other),
+                        },
+                        Replacement::Hub { user, server } => {
+                            hub(ctx)?.stop(user, server).await?;
+                        }
+                    }
+                }
+                Step::AwaitGone => wait_gone(ctx, intent, &api, &mut gone).await?,
+                Step::Replace => {
+                    let outcome = replace(ctx, job, intent, &api).await?;
+                    intent::forget(&ctx.client, &ctx.intent_namespace, &intent.uid).await?;
+                    return Ok(outcome);
+                }
+                Step::Done => {
+                    intent::forget(&ctx.client, &ctx.intent_namespace, &intent.uid).await?;
+                    return Ok(Outcome::Skipped("already replaced"));
+                }
+            }
+        }
+        Err(format!("not finished after {MAX_STEPS} steps"))
+    }
+    .await;
+    ctx.gone.forget(&intent.uid);
+    result
+}
+
+fn hub(ctx: &Ctx) -> Result<&Hub, String> {
+    ctx.hub
+        .as_deref()
+        .ok_or_else(|| "a hub restart was recorded but --hub-api-url is not set".to_string())
+}
+
+/// The second step: the copy created, or the hub asked to start the server.
+async fn replace(
+    ctx: &Ctx,
+    job: &Job,
+    intent: &Intent,
+    api: &Api<DynamicObject>,
+) -> Result<Outcome, String> {
+    let (outcome, created_uid) = match &intent.replacement {
+        Replacement::Copy { pod, demoted } => {
+            let copy: DynamicObject =
+                serde_json::from_value(pod.clone()).map_err(|e| e.to_string())?;
+            let created = create(api, &copy, &intent.uid).await?;
+            let outcome = if *demoted {
+                Outcome::Demoted
+            } else {
+                Outcome::Recreated
+            };
+            (outcome, created.metadata.uid)
+        }
+        Replacement::Hub { user, server } => {
+            hub(ctx)?.start(user, server, ctx.gone_timeout).await?;
+            (Outcome::Restarted, None)
+        }
+    };
+    let message = format!(
+        "{}: {}",
+        how(&intent.replacement, "Recreated", "Restarted"),
+        intent.reason
+    );
+    note(
+        ctx,
+        job,
+        created_uid.as_deref().unwrap_or(&intent.uid),
+        &message,
+        "Recreate",
+    )
+    .await;
+    Ok(outcome)
+}
+
+/// Until the pod with the intent's uid no longer exists: the watch's signal, with a
 /// re-read now and then in case the signal was missed.
 async fn wait_gone(
     ctx: &Ctx,
-    job: &Job,
+    intent: &Intent,
     api: &Api<DynamicObject>,
-    mut gone: oneshot::Receiver<()>,
+    gone: &mut oneshot::Receiver<()>,
 ) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + ctx.gone_timeout;
+    let mut signal_lost = false;
     loop {
-        match api.get_opt(&job.name).await {
-            Ok(None) => break,
-            Ok(Some(p)) if p.metadata.uid.as_deref() != Some(job.uid.as_str()) => break,
+        match api.get_opt(&intent.pod).await {
+            Ok(None) => return Ok(()),
+            Ok(Some(p)) if p.metadata.uid.as_deref() != Some(intent.uid.as_str()) => return Ok(()),
             Ok(Some(_)) | Err(_) => {}
         }
         tokio::select! {
-            _ = &mut gone => break,
+            signal = &mut *gone, if !signal_lost => {
+                if signal.is_ok() {
+                    return Ok(());
+                }
+                // Another wait took the signal over: rely on the re-reads.
+                signal_lost = true;
+            }
             _ = tokio::time::sleep(GONE_RECHECK) => {}
             _ = tokio::time::sleep_until(deadline) => {
-                ctx.gone.forget(&job.uid);
-                return Err(format!("the pod was not gone within {:?}; not recreated", ctx.gone_timeout));
+                return Err(format!("the pod was not gone within {:?}; not replaced yet", ctx.gone_timeout));
             }
         }
     }
-    ctx.gone.forget(&job.uid);
-    Ok(())
 }
 
 /// Creates the copy, retrying passing failures. AlreadyExists from a pod that is not
@@ -446,14 +675,14 @@ async fn create(
                 }
                 last = "the old pod is still there".into();
             }
-            Err(e) if !passing(&e) => return Err(format!("creating the CPU-only pod: {e}")),
+            Err(e) if !passing(&e) => return Err(format!("creating the pod's copy: {e}")),
             Err(e) => last = e.to_string(),
         }
         if let Some(ms) = BACKOFF.get(attempt) {
             tokio::time::sleep(Duration::from_millis(*ms)).await;
         }
     }
-    Err(format!("creating the CPU-only pod: {last}"))
+    Err(format!("creating the pod's copy: {last}"))
 }
 
 async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
@@ -545,6 +774,10 @@ async fn audit(ctx: &Ctx, job: &Job, pod: &Value, outcome: &Outcome) {
             details["order"] = json!("least recently GPU-active lent pod that makes room");
         }
         Reason::SchedulerPreempted => {}
+        Reason::Resumed(intent) => {
+            details["resumed"] = json!(intent.action);
+            details["recorded_at"] = json!(intent.created_text());
+        }
     }
     let report = AuditReport {
         action: format!("controller.{}", job.reason.metric()),

@@ -32,6 +32,14 @@ pub enum OnExpiry {
     /// the pod is deleted and created again; pods owned by another controller are
     /// only deleted). It keeps the GPU until a booked pod needs the unit.
     Demote,
+    /// Stop the user's server through JupyterHub's REST API and start it again
+    /// (`--hub-api-url`, `--hub-token-file`): the hub's KubeSpawner deletes the pod
+    /// and spawns a new one, which the webhook admits as it admits any spawn (no
+    /// booking: lent if a unit is free, else CPU-only). Deleting and re-creating the
+    /// pod behind the hub's back loses the notebook when the hub polls in between
+    /// (docs/controller.md). Also used for preempted lent pods; pods without a hub
+    /// user are recreated CPU-only.
+    HubRestart,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -60,6 +68,26 @@ pub struct ControllerArgs {
     /// What happens to a booked pod at its `terminate-at`.
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_ON_EXPIRY", value_enum, default_value_t = OnExpiry::RecreateCpu)]
     pub on_expiry: OnExpiry,
+
+    /// JupyterHub's API URL (as `JUPYTERHUB_API_URL`, e.g.
+    /// http://hub.jhub.svc:8081/hub/api), for `--on-expiry hub-restart`.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_HUB_API_URL")]
+    pub hub_api_url: Option<String>,
+
+    /// A JupyterHub service token allowed to stop and start users' servers (a role
+    /// with the `servers` scope).
+    #[arg(
+        long,
+        env = "GPU_BOOKING_CONTROLLER_HUB_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "hub_token_file"
+    )]
+    pub hub_token: Option<String>,
+
+    /// File holding the JupyterHub service token (a mounted Secret); re-read when it
+    /// changes.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_HUB_TOKEN_FILE")]
+    pub hub_token_file: Option<PathBuf>,
 
     /// Log and count what would be done; change nothing (no deletes, creates, patches,
     /// node labels or status, events, usage reports or audit rows).
@@ -210,6 +238,9 @@ impl ControllerArgs {
             service_token_file: None,
             booking_timeout: Duration::from_secs(5),
             on_expiry: OnExpiry::RecreateCpu,
+            hub_api_url: None,
+            hub_token: None,
+            hub_token_file: None,
             dry_run: false,
             namespace: None,
             product_label: DEFAULT_PRODUCT_LABEL.into(),
@@ -266,6 +297,25 @@ impl ControllerArgs {
             );
         }
         Ok(cfg)
+    }
+
+    /// The JupyterHub client of `--on-expiry hub-restart` (none in other modes); an
+    /// error when that mode lacks its URL or token.
+    pub fn hub(&self) -> anyhow::Result<Option<crate::hub::Hub>> {
+        if self.on_expiry != OnExpiry::HubRestart {
+            return Ok(None);
+        }
+        let url = self
+            .hub_api_url
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .context("--on-expiry hub-restart needs --hub-api-url")?;
+        let token = gpu_booking_client::TokenSource::from_options(
+            self.hub_token.as_deref(),
+            self.hub_token_file.as_deref(),
+        )
+        .map_err(|e| anyhow::anyhow!("--on-expiry hub-restart needs --hub-token-file: {e}"))?;
+        crate::hub::Hub::new(url, token, self.booking_timeout).map(Some)
     }
 
     /// How the inventory names cards no pattern names, and the VRAM reserve.
@@ -326,6 +376,29 @@ mod tests {
         assert!(cli.args.dry_run && !cli.args.leader_elect);
         assert_eq!(cli.args.gpu_resource.len(), 2);
         assert!(cli.args.admission_config().is_ok());
+        assert!(cli.args.hub().unwrap().is_none());
+    }
+
+    #[test]
+    fn hub_restart_needs_the_hub() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["x", "--booking-url=u", "--on-expiry=hub-restart"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).unwrap().args
+        };
+        assert!(parse(&[]).hub().is_err());
+        assert!(parse(&["--hub-api-url=http://hub:8081/hub/api"])
+            .hub()
+            .is_err());
+        let missing = parse(&[
+            "--hub-api-url=http://hub:8081/hub/api",
+            "--hub-token-file=/nonexistent/token",
+        ]);
+        assert!(missing.hub().is_err());
+        let ok = parse(&["--hub-api-url=http://hub:8081/hub/api", "--hub-token=t"]);
+        assert!(ok.hub().unwrap().is_some());
+        let bad = parse(&["--hub-api-url=ftp://hub", "--hub-token=t"]);
+        assert!(bad.hub().is_err());
     }
 
     #[test]

@@ -36,6 +36,9 @@ const SYNC_EVERY: Duration = Duration::from_secs(1);
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Before a node label that could not be written is tried again.
 const LABEL_RETRY: Duration = Duration::from_secs(10);
+/// How often the leader looks for recorded actions left unfinished (besides when it
+/// is elected and when it starts).
+const INTENT_SWEEP: Duration = Duration::from_secs(30);
 
 enum Msg {
     Done(Job, Outcome),
@@ -44,6 +47,8 @@ enum Msg {
     Labelled,
     /// A node's status patch ended (true: written).
     Advertised(String, bool),
+    /// The recorded actions found by a sweep (`None`: the sweep failed).
+    Intents(Option<Vec<crate::intent::Intent>>),
 }
 
 pub struct Loop {
@@ -73,6 +78,8 @@ pub struct Loop {
     /// Pods the scheduler cannot place for want of the VRAM budget.
     pending_gpumem: HashSet<String>,
     usage_dirty: bool,
+    /// A sweep of recorded actions is running.
+    sweeping: bool,
     init_pods: Option<HashSet<String>>,
     pods_synced: bool,
     nodes_synced: bool,
@@ -106,6 +113,7 @@ impl Loop {
             several_models: HashSet::new(),
             pending_gpumem: HashSet::new(),
             usage_dirty: true,
+            sweeping: false,
             init_pods: None,
             pods_synced: false,
             nodes_synced: false,
@@ -143,6 +151,7 @@ impl Loop {
         let mut preempt_tick = ticker(self.args.preemption_interval);
         let mut models_tick = ticker(self.args.models_refresh);
         let mut sync_tick = ticker(SYNC_EVERY);
+        let mut intent_tick = ticker(INTENT_SWEEP);
         loop {
             tokio::select! {
                 Some(event) = pods.next() => {
@@ -175,6 +184,7 @@ impl Loop {
                 }
                 _ = preempt_tick.tick() => self.on_preempt_tick(),
                 _ = models_tick.tick() => self.fetch_models(),
+                _ = intent_tick.tick() => self.sweep_intents(),
                 _ = sync_tick.tick() => {
                     self.report_usage();
                     self.label_nodes();
@@ -347,6 +357,7 @@ impl Loop {
         tracing::debug!(pods = self.pods.len(), "elected: re-arming timers");
         self.reported.clear();
         self.usage_dirty = true;
+        self.sweep_intents();
         let infos: Vec<PodInfo> = self.pods.values().cloned().collect();
         for info in infos {
             if info.expiry().is_some() {
@@ -366,8 +377,55 @@ impl Loop {
         }
         let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
         tokio::spawn(async move {
-            let outcome = actions::run(&ctx, &job).await;
+            // Killed (`Controller::kill`): the action stops where it is, as the
+            // process would; its intent tells the next leader how to finish it.
+            let outcome = tokio::select! {
+                _ = ctx.halt.cancelled() => return,
+                outcome = actions::run(&ctx, &job) => outcome,
+            };
             let _ = tx.send(Msg::Done(job, outcome));
+        });
+    }
+
+    /// Looks for recorded two-step actions that no replica is finishing (this
+    /// replica's own in-flight ones are skipped by `start`) and finishes them.
+    fn sweep_intents(&mut self) {
+        if !self.leader() || self.sweeping || self.ctx.dry_run {
+            return;
+        }
+        self.sweeping = true;
+        let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let found = match crate::intent::list(&ctx.client, &ctx.intent_namespace).await {
+                Ok(found) => found,
+                Err(e) => {
+                    ctx.metrics.error("kubernetes");
+                    tracing::warn!(error = %e, "could not look for unfinished actions");
+                    let _ = tx.send(Msg::Intents(None));
+                    return;
+                }
+            };
+            let mut intents = Vec::new();
+            for entry in found {
+                match entry {
+                    Ok(intent) => intents.push(intent),
+                    Err((name, why)) => {
+                        // Nothing can finish it: say so and remove it.
+                        ctx.metrics.action("resume", "unreadable");
+                        tracing::error!(intent = %name, why, "an unreadable intent is removed");
+                        if let Err(e) = crate::intent::drop_unreadable(
+                            &ctx.client,
+                            &ctx.intent_namespace,
+                            &name,
+                        )
+                        .await
+                        {
+                            tracing::warn!(error = %e, "could not remove an unreadable intent");
+                        }
+                    }
+                }
+            }
+            let _ = tx.send(Msg::Intents(Some(intents)));
         });
     }
 
@@ -399,6 +457,18 @@ impl Loop {
                 self.usage_dirty |= !ok;
             }
             Msg::Labelled => {}
+            Msg::Intents(found) => {
+                self.sweeping = false;
+                for intent in found.unwrap_or_default() {
+                    let job = Job {
+                        uid: intent.uid.clone(),
+                        namespace: intent.namespace.clone(),
+                        name: intent.pod.clone(),
+                        reason: Reason::Resumed(Box::new(intent)),
+                    };
+                    self.start(job);
+                }
+            }
             Msg::Advertised(node, _written) => {
                 // Written or not, look again after LABEL_RETRY, or as soon as the
                 // watch shows the node's status changed (`on_node_event`): the watch,

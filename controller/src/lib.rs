@@ -16,6 +16,8 @@
 //!
 //! Modules: [`config`] (options), [`controller`] (the loop and its state),
 //! [`actions`] (one action on one pod), [`recreate`] (the CPU-only copy),
+//! [`intent`] (two-step actions recorded so that the next leader finishes them),
+//! [`hub`] (JupyterHub's API for `--on-expiry hub-restart`),
 //! [`inventory`] and [`victims`] (pure decisions), [`pods`] (what is kept of a pod),
 //! [`leader`], [`booking`], [`metrics`], [`clock`].
 #![forbid(unsafe_code)]
@@ -25,6 +27,8 @@ pub mod booking;
 pub mod clock;
 pub mod config;
 pub mod controller;
+pub mod hub;
+pub mod intent;
 pub mod inventory;
 pub mod leader;
 pub mod metrics;
@@ -56,6 +60,8 @@ pub struct Controller {
     pub ready: Arc<AtomicBool>,
     pub leadership: Arc<leader::Leadership>,
     task: JoinHandle<()>,
+    /// Ends the actions in flight too ([`Controller::kill`]).
+    halt: tokio_util::sync::CancellationToken,
 }
 
 impl Controller {
@@ -67,6 +73,7 @@ impl Controller {
         args: &ControllerArgs,
     ) -> anyhow::Result<Self> {
         let cfg = args.admission_config()?;
+        let hub = args.hub()?.map(Arc::new);
         let metrics = Arc::new(Metrics::new());
         let identity = args.identity();
         let leadership = if args.leader_elect {
@@ -93,7 +100,11 @@ impl Controller {
             dry_run: args.dry_run,
             gone: actions::GoneSignals::default(),
             gone_timeout: args.gone_timeout,
+            hub,
+            intent_namespace: args.lease_namespace.clone(),
+            halt: tokio_util::sync::CancellationToken::new(),
         });
+        let halt = ctx.halt.clone();
         let ready = Arc::new(AtomicBool::new(false));
         let main = controller::Loop::new(ctx, args.clone(), ready.clone());
         let election = args.leader_elect.then(|| {
@@ -122,11 +133,21 @@ impl Controller {
             ready,
             leadership,
             task,
+            halt,
         })
     }
 
     /// Stops the loop and the election at once.
     pub fn stop(&self) {
+        self.task.abort();
+    }
+
+    /// Stops everything at once, the actions in flight included, wherever they are
+    /// (between a delete and its re-create too), without giving up the Lease: what
+    /// SIGKILL does to the process. Tests use it to show that the next leader finishes
+    /// what this one started ([`intent`]).
+    pub fn kill(&self) {
+        self.halt.cancel();
         self.task.abort();
     }
 }

@@ -8,6 +8,7 @@ pub mod admission;
 pub mod capacity;
 pub mod eviction;
 pub mod gpu_model;
+pub mod intent;
 pub mod inventory;
 pub mod next_start;
 pub mod policy;

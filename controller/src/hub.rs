@@ -1,0 +1,222 @@
+//! JupyterHub's REST API, for `--on-expiry hub-restart`: the controller asks the hub
+//! to stop a user's server and start it again, instead of deleting and re-creating the
+//! pod behind the hub's back.
+//!
+//! Why (KubeSpawner's `spawner.py`, jupyterhub/kubespawner): `poll()` answers from
+//! the hub's pod reflector and returns 1, "pod doesn't exist or has been deleted",
+//! whenever no pod of the server's name is there; the hub then takes the server for
+//! stopped and calls `stop()`, which deletes the pod *by name*
+//! (`delete_namespaced_pod(name=pod_name, ...)`, no uid precondition) and waits for it
+//! to disappear. A poll that falls between the controller's delete and its re-create
+//! therefore deletes the re-created pod, and the hub shows the server stopped. Also,
+//! KubeSpawner's start treats a pod already under the name (409) as stale and deletes
+//! it. Stopping and starting through the hub keeps the hub's state and the pod in step,
+//! and the new pod passes the admission webhook like any spawn.
+//!
+//! The API (JupyterHub's REST API): `DELETE /users/{name}/server` (or
+//! `/servers/{server}` for a named server) stops it: 204 stopped, 202 stop pending;
+//! `POST` starts it: 201 started, 202 spawn pending, 400 when it is already running or
+//! still pending; `GET /users/{name}` lists the user's `servers` with `ready` and
+//! `pending` (`"spawn"`, `"stop"`, or null). The token (a hub service with a role
+//! granting the `servers` scope) goes in `Authorization: token ...`.
+
+use std::time::Duration;
+
+use gpu_booking_client::TokenSource;
+use reqwest::{Method, StatusCode, Url};
+use serde_json::Value;
+
+/// How often the hub is asked whether a stop finished.
+const STATE_POLL: Duration = Duration::from_millis(500);
+
+/// A server's state as the hub reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerState {
+    Stopped,
+    Running,
+    /// Spawning or stopping (`"spawn"`, `"stop"`).
+    Pending(String),
+}
+
+/// The hub's API.
+pub struct Hub {
+    http: reqwest::Client,
+    /// `.../hub/api/` (always ending in `/`).
+    base: Url,
+    token: TokenSource,
+}
+
+impl Hub {
+    /// `api_url` is the hub's API URL (`http://hub:8081/hub/api`, what JupyterHub
+    /// gives its services as `JUPYTERHUB_API_URL`).
+    pub fn new(api_url: &str, token: TokenSource, timeout: Duration) -> anyhow::Result<Self> {
+        let mut base = Url::parse(api_url.trim_end_matches('/'))
+            .map_err(|e| anyhow::anyhow!("--hub-api-url {api_url:?}: {e}"))?;
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            anyhow::bail!("--hub-api-url {api_url:?} is not an http(s) URL");
+        }
+        base.set_path(&format!("{}/", base.path().trim_end_matches('/')));
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .user_agent(concat!(
+                "gpu-booking-controller/",
+                env!("CARGO_PKG_VERSION")
+            ))
+            .build()?;
+        Ok(Self { http, base, token })
+    }
+
+    /// `users/{user}` or `users/{user}/server` / `users/{user}/servers/{server}`, each
+    /// segment percent-encoded.
+    fn url(&self, user: &str, server: Option<&str>) -> Url {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().push("users").push(user);
+            match server {
+                None => {}
+                Some("") => {
+                    path.push("server");
+                }
+                Some(name) => {
+                    path.push("servers").push(name);
+                }
+            }
+        }
+        url
+    }
+
+    async fn call(&self, method: Method, url: Url) -> Result<(StatusCode, Value), String> {
+        let token = self.token.token().map_err(|e| e.to_string())?;
+        let resp = self
+            .http
+            .request(method, url)
+            .header(reqwest::header::AUTHORIZATION, format!("token {token}"))
+            .send()
+            .await
+            .map_err(|e| format!("calling JupyterHub: {}", e.without_url()))?;
+        let status = resp.status();
+        let body = resp.json::<Value>().await.unwrap_or(Value::Null);
+        Ok((status, body))
+    }
+
+    /// The state of `user`'s server `server` ("" for the default one).
+    pub async fn state(&self, user: &str, server: &str) -> Result<ServerState, String> {
+        let (status, body) = self.call(Method::GET, self.url(user, None)).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(ServerState::Stopped);
+        }
+        if !status.is_success() {
+            return Err(format!("JupyterHub answered {status} for the user"));
+        }
+        let Some(entry) = body.get("servers").and_then(|s| s.get(server)) else {
+            return Ok(ServerState::Stopped);
+        };
+        Ok(match entry.get("pending").and_then(Value::as_str) {
+            Some(pending) => ServerState::Pending(pending.to_owned()),
+            None => ServerState::Running,
+        })
+    }
+
+    /// Asks the hub to stop the server (KubeSpawner deletes the pod); returns once the
+    /// hub accepted (the pod may still be terminating).
+    pub async fn stop(&self, user: &str, server: &str) -> Result<(), String> {
+        let (status, body) = self
+            .call(Method::DELETE, self.url(user, Some(server)))
+            .await?;
+        if status.is_success() {
+            return Ok(());
+        }
+        // Already stopped, or stopping: as good.
+        match self.state(user, server).await? {
+            ServerState::Stopped => Ok(()),
+            ServerState::Pending(p) if p == "stop" => Ok(()),
+            _ => Err(format!(
+                "JupyterHub refused to stop the server: {status} {}",
+                message(&body)
+            )),
+        }
+    }
+
+    /// Asks the hub to start the server again once its stop has finished (waiting at
+    /// most `wait`); a server already running or spawning counts as started.
+    pub async fn start(&self, user: &str, server: &str, wait: Duration) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match self.state(user, server).await? {
+                ServerState::Stopped => break,
+                ServerState::Running => return Ok(()),
+                ServerState::Pending(p) if p != "stop" => return Ok(()),
+                ServerState::Pending(_) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "JupyterHub did not finish stopping the server within {wait:?}"
+                ));
+            }
+            tokio::time::sleep(STATE_POLL).await;
+        }
+        let (status, body) = self
+            .call(Method::POST, self.url(user, Some(server)))
+            .await?;
+        if status.is_success() {
+            return Ok(());
+        }
+        match self.state(user, server).await? {
+            ServerState::Running | ServerState::Pending(_) => Ok(()),
+            ServerState::Stopped => Err(format!(
+                "JupyterHub refused to start the server: {status} {}",
+                message(&body)
+            )),
+        }
+    }
+}
+
+/// The hub's error message, bounded.
+fn message(body: &Value) -> String {
+    body.get("message")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .chars()
+        .take(200)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_encode_each_segment() {
+        let hub = Hub::new(
+            "http://hub:8081/hub/api",
+            TokenSource::Static("t".into()),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        assert_eq!(
+            hub.url("zoë@uni.example", Some("")).as_str(),
+            "http://hub:8081/hub/api/users/zo%C3%AB@uni.example/server"
+        );
+        assert_eq!(
+            hub.url("a/b", Some("gpu run")).as_str(),
+            "http://hub:8081/hub/api/users/a%2Fb/servers/gpu%20run"
+        );
+        assert_eq!(
+            hub.url("bob", None).as_str(),
+            "http://hub:8081/hub/api/users/bob"
+        );
+        assert!(Hub::new(
+            "ftp://x",
+            TokenSource::Static("t".into()),
+            Duration::from_secs(1)
+        )
+        .is_err());
+        assert!(Hub::new(
+            "not a url",
+            TokenSource::Static("t".into()),
+            Duration::from_secs(1)
+        )
+        .is_err());
+    }
+}
