@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chart;
+pub mod hub;
 pub mod lab;
 pub mod models;
 pub mod routes;
@@ -72,6 +73,11 @@ impl SimBuilder {
         self
     }
 
+    /// The notebooks' grace period set so far.
+    pub fn grace_period(&self) -> Option<i64> {
+        self.grace_period
+    }
+
     /// The lab's nodes (replacing the demo lab).
     pub fn nodes(mut self, nodes: Vec<GpuNode>) -> Self {
         self.nodes = nodes;
@@ -114,12 +120,17 @@ impl SimBuilder {
         self
     }
 
-    /// Adjusts the controller's options.
+    /// Adjusts the controller's options, after the adjustments given before (so a
+    /// harness's settings and a scenario's both apply).
     pub fn controller(
         mut self,
         configure: impl FnOnce(&mut ControllerArgs) + Send + 'static,
     ) -> Self {
-        self.controller = Box::new(configure);
+        let before = self.controller;
+        self.controller = Box::new(move |args| {
+            before(args);
+            configure(args);
+        });
         self
     }
 
@@ -192,6 +203,7 @@ impl SimBuilder {
         )?;
         Ok(SimCluster {
             server,
+            booking,
             grace_period: self.grace_period,
             model_node_label,
             chart: self.chart,
@@ -202,9 +214,34 @@ impl SimBuilder {
     }
 }
 
+/// Creates `user`'s notebook as KubeSpawner does, with `client` (the hub's identity).
+pub async fn spawn_notebook(
+    client: &kube::Client,
+    user: &str,
+    gpus: u32,
+    grace_period: Option<i64>,
+) -> Result<Pod, kube::Error> {
+    let mut body = spawner::notebook_pod(user, gpus);
+    if let Some(seconds) = grace_period {
+        body["spec"]["terminationGracePeriodSeconds"] = json!(seconds);
+    }
+    let raw: DynamicObject = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        spawner::NOTEBOOK_NAMESPACE,
+        &ApiResource::erase::<Pod>(&()),
+    );
+    let stored = api.create(&PostParams::default(), &raw).await?;
+    serde_json::to_value(stored)
+        .and_then(serde_json::from_value)
+        .map_err(kube::Error::SerdeError)
+}
+
 /// The simulated lab with the webhook and the controller running on it.
 pub struct SimCluster {
     pub server: FakeApiServer,
+    /// The booking API the webhook and the controller use.
+    pub booking: BookingService,
     pub chart: ChartValues,
     pub nodes: Vec<GpuNode>,
     grace_period: Option<i64>,
@@ -234,7 +271,8 @@ impl SimCluster {
         Api::namespaced(self.hub_client(), spawner::NOTEBOOK_NAMESPACE)
     }
 
-    fn hub_client(&self) -> kube::Client {
+    /// A client with the hub's identity (what KubeSpawner's requests carry).
+    pub fn hub_client(&self) -> kube::Client {
         self.server
             .client_as(spawner::HUB_USER, &spawner::HUB_GROUPS)
     }
@@ -244,20 +282,29 @@ impl SimCluster {
     /// KubeSpawner sends it, quantities as JSON numbers included (the API server
     /// stores them as canonical strings).
     pub async fn spawn(&self, user: &str, gpus: u32) -> Result<Pod, kube::Error> {
-        let mut body = spawner::notebook_pod(user, gpus);
-        if let Some(seconds) = self.grace_period {
-            body["spec"]["terminationGracePeriodSeconds"] = json!(seconds);
-        }
-        let raw: DynamicObject = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.hub_client(),
-            spawner::NOTEBOOK_NAMESPACE,
-            &ApiResource::erase::<Pod>(&()),
-        );
-        let stored = api.create(&PostParams::default(), &raw).await?;
-        serde_json::to_value(stored)
-            .and_then(serde_json::from_value)
-            .map_err(kube::Error::SerdeError)
+        spawn_notebook(&self.hub_client(), user, gpus, self.grace_period).await
+    }
+
+    /// The notebooks' grace period, if the lab sets one.
+    pub fn notebook_grace(&self) -> Option<i64> {
+        self.grace_period
+    }
+
+    /// Starts another controller replica on this cluster (leader election on, the
+    /// binary's defaults, then `configure`), e.g. the successor of a killed one.
+    pub fn start_replica(
+        &self,
+        configure: impl FnOnce(&mut ControllerArgs),
+    ) -> anyhow::Result<Controller> {
+        stack::start_controller(
+            self.server.client(),
+            &self.booking.url,
+            &self.booking.service_token,
+            |args| {
+                args.leader_elect = true;
+                configure(args);
+            },
+        )
     }
 
     /// Stops `user`'s notebook as JupyterHub does (a graceful delete).

@@ -58,8 +58,9 @@ impl Lab {
         )
         .await
         .expect("the booking API starts");
+        let grace = builder.grace_period().unwrap_or(GRACE_SECONDS);
         let builder = builder
-            .notebook_grace_period(GRACE_SECONDS)
+            .notebook_grace_period(grace)
             .controller(|args| args.preemption_interval = Duration::from_millis(200));
         declare(&pool, &DEMO_MODELS, builder.lab_nodes())
             .await

@@ -1,0 +1,193 @@
+//! Issue 12 item 10: a two-step action survives the controller's crash.
+//!
+//! Six booked notebooks end at once; the controller (replica A, holding the Lease) is
+//! killed as SIGKILL kills it ([`Controller::kill`]: its loop, its election and every
+//! action in flight stop where they are, the Lease is not given up), once between its
+//! deletes and its re-creates and once before its deletes. Replica B takes the Lease
+//! when it runs out, finds the recorded intents and finishes each action exactly once:
+//! every notebook comes back CPU-only, one create per pod, no intent left.
+//!
+//! [`Controller::kill`]: gpu_booking_controller::Controller::kill
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::TimeDelta;
+use common::{gpus, label, Lab, SETTLE};
+use gpu_booking_controller::intent::INTENT_LABEL;
+use gpu_booking_controller::ControllerArgs;
+use gpu_booking_fake_apiserver::{Failure, FakeApiServer, Verb};
+use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
+use gpu_booking_sim::SimCluster;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use sqlx::PgPool;
+
+/// Where the replicas keep their Lease and their intents.
+const CONTROLLER_NAMESPACE: &str = "default";
+/// Long enough that replica A is surely killed while the pods terminate.
+const GRACE: i64 = 4;
+
+/// Short Lease times, so the successor takes over within seconds.
+fn replica(identity: &'static str) -> impl FnOnce(&mut ControllerArgs) + Send + 'static {
+    move |args| {
+        args.leader_elect = true;
+        args.identity = Some(identity.into());
+        args.lease_namespace = CONTROLLER_NAMESPACE.into();
+        args.lease_duration = Duration::from_secs(3);
+        args.lease_renew = Duration::from_millis(500);
+        args.preemption_interval = Duration::from_millis(200);
+    }
+}
+
+const USERS: [(&str, &str); 6] = [
+    ("ada@example.com", "a100"),
+    ("ben@example.com", "a100"),
+    ("cai@example.com", "a6000"),
+    ("dee@example.com", "a6000"),
+    ("eli@example.com", "a6000"),
+    ("fay@example.com", "a6000"),
+];
+
+fn intents(server: &FakeApiServer) -> Vec<ConfigMap> {
+    server
+        .list::<ConfigMap>(Some(CONTROLLER_NAMESPACE))
+        .into_iter()
+        .filter(|cm| {
+            cm.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(INTENT_LABEL))
+        })
+        .collect()
+}
+
+fn notebook(server: &FakeApiServer, user: &str) -> Option<Pod> {
+    server.get::<Pod>(Some(NOTEBOOK_NAMESPACE), &pod_name(user))
+}
+
+/// Six booked notebooks, running, whose bookings end in a few seconds; their uids.
+async fn six_booked_notebooks(lab: &Lab) -> BTreeMap<&'static str, String> {
+    for (user, model) in USERS {
+        lab.book(user, model, TimeDelta::seconds(8)).await;
+    }
+    let mut uids = BTreeMap::new();
+    for (user, _) in USERS {
+        let pod = lab.sim.spawn(user, 1).await.expect("the hub spawns");
+        assert_eq!(label(&pod, "gpu-booking/priority"), Some("high"), "{user}");
+        uids.insert(user, pod.metadata.uid.clone().unwrap());
+    }
+    lab.expect("every booked notebook runs", |s| {
+        USERS.iter().all(|(u, _)| common::running(s, u).is_some())
+    })
+    .await;
+    uids
+}
+
+/// Every notebook is back, CPU-only, a new pod, and no intent is left; exactly one
+/// create per notebook since `creates_before`.
+async fn each_recreated_once(
+    lab: &Lab,
+    originals: &BTreeMap<&'static str, String>,
+    creates_before: u64,
+) {
+    lab.expect(
+        "the successor re-created every notebook CPU-only and removed the intents",
+        |s| {
+            intents(s).is_empty()
+                && originals.iter().all(|(user, uid)| {
+                    common::running(s, user).is_some_and(|p| {
+                        p.metadata.uid.as_deref() != Some(uid.as_str()) && gpus(&p) == 0
+                    })
+                })
+        },
+    )
+    .await;
+    let creates = lab.sim.server.count(Verb::Create, "pods") - creates_before;
+    assert_eq!(creates, USERS.len() as u64, "one create per notebook");
+    for (user, _) in USERS {
+        let pod = notebook(&lab.sim.server, user).unwrap();
+        assert_eq!(label(&pod, "gpu-booking/priority"), None, "{user}");
+        assert!(
+            common::annotation(&pod, "gpu-booking.io/gpu-removed").is_some(),
+            "{user}"
+        );
+    }
+}
+
+async fn lab(pool: PgPool) -> Lab {
+    Lab::start_with(
+        pool,
+        SimCluster::builder()
+            .notebook_grace_period(GRACE)
+            .controller(replica("replica-a")),
+    )
+    .await
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn killed_between_the_deletes_and_the_recreates(pool: PgPool) {
+    let lab = lab(pool).await;
+    let originals = six_booked_notebooks(&lab).await;
+    // The bookings end: A records six intents and deletes the six pods; while they
+    // terminate (A waits to re-create them), A dies.
+    lab.expect(
+        "replica A deleted every expired notebook after recording it",
+        |s| {
+            intents(s).len() == USERS.len()
+                && USERS.iter().all(|(u, _)| {
+                    notebook(s, u).is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+                })
+        },
+    )
+    .await;
+    lab.sim.controller.kill();
+    let creates_before = lab.sim.server.count(Verb::Create, "pods");
+    // The pods finish terminating with nobody to re-create them...
+    lab.expect("the expired notebooks are gone", |s| {
+        USERS.iter().all(|(u, _)| notebook(s, u).is_none())
+    })
+    .await;
+    assert_eq!(intents(&lab.sim.server).len(), USERS.len());
+    // ... until B leads.
+    let b = lab.sim.start_replica(replica("replica-b")).unwrap();
+    each_recreated_once(&lab, &originals, creates_before).await;
+    assert!(b.leadership.is_leader());
+    drop(b);
+    lab.shutdown().await;
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn killed_before_the_deletes(pool: PgPool) {
+    let lab = lab(pool).await;
+    let originals = six_booked_notebooks(&lab).await;
+    // Every pod delete fails for now: A records its intents and cannot take the
+    // first step; then it dies.
+    lab.sim.server.fail(Failure {
+        verb: Some(Verb::Delete),
+        plural: Some("pods".into()),
+        name: None,
+        code: 503,
+        times: None,
+    });
+    lab.expect(
+        "replica A recorded an intent for each expired notebook",
+        |s| intents(s).len() == USERS.len(),
+    )
+    .await;
+    lab.sim.controller.kill();
+    lab.sim.server.clear_failures();
+    let creates_before = lab.sim.server.count(Verb::Create, "pods");
+    for (user, uid) in &originals {
+        let pod = notebook(&lab.sim.server, user).unwrap();
+        assert_eq!(pod.metadata.uid.as_deref(), Some(uid.as_str()), "{user}");
+        assert!(pod.metadata.deletion_timestamp.is_none(), "{user}");
+    }
+    // B ends each original first, then re-creates it.
+    let b = lab.sim.start_replica(replica("replica-b")).unwrap();
+    each_recreated_once(&lab, &originals, creates_before).await;
+    drop(b);
+    let _ = SETTLE;
+    lab.shutdown().await;
+}

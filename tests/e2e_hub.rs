@@ -1,0 +1,104 @@
+//! Issue 12 item 9: expiry that JupyterHub agrees with.
+//!
+//! The fake hub (`gpu_booking_sim::hub`) polls as KubeSpawner's `poll()` does and at
+//! the worst moment: when the running server's pod is missing, between the
+//! controller's delete and its re-create, it marks the server stopped, and its
+//! `stop()` deletes by name the pod that comes back. Against it, the plain
+//! delete-and-re-create loses the notebook; `--on-expiry hub-restart` (stop and start
+//! through the hub's REST API with a service token read from a file) keeps it.
+
+mod common;
+
+use chrono::TimeDelta;
+use common::{label, Lab};
+use gpu_booking_controller::OnExpiry;
+use gpu_booking_sim::hub::{FakeHub, ServerStatus};
+use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
+use gpu_booking_sim::SimCluster;
+use k8s_openapi::api::core::v1::Pod;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+
+const USER: &str = "zoë@uni.example";
+
+/// The hub's service token, as a mounted Secret holds it.
+fn token_file(token: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "gpu-booking-hub-token-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    path
+}
+
+/// A booked notebook spawned from the hub; its pod's uid.
+async fn booked_notebook(lab: &Lab, hub: &FakeHub) -> String {
+    lab.book(USER, "a100", TimeDelta::seconds(5)).await;
+    hub.spawn(USER, 1).await.expect("the hub spawns");
+    let pod = lab.notebook(USER).expect("the notebook pod");
+    assert_eq!(label(&pod, "gpu-booking/priority"), Some("high"));
+    pod.metadata.uid.unwrap()
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn recreating_behind_the_hubs_back_loses_the_notebook(pool: PgPool) {
+    let lab = Lab::start(pool).await;
+    let hub = FakeHub::start(&lab.sim, "hub-service-token").await.unwrap();
+    booked_notebook(&lab, &hub).await;
+    // The booking ends: the controller deletes the pod; the hub's poll finds none,
+    // marks the server stopped, and its stop deletes the CPU-only copy by name.
+    lab.expect(
+        "the hub's poll deleted the re-created pod and the server is stopped",
+        |s| {
+            s.get::<Pod>(Some(NOTEBOOK_NAMESPACE), &pod_name(USER))
+                .is_none()
+                && hub.poll_deletes() == [USER]
+                && hub.status(USER) == Some(ServerStatus::Stopped)
+        },
+    )
+    .await;
+    hub.stop().await;
+    lab.shutdown().await;
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn restarting_through_the_hub_keeps_the_notebook(pool: PgPool) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api_url = FakeHub::api_url_of(&listener).unwrap();
+    let token = "hub-service-token";
+    let file = token_file(token);
+    let hub_file = file.clone();
+    let builder = SimCluster::builder().controller(move |args| {
+        args.on_expiry = OnExpiry::HubRestart;
+        args.hub_api_url = Some(api_url);
+        args.hub_token_file = Some(hub_file);
+    });
+    let lab = Lab::start_with(pool, builder).await;
+    let hub = FakeHub::start_on(listener, &lab.sim, token).await.unwrap();
+    let original = booked_notebook(&lab, &hub).await;
+    // The booking ends: the hub stops the server and starts it again; the new pod
+    // went through the webhook (no booking now: not high priority).
+    lab.expect("the hub runs a new notebook pod, no longer booked", |s| {
+        hub.status(USER) == Some(ServerStatus::Running)
+            && common::running(s, USER).is_some_and(|p| {
+                p.metadata.uid.as_deref() != Some(original.as_str())
+                    && label(&p, "gpu-booking/priority") != Some("high")
+            })
+    })
+    .await;
+    assert!(hub.poll_deletes().is_empty(), "the hub never lost the pod");
+    // The token is in no Event the controller left.
+    let events = lab
+        .sim
+        .server
+        .list::<k8s_openapi::api::events::v1::Event>(Some(NOTEBOOK_NAMESPACE));
+    assert!(!events.is_empty());
+    for event in events {
+        let text = serde_json::to_string(&event).unwrap();
+        assert!(!text.contains(token), "{text}");
+    }
+    let _ = std::fs::remove_file(file);
+    hub.stop().await;
+    lab.shutdown().await;
+}
