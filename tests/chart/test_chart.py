@@ -243,7 +243,12 @@ def test_replicas_disruption_budgets_and_leader_election():
     pdbs = {o["metadata"]["name"] for o in objects("defaults", "PodDisruptionBudget")}
     assert pdbs == {"gpu-booking-api", "gpu-booking-webhook"}
     lease = one("defaults", "Role", "-controller")
-    assert {"coordination.k8s.io"} == {g for r in lease["rules"] for g in r["apiGroups"]}
+    # Leases for the election; ConfigMaps for the intents of two-step actions, in the
+    # release namespace only.
+    grants = {(g, res) for r in lease["rules"] for g in r["apiGroups"] for res in r["resources"]}
+    assert grants == {("coordination.k8s.io", "leases"), ("", "configmaps")}
+    assert not any("configmaps" in r["resources"]
+                   for r in one("defaults", "ClusterRole", "-controller")["rules"])
     assert objects("minimal", "PodDisruptionBudget") == []
     assert not [o for o in objects("minimal", "Deployment") if o["metadata"]["name"].endswith("-controller")]
 
@@ -260,6 +265,29 @@ def test_every_component_is_configured_through_its_environment():
     for obj, spec in pods("everything"):
         for c in containers(spec):
             assert not any(a.startswith("--") for a in c.get("args", [])), "options go through env"
+
+
+def test_controller_hub_restart_reads_its_token_from_a_secret_file():
+    spec = pod_spec(one("controller-hub-restart", "Deployment", "-controller"))
+    (c,) = spec["containers"]
+    env = env_of(c)
+    assert env["GPU_BOOKING_CONTROLLER_ON_EXPIRY"]["value"] == "hub-restart"
+    assert env["GPU_BOOKING_CONTROLLER_HUB_API_URL"]["value"] == "http://hub.jhub.svc:8081/hub/api"
+    path = env["GPU_BOOKING_CONTROLLER_HUB_TOKEN_FILE"]["value"]
+    assert "GPU_BOOKING_CONTROLLER_HUB_TOKEN" not in env, "never in the environment"
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "hub-token"]
+    assert path.startswith(mount["mountPath"] + "/") and mount["readOnly"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "hub-token"]
+    assert volume["secret"]["secretName"] == "gpu-booking-hub-token"
+    assert volume["secret"]["items"] == [{"key": "token", "path": path.rsplit("/", 1)[1]}]
+    defaults = env_of(pod_spec(one("defaults", "Deployment", "-controller"))["containers"][0])
+    assert "GPU_BOOKING_CONTROLLER_HUB_API_URL" not in defaults
+
+
+def test_hub_restart_without_the_hub_is_refused():
+    for missing in (["controller.hub.tokenSecretName=s"], ["controller.hub.apiUrl=http://hub:8081/hub/api"]):
+        out = render.template(set_values=["controller.onExpiry=hub-restart"] + missing, check=False)
+        assert out.returncode != 0 and "controller.hub" in out.stderr
 
 
 def test_priority_classes():
