@@ -14,11 +14,12 @@ use prometheus_client::registry::{Registry, Unit};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabel {
-    /// `expire`, `preempt`, `scheduler_preempted`, `label_node`, `report_usage`,
-    /// `advertise_gpumem`.
+    /// `expire`, `preempt`, `scheduler_preempted`, `resume` (a recorded action
+    /// finished, see `intent`), `label_node`, `report_usage`, `advertise_gpumem`.
     pub action: &'static str,
-    /// `recreated`, `deleted`, `demoted`, `done`, `dry_run`, `skipped`, `error`;
-    /// for `preempt` also `gave_up` (attempts spent for a booked pod) and `no_victim`.
+    /// `recreated`, `deleted`, `demoted`, `restarted`, `done`, `dry_run`, `skipped`,
+    /// `error`; for `preempt` also `gave_up` (attempts spent for a booked pod) and
+    /// `no_victim`; for `resume` also `gave_up` and `unreadable`.
     pub result: &'static str,
 }
 
