@@ -373,3 +373,56 @@ async fn wait_until_wakes_on_changes() {
     server.put(&p);
     waiter.await.unwrap();
 }
+
+/// ConfigMaps (the controller's intents) as the real server keeps them: created once
+/// per name (409 AlreadyExists after), listed by label selector within their
+/// namespace, deleted (404 after).
+#[tokio::test]
+async fn config_maps_by_label() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let server = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(server.client(), "gpu-booking");
+    let cm = |name: &str, label: Option<&str>| -> ConfigMap {
+        let labels = label.map(|v| json!({"gpu-booking.io/intent": v}));
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels.unwrap_or(json!({}))},
+            "data": {"uid": name}
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    api.create(&pp, &cm("a", Some("copy"))).await.unwrap();
+    api.create(&pp, &cm("b", Some("hub"))).await.unwrap();
+    api.create(&pp, &cm("c", None)).await.unwrap();
+    let again = api.create(&pp, &cm("a", Some("hub"))).await.unwrap_err();
+    let status = api_error(again);
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (409, "AlreadyExists")
+    );
+    let other: Api<ConfigMap> = Api::namespaced(server.client(), "jhub");
+    other.create(&pp, &cm("d", Some("copy"))).await.unwrap();
+
+    let names = |list: kube::api::ObjectList<ConfigMap>| -> Vec<String> {
+        list.items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect()
+    };
+    let selected = api
+        .list(&ListParams::default().labels("gpu-booking.io/intent"))
+        .await
+        .unwrap();
+    assert_eq!(names(selected), ["a", "b"]);
+    let copies = api
+        .list(&ListParams::default().labels("gpu-booking.io/intent=copy"))
+        .await
+        .unwrap();
+    assert_eq!(names(copies), ["a"]);
+    let stored = api.get("a").await.unwrap();
+    assert_eq!(stored.data.unwrap()["uid"], "a", "the first create stays");
+
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    let gone = api.delete("a", &DeleteParams::default()).await.unwrap_err();
+    assert_eq!(api_error(gone).code, 404);
+}
