@@ -15,12 +15,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use common::{gpus, label, Lab, SETTLE};
+use common::{gpus, label, Lab};
 use gpu_booking_controller::intent::INTENT_LABEL;
-use gpu_booking_controller::ControllerArgs;
+use gpu_booking_controller::{ControllerArgs, OnExpiry};
 use gpu_booking_fake_apiserver::{Failure, FakeApiServer, Verb};
 use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
-use gpu_booking_sim::SimCluster;
+use gpu_booking_sim::{GpuNode, SimCluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use sqlx::PgPool;
 
@@ -188,6 +188,122 @@ async fn killed_before_the_deletes(pool: PgPool) {
     let b = lab.sim.start_replica(replica("replica-b")).unwrap();
     each_recreated_once(&lab, &originals, creates_before).await;
     drop(b);
-    let _ = SETTLE;
+    lab.shutdown().await;
+}
+
+/// A lab whose only GPU node holds two A100s, and controller replicas set by `mode`.
+fn a100_lab(mode: OnExpiry) -> gpu_booking_sim::SimBuilder {
+    SimCluster::builder()
+        .nodes(vec![
+            GpuNode::gpu("gpu-a100-0", "NVIDIA-A100-SXM4-40GB", 2, 40960),
+            GpuNode::cpu_only("cpu-0"),
+        ])
+        .notebook_grace_period(GRACE)
+        .controller(replica("replica-a"))
+        .controller(move |args| args.on_expiry = mode)
+}
+
+fn terminating(server: &FakeApiServer, user: &str) -> bool {
+    notebook(server, user).is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+}
+
+/// `--on-expiry demote`: A is killed between the delete and the lent copy; B creates
+/// the lent copy, once.
+#[sqlx::test(migrations = "./migrations")]
+async fn demote_killed_between_the_delete_and_the_lent_copy(pool: PgPool) {
+    let lab = Lab::start_with(pool, a100_lab(OnExpiry::Demote)).await;
+    let user = "ada@example.com";
+    lab.book(user, "a100", TimeDelta::seconds(6)).await;
+    let original = lab.sim.spawn(user, 1).await.expect("the hub spawns");
+    assert_eq!(label(&original, "gpu-booking/priority"), Some("high"));
+    lab.expect("replica A recorded the demotion and deleted the pod", |s| {
+        intents(s).len() == 1 && terminating(s, user)
+    })
+    .await;
+    lab.sim.controller.kill();
+    let creates_before = lab.sim.server.count(Verb::Create, "pods");
+    let b = lab
+        .sim
+        .start_replica(|args| {
+            replica("replica-b")(args);
+            args.on_expiry = OnExpiry::Demote;
+        })
+        .unwrap();
+    lab.expect("B created the lent copy and removed the intent", |s| {
+        intents(s).is_empty()
+            && common::running(s, user).is_some_and(|p| {
+                p.metadata.uid != original.metadata.uid
+                    && label(&p, "gpu-booking/priority") == Some("low")
+                    && gpus(&p) == 1
+            })
+    })
+    .await;
+    assert_eq!(
+        lab.sim.server.count(Verb::Create, "pods") - creates_before,
+        1
+    );
+    drop(b);
+    lab.shutdown().await;
+}
+
+/// A lent pod preempted for a booked one: A is killed between the victim's delete and
+/// its CPU-only copy; B makes the copy once and ends no second lent pod.
+#[sqlx::test(migrations = "./migrations")]
+async fn preemption_killed_between_the_delete_and_the_copy(pool: PgPool) {
+    let lab = Lab::start_with(pool, a100_lab(OnExpiry::RecreateCpu)).await;
+    let lent = ["bob@example.com", "carol@example.com"];
+    for user in lent {
+        let pod = lab.sim.spawn(user, 1).await.expect("admitted");
+        assert_eq!(label(&pod, "gpu-booking/priority"), Some("low"), "{user}");
+    }
+    lab.expect("both lent notebooks run", |s| {
+        lent.iter().all(|u| common::running(s, u).is_some())
+    })
+    .await;
+    lab.wait_in_use("a100", 2).await;
+    let uids: Vec<String> = lent
+        .iter()
+        .map(|u| lab.notebook(u).unwrap().metadata.uid.unwrap())
+        .collect();
+    lab.book("alice@example.com", "a100", TimeDelta::hours(2))
+        .await;
+    lab.sim
+        .spawn("alice@example.com", 1)
+        .await
+        .expect("admitted");
+    lab.expect(
+        "replica A recorded the preemption and deleted one lent pod",
+        |s| intents(s).len() == 1 && lent.iter().any(|u| terminating(s, u)),
+    )
+    .await;
+    lab.sim.controller.kill();
+    let creates_before = lab.sim.server.count(Verb::Create, "pods");
+    let victim = lent
+        .into_iter()
+        .find(|u| terminating(&lab.sim.server, u))
+        .unwrap();
+    let spared = lent.into_iter().find(|u| *u != victim).unwrap();
+    let b = lab.sim.start_replica(replica("replica-b")).unwrap();
+    lab.expect(
+        "B re-created the victim CPU-only and alice's booked notebook got the card",
+        |s| {
+            intents(s).is_empty()
+                && common::running(s, victim).is_some_and(|p| {
+                    !uids.contains(p.metadata.uid.as_ref().unwrap()) && gpus(&p) == 0
+                })
+                && common::running(s, "alice@example.com").is_some_and(|p| gpus(&p) == 1)
+        },
+    )
+    .await;
+    assert_eq!(
+        lab.sim.server.count(Verb::Create, "pods") - creates_before,
+        1
+    );
+    let other = notebook(&lab.sim.server, spared).unwrap();
+    assert!(
+        uids.contains(other.metadata.uid.as_ref().unwrap()) && gpus(&other) == 1,
+        "no second lent pod was ended"
+    );
+    drop(b);
     lab.shutdown().await;
 }
