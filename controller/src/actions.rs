@@ -555,6 +555,13 @@ pub async fn finish(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, St
                         },
                         Replacement::Hub { user, server } => {
                             hub(ctx)?.stop(user, server).await?;
+                            // The hub no longer counts the server as running, so its
+                            // poll leaves it alone; ending the pod ourselves too (this
+                            // uid only) finishes a pod the hub has lost track of.
+                            match delete(ctx, job, &api).await? {
+                                Outcome::Deleted | Outcome::Skipped("gone") => {}
+                                other => return Ok(other),
+                            }
                         }
                     }
                 }
