@@ -19,13 +19,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// A background task and the switch that stops it.
-struct Task {
+pub(crate) struct Task {
     stop: watch::Sender<bool>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl Task {
-    fn spawn<F>(run: impl FnOnce(watch::Receiver<bool>) -> F) -> Self
+    pub(crate) fn spawn<F>(run: impl FnOnce(watch::Receiver<bool>) -> F) -> Self
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
@@ -34,7 +34,7 @@ impl Task {
         Self { stop, handle }
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.stop.send(true);
         if let Some(handle) = self.handle.take() {
             let _ = handle.await;
@@ -48,7 +48,7 @@ impl Drop for Task {
     }
 }
 
-async fn stopped(mut rx: watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
