@@ -384,3 +384,111 @@ impl NodeAgents {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_booking_agent::audit::RecordingAudit;
+    use gpu_booking_agent::fake_cluster::FakeCluster;
+    use gpu_booking_agent::gpu::GpuSampler;
+    use serde_json::json;
+
+    fn node(gpu: &GpuNode) -> NodeGpus {
+        NodeGpus::new(
+            gpu,
+            |fake, proc| {
+                Agent::new(
+                    AgentSettings::default().config(&gpu.name),
+                    fake,
+                    Arc::new(FakeCluster::default()),
+                    Arc::new(RecordingAudit::default()),
+                    proc,
+                    Arc::new(Metrics::new()),
+                )
+            },
+            0,
+        )
+        .unwrap()
+    }
+
+    /// A notebook bound to `node` and started by the fake kubelet.
+    fn running(n: u32, node: &str, gpus: u32) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("nb-{n}"), "namespace": "jhub",
+                "uid": format!("00000000-0000-4000-8000-{n:012x}")},
+            "spec": {"nodeName": node, "containers": [{"name": "notebook",
+                "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "notebook",
+                "containerID": format!("containerd://{n:064x}"), "image": "", "imageID": "",
+                "ready": true, "restartCount": 0}]}
+        }))
+        .unwrap()
+    }
+
+    fn card_pids(n: &NodeGpus) -> Vec<Vec<u32>> {
+        n.gpu
+            .sample()
+            .unwrap()
+            .iter()
+            .map(|c| c.processes.iter().map(|p| p.pid).collect())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn time_sliced_units_share_a_card_and_kernels_end_with_their_pods() {
+        // Two cards, each shared by two pods.
+        let n = node(&GpuNode::gpu("ts", "NVIDIA-RTX-A6000", 2, 49152).time_sliced(2));
+        let pods = vec![
+            running(1, "ts", 1),
+            running(2, "ts", 1),
+            running(3, "ts", 1),
+        ];
+        n.reconcile(&pods);
+        let cards = card_pids(&n);
+        assert_eq!(cards.len(), 2, "one fake card per physical card");
+        assert_eq!(
+            cards[0].len(),
+            2,
+            "two time-sliced units on card 0: {cards:?}"
+        );
+        assert_eq!(cards[1].len(), 1, "{cards:?}");
+        // Its /proc entry names the pod's container, as the agent reads it.
+        let pid = n
+            .kernel_pid("00000000-0000-4000-8000-000000000001")
+            .unwrap();
+        let info = ProcFs::new(n.proc_dir.path()).process(pid).unwrap();
+        let container = info.container.expect("attributed to a container");
+        assert_eq!(container.pod_uid, "00000000-0000-4000-8000-000000000001");
+        assert_eq!(container.container_id, format!("{:064x}", 1));
+
+        // The first pod ends: its kernel exits and leaves the card; its unit is free.
+        n.reconcile(&pods[1..]);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| !s.contains(") Z"))
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the ended pod's kernel exits");
+        assert!(!card_pids(&n).iter().flatten().any(|p| *p == pid));
+        n.reconcile(&[pods[1].clone(), pods[2].clone(), running(4, "ts", 1)]);
+        assert_eq!(card_pids(&n)[0].len(), 2, "the freed unit is taken again");
+        n.stop_all();
+    }
+
+    #[tokio::test]
+    async fn mig_slices_are_cards_and_pods_elsewhere_or_without_gpus_get_no_kernel() {
+        let n =
+            node(&GpuNode::gpu("mig", "NVIDIA-A100-SXM4-40GB", 1, 40960).mig("1g.5gb", 7, 4864));
+        assert_eq!(
+            card_pids(&n).len(),
+            7,
+            "NVML lists each MIG slice as a device"
+        );
+        n.reconcile(&[running(1, "other-node", 1), running(2, "mig", 0)]);
+        assert!(card_pids(&n).iter().all(Vec::is_empty));
+        n.stop_all();
+    }
+}
