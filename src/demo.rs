@@ -78,9 +78,23 @@ const SAMPLES: [(&str, &str, &str); 3] = [
     ),
     (
         "carol@example.com",
-        "no booking, asks for an a100: lent while one is free, stripped once both are in use",
+        "stripped: no booking, asks for an a100, and both are in use (lent to dave's and erin's notebooks)",
         "examples/admission/stripped-user-gpu-pod.json",
     ),
+];
+
+/// The users of the demo's seeded notebooks, in spawn order: those lent the two a100s
+/// stay (the "stripped" sample finds both in use, and zoë, booked, takes one back when
+/// she spawns); the others are stopped again ([`crate::demo_cluster::seed_notebooks`]).
+/// With the webhook lending the model with the most free units, the third and the
+/// fifth land on the a100s.
+pub(crate) const SEED_USERS: [&str; 6] = [
+    "frank@uni.example",
+    "grace@uni.example",
+    "dave@uni.example",
+    "heidi@uni.example",
+    "erin@uni.example",
+    "ivan@uni.example",
 ];
 
 /// The per-model resource the "stripped" sample asks for.
@@ -134,7 +148,22 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // The API is reached at its listening address (0.0.0.0 is not a destination).
     let api_url = format!("http://{}", reachable(args.listen));
     let sim = crate::demo_cluster::start(&args, &pool, api_url, service_token.clone()).await?;
+    // After the lab's models are declared.
     seed(&pool).await?;
+    let mut pickable: Vec<String> = SAMPLES
+        .iter()
+        .map(|(user, _, _)| (*user).to_owned())
+        .collect();
+    pickable.extend(["alice@example.com", "admin@example.com"].map(String::from));
+    pickable.extend(["dave@uni.example", "erin@uni.example"].map(String::from));
+    let app = gpu_booking_api::app::router(server::state(pool.clone(), &api_args, auth))
+        .merge(crate::demo_cluster::routes(sim.clone()))
+        .merge(crate::demo_signin::routes(secret.clone(), pickable));
+    // Served from here on: the lab's controller and webhook call it while the seeded
+    // notebooks start.
+    let limits = api_args.limits.clone();
+    let served = tokio::spawn(async move { server::serve_router(listener, app, &limits).await });
+    crate::demo_cluster::seed_notebooks(&sim, &pool).await;
     let ca = sim.webhook_ca().await.unwrap_or_default();
     println!("gpu-booking demo");
     let kept = if args.fresh {
@@ -180,10 +209,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "  cluster view: http://{}/#cluster (a simulated lab: spawn notebooks as any user)",
         args.listen
     );
+    println!(
+        "  sign in as any user: on the page's sign-in view (the demo's user picker, POST /demo/sign-in)"
+    );
     println!("Ctrl-C stops it.");
-    let app = gpu_booking_api::app::router(server::state(pool, &api_args, auth))
-        .merge(crate::demo_cluster::routes(sim.clone()));
-    let served = server::serve_router(listener, app, &api_args.limits).await;
+    let served = served
+        .await
+        .unwrap_or_else(|e| Err(anyhow::anyhow!("the API task failed: {e}")));
     if let Ok(sim) = std::sync::Arc::try_unwrap(sim) {
         sim.shutdown().await;
     }

@@ -1,19 +1,25 @@
 //! The demo's simulated lab cluster: the fake API server scheduling and admitting as
 //! Kubernetes does, the lab's GPU nodes (2 x A100 on one node, 2 x 2 RTX A6000, a CPU
-//! node), the real webhook and the real controller, all from `gpu-booking-sim`, and
-//! the routes of the booking page's cluster view (`/demo/...`).
+//! node), the real webhook, the real controller and a node agent per GPU node, all
+//! from `gpu-booking-sim`, the seeded notebooks, and the routes of the booking page's
+//! cluster view (`/demo/...`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use gpu_booking_api::store::models::Model;
 use gpu_booking_sim::models::{declare, DEMO_MODELS};
 use gpu_booking_sim::{lab, BookingService, SimCluster};
 use sqlx::PgPool;
 
-use crate::demo::DemoArgs;
+use crate::demo::{DemoArgs, SEED_USERS};
 
 /// Grace period of the demo's notebooks: long enough to see a pod terminating in the
 /// cluster view, short enough not to wait for it.
 const NOTEBOOK_GRACE_SECONDS: i64 = 5;
+/// The node agents' idle window in the demo: a kernel left idle this long has its GPU
+/// process reclaimed (the PRD's default is 30 minutes; a demo is watched for minutes).
+const IDLE_MINUTES: u32 = 2;
 
 /// Declares the lab's models (if the database has none) and starts the cluster, its
 /// webhook and its controller against the booking API at `booking_url`.
@@ -31,6 +37,7 @@ pub async fn start(
         .webhook_admin_listen(args.webhook_admin_listen)
         .cert_dir(args.cert_dir.clone())
         .notebook_grace_period(NOTEBOOK_GRACE_SECONDS)
+        .agent(|cfg| cfg.policy.idle.idle_minutes = IDLE_MINUTES)
         // The "stripped" sample asks for the a100 by its own resource name.
         .webhook_arg(format!(
             "--model-resource=a100={}",
@@ -47,4 +54,83 @@ pub async fn start(
 /// The cluster view's routes, merged into the API's router.
 pub fn routes(sim: Arc<SimCluster>) -> axum::Router {
     gpu_booking_sim::routes::router(sim)
+}
+
+/// How long the demo waits for its seeded notebooks before it goes on without them.
+const SEED_WAIT: Duration = Duration::from_secs(30);
+
+/// The seeded notebooks: lent notebooks on both a100s (nobody holds a booking for
+/// them), so that the "stripped" sample review finds no a100 free while zoë's booked
+/// one still gets an a100 (a lent one is taken back when she spawns). The webhook
+/// lends the model with the most free units (the first by name among equals), so
+/// notebooks are spawned one at a time, each once the booking service counts the one
+/// before, until the a100s are full; those that were lent an a6000 on the way are
+/// stopped again. Says so when the a100s do not fill up.
+pub async fn seed_notebooks(sim: &SimCluster, pool: &PgPool) {
+    if let Err(e) = sim.controller_ready(SEED_WAIT).await {
+        tracing::warn!(error = %e, "the simulated lab is not ready; no seeded notebooks");
+        return;
+    }
+    let a100_full = |models: &[Model]| {
+        models
+            .iter()
+            .any(|m| m.name == "a100" && m.in_use >= m.units)
+    };
+    let mut held = 0;
+    let mut elsewhere = Vec::new();
+    for user in SEED_USERS {
+        let models = match counted(pool, held).await {
+            Some(models) => models,
+            None => break,
+        };
+        if a100_full(&models) {
+            break;
+        }
+        if let Err(e) = sim.spawn(user, 1).await {
+            tracing::warn!(user, error = %e, "the seeded notebook was refused");
+            break;
+        }
+        held += 1;
+        let bound = sim
+            .wait_until(SEED_WAIT, |_| node_of(sim, user).is_some())
+            .await;
+        if !bound {
+            break;
+        }
+        if node_of(sim, user).is_some_and(|n| !n.starts_with("gpu-a100")) {
+            elsewhere.push(user);
+        }
+    }
+    let full = counted(pool, held).await.is_some_and(|m| a100_full(&m));
+    for user in elsewhere {
+        let _ = sim.stop_notebook(user).await;
+    }
+    if !full {
+        tracing::warn!(
+            "the seeded notebooks do not hold both a100s: the \"stripped\" sample review is lent one instead"
+        );
+    }
+}
+
+/// The lab's models once the booking service counts `held` units in use (the
+/// controller's report lags the cluster); `None` when it does not within the wait.
+async fn counted(pool: &PgPool, held: i32) -> Option<Vec<Model>> {
+    let deadline = tokio::time::Instant::now() + SEED_WAIT;
+    loop {
+        if let Ok(models) = gpu_booking_api::store::models::list(pool).await {
+            if models.iter().map(|m| m.in_use).sum::<i32>() >= held {
+                return Some(models);
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        // The booking service has no change feed: poll it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The node `user`'s notebook is bound to.
+fn node_of(sim: &SimCluster, user: &str) -> Option<String> {
+    sim.notebook(user)?.spec?.node_name
 }

@@ -4,6 +4,7 @@
 mod cli;
 mod demo;
 mod demo_cluster;
+mod demo_signin;
 
 use clap::Parser;
 

@@ -1,7 +1,8 @@
 //! The demo a newcomer can follow (issue 11, item 5), on the real binary and the
 //! Postgres on 127.0.0.1:5432: `demo --fresh` starts from an empty database and says
 //! so; each sample review reaches its outcome (booked, lent, stripped); a token for
-//! any user can be minted with the printed command; the piped log has no colour
+//! any user can be minted with the printed command and through the page's user picker
+//! (`/demo/sign-in`, which `gpu-booking api` does not serve); the piped log has no colour
 //! codes. And `gpu-booking token` lists only options it honours, and its issuer and
 //! audience satisfy an API that requires them.
 
@@ -110,11 +111,11 @@ async fn the_demo_starts_fresh_and_reaches_every_outcome() {
             "unbooked-user-gpu-pod.json",
             "a6000 GPU lent without a booking",
         ),
-        // The simulated lab's controller reports the a100s free until notebooks hold
-        // them, so carol is lent one at first (stripped once both are in use).
+        // The demo's seeded notebooks (lent ones) hold both a100s before it says it
+        // is ready.
         (
             "stripped-user-gpu-pod.json",
-            "a100 GPU lent without a booking",
+            "no free a100 GPU and no active booking",
         ),
     ] {
         assert!(printed.contains(file), "{file} is not offered:\n{printed}");
@@ -159,6 +160,25 @@ async fn the_demo_starts_fresh_and_reaches_every_outcome() {
         .expect("the API answers")
         .status();
     assert_eq!(status, 200, "a minted token for a new user is refused");
+
+    // The page's user picker: a token for any user, which the API accepts.
+    let picked: serde_json::Value = reqwest::Client::new()
+        .post(format!("http://{api}/demo/sign-in"))
+        .json(&serde_json::json!({"user": "frank@example.com"}))
+        .send()
+        .await
+        .expect("the demo answers")
+        .json()
+        .await
+        .expect("a token as JSON");
+    let status = reqwest::Client::new()
+        .get(format!("http://{api}/api/v1/bookings"))
+        .bearer_auth(picked["token"].as_str().expect("a token"))
+        .send()
+        .await
+        .expect("the API answers")
+        .status();
+    assert_eq!(status, 200, "the picker's token is refused: {picked}");
 
     let _ = demo.kill().await;
     let _ = demo.wait().await;
@@ -208,4 +228,69 @@ async fn token_lists_only_what_it_honours_and_sets_issuer_and_audience() {
         .await
         .expect("the API accepts it");
     assert_eq!(caller.user.as_str(), "erin@example.com");
+}
+
+/// The user picker mints tokens for anyone: only `gpu-booking demo` may serve it. The
+/// real `gpu-booking api` answers its path as any unknown one (404) and mints nothing.
+#[sqlx::test(migrations = "./migrations")]
+async fn a_real_server_has_no_user_picker(pool: sqlx::PgPool) {
+    let db = pool
+        .connect_options()
+        .get_database()
+        .expect("a test database")
+        .to_owned();
+    let addr = free_addr();
+    let mut api = Command::new(BIN)
+        .args([
+            "api".to_string(),
+            format!("--listen={addr}"),
+            format!("--database-url=postgres://postgres@127.0.0.1:5432/{db}"),
+            "--jwt-secret=user-picker-test-secret-0123456789abcdef".into(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting the API");
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = http.get(format!("http://{addr}/readyz")).send().await;
+        if ready.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gpu-booking api never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let get = http
+        .get(format!("http://{addr}/demo/sign-in"))
+        .send()
+        .await
+        .expect("the API answers");
+    assert_eq!(
+        get.status(),
+        404,
+        "a real server offers the demo's user picker"
+    );
+    let post = http
+        .post(format!("http://{addr}/demo/sign-in"))
+        .json(&serde_json::json!({"user": "mallory@example.com", "admin": true}))
+        .send()
+        .await
+        .expect("the API answers");
+    let status = post.status();
+    let body = post.text().await.unwrap_or_default();
+    assert_eq!(status, 404, "a real server mints tokens: {body}");
+    assert!(!body.contains("token"), "{body}");
+    // The page asks for the picker's script everywhere; without the route it stays hidden.
+    let page = http
+        .get(format!("http://{addr}/assets/demo-signin.js"))
+        .send()
+        .await
+        .expect("the API answers");
+    assert_eq!(page.status(), 200);
+    let _ = api.kill().await;
 }

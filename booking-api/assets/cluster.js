@@ -56,6 +56,7 @@
     if (p.kind === 'booked') parts.push('booked by ' + who + (p.until ? ' until ' + fmtTime(p.until) : ''));
     else if (p.kind === 'lent') parts.push('lent to ' + who + ' (taken back when a booked user needs it)');
     else parts.push(who);
+    if (p.gpus > 0 && p.last_gpu_activity) parts.push('GPU last active ' + fmtTime(p.last_gpu_activity));
     if (p.terminating) parts.push('ending');
     else if (p.phase !== 'Running') parts.push(p.phase.toLowerCase());
     return parts.join(', ');

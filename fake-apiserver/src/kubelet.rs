@@ -20,6 +20,17 @@ use crate::snapshot::{nodes_key, pods_key, str_at};
 use crate::store::{meta_str, timestamp, Store, Write};
 use crate::Shared;
 
+/// A container's runtime ID as containerd reports it (`containerd://` and 64 hex
+/// digits, the shape the node agent finds again in `/proc/<pid>/cgroup`): the pod
+/// UID's hex digits then the container's index, so it is unique per container.
+fn container_id(uid: &str, index: usize) -> String {
+    let digits: String = uid.chars().filter(char::is_ascii_hexdigit).collect();
+    format!(
+        "containerd://{:0>32.32}{index:032x}",
+        digits.to_ascii_lowercase()
+    )
+}
+
 /// The phase and status a started pod reports.
 fn started(pod: &Value, now: &str) -> Value {
     let mut pod = pod.clone();
@@ -29,13 +40,14 @@ fn started(pod: &Value, now: &str) -> Value {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
             let name = str_at(c, "/name");
             json!({
                 "name": name,
                 "image": str_at(c, "/image"),
                 "imageID": "",
-                "containerID": format!("fake://{uid}/{name}"),
+                "containerID": container_id(&uid, i),
                 "ready": true,
                 "started": true,
                 "restartCount": 0,

@@ -7,7 +7,9 @@
 //! - The chart's PriorityClasses and MutatingWebhookConfiguration ([`chart`]), the
 //!   latter with the `caBundle` of the webhook's fresh CA and its Service registered
 //!   at the webhook's real address, so that pod creations reach it over HTTPS.
-//! - The real webhook and the real controller ([`stack`]); the booking API is given
+//! - The real webhook and the real controller ([`stack`]), and the real node agent on
+//!   each GPU node with a fake NVML, a fake `/proc` and a fake container runtime whose
+//!   notebook kernels are real processes ([`agents`]); the booking API is given
 //!   ([`BookingService`]): the demo serves its own, tests start one with
 //!   [`stack::ApiServer`].
 //! - Notebook pods as KubeSpawner 7.1 writes them, created with the hub's
@@ -15,6 +17,7 @@
 //!   HTTP routes over both ([`routes`]).
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod chart;
 pub mod hub;
 pub mod lab;
@@ -26,14 +29,17 @@ pub mod view;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use gpu_booking_agent::AgentConfig;
 use gpu_booking_controller::{Controller, ControllerArgs};
 use gpu_booking_fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
 use serde_json::json;
 
+pub use agents::AgentSettings;
 pub use chart::{ChartValues, FailurePolicy};
 pub use lab::GpuNode;
 pub use stack::{ApiServer, WebhookServer};
@@ -57,6 +63,7 @@ pub struct SimBuilder {
     webhook_args: Vec<String>,
     controller: Box<dyn FnOnce(&mut ControllerArgs) + Send>,
     grace_period: Option<i64>,
+    agents: AgentSettings,
 }
 
 impl SimBuilder {
@@ -134,7 +141,28 @@ impl SimBuilder {
         self
     }
 
-    /// Builds the cluster and starts the webhook and the controller against `booking`.
+    /// The node agents' sample interval (default 1 s).
+    pub fn agent_interval(mut self, interval: Duration) -> Self {
+        self.agents.sample_interval = interval;
+        self
+    }
+
+    /// Adjusts each node agent's configuration (idle window, dry run, ...), after
+    /// the lab's defaults ([`AgentSettings::config`]).
+    pub fn agent(mut self, configure: impl Fn(&mut AgentConfig) + Send + Sync + 'static) -> Self {
+        self.agents.configure = Arc::new(configure);
+        self
+    }
+
+    /// The GPU utilisation (percent) of each new notebook's kernel (default 0: idle,
+    /// a kernel that waits for its user); [`SimCluster::set_gpu_util`] changes it.
+    pub fn notebook_gpu_util(mut self, percent: u32) -> Self {
+        self.agents.notebook_util = percent;
+        self
+    }
+
+    /// Builds the cluster and starts the webhook, the controller and the node agents
+    /// against `booking`.
     pub async fn start(self, booking: BookingService) -> anyhow::Result<SimCluster> {
         let server = FakeApiServer::new();
         server.keep_request_log(false);
@@ -201,6 +229,7 @@ impl SimBuilder {
                 model_node_label = args.model_node_label.clone();
             },
         )?;
+        let agents = agents::NodeAgents::start(&server, &self.nodes, &booking, &self.agents)?;
         Ok(SimCluster {
             server,
             booking,
@@ -210,6 +239,7 @@ impl SimBuilder {
             nodes: self.nodes,
             webhook: tokio::sync::Mutex::new(Some(webhook)),
             controller,
+            agents,
         })
     }
 }
@@ -221,7 +251,16 @@ pub async fn spawn_notebook(
     gpus: u32,
     grace_period: Option<i64>,
 ) -> Result<Pod, kube::Error> {
-    let mut body = spawner::notebook_pod(user, gpus);
+    create_notebook_as(client, spawner::notebook_pod(user, gpus), grace_period).await
+}
+
+/// Creates the notebook pod `body` through `client` (the hub's identity), with the
+/// lab's grace period if it sets one.
+pub async fn create_notebook_as(
+    client: &kube::Client,
+    mut body: serde_json::Value,
+    grace_period: Option<i64>,
+) -> Result<Pod, kube::Error> {
     if let Some(seconds) = grace_period {
         body["spec"]["terminationGracePeriodSeconds"] = json!(seconds);
     }
@@ -249,6 +288,8 @@ pub struct SimCluster {
     model_node_label: String,
     webhook: tokio::sync::Mutex<Option<WebhookServer>>,
     pub controller: Controller,
+    /// The node agents, one per GPU node.
+    pub agents: agents::NodeAgents,
 }
 
 impl SimCluster {
@@ -263,6 +304,7 @@ impl SimCluster {
             webhook_args: Vec::new(),
             controller: Box::new(|_| {}),
             grace_period: None,
+            agents: AgentSettings::default(),
         }
     }
 
@@ -305,6 +347,12 @@ impl SimCluster {
                 configure(args);
             },
         )
+    }
+
+    /// Creates a notebook pod from `body` (a [`spawner::notebook_pod`] the caller
+    /// changed, e.g. with a profile's `nodeSelector`) as the hub does.
+    pub async fn create_notebook(&self, body: serde_json::Value) -> Result<Pod, kube::Error> {
+        create_notebook_as(&self.hub_client(), body, self.grace_period).await
     }
 
     /// Stops `user`'s notebook as JupyterHub does (a graceful delete).
@@ -392,9 +440,42 @@ impl SimCluster {
             .map(|w| w.ca_path.clone())
     }
 
-    /// Stops the controller and the webhook.
+    /// The PID of the GPU process (the notebook's kernel) of `user`'s notebook, while
+    /// it is on the node's cards: `None` once it has exited (the agent reclaimed it,
+    /// or the pod ended) or when the notebook holds no GPU.
+    pub fn gpu_process(&self, user: &str) -> Option<u32> {
+        let pod = self.notebook(user)?;
+        let node = self.agents.node(pod.spec.as_ref()?.node_name.as_deref()?)?;
+        node.kernel_pid(pod.metadata.uid.as_deref()?)
+    }
+
+    /// Sets how busy the GPU process of `user`'s notebook is (percent of the last
+    /// sample period in which a kernel ran); false when it has none.
+    pub fn set_gpu_util(&self, user: &str, percent: u32) -> bool {
+        let Some(pod) = self.notebook(user) else {
+            return false;
+        };
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .and_then(|n| self.agents.node(n));
+        let Some((node, uid)) = node.zip(pod.metadata.uid.as_deref()) else {
+            return false;
+        };
+        match node.kernel_pid(uid) {
+            Some(pid) => {
+                node.gpu.set_process_util(pid, percent);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops the node agents, the controller and the webhook.
     pub async fn shutdown(self) {
         self.controller.stop();
         self.stop_webhook().await;
+        self.agents.stop().await;
     }
 }

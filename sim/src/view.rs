@@ -15,6 +15,9 @@ use serde::Serialize;
 
 const GPU: &str = "nvidia.com/gpu";
 const USERNAME_ANNOTATION: &str = "hub.jupyter.org/username";
+/// Where the node agent reports a pod's last GPU activity (and the controller reads it).
+const LAST_GPU_ACTIVITY_ANNOTATION: &str =
+    gpu_booking_agent::agent::DEFAULT_LAST_ACTIVITY_ANNOTATION;
 
 /// The whole cluster.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -57,6 +60,9 @@ pub struct PodView {
     pub terminating: bool,
     /// Why it is not placed (`PodScheduled=False`), or why its GPU was removed.
     pub why: Option<String>,
+    /// Its last GPU activity as the node agent reported it
+    /// (`gpu-booking.io/last-gpu-activity`): lent pods idle longest give way first.
+    pub last_gpu_activity: Option<String>,
 }
 
 impl ClusterView {
@@ -138,27 +144,28 @@ fn is_finished(phase: &str) -> bool {
 /// container, each container's request (or its limit when it gives no request).
 pub fn gpus_of(pod: &Pod) -> u64 {
     let Some(spec) = &pod.spec else { return 0 };
-    let of = |c: &k8s_openapi::api::core::v1::Container| -> u64 {
-        let res = c.resources.as_ref();
-        let get = |m: Option<
-            &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-        >| {
-            m.and_then(|m| m.get(GPU))
-                .and_then(|q| q.0.parse::<u64>().ok())
-        };
-        get(res.and_then(|r| r.requests.as_ref()))
-            .or_else(|| get(res.and_then(|r| r.limits.as_ref())))
-            .unwrap_or(0)
-    };
-    let main: u64 = spec.containers.iter().map(of).sum();
+    let main: u64 = spec.containers.iter().map(container_gpus).sum();
     let init = spec
         .init_containers
         .iter()
         .flatten()
-        .map(of)
+        .map(container_gpus)
         .max()
         .unwrap_or(0);
     main.max(init)
+}
+
+/// GPUs one container asks for (its request, else its limit).
+pub fn container_gpus(c: &k8s_openapi::api::core::v1::Container) -> u64 {
+    let res = c.resources.as_ref();
+    let get =
+        |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            m.and_then(|m| m.get(GPU))
+                .and_then(|q| q.0.parse::<u64>().ok())
+        };
+    get(res.and_then(|r| r.requests.as_ref()))
+        .or_else(|| get(res.and_then(|r| r.limits.as_ref())))
+        .unwrap_or(0)
 }
 
 impl PodView {
@@ -190,6 +197,7 @@ impl PodView {
                 .unwrap_or_else(|| "Pending".into()),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             why: unschedulable.or_else(|| annotations.get(GPU_REMOVED_ANNOTATION).cloned()),
+            last_gpu_activity: annotations.get(LAST_GPU_ACTIVITY_ANNOTATION).cloned(),
         }
     }
 }

@@ -54,7 +54,7 @@ describe('cluster view (demo)', () => {
     const lent = page.locator('.cl-unit.cl-lent', { hasText: LENT });
     await lent.waitFor({ timeout: 20000 });
     assert.match(await lent.innerText(), /lent to bob@example\.com/);
-    await page.locator('.cl-pod', { hasText: 'lent to' }).locator('button').waitFor();
+    await page.locator('.cl-pod', { hasText: `lent to ${LENT}` }).locator('button').waitFor();
     await shot(page, 'cluster-view.png');
 
     assert.deepEqual(await unlabelled(page), [], 'every control has a label');
