@@ -228,6 +228,7 @@ async fn seed(pool: &PgPool) -> anyhow::Result<()> {
     let booking = NewBooking {
         user: &user,
         model: "a100",
+        units: 1,
         start: now,
         end: now + policy.min_duration,
         override_rules: false,

@@ -43,6 +43,9 @@ pub enum Reason {
     },
     /// kube-scheduler is evicting a pod of ours for a pod of higher priority.
     SchedulerPreempted,
+    /// A high-priority pod beyond its booking's units (the newest of the booking's
+    /// pods go first): it goes on as a lent pod.
+    BeyondBooking { booking_id: i64, units: u64 },
 }
 
 impl Reason {
@@ -51,6 +54,7 @@ impl Reason {
             Reason::Expired { .. } => "expire",
             Reason::Preempted { .. } => "preempt",
             Reason::SchedulerPreempted => "scheduler_preempted",
+            Reason::BeyondBooking { .. } => "beyond_booking",
         }
     }
 
@@ -59,6 +63,7 @@ impl Reason {
             Reason::Expired { .. } => "BookingEnded",
             Reason::Preempted { .. } => "PreemptedForBooking",
             Reason::SchedulerPreempted => "PreemptedByScheduler",
+            Reason::BeyondBooking { .. } => "BeyondBooking",
         }
     }
 
@@ -79,6 +84,11 @@ impl Reason {
             Reason::SchedulerPreempted => {
                 "kube-scheduler preempted it for a pod of higher priority".into()
             }
+            Reason::BeyondBooking { booking_id, units } => format!(
+                "booking {booking_id} is for {units} GPU{}, which the user's older pods hold; \
+                 this pod goes on as a lent pod (it may be reclaimed for a booked user)",
+                if *units == 1 { "" } else { "s" }
+            ),
         }
     }
 }
@@ -265,6 +275,16 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
             }
         }
         Reason::SchedulerPreempted => Mode::RecreateCpu,
+        Reason::BeyondBooking { booking_id, .. } => {
+            // The watch may be behind: act only on a pod that still claims the booking.
+            if label(PRIORITY_LABEL) != Some("high")
+                || label(BOOKING_LABEL) != Some(booking_id.to_string().as_str())
+                || deleting
+            {
+                return Ok(Outcome::Skipped("no longer a pod of that booking"));
+            }
+            Mode::Demote
+        }
     };
     let owned = pod
         .pointer("/metadata/ownerReferences")
@@ -545,6 +565,10 @@ async fn audit(ctx: &Ctx, job: &Job, pod: &Value, outcome: &Outcome) {
             details["order"] = json!("least recently GPU-active lent pod that makes room");
         }
         Reason::SchedulerPreempted => {}
+        Reason::BeyondBooking { units, .. } => {
+            details["booking_units"] = json!(units);
+            details["order"] = json!("newest of the booking's pods first");
+        }
     }
     let report = AuditReport {
         action: format!("controller.{}", job.reason.metric()),

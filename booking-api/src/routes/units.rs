@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -64,13 +63,13 @@ pub struct PutHeld {
 }
 
 #[utoipa::path(put, path = "/api/v1/held-units", tag = "webhook", request_body = PutHeld,
-    responses((status = 204), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses((status = 200, body = HeldReported), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn put_held(
     State(state): State<AppState>,
     caller: Caller,
     Json(body): Json<PutHeld>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<axum::Json<HeldReported>, ApiError> {
     caller.require_service()?;
     if body.bookings.len() > MAX_REPORTED_BOOKINGS {
         return Err(ApiError::Invalid(format!(
@@ -83,5 +82,14 @@ pub async fn put_held(
         ));
     }
     held::replace(&state.pool, &body.bookings, state.clock.now()).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(axum::Json(HeldReported {
+        bookings: body.bookings.len(),
+    }))
+}
+
+/// The answer to a report.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HeldReported {
+    /// Bookings the report named.
+    pub bookings: usize,
 }
