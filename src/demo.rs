@@ -119,7 +119,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             jwt_secret: Some(String::from_utf8(secret.clone())?),
             ..AuthArgs::default()
         },
-        policy: PolicyArgs::default(),
+        // Bookings of up to 2 GPUs, so that the page shows multi-GPU booking (the
+        // lab's A100 node has 2 cards).
+        policy: PolicyArgs {
+            max_units_per_booking: 2,
+            ..PolicyArgs::default()
+        },
         oidc: OidcArgs::default(),
         case_sensitive_names: false,
         limits: Default::default(),
