@@ -133,7 +133,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             jwt_secret: Some(String::from_utf8(secret.clone())?),
             ..AuthArgs::default()
         },
-        policy: PolicyArgs::default(),
+        // Bookings of up to 2 GPUs, so that the page shows multi-GPU booking (the
+        // lab's A100 node has 2 cards).
+        policy: PolicyArgs {
+            max_units_per_booking: 2,
+            ..PolicyArgs::default()
+        },
         oidc: OidcArgs::default(),
         case_sensitive_names: false,
         limits: Default::default(),
@@ -260,6 +265,7 @@ async fn seed(pool: &PgPool) -> anyhow::Result<()> {
     let booking = NewBooking {
         user: &user,
         model: "a100",
+        units: 1,
         start: now,
         end: now + policy.min_duration,
         override_rules: false,

@@ -522,6 +522,7 @@
       return;
     }
     const body = { model: $('book-model').value, start: start.toISOString(), end: new Date(start.getTime() + days * DAY_MS).toISOString() };
+    if (window.gpuBookingUnits && window.gpuBookingUnits.value() !== undefined) body.units = window.gpuBookingUnits.value(); // units.js
     const button = $('book-submit');
     button.disabled = true;
     result.replaceChildren(el('p', { class: 'muted', text: 'Booking…' }));

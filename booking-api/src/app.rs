@@ -14,7 +14,7 @@ use crate::auth::Authenticator;
 use crate::clock::Clock;
 use crate::metrics::{self, Metrics};
 use crate::openapi::ApiDoc;
-use crate::routes::{audit, bookings, health, me, models, schedulability};
+use crate::routes::{audit, bookings, health, me, models, schedulability, units};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -58,7 +58,9 @@ pub fn router(state: AppState) -> Router {
         .route("/models/{name}/usage", put(models::put_usage))
         .route("/models/{name}/availability", get(models::availability))
         .route("/schedulability", get(schedulability::get))
-        .route("/audit", get(audit::list).post(audit::report));
+        .route("/audit", get(audit::list).post(audit::report))
+        .route("/policy", get(units::policy))
+        .route("/held-units", put(units::put_held));
     Router::new()
         .nest("/api/v1", api)
         .route(

@@ -203,6 +203,11 @@ pub struct PolicyArgs {
     /// Accept a new booking while the user has one running.
     #[arg(long, env = "GPU_BOOKING_ALLOW_BOOKING_WHILE_ACTIVE")]
     pub allow_booking_while_active: bool,
+
+    /// GPUs (units of one model) a booking may be for (1 to 64).
+    #[arg(long, env = "GPU_BOOKING_MAX_UNITS_PER_BOOKING", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=gpu_booking_core::policy::MAX_UNITS_PER_BOOKING_LIMIT as i64))]
+    pub max_units_per_booking: u32,
 }
 
 impl Default for PolicyArgs {
@@ -214,6 +219,7 @@ impl Default for PolicyArgs {
             cooldown: p.cooldown,
             max_planned: p.max_planned,
             allow_booking_while_active: !p.no_booking_while_active,
+            max_units_per_booking: p.max_units_per_booking,
         }
     }
 }
@@ -226,6 +232,7 @@ impl PolicyArgs {
             cooldown: self.cooldown,
             no_booking_while_active: !self.allow_booking_while_active,
             max_planned: self.max_planned,
+            max_units_per_booking: self.max_units_per_booking,
         }
     }
 }

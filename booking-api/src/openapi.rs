@@ -28,6 +28,7 @@ use crate::routes;
         routes::models::list, routes::models::put, routes::models::put_usage, routes::models::availability,
         routes::schedulability::get,
         routes::audit::report, routes::audit::list,
+        routes::units::policy, routes::units::put_held,
     ),
     modifiers(&BearerAuth, &Contract)
 )]

@@ -17,9 +17,14 @@ use crate::app::AppState;
 use crate::config::OidcArgs;
 
 const INDEX_HTML: &str = include_str!("../assets/index.html");
-const APP_JS: &str = include_str!("../assets/app.js");
-const CLUSTER_JS: &str = include_str!("../assets/cluster.js");
-const DEMO_SIGNIN_JS: &str = include_str!("../assets/demo-signin.js");
+/// The page's scripts (`/assets/<name>`): one file per part of the page, so that a
+/// feature's script is added by one line here and one `<script>` tag.
+const SCRIPTS: &[(&str, &str)] = &[
+    ("app.js", include_str!("../assets/app.js")),
+    ("cluster.js", include_str!("../assets/cluster.js")),
+    ("demo-signin.js", include_str!("../assets/demo-signin.js")),
+    ("units.js", include_str!("../assets/units.js")),
+];
 const STYLE_CSS: &str = include_str!("../assets/style.css");
 const FAVICON_SVG: &str = include_str!("../assets/favicon.svg");
 
@@ -85,7 +90,13 @@ fn escape_attribute(value: &str) -> String {
 }
 
 pub fn routes() -> Router<AppState> {
-    Router::new()
+    let scripts = SCRIPTS.iter().fold(Router::new(), |router, &(name, body)| {
+        router.route(
+            &format!("/assets/{name}"),
+            get(move || async move { asset("text/javascript; charset=utf-8", body) }),
+        )
+    });
+    scripts
         .route(
             "/",
             get(|State(state): State<AppState>| async move {
@@ -94,18 +105,6 @@ pub fn routes() -> Router<AppState> {
                     state.page.index_html.to_string(),
                 )
             }),
-        )
-        .route(
-            "/assets/app.js",
-            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
-        )
-        .route(
-            "/assets/cluster.js",
-            get(|| async { asset("text/javascript; charset=utf-8", CLUSTER_JS) }),
-        )
-        .route(
-            "/assets/demo-signin.js",
-            get(|| async { asset("text/javascript; charset=utf-8", DEMO_SIGNIN_JS) }),
         )
         .route(
             "/assets/style.css",

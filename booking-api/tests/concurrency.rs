@@ -1,13 +1,16 @@
 //! 32 concurrent clients make random creates and cancels against a 2-unit model
 //! over real HTTP for at least 10 seconds (GPU_BOOKING_CONCURRENCY_SECS to change),
-//! then SQL checks the invariants the rules promise. Zero violations allowed.
+//! then SQL checks the invariants the rules promise. Zero violations allowed. The
+//! same storm with multi-GPU bookings (1 to 3 units) against a 4-unit model.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DurationRound, TimeDelta, Utc};
+use gpu_booking_api::clock::SystemClock;
 use gpu_booking_api::testing::TestApi;
+use gpu_booking_core::policy::Policy;
 use rand::Rng;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -25,13 +28,30 @@ struct Tally {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
-    let api = TestApi::start(pool.clone()).await.unwrap();
+    storm(pool, 2, 1).await;
+}
+
+/// Bookings for 1 to 3 GPUs of a 4-unit model racing: capacity counts units.
+#[sqlx::test(migrations = "../migrations")]
+async fn random_multi_unit_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
+    storm(pool, 4, 3).await;
+}
+
+/// The storm against a model of `model_units`, each create for 1 to `max_units`.
+async fn storm(pool: PgPool, model_units: i32, max_units: u32) {
+    let policy = Policy {
+        max_units_per_booking: max_units,
+        ..Policy::default()
+    };
+    let api = TestApi::start_with(pool.clone(), policy, Arc::new(SystemClock))
+        .await
+        .unwrap();
     let admin = api.token("admin@example.com", Some("admin"));
     let http = reqwest::Client::new();
     let put = http
         .put(format!("{}/api/v1/models/a100", api.url))
         .bearer_auth(&admin)
-        .json(&json!({"units": 2, "patterns": ["*A100*"], "gpumem_mib": 40960}))
+        .json(&json!({"units": model_units, "patterns": ["*A100*"], "gpumem_mib": 40960}))
         .send()
         .await
         .unwrap();
@@ -54,13 +74,14 @@ async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
             (http.clone(), api.url.clone(), tokens.clone(), tally.clone());
         clients.push(tokio::spawn(async move {
             while Instant::now() < deadline {
-                let (user, create, start_hours, days) = {
+                let (user, create, start_hours, days, units) = {
                     let mut rng = rand::rng();
                     (
                         rng.random_range(0..USERS),
                         rng.random_bool(0.7),
                         rng.random_range(1..24 * 60),
                         rng.random_range(1..=14),
+                        rng.random_range(1..=max_units),
                     )
                 };
                 let token = &tokens[user];
@@ -73,7 +94,7 @@ async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
                     let r = http
                         .post(format!("{url}/api/v1/bookings"))
                         .bearer_auth(token)
-                        .json(&json!({"model": "a100", "start": start, "end": end}))
+                        .json(&json!({"model": "a100", "units": units, "start": start, "end": end}))
                         .send()
                         .await
                         .unwrap();
@@ -128,13 +149,15 @@ async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
         "the run exercised creates, refusals and cancels"
     );
 
-    // The busiest instant of any set of intervals is one of their starts.
+    // The busiest instant of any set of intervals is one of their starts; units,
+    // not bookings, are counted.
     let overbooked: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (
            SELECT b.id FROM booking b JOIN booking o
              ON o.model = b.model AND o.cancelled_at IS NULL AND o.period @> b.start_at
-           WHERE b.cancelled_at IS NULL GROUP BY b.id HAVING count(*) > 2) x",
+           WHERE b.cancelled_at IS NULL GROUP BY b.id HAVING sum(o.units) > $1) x",
     )
+    .bind(model_units)
     .fetch_one(&pool)
     .await
     .unwrap();
@@ -158,14 +181,32 @@ async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
     assert_eq!(many_planned, 0, "a user with more than one planned booking");
     let slot_clash: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM booking a JOIN booking b
-           ON a.model = b.model AND a.slot = b.slot AND a.id < b.id AND a.period && b.period
-         WHERE a.cancelled_at IS NULL AND b.cancelled_at IS NULL OR a.slot >= 2 AND a.cancelled_at IS NULL",
+           ON a.model = b.model AND a.slots && b.slots AND a.id < b.id AND a.period && b.period
+         WHERE a.cancelled_at IS NULL AND b.cancelled_at IS NULL",
     )
     .fetch_one(&pool)
     .await
     .unwrap();
+    let slot_range: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM booking WHERE cancelled_at IS NULL
+           AND (cardinality(slots) <> units OR slots[units] >= $1 OR slots[1] < 0)",
+    )
+    .bind(model_units)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(slot_clash, 0, "two bookings on one unit at once");
     assert_eq!(
-        slot_clash, 0,
-        "two bookings on one unit at once, or a slot beyond the units"
+        slot_range, 0,
+        "a slot beyond the units, or not one per unit"
     );
+    if max_units > 1 {
+        let multi: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM booking WHERE cancelled_at IS NULL AND units > 1",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(multi > 0, "the storm created multi-unit bookings");
+    }
 }

@@ -259,7 +259,7 @@ impl Api {
         let slot_clash = self
             .sql_count(
                 "SELECT count(*) FROM booking a JOIN booking b
-                   ON a.id < b.id AND a.model = b.model AND a.slot = b.slot AND a.period && b.period
+                   ON a.id < b.id AND a.model = b.model AND a.slots && b.slots AND a.period && b.period
                  WHERE a.cancelled_at IS NULL AND b.cancelled_at IS NULL",
             )
             .await;
@@ -270,7 +270,8 @@ impl Api {
         let slot_range = self
             .sql_count(
                 "SELECT count(*) FROM booking b JOIN gpu_model m ON m.name = b.model
-                 WHERE b.cancelled_at IS NULL AND (b.slot < 0 OR b.slot >= m.units)",
+                 WHERE b.cancelled_at IS NULL
+                   AND (b.slots[1] < 0 OR b.slots[b.units] >= m.units OR cardinality(b.slots) <> b.units)",
             )
             .await;
         assert_eq!(
@@ -290,7 +291,7 @@ impl Api {
             .sql_count(
                 "SELECT count(*) FROM booking s JOIN gpu_model m ON m.name = s.model
                  WHERE s.cancelled_at IS NULL AND (
-                   SELECT count(*) FROM booking o
+                   SELECT sum(o.units) FROM booking o
                    WHERE o.model = s.model AND o.cancelled_at IS NULL AND o.period @> s.start_at) > m.units",
             )
             .await;
@@ -1361,8 +1362,8 @@ async fn the_exclusion_constraints_are_a_backstop(pool: PgPool) {
             .await
             .unwrap();
             sqlx::query(
-                "INSERT INTO booking (user_name, model, slot, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
-                 VALUES ($1, 'a100', $2, $3, $4, $4, 'sql', $3, $3)",
+                "INSERT INTO booking (user_name, model, slots, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
+                 VALUES ($1, 'a100', ARRAY[$2::integer], $3, $4, $4, 'sql', $3, $3)",
             )
             .bind(user)
             .bind(slot)

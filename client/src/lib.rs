@@ -123,6 +123,18 @@ impl BookingClient {
         Ok(())
     }
 
+    /// Reports the units each booking's high-priority pods hold (the whole count:
+    /// bookings left out hold none).
+    pub async fn put_held(
+        &self,
+        held: &std::collections::BTreeMap<i64, u64>,
+    ) -> Result<(), ClientError> {
+        let body = serde_json::json!({ "bookings": held });
+        self.call::<Value>(reqwest::Method::PUT, "/api/v1/held-units", Some(&body))
+            .await?;
+        Ok(())
+    }
+
     /// Records an action in the audit log; returns the row's id.
     pub async fn audit(&self, report: &AuditReport) -> Result<i64, ClientError> {
         let body = serde_json::to_value(report).map_err(|e| ClientError::Body(e.to_string()))?;

@@ -53,6 +53,9 @@ pub enum Reason {
     SchedulerPreempted,
     /// A two-step action recorded by this or another replica, to be finished.
     Resumed(Box<Intent>),
+    /// A high-priority pod beyond its booking's units (the newest of the booking's
+    /// pods go first): it goes on as a lent pod.
+    BeyondBooking { booking_id: i64, units: u64 },
 }
 
 impl Reason {
@@ -62,6 +65,7 @@ impl Reason {
             Reason::Preempted { .. } => "preempt",
             Reason::SchedulerPreempted => "scheduler_preempted",
             Reason::Resumed(_) => "resume",
+            Reason::BeyondBooking { .. } => "beyond_booking",
         }
     }
 
@@ -71,6 +75,7 @@ impl Reason {
             Reason::Preempted { .. } => "PreemptedForBooking",
             Reason::SchedulerPreempted => "PreemptedByScheduler",
             Reason::Resumed(_) => "ActionResumed",
+            Reason::BeyondBooking { .. } => "BeyondBooking",
         }
     }
 
@@ -95,6 +100,11 @@ impl Reason {
                 "finishing an action recorded at {} ({})",
                 intent.created_text(),
                 intent.reason
+            ),
+            Reason::BeyondBooking { booking_id, units } => format!(
+                "booking {booking_id} is for {units} GPU{}, which the user's older pods hold; \
+                 this pod goes on as a lent pod (it may be reclaimed for a booked user)",
+                if *units == 1 { "" } else { "s" }
             ),
         }
     }
@@ -301,6 +311,16 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
             }
         }
         Reason::SchedulerPreempted => Mode::RecreateCpu,
+        Reason::BeyondBooking { booking_id, .. } => {
+            // The watch may be behind: act only on a pod that still claims the booking.
+            if label(PRIORITY_LABEL) != Some("high")
+                || label(BOOKING_LABEL) != Some(booking_id.to_string().as_str())
+                || deleting
+            {
+                return Ok(Outcome::Skipped("no longer a pod of that booking"));
+            }
+            Mode::Demote
+        }
         Reason::Resumed(_) => unreachable!("handled above"),
     };
     // Through the hub where the hub runs the pod (its user is on it).
@@ -784,6 +804,10 @@ async fn audit(ctx: &Ctx, job: &Job, pod: &Value, outcome: &Outcome) {
         Reason::Resumed(intent) => {
             details["resumed"] = json!(intent.action);
             details["recorded_at"] = json!(intent.created_text());
+        }
+        Reason::BeyondBooking { units, .. } => {
+            details["booking_units"] = json!(units);
+            details["order"] = json!("newest of the booking's pods first");
         }
     }
     let report = AuditReport {

@@ -2,6 +2,8 @@
 //! its place (no sockets: tests run on tokio's paused clock, which a real socket wait
 //! would let jump past every timeout).
 
+use std::collections::BTreeMap;
+
 use futures::future::BoxFuture;
 use gpu_booking_client::{AuditReport, BookingClient, ClientError, Model, UsageReport};
 
@@ -12,6 +14,12 @@ pub trait Booking: Send + Sync + 'static {
     fn models(&self) -> Answer<'_, Vec<Model>>;
     fn put_usage<'a>(&'a self, model: &'a str, report: &'a UsageReport) -> Answer<'a, ()>;
     fn audit<'a>(&'a self, report: &'a AuditReport) -> Answer<'a, i64>;
+    /// The units each booking's high-priority pods hold (the whole count). The
+    /// default takes it and keeps nothing: for fakes of tests that do not read it.
+    fn put_held<'a>(&'a self, held: &'a BTreeMap<i64, u64>) -> Answer<'a, ()> {
+        let _ = held;
+        Box::pin(async { Ok(()) })
+    }
 }
 
 impl Booking for BookingClient {
@@ -23,5 +31,8 @@ impl Booking for BookingClient {
     }
     fn audit<'a>(&'a self, report: &'a AuditReport) -> Answer<'a, i64> {
         Box::pin(BookingClient::audit(self, report))
+    }
+    fn put_held<'a>(&'a self, held: &'a BTreeMap<i64, u64>) -> Answer<'a, ()> {
+        Box::pin(BookingClient::put_held(self, held))
     }
 }

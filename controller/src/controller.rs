@@ -22,6 +22,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::time::{delay_queue, DelayQueue};
 
 use crate::actions::{self, Ctx, Job, Outcome, Reason};
+use crate::booking_units;
 use crate::clock::until;
 use crate::config::ControllerArgs;
 use crate::inventory::{self, Models, NodeInfo, Usage};
@@ -44,6 +45,8 @@ enum Msg {
     Done(Job, Outcome),
     Models(Result<Vec<Model>, ClientError>),
     Reported(BTreeMap<String, Usage>, bool),
+    /// The units held per booking were reported (true) or not.
+    HeldReported(BTreeMap<i64, u64>, bool),
     Labelled,
     /// A node's status patch ended (true: written).
     Advertised(String, bool),
@@ -70,6 +73,9 @@ pub struct Loop {
     node_labels: HashMap<String, BTreeMap<String, String>>,
     reported: BTreeMap<String, Usage>,
     reporting: bool,
+    /// The units held per booking as last reported (`None`: not since elected).
+    held_reported: Option<BTreeMap<i64, u64>>,
+    held_reporting: bool,
     labelling: HashMap<String, Instant>,
     /// Nodes whose VRAM budget is being written, or failed to be, and since when.
     advertising: HashMap<String, (Instant, bool)>,
@@ -108,6 +114,8 @@ impl Loop {
             node_labels: HashMap::new(),
             reported: BTreeMap::new(),
             reporting: false,
+            held_reported: None,
+            held_reporting: false,
             labelling: HashMap::new(),
             advertising: HashMap::new(),
             several_models: HashSet::new(),
@@ -187,6 +195,7 @@ impl Loop {
                 _ = intent_tick.tick() => self.sweep_intents(),
                 _ = sync_tick.tick() => {
                     self.report_usage();
+                    self.enforce_booking_units();
                     self.label_nodes();
                     self.advertise_gpumem();
                 }
@@ -356,6 +365,7 @@ impl Loop {
     fn on_elected(&mut self) {
         tracing::debug!(pods = self.pods.len(), "elected: re-arming timers");
         self.reported.clear();
+        self.held_reported = None;
         self.usage_dirty = true;
         self.sweep_intents();
         let infos: Vec<PodInfo> = self.pods.values().cloned().collect();
@@ -455,6 +465,12 @@ impl Loop {
                 self.reporting = false;
                 self.reported.extend(done);
                 self.usage_dirty |= !ok;
+            }
+            Msg::HeldReported(held, ok) => {
+                self.held_reporting = false;
+                if ok {
+                    self.held_reported = Some(held);
+                }
             }
             Msg::Labelled => {}
             Msg::Intents(found) => {
@@ -705,6 +721,56 @@ impl Loop {
             }
             let _ = tx.send(Msg::Reported(done, ok));
         });
+    }
+
+    /// A booking covers its units and no more, from the cluster's state on every
+    /// sync: reports the units each booking's pods hold (the webhook decides new pods
+    /// from it) and demotes the pods beyond a booking's units, newest first (two pods
+    /// admitted before the count caught up both got high priority). Level-triggered:
+    /// a demotion that failed or was missed is found again on the next sync.
+    fn enforce_booking_units(&mut self) {
+        if !self.leader() || !self.pods_synced {
+            return;
+        }
+        let pods = booking_units::booked_pods(&self.pods);
+        let held = gpu_booking_core::booking_units::held_by_booking(&pods);
+        if !self.held_reporting && self.held_reported.as_ref() != Some(&held) {
+            if self.ctx.dry_run {
+                tracing::info!(
+                    bookings = held.len(),
+                    "dry run: would report the units held"
+                );
+                self.held_reported = Some(held);
+            } else {
+                self.held_reporting = true;
+                let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
+                tokio::spawn(async move {
+                    let ok = match ctx.booking.put_held(&held).await {
+                        Ok(()) => {
+                            ctx.metrics.action("report_held", "done");
+                            true
+                        }
+                        Err(e) => {
+                            ctx.metrics.action("report_held", "error");
+                            ctx.metrics.error("booking");
+                            tracing::warn!(error = %e, "could not report the units held per booking");
+                            false
+                        }
+                    };
+                    let _ = tx.send(Msg::HeldReported(held, ok));
+                });
+            }
+        }
+        for uid in gpu_booking_core::booking_units::beyond_units(&pods) {
+            let Some(info) = self.pods.get(&uid) else {
+                continue;
+            };
+            let (Some(booking_id), Some(units)) = (info.booking_id, info.booking_units) else {
+                continue;
+            };
+            let job = job_for(info, Reason::BeyondBooking { booking_id, units });
+            self.start(job);
+        }
     }
 
     /// Labels each GPU node with its model (and removes a label that no longer fits).

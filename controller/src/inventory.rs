@@ -320,6 +320,7 @@ mod tests {
             uid: format!("u-{node}-{units}"),
             priority: None,
             booking_id: None,
+            booking_units: None,
             model_label: None,
             user: None,
             terminate_at: None,

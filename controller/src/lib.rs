@@ -24,6 +24,7 @@
 
 pub mod actions;
 pub mod booking;
+pub mod booking_units;
 pub mod clock;
 pub mod config;
 pub mod controller;

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
-    detect_gpu, parse_quantity, AdmissionConfig, BOOKING_LABEL, MODEL_LABEL, PRIORITY_LABEL,
-    USERNAME_KEY,
+    detect_gpu, parse_quantity, AdmissionConfig, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION,
+    MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
@@ -141,6 +141,8 @@ pub struct PodInfo {
     pub uid: String,
     pub priority: Option<Priority>,
     pub booking_id: Option<i64>,
+    /// The GPUs its booking is for (the webhook's annotation), if a high-priority pod.
+    pub booking_units: Option<u64>,
     /// `gpu-booking/model`: the model the webhook admitted the pod on.
     pub model_label: Option<String>,
     pub user: Option<String>,
@@ -229,6 +231,7 @@ impl PodInfo {
             uid: meta.uid.clone()?,
             priority,
             booking_id: label(BOOKING_LABEL).and_then(|b| b.parse().ok()),
+            booking_units: annotation(BOOKING_UNITS_ANNOTATION).and_then(|u| u.trim().parse().ok()),
             model_label: label(MODEL_LABEL).map(str::to_owned),
             user: annotation(USERNAME_KEY)
                 .or_else(|| label(USERNAME_KEY))

@@ -76,6 +76,7 @@ pub fn lent_copy(pod: &Value, cfg: &AdmissionConfig) -> Result<Option<Value>, Co
     let decision = Decision::LowPriority {
         model,
         gpumem_mib: None,
+        beyond_booking: None,
     };
     let patch = plan(pod, &decision, cfg);
     let mut copy = pod.clone();

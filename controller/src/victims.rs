@@ -233,6 +233,7 @@ mod tests {
             uid: format!("uid-{name}"),
             priority: Some(priority),
             booking_id: None,
+            booking_units: None,
             model_label: None,
             user: None,
             terminate_at: None,

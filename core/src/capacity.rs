@@ -5,17 +5,38 @@
 //! exclusion constraint (model, slot, period) can forbid overbooking on its own.
 //! Cancellations leave gaps that a fixed first-come slot choice cannot always use,
 //! so planned bookings may change slot when a new booking needs it.
+//!
+//! A booking for N units (issue 12 item 3) holds N slots, not necessarily adjacent
+//! (adjacent slots would fragment: a 2-unit booking could be refused with two free
+//! units). Where only windows are counted, a booking of N units is its window N
+//! times ([`unit_windows`]), so every count below is a count of units.
 
 use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::window::Window;
 
-/// A booking of the model as the slot planner sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A booking of the model as the slot planner sees it: its window and the slots
+/// (one per unit, ascending) it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
     pub id: i64,
     pub window: Window,
-    pub slot: i32,
+    pub slots: Vec<i32>,
+}
+
+impl Held {
+    /// The units the booking is for.
+    pub fn units(&self) -> u32 {
+        self.slots.len() as u32
+    }
+}
+
+/// Each booking's window once per unit it holds: the form every count here takes.
+pub fn unit_windows<'a>(bookings: impl IntoIterator<Item = (Window, u32)> + 'a) -> Vec<Window> {
+    bookings
+        .into_iter()
+        .flat_map(|(w, units)| std::iter::repeat_n(w, units as usize))
+        .collect()
 }
 
 /// The largest number of `bookings` that overlap at one instant inside `window`.
@@ -36,21 +57,40 @@ pub fn peak_in(bookings: &[Window], window: &Window) -> usize {
     peak.max(0) as usize
 }
 
-/// Whether one more booking over `window` keeps the model within `units`.
+/// Whether one more booking of one unit over `window` keeps the model within `units`.
 pub fn fits(units: u32, bookings: &[Window], window: &Window) -> bool {
-    peak_in(bookings, window) < units as usize
+    fits_units(units, bookings, window, 1)
 }
 
-/// The earliest start at or after `from` where a booking of `duration` fits.
-/// Free capacity only ever appears when a booking ends, so the candidates are
-/// `from` and the ends after it. `None` when the model has no units.
+/// Whether one more booking of `need` units over `window` keeps the model within
+/// `units` (`bookings` counted per unit, see [`unit_windows`]).
+pub fn fits_units(units: u32, bookings: &[Window], window: &Window, need: u32) -> bool {
+    peak_in(bookings, window) + need as usize <= units as usize
+}
+
+/// The earliest start at or after `from` where a booking of one unit and `duration`
+/// fits.
 pub fn earliest_fit(
     units: u32,
     bookings: &[Window],
     from: DateTime<Utc>,
     duration: TimeDelta,
 ) -> Option<DateTime<Utc>> {
-    if units == 0 || duration <= TimeDelta::zero() {
+    earliest_fit_units(units, bookings, from, duration, 1)
+}
+
+/// The earliest start at or after `from` where a booking of `need` units and
+/// `duration` fits. Free capacity only ever appears when a booking ends, so the
+/// candidates are `from` and the ends after it. `None` when the model has fewer
+/// than `need` units (or none).
+pub fn earliest_fit_units(
+    units: u32,
+    bookings: &[Window],
+    from: DateTime<Utc>,
+    duration: TimeDelta,
+    need: u32,
+) -> Option<DateTime<Utc>> {
+    if units == 0 || need == 0 || need > units || duration <= TimeDelta::zero() {
         return None;
     }
     let mut candidates: Vec<DateTime<Utc>> = std::iter::once(from)
@@ -60,7 +100,7 @@ pub fn earliest_fit(
     candidates.dedup();
     candidates.into_iter().find(|&start| {
         Window::new(start, start + duration)
-            .map(|w| fits(units, bookings, &w))
+            .map(|w| fits_units(units, bookings, &w, need))
             .unwrap_or(false)
     })
 }
@@ -70,82 +110,113 @@ pub fn free_in(units: u32, bookings: &[Window], window: &Window) -> u32 {
     (units as usize).saturating_sub(peak_in(bookings, window)) as u32
 }
 
-/// Where a new booking goes: its slot, and the planned bookings that must move.
+/// Where a new booking goes: its slots, and the planned bookings that must move
+/// (with all their new slots).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotPlan {
-    pub slot: i32,
-    pub moves: Vec<(i64, i32)>,
+    pub slots: Vec<i32>,
+    pub moves: Vec<(i64, Vec<i32>)>,
 }
 
-/// A slot free over `window` among `overlapping` (the model's bookings that
-/// overlap it), without moving anything: the common, cheap case.
-pub fn free_slot(units: u32, overlapping: &[Held], window: &Window) -> Option<i32> {
-    (0..units as i32).find(|slot| {
-        !overlapping
-            .iter()
-            .any(|h| h.slot == *slot && h.window.overlaps(window))
-    })
+/// `need` slots free over `window` among `overlapping` (the model's bookings that
+/// overlap it), without moving anything: the common, cheap case. The lowest free
+/// ones, ascending.
+pub fn free_slots(
+    units: u32,
+    overlapping: &[Held],
+    window: &Window,
+    need: u32,
+) -> Option<Vec<i32>> {
+    let slots: Vec<i32> = (0..units as i32)
+        .filter(|slot| {
+            !overlapping
+                .iter()
+                .any(|h| h.slots.contains(slot) && h.window.overlaps(window))
+        })
+        .take(need as usize)
+        .collect();
+    (need > 0 && slots.len() == need as usize).then_some(slots)
 }
 
-/// Assigns slots so that every booking that fits by count gets one. Bookings that
-/// start before `keep_before` keep their slot; the others and the new one are
-/// placed greedily in order of start. Greedy by start is optimal for intervals:
-/// when a booking starts, every slot taken at that instant belongs to a booking
-/// that contains the instant, and there are fewer of those than units if it fits
-/// by count. That needs every kept booking to start before every placed one,
-/// which `keep_before` guarantees. Callers pass a moment just after `now` (only
-/// planned bookings move) or, for an admin's booking in the past, its start
-/// (slots are bookkeeping, not physical cards, so renumbering is harmless).
-/// Bookings keep their slot when it is free.
+/// Assigns slots so that every booking that fits by count gets its units. Bookings
+/// that start before `keep_before` keep their slots; the others and the new one
+/// (of `need` units) are placed greedily in order of start. Greedy by start is
+/// optimal for intervals, however many units each holds: when a booking starts,
+/// every slot taken at that instant belongs to a booking that contains the instant,
+/// and those hold at most `units - need` slots if it fits by count. That needs every
+/// kept booking to start before every placed one, which `keep_before` guarantees.
+/// Callers pass a moment just after `now` (only planned bookings move) or, for an
+/// admin's booking in the past, its start (slots are bookkeeping, not physical
+/// cards, so renumbering is harmless). Bookings keep each slot that is free.
 pub fn replan(
     units: u32,
     keep_before: DateTime<Utc>,
     bookings: &[Held],
     new_window: &Window,
+    need: u32,
 ) -> Option<SlotPlan> {
     const NEW: i64 = i64::MIN;
-    if new_window.start() < keep_before {
+    if new_window.start() < keep_before || need == 0 {
         return None;
     }
     let mut busy_until: Vec<Option<DateTime<Utc>>> = vec![None; units as usize];
     for h in bookings.iter().filter(|h| h.window.start() < keep_before) {
-        if let Some(b) = usize::try_from(h.slot)
-            .ok()
-            .and_then(|s| busy_until.get_mut(s))
-        {
-            let end = h.window.end();
-            *b = Some(b.map_or(end, |b| b.max(end)));
+        for slot in &h.slots {
+            if let Some(b) = usize::try_from(*slot)
+                .ok()
+                .and_then(|s| busy_until.get_mut(s))
+            {
+                let end = h.window.end();
+                *b = Some(b.map_or(end, |b| b.max(end)));
+            }
         }
     }
     let mut placed: Vec<Held> = bookings
         .iter()
         .filter(|h| h.window.start() >= keep_before)
-        .copied()
+        .cloned()
         .collect();
     placed.push(Held {
         id: NEW,
         window: *new_window,
-        slot: -1,
+        slots: vec![-1; need as usize],
     });
     placed.sort_by_key(|h| (h.window.start(), h.id == NEW, h.id));
 
     let free_at = |busy: &Option<DateTime<Utc>>, t: DateTime<Utc>| busy.is_none_or(|b| b <= t);
     let mut plan = SlotPlan {
-        slot: -1,
+        slots: Vec::new(),
         moves: Vec::new(),
     };
     for h in placed {
         let start = h.window.start();
-        let keep = usize::try_from(h.slot)
-            .ok()
-            .filter(|s| *s < busy_until.len() && free_at(&busy_until[*s], start));
-        let slot = keep.or_else(|| busy_until.iter().position(|b| free_at(b, start)))?;
-        busy_until[slot] = Some(h.window.end());
-        let slot = slot as i32;
+        // Its own slots that are still free, then the lowest free others.
+        let mut slots: Vec<usize> = h
+            .slots
+            .iter()
+            .filter_map(|s| usize::try_from(*s).ok())
+            .filter(|s| *s < busy_until.len() && free_at(&busy_until[*s], start))
+            .collect();
+        for s in 0..busy_until.len() {
+            if slots.len() >= h.slots.len() {
+                break;
+            }
+            if free_at(&busy_until[s], start) && !slots.contains(&s) {
+                slots.push(s);
+            }
+        }
+        if slots.len() < h.slots.len() {
+            return None;
+        }
+        for s in &slots {
+            busy_until[*s] = Some(h.window.end());
+        }
+        let mut slots: Vec<i32> = slots.into_iter().map(|s| s as i32).collect();
+        slots.sort_unstable();
         if h.id == NEW {
-            plan.slot = slot;
-        } else if slot != h.slot {
-            plan.moves.push((h.id, slot));
+            plan.slots = slots;
+        } else if slots != h.slots {
+            plan.moves.push((h.id, slots));
         }
     }
     Some(plan)
@@ -166,7 +237,7 @@ mod tests {
         Held {
             id,
             window: w(a, b),
-            slot,
+            slots: vec![slot],
         }
     }
 
@@ -201,12 +272,12 @@ mod tests {
     #[test]
     fn a_free_slot_is_taken_without_moves() {
         let bookings = [held(1, 10, 22, 0), held(2, 23, 30, 1)];
-        assert_eq!(free_slot(2, &bookings, &w(21, 23)), Some(1));
-        let plan = replan(2, t(0), &bookings, &w(21, 23)).unwrap();
+        assert_eq!(free_slots(2, &bookings, &w(21, 23), 1), Some(vec![1]));
+        let plan = replan(2, t(0), &bookings, &w(21, 23), 1).unwrap();
         assert_eq!(
             plan,
             SlotPlan {
-                slot: 1,
+                slots: vec![1],
                 moves: vec![]
             }
         );
@@ -218,13 +289,13 @@ mod tests {
         // shared it was cancelled). [15,35) fits by count but no slot is free
         // over all of it until [30,40) moves to slot 0.
         let bookings = [held(1, 10, 20, 0), held(2, 30, 40, 1)];
-        assert_eq!(free_slot(2, &bookings, &w(15, 35)), None);
-        let plan = replan(2, t(0), &bookings, &w(15, 35)).unwrap();
+        assert_eq!(free_slots(2, &bookings, &w(15, 35), 1), None);
+        let plan = replan(2, t(0), &bookings, &w(15, 35), 1).unwrap();
         assert_eq!(
             plan,
             SlotPlan {
-                slot: 1,
-                moves: vec![(2, 0)]
+                slots: vec![1],
+                moves: vec![(2, vec![0])]
             }
         );
     }
@@ -233,9 +304,9 @@ mod tests {
     fn started_bookings_keep_their_slot() {
         let now = t(12);
         let bookings = [held(1, 10, 20, 1), held(2, 30, 40, 0)];
-        let plan = replan(2, now, &bookings, &w(15, 35)).unwrap();
-        assert_eq!(plan.slot, 0);
-        assert_eq!(plan.moves, vec![(2, 1)]);
+        let plan = replan(2, now, &bookings, &w(15, 35), 1).unwrap();
+        assert_eq!(plan.slots, vec![0]);
+        assert_eq!(plan.moves, vec![(2, vec![1])]);
     }
 
     #[test]
@@ -243,16 +314,16 @@ mod tests {
         // Ended [0,5) on slot 0, running [6,15) on slot 1; an override [2,8)
         // fits by count only if [6,15) moves to slot 0.
         let bookings = [held(1, 0, 5, 0), held(2, 6, 15, 1)];
-        let plan = replan(2, t(2), &bookings, &w(2, 8)).unwrap();
+        let plan = replan(2, t(2), &bookings, &w(2, 8), 1).unwrap();
         assert_eq!(
             plan,
             SlotPlan {
-                slot: 1,
-                moves: vec![(2, 0)]
+                slots: vec![1],
+                moves: vec![(2, vec![0])]
             }
         );
         assert_eq!(
-            replan(2, t(3), &bookings, &w(2, 8)),
+            replan(2, t(3), &bookings, &w(2, 8), 1),
             None,
             "must start at or after keep_before"
         );
@@ -261,6 +332,64 @@ mod tests {
     #[test]
     fn replan_refuses_when_count_is_exceeded() {
         let bookings = [held(1, 10, 20, 0), held(2, 10, 20, 1)];
-        assert_eq!(replan(2, t(0), &bookings, &w(15, 16)), None);
+        assert_eq!(replan(2, t(0), &bookings, &w(15, 16), 1), None);
+    }
+
+    fn held_n(id: i64, a: i64, b: i64, slots: &[i32]) -> Held {
+        Held {
+            id,
+            window: w(a, b),
+            slots: slots.to_vec(),
+        }
+    }
+
+    #[test]
+    fn units_are_counted_not_bookings() {
+        let two = held_n(1, 0, 10, &[0, 1]);
+        let one = held_n(2, 5, 15, &[2]);
+        let windows = unit_windows([(two.window, two.units()), (one.window, one.units())]);
+        assert_eq!(peak_in(&windows, &w(0, 20)), 3);
+        assert!(fits_units(4, &windows, &w(5, 6), 1));
+        assert!(!fits_units(4, &windows, &w(5, 6), 2));
+        assert!(fits_units(4, &windows, &w(10, 12), 3));
+        assert_eq!(
+            earliest_fit_units(4, &windows, t(0), TimeDelta::days(1), 2),
+            Some(t(0))
+        );
+        assert_eq!(
+            earliest_fit_units(4, &windows, t(0), TimeDelta::days(1), 3),
+            Some(t(10))
+        );
+        assert_eq!(
+            earliest_fit_units(4, &windows, t(0), TimeDelta::days(1), 4),
+            Some(t(15))
+        );
+        assert_eq!(
+            earliest_fit_units(4, &windows, t(0), TimeDelta::days(1), 5),
+            None
+        );
+        assert_eq!(
+            free_slots(4, &[two.clone(), one.clone()], &w(5, 6), 1),
+            Some(vec![3])
+        );
+        assert_eq!(free_slots(4, &[two, one], &w(5, 6), 2), None);
+    }
+
+    #[test]
+    fn a_multi_unit_booking_takes_slots_that_are_not_adjacent() {
+        // Slots 0 and 2 are free, 1 and 3 are not: two units fit without moving.
+        let bookings = [held_n(1, 0, 10, &[1]), held_n(2, 0, 10, &[3])];
+        assert_eq!(free_slots(4, &bookings, &w(2, 4), 2), Some(vec![0, 2]));
+        // A started booking [0,10) on slot 1 and a planned one [12,20) on 0 and 2:
+        // [5,15) for 2 units fits by count (at most 3 of 4 at once), but only if
+        // the planned one moves off slot 0 or 2.
+        let now = t(1);
+        let bookings = [held_n(1, 0, 10, &[1]), held_n(2, 12, 20, &[0, 2])];
+        assert_eq!(free_slots(4, &bookings, &w(5, 15), 2), None);
+        let plan = replan(4, now, &bookings, &w(5, 15), 2).unwrap();
+        assert_eq!(plan.slots, vec![0, 2]);
+        assert_eq!(plan.moves, vec![(2, vec![1, 3])]);
+        // 3 units with 1 held throughout: refused by count.
+        assert_eq!(replan(4, now, &bookings, &w(5, 15), 4), None);
     }
 }

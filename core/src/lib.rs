@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod booking_units;
 pub mod capacity;
 pub mod eviction;
 pub mod gpu_model;

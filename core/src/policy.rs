@@ -17,7 +17,14 @@ pub struct Policy {
     pub no_booking_while_active: bool,
     /// Planned (not yet started) bookings a user may hold at once.
     pub max_planned: u32,
+    /// GPUs (units of its model) one booking may be for; 1: single-GPU bookings only.
+    pub max_units_per_booking: u32,
 }
+
+/// The most units one booking may ever be for, whatever the policy says: far above
+/// any lab's node, and it bounds what a booking costs (a row per unit is never kept,
+/// but counts and slot lists grow with it).
+pub const MAX_UNITS_PER_BOOKING_LIMIT: u32 = 64;
 
 impl Default for Policy {
     fn default() -> Self {
@@ -27,6 +34,7 @@ impl Default for Policy {
             cooldown: TimeDelta::days(14),
             no_booking_while_active: true,
             max_planned: 1,
+            max_units_per_booking: 1,
         }
     }
 }

@@ -7,7 +7,7 @@
 use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use serde::Serialize;
 
-use crate::policy::{human_duration, Policy};
+use crate::policy::{human_duration, Policy, MAX_UNITS_PER_BOOKING_LIMIT};
 use crate::window::Window;
 
 /// The rule that refused a request. Serialised as the `error` field of the API.
@@ -26,6 +26,8 @@ pub enum RuleCode {
     /// Only reachable with an admin override: the user already holds a booking in
     /// that window. Without an override the cooldown rule refuses first.
     Overlap,
+    /// More GPUs than one booking may be for (or none).
+    InvalidUnits,
 }
 
 impl RuleCode {
@@ -41,6 +43,7 @@ impl RuleCode {
             RuleCode::Capacity => "capacity",
             RuleCode::UnknownModel => "unknown_model",
             RuleCode::Overlap => "overlap",
+            RuleCode::InvalidUnits => "invalid_units",
         }
     }
 
@@ -150,6 +153,27 @@ pub fn check_request(
         ));
     }
     Ok(window)
+}
+
+/// The GPUs a booking may be for: 1 to the policy's `max_units_per_booking`; an
+/// admin's override may go past the policy's maximum, never past
+/// [`MAX_UNITS_PER_BOOKING_LIMIT`] (what the database accepts).
+pub fn check_units(policy: &Policy, units: u32, override_rules: bool) -> Result<u32, Refusal> {
+    let max = if override_rules {
+        MAX_UNITS_PER_BOOKING_LIMIT
+    } else {
+        policy
+            .max_units_per_booking
+            .min(MAX_UNITS_PER_BOOKING_LIMIT)
+    };
+    if (1..=max).contains(&units) {
+        return Ok(units);
+    }
+    let message = match max {
+        1 => format!("A booking is for one GPU here; this one asks for {units}."),
+        _ => format!("A booking is for 1 to {max} GPUs; this one asks for {units}."),
+    };
+    Err(Refusal::new(RuleCode::InvalidUnits, message))
 }
 
 /// Checks against the user's own bookings (not cancelled; `end` is the effective
@@ -370,6 +394,32 @@ mod tests {
         let r = check_user(&p, now(), &far, &planned, false).unwrap_err();
         assert_eq!(r.code, RuleCode::FutureBookingExists);
         assert_eq!(r.earliest_start, Some(now() + days(17)));
+    }
+
+    #[test]
+    fn units_within_the_policys_maximum() {
+        let p = Policy::default();
+        assert_eq!(check_units(&p, 1, false), Ok(1));
+        let refused = check_units(&p, 2, false).unwrap_err();
+        assert_eq!(refused.code, RuleCode::InvalidUnits);
+        assert!(refused.message.contains("one GPU"), "{}", refused.message);
+        assert_eq!(
+            code(check_units(&p, 0, false).map(|_| ())),
+            Some(RuleCode::InvalidUnits)
+        );
+        let p = Policy {
+            max_units_per_booking: 4,
+            ..Policy::default()
+        };
+        assert_eq!(check_units(&p, 4, false), Ok(4));
+        assert!(check_units(&p, 5, false)
+            .unwrap_err()
+            .message
+            .contains("1 to 4"));
+        // An admin's override goes past the policy, not past the database's limit.
+        assert_eq!(check_units(&p, 5, true), Ok(5));
+        assert!(check_units(&p, MAX_UNITS_PER_BOOKING_LIMIT + 1, true).is_err());
+        assert!(check_units(&p, 0, true).is_err());
     }
 
     #[test]

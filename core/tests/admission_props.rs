@@ -5,9 +5,9 @@
 use std::collections::BTreeSet;
 
 use gpu_booking_core::admission::{
-    decide, detect_gpu, identify, plan, plan_cpu_only, AdmissionConfig, Decision, Identity, Lookup,
-    Schedulability, StripReason, BOOKING_LABEL, GPU_REMOVED_ANNOTATION, MODEL_LABEL,
-    NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL, USERNAME_KEY,
+    decide, detect_gpu, identify, plan, plan_cpu_only, AdmissionConfig, BeyondBooking, Decision,
+    Identity, Lookup, Schedulability, StripReason, BOOKING_LABEL, GPU_REMOVED_ANNOTATION,
+    MODEL_LABEL, NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL, USERNAME_KEY,
 };
 use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_core::username::{escape_encode, NameCase, Username};
@@ -186,25 +186,49 @@ fn decision() -> impl Strategy<Value = Decision> {
             models.clone(),
             0i64..4_000_000_000,
             any::<Option<u32>>(),
-            any::<bool>()
+            any::<bool>(),
+            any::<Option<u8>>()
         )
-            .prop_map(|(booking_id, model, secs, mib, preempt)| Decision::Booked {
-                booking_id,
+            .prop_map(
+                |(booking_id, model, secs, mib, preempt, units)| Decision::Booked {
+                    booking_id,
+                    model,
+                    until: chrono::DateTime::from_timestamp(secs, 0).unwrap(),
+                    gpumem_mib: mib.map(u64::from),
+                    preempt,
+                    booking_units: units.map(u64::from),
+                }
+            ),
+        (
+            models.clone(),
+            any::<Option<u32>>(),
+            any::<Option<(u8, u8, u8)>>()
+        )
+            .prop_map(|(model, mib, beyond)| Decision::LowPriority {
                 model,
-                until: chrono::DateTime::from_timestamp(secs, 0).unwrap(),
                 gpumem_mib: mib.map(u64::from),
-                preempt,
+                beyond_booking: beyond.map(|(units, held, asked)| BeyondBooking {
+                    booking_id: 3,
+                    units: units.into(),
+                    held: held.into(),
+                    asked: asked.into(),
+                }),
             }),
-        (models.clone(), any::<Option<u32>>()).prop_map(|(model, mib)| Decision::LowPriority {
-            model,
-            gpumem_mib: mib.map(u64::from),
-        }),
         prop_oneof![
             models.prop_map(|m| StripReason::NothingFree { model: Some(m) }),
             Just(StripReason::NothingFree { model: None }),
             Just(StripReason::SeveralModels),
             Just(StripReason::BookingServiceError),
             Just(StripReason::NoIdentity),
+            Just(StripReason::BeyondBooking {
+                model: model("a100"),
+                beyond: BeyondBooking {
+                    booking_id: 3,
+                    units: 64,
+                    held: 64,
+                    asked: 64
+                }
+            }),
         ]
         .prop_map(|reason| Decision::Strip {
             reason,
@@ -340,7 +364,8 @@ proptest! {
 
     /// The pipeline as the webhook runs it, on any pod and any answer.
     #[test]
-    fn decide_then_plan(pod in pod(), free_a100 in -1i64..3, free_a6000 in -1i64..3, booked in any::<bool>()) {
+    fn decide_then_plan(pod in pod(), free_a100 in -1i64..3, free_a6000 in -1i64..3, booked in any::<bool>(),
+                        units in any::<Option<(u8, u8)>>()) {
         let cfg = cfg(true);
         let Some(gpu) = detect_gpu(&pod, &cfg) else { return Ok(()) };
         let answer = Schedulability {
@@ -354,6 +379,8 @@ proptest! {
             earliest_booking: None,
             gpumem_advertised_mib: None,
             earliest_booking_by_model: Default::default(),
+            units: units.map(|(u, _)| u.into()),
+            units_held: units.map(|(_, h)| h.into()),
         };
         let now = "2029-01-01T00:00:00Z".parse().unwrap();
         let d = decide(&gpu, Lookup::Answer(&answer), &cfg, now);

@@ -10,7 +10,7 @@
 //! - (b) [`Real`]: the `core` functions composed exactly as
 //!   `booking-api/src/store/bookings.rs` composes them (`rules::check_request`,
 //!   `rules::check_user`, `capacity::fits`, `capacity::earliest_fit`,
-//!   `capacity::free_slot`, `capacity::replan`), slots included.
+//!   `capacity::free_slots`, `capacity::replan`), slots included.
 //!
 //! Every step must give the same decision, refusal code and earliest start, and
 //! after every step the real state must keep the invariants the database
@@ -64,6 +64,7 @@ impl Rules {
             cooldown: TimeDelta::hours(self.cooldown),
             no_booking_while_active: self.no_booking_while_active,
             max_planned: self.max_planned as u32,
+            max_units_per_booking: 1,
         }
     }
 }
@@ -268,7 +269,7 @@ impl Real {
             .map(|(i, b)| Held {
                 id: i as i64,
                 window: b.window,
-                slot: b.slot,
+                slots: vec![b.slot],
             })
             .collect()
     }
@@ -307,19 +308,19 @@ impl Real {
                 },
             );
         }
-        let slot = match capacity::free_slot(self.units, &overlapping, &window) {
-            Some(slot) => slot,
+        let slot = match capacity::free_slots(self.units, &overlapping, &window, 1) {
+            Some(slots) => slots[0],
             None => {
                 // reassign_slots: only planned bookings move, unless an admin
                 // books the past; then everything from its start may.
                 let keep_before = (self.now + TimeDelta::microseconds(1)).min(window.start());
                 let future = self.held(keep_before, None);
-                let plan = capacity::replan(self.units, keep_before, &future, &window)
+                let plan = capacity::replan(self.units, keep_before, &future, &window, 1)
                     .ok_or_else(|| Refusal::new(RuleCode::Capacity, "no slot"))?;
-                for (id, slot) in &plan.moves {
-                    self.bookings[*id as usize].slot = *slot;
+                for (id, slots) in &plan.moves {
+                    self.bookings[*id as usize].slot = slots[0];
                 }
-                plan.slot
+                plan.slots[0]
             }
         };
         self.bookings.push(RealBooking {

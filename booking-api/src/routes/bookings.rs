@@ -19,6 +19,11 @@ use crate::store::bookings::{self, Booking, NewBooking};
 pub struct CreateBooking {
     /// Model name, e.g. `a100`.
     pub model: String,
+    /// GPUs of the model (default 1; at most the policy's `max_units_per_booking`,
+    /// see `GET /api/v1/policy`).
+    #[serde(default = "one_unit")]
+    #[schema(minimum = 1, maximum = 64, default = 1)]
+    pub units: u32,
     /// RFC 3339 start (inclusive).
     pub start: DateTime<Utc>,
     /// RFC 3339 end (exclusive).
@@ -28,6 +33,10 @@ pub struct CreateBooking {
     /// Admins only: skip every rule but capacity and the user's own overlap.
     #[serde(default, rename = "override")]
     pub override_rules: bool,
+}
+
+fn one_unit() -> u32 {
+    1
 }
 
 #[utoipa::path(post, path = "/api/v1/bookings", tag = "bookings", request_body = CreateBooking,
@@ -57,6 +66,7 @@ pub async fn create(
         NewBooking {
             user: &user,
             model: &body.model,
+            units: body.units,
             start: body.start,
             end: body.end,
             override_rules: body.override_rules,

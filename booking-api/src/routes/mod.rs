@@ -6,3 +6,4 @@ pub mod health;
 pub mod me;
 pub mod models;
 pub mod schedulability;
+pub mod units;

@@ -16,7 +16,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
-use crate::store::{audit, bookings, models, users};
+use crate::store::{audit, bookings, held, models, users};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -55,6 +55,14 @@ pub struct Schedulability {
     /// `GET /me/next-start?model=` answers it for this user (rules and capacity, the
     /// default length). Empty for a pod without identity or an ambiguous slug.
     pub earliest_booking_by_model: BTreeMap<String, DateTime<Utc>>,
+    /// With an active booking: the GPUs it is for. The user's pods get high priority
+    /// for this many units at once, no more.
+    pub units: Option<i32>,
+    /// With an active booking: the units its user's high-priority pods held at the
+    /// controller's last count (reported within about a second of a pod change; a
+    /// pod admitted since is not in it, and the controller demotes what goes past
+    /// `units`).
+    pub units_held: Option<i32>,
 }
 
 /// Whom a query names.
@@ -127,7 +135,10 @@ pub async fn get(
         .filter_map(|m| Some((m.name.clone(), m.advertised_unit_mib()?)))
         .collect();
     if let Some(b) = active {
+        let units_held = held::units_held(&state.pool, b.id).await?;
         return Ok(axum::Json(Schedulability {
+            units: Some(b.units),
+            units_held: Some(units_held),
             schedulable: true,
             until: Some(b.end_at),
             model: Some(b.model),
@@ -180,6 +191,8 @@ pub async fn get(
         earliest_booking: earliest_booking_by_model.values().min().copied(),
         earliest_booking_by_model,
         gpumem_advertised_mib,
+        units: None,
+        units_held: None,
     }))
 }
 

@@ -22,6 +22,8 @@ pub struct BookingRow {
     pub user_name: String,
     pub model: String,
     pub slot: i32,
+    pub units: i32,
+    pub slots: Vec<i32>,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
     pub booked_end_at: DateTime<Utc>,
@@ -31,7 +33,8 @@ pub struct BookingRow {
     pub created_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, user_name, model, slot, start_at, end_at, booked_end_at, cancelled_at, \
+const COLUMNS: &str =
+    "id, user_name, model, slot, units, slots, start_at, end_at, booked_end_at, cancelled_at, \
                        ended_early_at, override AS override_rules, created_at";
 
 /// A booking as the API shows it.
@@ -40,8 +43,14 @@ pub struct Booking {
     pub id: i64,
     pub user: String,
     pub model: String,
-    /// The unit of the model this booking holds (planned bookings may move).
+    /// The first unit of the model this booking holds (planned bookings may move).
     pub slot: i32,
+    /// GPUs (units of the model) the booking is for: its user's pods get high
+    /// priority for this many at once, and no more.
+    #[schema(example = 1)]
+    pub units: i32,
+    /// The units of the model it holds, one per GPU (planned bookings may move).
+    pub slots: Vec<i32>,
     pub start: DateTime<Utc>,
     /// Effective end: earlier than `booked_end` when ended early.
     pub end: DateTime<Utc>,
@@ -74,6 +83,8 @@ impl BookingRow {
             user: self.user_name.clone(),
             model: self.model.clone(),
             slot: self.slot,
+            units: self.units,
+            slots: self.slots.clone(),
             start: self.start_at,
             end: self.end_at,
             booked_end: self.booked_end_at,
@@ -95,12 +106,15 @@ struct LockedRead {
     o_start: Option<DateTime<Utc>>,
     o_end: Option<DateTime<Utc>>,
     o_slot: i32,
+    o_slots: Option<Vec<i32>>,
 }
 
 /// A booking request after authentication.
 pub struct NewBooking<'a> {
     pub user: &'a Username,
     pub model: &'a str,
+    /// GPUs of the model (checked against the policy's maximum).
+    pub units: u32,
     pub start: DateTime<Utc>,
     pub end: DateTime<Utc>,
     pub override_rules: bool,
@@ -117,6 +131,7 @@ pub async fn create(
     req: NewBooking<'_>,
 ) -> Result<BookingRow, ApiError> {
     let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
+    let need = rules::check_units(policy, req.units, req.override_rules)?;
     let mut tx = pool.begin().await?;
     // The locks, then the user's bookings and the model's bookings over the window:
     // one round trip, so the model stays locked for as little as possible.
@@ -132,12 +147,10 @@ pub async fn create(
     let mut own = Vec::new();
     let mut overlapping = Vec::new();
     for row in rows {
-        let held = match (row.o_id, row.o_start, row.o_end) {
-            (Some(id), Some(s), Some(e)) => Window::new(s, e).ok().map(|window| Held {
-                id,
-                window,
-                slot: row.o_slot,
-            }),
+        let held = match (row.o_id, row.o_start, row.o_end, row.o_slots) {
+            (Some(id), Some(s), Some(e), Some(slots)) => Window::new(s, e)
+                .ok()
+                .map(|window| Held { id, window, slots }),
             _ => None,
         };
         match (row.o_kind.as_str(), held) {
@@ -150,15 +163,16 @@ pub async fn create(
     let units = units.ok_or_else(|| ApiError::unknown_model(req.model))?;
 
     rules::check_user(policy, now, &window, &own, req.override_rules)?;
-    let overlapping_windows: Vec<Window> = overlapping.iter().map(|h| h.window).collect();
-    if !capacity::fits(units, &overlapping_windows, &window) {
-        return Err(capacity_refusal(&mut tx, req.model, units, &window)
+    let overlapping_windows =
+        capacity::unit_windows(overlapping.iter().map(|h| (h.window, h.units())));
+    if !capacity::fits_units(units, &overlapping_windows, &window, need) {
+        return Err(capacity_refusal(&mut tx, req.model, units, &window, need)
             .await?
             .into());
     }
-    let slot = match capacity::free_slot(units, &overlapping, &window) {
-        Some(slot) => slot,
-        None => reassign_slots(&mut tx, req.model, units, now, &window).await?,
+    let slots = match capacity::free_slots(units, &overlapping, &window, need) {
+        Some(slots) => slots,
+        None => reassign_slots(&mut tx, req.model, units, now, &window, need).await?,
     };
 
     // The user (for slug look-ups), the booking and its audit row in one statement.
@@ -178,17 +192,17 @@ pub async fn create(
          ), keys AS (
             INSERT INTO user_key (key, user_name) SELECT k, known.name FROM known, unnest($12::text[]) AS k
          ), created AS (
-            INSERT INTO booking (user_name, model, slot, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at)
-            VALUES ($1, $2, $3, $4, $5, $5, $6, $7, $8, $8) RETURNING *
+            INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at)
+            VALUES ($1, $2, $3, cardinality($3::integer[]), $4, $5, $5, $6, $7, $8, $8) RETURNING *
          ), audited AS (
             INSERT INTO audit_event (at, actor, action, subject, user_name, booking_id, details)
-            SELECT $8, $7, $11, $2, $1, id, jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot) FROM created
+            SELECT $8, $7, $11, $2, $1, id, jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot, 'units', units, 'slots', slots) FROM created
          )
          SELECT {COLUMNS} FROM created"
     ))
     .bind(req.user.as_str())
     .bind(req.model)
-    .bind(slot)
+    .bind(&slots)
     .bind(window.start())
     .bind(window.end())
     .bind(req.override_rules)
@@ -219,15 +233,15 @@ async fn own_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Vec<Wi
         .collect())
 }
 
-/// The model's bookings (not cancelled) overlapping `[from, to)`, with slots.
+/// The model's bookings (not cancelled) overlapping `[from, to)`, with their slots.
 async fn held(
     db: impl PgExecutor<'_>,
     model: &str,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<Held>> {
-    let rows: Vec<(i64, DateTime<Utc>, DateTime<Utc>, i32)> = sqlx::query_as(
-        "SELECT id, start_at, end_at, slot FROM booking
+    let rows: Vec<(i64, DateTime<Utc>, DateTime<Utc>, Vec<i32>)> = sqlx::query_as(
+        "SELECT id, start_at, end_at, slots FROM booking
          WHERE model = $1 AND cancelled_at IS NULL AND period && tstzrange($2, $3, '[)')",
     )
     .bind(model)
@@ -237,27 +251,28 @@ async fn held(
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(id, s, e, slot)| {
+        .filter_map(|(id, s, e, slots)| {
             Window::new(s, e)
                 .ok()
-                .map(|window| Held { id, window, slot })
+                .map(|window| Held { id, window, slots })
         })
         .collect())
 }
 
-/// No slot is free over the whole window although it fits by count: move
-/// planned bookings so that one is (see `capacity::replan`).
+/// Not enough slots are free over the whole window although it fits by count:
+/// move planned bookings so that they are (see `capacity::replan`).
 async fn reassign_slots(
     tx: &mut Transaction<'_, Postgres>,
     model: &str,
     units: u32,
     now: DateTime<Utc>,
     window: &Window,
-) -> Result<i32, ApiError> {
+    need: u32,
+) -> Result<Vec<i32>, ApiError> {
     // Only planned bookings move, unless an admin books the past.
     let keep_before = (now + TimeDelta::microseconds(1)).min(window.start());
     let future = held(&mut **tx, model, keep_before, DateTime::<Utc>::MAX_UTC).await?;
-    let plan = capacity::replan(units, keep_before, &future, window).ok_or_else(|| {
+    let plan = capacity::replan(units, keep_before, &future, window, need).ok_or_else(|| {
         Refusal::new(
             RuleCode::Capacity,
             "No unit of this model can be assigned over that window.",
@@ -266,14 +281,14 @@ async fn reassign_slots(
     sqlx::query("SET CONSTRAINTS booking_slot_excl DEFERRED")
         .execute(&mut **tx)
         .await?;
-    for (id, slot) in &plan.moves {
-        sqlx::query("UPDATE booking SET slot = $2 WHERE id = $1")
+    for (id, slots) in &plan.moves {
+        sqlx::query("UPDATE booking SET slots = $2 WHERE id = $1")
             .bind(id)
-            .bind(slot)
+            .bind(slots)
             .execute(&mut **tx)
             .await?;
     }
-    Ok(plan.slot)
+    Ok(plan.slots)
 }
 
 async fn capacity_refusal(
@@ -281,19 +296,27 @@ async fn capacity_refusal(
     model: &str,
     units: u32,
     window: &Window,
+    need: u32,
 ) -> Result<Refusal, ApiError> {
     let later = held(&mut **tx, model, window.start(), DateTime::<Utc>::MAX_UTC).await?;
-    let windows: Vec<Window> = later.iter().map(|h| h.window).collect();
-    let refusal = Refusal::new(
-        RuleCode::Capacity,
+    let windows = capacity::unit_windows(later.iter().map(|h| (h.window, h.units())));
+    let message = if need <= 1 {
         format!(
             "All {units} units of {model} are booked at some point between {} and {}.",
             rules::rfc3339(window.start()),
             rules::rfc3339(window.end())
-        ),
-    );
+        )
+    } else {
+        format!(
+            "Fewer than {need} of the {units} units of {model} are free at some point between {} and {}.",
+            rules::rfc3339(window.start()),
+            rules::rfc3339(window.end())
+        )
+    };
+    let refusal = Refusal::new(RuleCode::Capacity, message);
     Ok(
-        match capacity::earliest_fit(units, &windows, window.start(), window.duration()) {
+        match capacity::earliest_fit_units(units, &windows, window.start(), window.duration(), need)
+        {
             Some(t) => refusal.with_earliest(t),
             None => refusal,
         },
@@ -443,14 +466,14 @@ pub async fn user_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<V
     own_windows(db, user).await
 }
 
-/// The bookings (not cancelled) that end after `now`, by model: what can stand in
-/// the way of a booking from now on.
+/// The bookings (not cancelled) that end after `now`, by model, each once per unit
+/// it is for: what can stand in the way of a booking from now on.
 pub async fn ahead_by_model(
     db: impl PgExecutor<'_>,
     now: DateTime<Utc>,
 ) -> sqlx::Result<std::collections::BTreeMap<String, Vec<Window>>> {
     let rows: Vec<(String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT model, start_at, end_at FROM booking
+        "SELECT model, start_at, end_at FROM booking, generate_series(1, units)
          WHERE cancelled_at IS NULL AND period && tstzrange($1, NULL, '[)')",
     )
     .bind(now)

@@ -142,7 +142,8 @@ pub async fn set_usage(
     .await
 }
 
-/// Windows of the model's bookings (not cancelled) that overlap `[from, to)`.
+/// Windows of the model's bookings (not cancelled) that overlap `[from, to)`, each
+/// once per unit it is for (so that peaks count units).
 pub async fn booked_windows(
     db: impl PgExecutor<'_>,
     model: &str,
@@ -150,7 +151,7 @@ pub async fn booked_windows(
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<Window>> {
     let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT start_at, end_at FROM booking
+        "SELECT start_at, end_at FROM booking, generate_series(1, units)
          WHERE model = $1 AND cancelled_at IS NULL AND period && tstzrange($2, $3, '[)')",
     )
     .bind(model)

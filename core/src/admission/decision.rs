@@ -137,6 +137,14 @@ pub struct Schedulability {
     /// answers it (the user's rules and the model's capacity).
     #[serde(default)]
     pub earliest_booking_by_model: BTreeMap<ModelName, DateTime<Utc>>,
+    /// With an active booking: the GPUs it is for. Absent (a service that predates
+    /// multi-GPU bookings): the booking covers whatever the pod asks.
+    #[serde(default)]
+    pub units: Option<u64>,
+    /// With an active booking: the units its user's high-priority pods held at the
+    /// controller's last count (absent: none).
+    #[serde(default)]
+    pub units_held: Option<u64>,
 }
 
 impl Schedulability {
@@ -174,6 +182,36 @@ impl Schedulability {
     }
 }
 
+/// A booked user's pod that asks for more GPUs than the booking has free: the
+/// booking covers `units`, its pods already hold `held`, this pod asks for `asked`.
+/// The pod is treated as unbooked (lent or stripped), and the warning says why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BeyondBooking {
+    pub booking_id: i64,
+    pub units: u64,
+    pub held: u64,
+    pub asked: u64,
+}
+
+impl BeyondBooking {
+    /// Whether a pod asking for `asked` GPUs goes past a booking of `units` whose
+    /// pods hold `held`: a booking gives high priority to at most its units at once.
+    pub fn check(booking_id: i64, units: u64, held: u64, asked: u64) -> Option<BeyondBooking> {
+        (held.saturating_add(asked) > units).then_some(BeyondBooking {
+            booking_id,
+            units,
+            held,
+            asked,
+        })
+    }
+
+    /// "booking: 1 GPU, 1 in use", for the warnings.
+    fn describe(&self) -> String {
+        let gpus = if self.units == 1 { "GPU" } else { "GPUs" };
+        format!("booking: {} {gpus}, {} in use", self.units, self.held)
+    }
+}
+
 /// What the webhook learned about the pod's owner.
 #[derive(Debug, Clone, Copy)]
 pub enum Lookup<'a> {
@@ -199,6 +237,12 @@ pub enum StripReason {
     /// No trusted spawner vouches for the pod's owner and the policy is
     /// [`UnidentifiedGpuPods::Strip`].
     NoIdentity,
+    /// The owner's booking has no GPU left for this pod (all in use by their other
+    /// pods, or the pod asks for more than it is for) and no other unit is free.
+    BeyondBooking {
+        model: ModelName,
+        beyond: BeyondBooking,
+    },
 }
 
 /// What happens to a GPU pod.
@@ -214,11 +258,15 @@ pub enum Decision {
         /// No unit of the model was free at admission (for the audit row; the
         /// controller preempts only if the pod then stays Pending).
         preempt: bool,
+        /// The GPUs the booking is for (`None`: a service that does not say).
+        booking_units: Option<u64>,
     },
     /// No booking, but a unit is free: the pod gets it at low priority (preemptible).
     LowPriority {
         model: ModelName,
         gpumem_mib: Option<u64>,
+        /// Set when the owner is booked but the pod goes past the booking's units.
+        beyond_booking: Option<BeyondBooking>,
     },
     /// The pod runs without its GPU.
     Strip {
@@ -255,6 +303,7 @@ pub fn decide(
             earliest_booking: None,
         };
     }
+    let mut beyond_booking = None;
     if answer.schedulable {
         let (Some(booking_id), Some(model), Some(until)) =
             (answer.booking_id, answer.model.as_ref(), answer.until)
@@ -266,13 +315,21 @@ pub fn decide(
         };
         let same_model = gpu.model().is_none_or(|asked| asked == model);
         if until > now && same_model {
-            return Decision::Booked {
-                booking_id,
-                model: model.clone(),
-                until,
-                gpumem_mib: budget(model),
-                preempt: answer.free.get(model).is_none_or(|&free| free <= 0),
-            };
+            // A booking covers its units and no more (issue 12 item 3): what is
+            // left of it after its other pods, by the controller's last count.
+            beyond_booking = answer.units.and_then(|units| {
+                BeyondBooking::check(booking_id, units, answer.units_held.unwrap_or(0), gpu.units)
+            });
+            if beyond_booking.is_none() {
+                return Decision::Booked {
+                    booking_id,
+                    model: model.clone(),
+                    until,
+                    gpumem_mib: budget(model),
+                    preempt: answer.free.get(model).is_none_or(|&free| free <= 0),
+                    booking_units: answer.units,
+                };
+            }
         }
     }
     // Not booked (for this model, or any more): a free unit, else no GPU.
@@ -287,12 +344,20 @@ pub fn decide(
             .max_by(|(a, n), (b, m)| n.cmp(m).then_with(|| b.cmp(a)))
             .map(|(model, _)| model),
     };
-    match lend {
-        Some(model) => Decision::LowPriority {
+    match (lend, beyond_booking, answer.model.as_ref()) {
+        (Some(model), _, _) => Decision::LowPriority {
             model: model.clone(),
             gpumem_mib: budget(model),
+            beyond_booking,
         },
-        None => Decision::Strip {
+        (None, Some(beyond), Some(booked)) => Decision::Strip {
+            reason: StripReason::BeyondBooking {
+                model: booked.clone(),
+                beyond,
+            },
+            earliest_booking: None,
+        },
+        (None, _, _) => Decision::Strip {
             reason: StripReason::NothingFree {
                 model: gpu.model().cloned(),
             },
@@ -381,6 +446,9 @@ impl Decision {
                 "the booking service could not be asked (policy: strip)".to_owned()
             }
             StripReason::NoIdentity => "the pod was not created by JupyterHub".to_owned(),
+            StripReason::BeyondBooking { model, beyond } => {
+                format!("{}; no other free {model} GPU", beyond.describe())
+            }
         })
     }
 
@@ -391,9 +459,31 @@ impl Decision {
                 "gpu-booking: booked {model} GPU until {}",
                 until.format("%Y-%m-%d %H:%M UTC")
             ),
-            Decision::LowPriority { model, .. } => format!(
+            Decision::LowPriority {
+                model,
+                beyond_booking: None,
+                ..
+            } => format!(
                 "gpu-booking: {model} GPU lent without a booking; it may be reclaimed for a booked user"
             ),
+            Decision::LowPriority {
+                model,
+                beyond_booking: Some(beyond),
+                ..
+            } => {
+                let text = format!(
+                    "gpu-booking: beyond your {}: {model} GPU lent, it may be reclaimed",
+                    beyond.describe()
+                );
+                if text.chars().count() <= MAX_WARNING_CHARS {
+                    text
+                } else {
+                    format!(
+                        "gpu-booking: beyond your {}: GPU lent, it may be reclaimed",
+                        beyond.describe()
+                    )
+                }
+            }
             Decision::Strip {
                 reason,
                 earliest_booking,
@@ -410,9 +500,14 @@ impl Decision {
                     text
                 } else {
                     // A long model name must not push the date out of the message.
-                    say(match reason {
-                        StripReason::NothingFree { .. } => "no free GPU and no active booking",
-                        _ => "see the pod's annotations",
+                    say(&match reason {
+                        StripReason::NothingFree { .. } => {
+                            "no free GPU and no active booking".to_owned()
+                        }
+                        StripReason::BeyondBooking { beyond, .. } => {
+                            format!("{}; no other free GPU", beyond.describe())
+                        }
+                        _ => "see the pod's annotations".to_owned(),
                     })
                 }
             }
@@ -466,6 +561,8 @@ mod tests {
             earliest_booking: Some("2026-12-01T09:00:00Z".parse().unwrap()),
             gpumem_advertised_mib: None,
             earliest_booking_by_model: BTreeMap::new(),
+            units: None,
+            units_held: None,
         }
     }
 
@@ -500,7 +597,8 @@ mod tests {
             d,
             Decision::LowPriority {
                 model: model("t4"),
-                gpumem_mib: Some(8192)
+                gpumem_mib: Some(8192),
+                beyond_booking: None,
             }
         );
         assert!(!a.budget_withheld(&model("t4"), &cfg));
@@ -540,6 +638,96 @@ mod tests {
         assert_eq!(d.preemption(), Some((17, &model("a100"))));
     }
 
+    fn gpus(units: u64, asked: Option<&str>) -> GpuRequest {
+        GpuRequest {
+            units,
+            models: asked.map(model).into_iter().collect(),
+        }
+    }
+
+    #[test]
+    fn a_booking_gives_high_priority_to_its_units_only() {
+        let cfg = AdmissionConfig::default();
+        let mut a = answer(Some("a100"), &[("a100", 2), ("a6000", 0)]);
+        a.units = Some(2);
+        a.units_held = Some(0);
+        // Two GPUs of a 2-unit booking: booked, and the pod says so.
+        let d = decide(&gpus(2, None), Lookup::Answer(&a), &cfg, now());
+        assert!(
+            matches!(
+                d,
+                Decision::Booked {
+                    booking_units: Some(2),
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        // One held already: a second single-GPU pod still fits, a 2-GPU one does not.
+        a.units_held = Some(1);
+        assert_eq!(
+            decide(&gpus(1, None), Lookup::Answer(&a), &cfg, now()).kind(),
+            "booked"
+        );
+        let d = decide(&gpus(2, Some("a100")), Lookup::Answer(&a), &cfg, now());
+        assert_eq!(
+            d,
+            Decision::LowPriority {
+                model: model("a100"),
+                gpumem_mib: Some(40960),
+                beyond_booking: BeyondBooking::check(17, 2, 1, 2),
+            }
+        );
+        let w = d.warning().unwrap();
+        assert!(
+            w.contains("beyond your booking: 2 GPUs, 1 in use") && w.contains("lent"),
+            "{w}"
+        );
+        // Both held: the next pod is lent while a unit is free ...
+        a.units_held = Some(2);
+        let d = decide(&gpus(1, None), Lookup::Answer(&a), &cfg, now());
+        assert_eq!(d.kind(), "low_priority");
+        assert_eq!(d.audit_action(), Some("webhook.low-priority"));
+        // ... and stripped when none is, saying why (no date: the user is booked).
+        a.free.insert(model("a100"), 0);
+        let d = decide(&gpus(1, None), Lookup::Answer(&a), &cfg, now());
+        assert_eq!(d.kind(), "strip");
+        let w = d.warning().unwrap();
+        assert!(
+            w.contains("booking: 2 GPUs, 2 in use; no other free a100 GPU") && w.contains("CPU"),
+            "{w}"
+        );
+        assert!(d.removal_reason().unwrap().contains("2 in use"));
+    }
+
+    #[test]
+    fn a_four_gpu_pod_against_a_one_unit_booking_is_not_high() {
+        let cfg = AdmissionConfig::default();
+        let mut a = answer(Some("a100"), &[("a100", 4)]);
+        a.units = Some(1);
+        let d = decide(&gpus(4, None), Lookup::Answer(&a), &cfg, now());
+        assert!(
+            matches!(d, Decision::LowPriority { beyond_booking: Some(b), .. } if b.asked == 4 && b.units == 1),
+            "{d:?}"
+        );
+        assert!(d.warning().unwrap().contains("booking: 1 GPU, 0 in use"));
+        // A service that does not say the units: the booking covers the pod, as before.
+        a.units = None;
+        let d = decide(&gpus(4, None), Lookup::Answer(&a), &cfg, now());
+        assert!(
+            matches!(
+                d,
+                Decision::Booked {
+                    booking_units: None,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        assert_eq!(BeyondBooking::check(1, 1, 0, 1), None);
+        assert!(BeyondBooking::check(1, 1, u64::MAX, 1).is_some());
+    }
+
     #[test]
     fn ended_booking_is_not_a_booking() {
         let cfg = AdmissionConfig::default();
@@ -558,7 +746,8 @@ mod tests {
             d,
             Decision::LowPriority {
                 model: model("a6000"),
-                gpumem_mib: None
+                gpumem_mib: None,
+                beyond_booking: None,
             }
         );
     }
@@ -679,10 +868,34 @@ mod tests {
             "{w}"
         );
         let d = Decision::LowPriority {
-            model: long,
+            model: long.clone(),
             gpumem_mib: None,
+            beyond_booking: None,
         };
         assert!(d.warning().unwrap().chars().count() <= MAX_WARNING_CHARS);
+        let beyond = BeyondBooking::check(17, 64, 64, 64).unwrap();
+        let d = Decision::LowPriority {
+            model: long.clone(),
+            gpumem_mib: None,
+            beyond_booking: Some(beyond),
+        };
+        let w = d.warning().unwrap();
+        assert!(
+            w.chars().count() <= MAX_WARNING_CHARS && w.contains("64 GPUs, 64 in use"),
+            "{w}"
+        );
+        let d = Decision::Strip {
+            reason: StripReason::BeyondBooking {
+                model: long,
+                beyond,
+            },
+            earliest_booking: None,
+        };
+        let w = d.warning().unwrap();
+        assert!(
+            w.chars().count() <= MAX_WARNING_CHARS && w.contains("64 GPUs, 64 in use"),
+            "{w}"
+        );
     }
 
     #[test]

@@ -38,8 +38,8 @@ mod quantity;
 mod trust;
 
 pub use decision::{
-    decide, what_to_ask, Ask, BookingErrorPolicy, Decision, Lookup, Schedulability, StripReason,
-    UnidentifiedGpuPods,
+    decide, what_to_ask, Ask, BeyondBooking, BookingErrorPolicy, Decision, Lookup, Schedulability,
+    StripReason, UnidentifiedGpuPods,
 };
 pub use detect::{detect_gpu, GpuRequest};
 pub use identity::{identify, Identity};
@@ -55,6 +55,9 @@ pub const BOOKING_LABEL: &str = "gpu-booking/booking";
 /// Label: the model a GPU pod was admitted on (so the controller can find low-priority
 /// pods on the model a booked user needs without reading nodes).
 pub const MODEL_LABEL: &str = "gpu-booking/model";
+/// Annotation: the GPUs the booking of a high-priority pod is for; the controller
+/// demotes a booking's pods beyond them (newest first).
+pub const BOOKING_UNITS_ANNOTATION: &str = "gpu-booking.io/booking-units";
 /// Annotation: why the GPU was removed from a pod.
 pub const GPU_REMOVED_ANNOTATION: &str = "gpu-booking.io/gpu-removed";
 /// KubeSpawner's key, used both as an annotation (raw name) and as a label (slug).

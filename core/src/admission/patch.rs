@@ -15,8 +15,8 @@ use serde_json::{json, Map, Value};
 
 use super::detect::{container_gpu_units, CONTAINER_LISTS};
 use super::{
-    AdmissionConfig, Decision, BOOKING_LABEL, GPU_REMOVED_ANNOTATION, MODEL_LABEL,
-    NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL,
+    AdmissionConfig, Decision, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, GPU_REMOVED_ANNOTATION,
+    MODEL_LABEL, NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL,
 };
 use crate::gpu_model::ModelName;
 
@@ -32,9 +32,14 @@ pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
             model,
             until,
             gpumem_mib,
+            booking_units,
             ..
         } => {
             ed.mark(Some("high"), Some(*booking_id), Some(model));
+            match booking_units {
+                Some(units) => ed.set_annotation(BOOKING_UNITS_ANNOTATION, &units.to_string()),
+                None => ed.remove_annotation(BOOKING_UNITS_ANNOTATION),
+            }
             ed.set_annotation(
                 &cfg.terminate_at_annotation,
                 &until.to_rfc3339_opts(SecondsFormat::Secs, true),
@@ -47,9 +52,12 @@ pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
             }
             ed.apply_budget(cfg, *gpumem_mib);
         }
-        Decision::LowPriority { model, gpumem_mib } => {
+        Decision::LowPriority {
+            model, gpumem_mib, ..
+        } => {
             ed.mark(Some("low"), None, Some(model));
             ed.remove_annotation(&cfg.terminate_at_annotation);
+            ed.remove_annotation(BOOKING_UNITS_ANNOTATION);
             ed.remove_annotation(GPU_REMOVED_ANNOTATION);
             ed.select_model(cfg, Some(model));
             match &cfg.low_priority_class {
@@ -321,6 +329,7 @@ impl PodEditor {
         }
         self.mark(None, None, None);
         self.remove_annotation(&cfg.terminate_at_annotation);
+        self.remove_annotation(BOOKING_UNITS_ANNOTATION);
         self.select_model(cfg, None);
         let current = self.pod.pointer("/spec/priorityClassName");
         let current = current.and_then(Value::as_str);
@@ -412,6 +421,7 @@ mod tests {
             until: "2026-11-30T00:00:00Z".parse().unwrap(),
             gpumem_mib: Some(40960),
             preempt: false,
+            booking_units: Some(2),
         }
     }
 
@@ -428,8 +438,31 @@ mod tests {
         );
         assert_eq!(out["metadata"]["labels"]["gpu-booking/priority"], "high");
         assert_eq!(out["metadata"]["labels"]["gpu-booking/booking"], "17");
+        assert_eq!(
+            out["metadata"]["annotations"][BOOKING_UNITS_ANNOTATION], "2",
+            "the controller reads the booking's units from the pod"
+        );
         assert_eq!(out["spec"]["nodeSelector"]["gpu-booking.io/model"], "a100");
         assert_eq!(out["spec"]["priorityClassName"], "gpu-booking-high");
+        // Its lent copy (demoted) and its CPU-only copy no longer claim the booking.
+        let cfg = AdmissionConfig::default();
+        for patch in [
+            plan(
+                &out,
+                &Decision::LowPriority {
+                    model: ModelName::parse("a100").unwrap(),
+                    gpumem_mib: None,
+                    beyond_booking: None,
+                },
+                &cfg,
+            ),
+            plan_cpu_only(&out, &cfg),
+        ] {
+            let copy = apply(&out, &patch);
+            assert!(copy["metadata"]["annotations"]
+                .get(BOOKING_UNITS_ANNOTATION)
+                .is_none());
+        }
         let res = &out["spec"]["containers"][0]["resources"];
         assert_eq!(res["requests"]["gpu-booking.io/gpumem"], "40960");
         assert_eq!(res["limits"]["gpu-booking.io/gpumem"], "40960");
