@@ -203,6 +203,11 @@ pub struct PolicyArgs {
     /// Accept a new booking while the user has one running.
     #[arg(long, env = "GPU_BOOKING_ALLOW_BOOKING_WHILE_ACTIVE")]
     pub allow_booking_while_active: bool,
+
+    /// Calendar feeds of a model's occupancy name who booked each unit (default:
+    /// only "booked", and the caller's own bookings by name).
+    #[arg(long, env = "GPU_BOOKING_FEED_SHOW_NAMES")]
+    pub feed_show_names: bool,
 }
 
 impl Default for PolicyArgs {
@@ -214,6 +219,7 @@ impl Default for PolicyArgs {
             cooldown: p.cooldown,
             max_planned: p.max_planned,
             allow_booking_while_active: !p.no_booking_while_active,
+            feed_show_names: p.feed_show_names,
         }
     }
 }
@@ -226,6 +232,7 @@ impl PolicyArgs {
             cooldown: self.cooldown,
             no_booking_while_active: !self.allow_booking_while_active,
             max_planned: self.max_planned,
+            feed_show_names: self.feed_show_names,
         }
     }
 }

@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod capacity;
 pub mod eviction;
+pub mod feed;
 pub mod gpu_model;
 pub mod inventory;
 pub mod next_start;
@@ -14,4 +15,5 @@ pub mod policy;
 pub mod rate;
 pub mod rules;
 pub mod username;
+pub mod waitlist;
 pub mod window;

@@ -17,6 +17,9 @@ pub struct Policy {
     pub no_booking_while_active: bool,
     /// Planned (not yet started) bookings a user may hold at once.
     pub max_planned: u32,
+    /// Calendar feeds of a model's occupancy name the users who booked it (off: a
+    /// model's feed shows only that a unit is booked, and the caller's own bookings).
+    pub feed_show_names: bool,
 }
 
 impl Default for Policy {
@@ -27,6 +30,7 @@ impl Default for Policy {
             cooldown: TimeDelta::days(14),
             no_booking_while_active: true,
             max_planned: 1,
+            feed_show_names: false,
         }
     }
 }
