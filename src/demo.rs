@@ -122,6 +122,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         policy: PolicyArgs::default(),
         oidc: OidcArgs::default(),
         case_sensitive_names: false,
+        waitlist_sweep: TimeDelta::minutes(1),
         limits: Default::default(),
         log_format: LogFormat::Plain,
     };
@@ -181,8 +182,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.listen
     );
     println!("Ctrl-C stops it.");
-    let app = gpu_booking_api::app::router(server::state(pool, &api_args, auth))
-        .merge(crate::demo_cluster::routes(sim.clone()));
+    let state = server::state(pool, &api_args, auth);
+    let _sweep = gpu_booking_api::store::waitlist::spawn_sweep(
+        state.clone(),
+        server::sweep_interval(&api_args),
+    );
+    let app = gpu_booking_api::app::router(state).merge(crate::demo_cluster::routes(sim.clone()));
     let served = server::serve_router(listener, app, &api_args.limits).await;
     if let Ok(sim) = std::sync::Arc::try_unwrap(sim) {
         sim.shutdown().await;

@@ -32,6 +32,11 @@ pub struct ApiArgs {
     #[arg(long, env = "GPU_BOOKING_CASE_SENSITIVE_NAMES")]
     pub case_sensitive_names: bool,
 
+    /// How often every waitlist is looked at again, besides right after each change
+    /// that frees a unit (a backstop; any replica may run it).
+    #[arg(long, env = "GPU_BOOKING_WAITLIST_SWEEP", default_value = "1min", value_parser = parse_duration)]
+    pub waitlist_sweep: TimeDelta,
+
     /// Timeouts and limits of the listening port.
     #[command(flatten)]
     pub limits: ApiLimits,

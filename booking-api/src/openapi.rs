@@ -28,6 +28,9 @@ use crate::routes;
         routes::models::list, routes::models::put, routes::models::put_usage, routes::models::availability,
         routes::schedulability::get,
         routes::audit::report, routes::audit::list,
+        routes::waitlist::join, routes::waitlist::list, routes::waitlist::cancel,
+        routes::feeds::token_status, routes::feeds::issue_token, routes::feeds::revoke_token,
+        routes::feeds::own_feed, routes::feeds::model_feed,
     ),
     modifiers(&BearerAuth, &Contract)
 )]

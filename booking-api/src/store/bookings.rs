@@ -116,8 +116,21 @@ pub async fn create(
     now: DateTime<Utc>,
     req: NewBooking<'_>,
 ) -> Result<BookingRow, ApiError> {
-    let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
     let mut tx = pool.begin().await?;
+    let row = create_in(&mut tx, policy, now, req).await?;
+    tx.commit().await.map_err(constraint_refusal)?;
+    Ok(row)
+}
+
+/// [`create`] inside the caller's transaction, which commits it: the waitlist books
+/// an entry and marks it booked in one transaction, so that it happens once.
+pub async fn create_in(
+    tx: &mut Transaction<'_, Postgres>,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    req: NewBooking<'_>,
+) -> Result<BookingRow, ApiError> {
+    let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
     // The locks, then the user's bookings and the model's bookings over the window:
     // one round trip, so the model stays locked for as little as possible.
     let rows: Vec<LockedRead> =
@@ -126,7 +139,7 @@ pub async fn create(
             .bind(req.model)
             .bind(window.start())
             .bind(window.end())
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await?;
     let mut units = None;
     let mut own = Vec::new();
@@ -152,13 +165,13 @@ pub async fn create(
     rules::check_user(policy, now, &window, &own, req.override_rules)?;
     let overlapping_windows: Vec<Window> = overlapping.iter().map(|h| h.window).collect();
     if !capacity::fits(units, &overlapping_windows, &window) {
-        return Err(capacity_refusal(&mut tx, req.model, units, &window)
+        return Err(capacity_refusal(tx, req.model, units, &window)
             .await?
             .into());
     }
     let slot = match capacity::free_slot(units, &overlapping, &window) {
         Some(slot) => slot,
-        None => reassign_slots(&mut tx, req.model, units, now, &window).await?,
+        None => reassign_slots(tx, req.model, units, now, &window).await?,
     };
 
     // The user (for slug look-ups), the booking and its audit row in one statement.
@@ -198,10 +211,9 @@ pub async fn create(
     .bind(&user_slugs.safe)
     .bind(action)
     .bind(&keys)
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut **tx)
     .await
     .map_err(constraint_refusal)?;
-    tx.commit().await.map_err(constraint_refusal)?;
     Ok(row)
 }
 
@@ -302,7 +314,7 @@ async fn capacity_refusal(
 
 /// The exclusion constraints are the backstop: if one fires, the answer is still
 /// the rule it protects, not a 500.
-fn constraint_refusal(e: sqlx::Error) -> ApiError {
+pub(crate) fn constraint_refusal(e: sqlx::Error) -> ApiError {
     if let sqlx::Error::Database(db) = &e {
         match db.constraint() {
             Some("booking_slot_excl") => {

@@ -2,8 +2,10 @@
 
 pub mod audit;
 pub mod bookings;
+pub mod feeds;
 pub mod models;
 pub mod users;
+pub mod waitlist;
 
 use sqlx::{Postgres, Transaction};
 
