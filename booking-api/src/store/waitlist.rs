@@ -121,7 +121,7 @@ pub struct NewEntry<'a> {
 }
 
 /// Puts the user on the model's waitlist, then runs a pass: if a window fits now, the
-/// entry comes back already booked.
+/// entry comes back already booked (after the entries before it had their turn).
 pub async fn join(
     pool: &PgPool,
     policy: &Policy,
@@ -181,7 +181,8 @@ pub async fn join(
     )
     .await?;
     tx.commit().await?;
-    promote(pool, policy, now, req.model).await?;
+    // The entry stands whatever the pass does; a failed pass is retried by the sweep.
+    after_freeing(pool, policy, now, req.model).await;
     get(pool, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no waitlist entry {id}")))
