@@ -64,6 +64,7 @@ impl Rules {
             cooldown: TimeDelta::hours(self.cooldown),
             no_booking_while_active: self.no_booking_while_active,
             max_planned: self.max_planned as u32,
+            ..Policy::default()
         }
     }
 }
