@@ -325,10 +325,12 @@ pub async fn promote(
     .bind(PASS_LIMIT)
     .fetch_all(&mut *tx)
     .await?;
+    // The model's bookings, read once under its lock: only this pass changes them
+    // until it commits, and it adds each booking it makes.
+    let mut booked =
+        super::models::booked_windows(&mut *tx, model, now, DateTime::<Utc>::MAX_UTC).await?;
     for entry in entries {
         let own = bookings::user_windows(&mut *tx, &entry.user_name).await?;
-        let booked =
-            super::models::booked_windows(&mut *tx, model, now, DateTime::<Utc>::MAX_UTC).await?;
         match waitlist::chance(policy, now, &entry.wish(), &own, units, &booked) {
             Chance::Waiting => {}
             Chance::Expired => {
@@ -338,6 +340,7 @@ pub async fn promote(
             Chance::Fits(window) => {
                 if let Some(booking) = book(&mut tx, policy, now, &entry, window).await? {
                     pass.booked.push((entry.id, booking));
+                    booked.push(window);
                 }
             }
         }
