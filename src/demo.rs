@@ -141,6 +141,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         oidc: OidcArgs::default(),
         case_sensitive_names: false,
+        waitlist_sweep: TimeDelta::minutes(1),
         limits: Default::default(),
         log_format: LogFormat::Plain,
     };
@@ -161,7 +162,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .collect();
     pickable.extend(["alice@example.com", "admin@example.com"].map(String::from));
     pickable.extend(["dave@uni.example", "erin@uni.example"].map(String::from));
-    let app = gpu_booking_api::app::router(server::state(pool.clone(), &api_args, auth))
+    let state = server::state(pool.clone(), &api_args, auth);
+    let _sweep = gpu_booking_api::store::waitlist::spawn_sweep(
+        state.clone(),
+        server::sweep_interval(&api_args),
+    );
+    let app = gpu_booking_api::app::router(state)
         .merge(crate::demo_cluster::routes(sim.clone()))
         .merge(crate::demo_signin::routes(secret.clone(), pickable));
     // Served from here on: the lab's controller and webhook call it while the seeded

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use axum::routing::{get, put};
+use axum::routing::{delete, get, put};
 use axum::Router;
 use gpu_booking_core::policy::Policy;
 use gpu_booking_core::rate::TokenBucket;
@@ -15,6 +15,7 @@ use crate::clock::Clock;
 use crate::metrics::{self, Metrics};
 use crate::openapi::ApiDoc;
 use crate::routes::{audit, bookings, health, me, models, schedulability, units};
+use crate::routes::{feeds, waitlist};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -60,7 +61,20 @@ pub fn router(state: AppState) -> Router {
         .route("/schedulability", get(schedulability::get))
         .route("/audit", get(audit::list).post(audit::report))
         .route("/policy", get(units::policy))
-        .route("/held-units", put(units::put_held));
+        .route("/held-units", put(units::put_held))
+        .route("/waitlist", get(waitlist::list).post(waitlist::join))
+        .route("/waitlist/{id}", delete(waitlist::cancel))
+        .route(
+            "/me/feed-token",
+            get(feeds::token_status)
+                .post(feeds::issue_token)
+                .delete(feeds::revoke_token),
+        )
+        .route("/feeds/{token}/bookings.ics", get(feeds::own_feed))
+        .route(
+            "/feeds/{token}/models/{model}/occupancy.ics",
+            get(feeds::model_feed),
+        );
     Router::new()
         .nest("/api/v1", api)
         .route(

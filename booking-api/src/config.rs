@@ -32,6 +32,11 @@ pub struct ApiArgs {
     #[arg(long, env = "GPU_BOOKING_CASE_SENSITIVE_NAMES")]
     pub case_sensitive_names: bool,
 
+    /// How often every waitlist is looked at again, besides right after each change
+    /// that frees a unit (a backstop; any replica may run it).
+    #[arg(long, env = "GPU_BOOKING_WAITLIST_SWEEP", default_value = "1min", value_parser = parse_duration)]
+    pub waitlist_sweep: TimeDelta,
+
     /// Timeouts and limits of the listening port.
     #[command(flatten)]
     pub limits: ApiLimits,
@@ -208,6 +213,10 @@ pub struct PolicyArgs {
     #[arg(long, env = "GPU_BOOKING_MAX_UNITS_PER_BOOKING", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=gpu_booking_core::policy::MAX_UNITS_PER_BOOKING_LIMIT as i64))]
     pub max_units_per_booking: u32,
+    /// Calendar feeds of a model's occupancy name who booked each unit (default:
+    /// only "booked", and the caller's own bookings by name).
+    #[arg(long, env = "GPU_BOOKING_FEED_SHOW_NAMES")]
+    pub feed_show_names: bool,
 }
 
 impl Default for PolicyArgs {
@@ -220,6 +229,7 @@ impl Default for PolicyArgs {
             max_planned: p.max_planned,
             allow_booking_while_active: !p.no_booking_while_active,
             max_units_per_booking: p.max_units_per_booking,
+            feed_show_names: p.feed_show_names,
         }
     }
 }
@@ -233,6 +243,7 @@ impl PolicyArgs {
             no_booking_while_active: !self.allow_booking_while_active,
             max_planned: self.max_planned,
             max_units_per_booking: self.max_units_per_booking,
+            feed_show_names: self.feed_show_names,
         }
     }
 }

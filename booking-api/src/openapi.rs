@@ -29,6 +29,9 @@ use crate::routes;
         routes::schedulability::get,
         routes::audit::report, routes::audit::list,
         routes::units::policy, routes::units::put_held,
+        routes::waitlist::join, routes::waitlist::list, routes::waitlist::cancel,
+        routes::feeds::token_status, routes::feeds::issue_token, routes::feeds::revoke_token,
+        routes::feeds::own_feed, routes::feeds::model_feed,
     ),
     modifiers(&BearerAuth, &Contract)
 )]

@@ -68,6 +68,14 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
     }
 }
 
+/// The waitlist sweep's period (`--waitlist-sweep`), at least a second.
+pub fn sweep_interval(args: &ApiArgs) -> Duration {
+    args.waitlist_sweep
+        .to_std()
+        .unwrap_or_default()
+        .max(Duration::from_secs(1))
+}
+
 /// `gpu-booking api`: migrate, then serve until SIGTERM / Ctrl-C.
 pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     crate::config::init_logging(args.log_format);
@@ -78,7 +86,9 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %args.listen, "booking API listening");
-    serve(listener, state(pool, &args, auth), &args.limits).await
+    let state = state(pool, &args, auth);
+    let _sweep = crate::store::waitlist::spawn_sweep(state.clone(), sweep_interval(&args));
+    serve(listener, state, &args.limits).await
 }
 
 /// Serves the API on `listener` within `limits` (timeouts, connections, body size and

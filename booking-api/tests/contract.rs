@@ -70,9 +70,12 @@ fn every_operation_documents_what_the_layers_answer() {
         for (method, op) in item.as_object().unwrap() {
             operations += 1;
             let responses = op["responses"].as_object().unwrap();
+            // Operations without a bearer token (the calendar feeds: the token is in
+            // the URL) never answer 401.
+            let secured = op.get("security").is_some();
             for status in ["401", "503"] {
                 assert!(
-                    responses.contains_key(status),
+                    responses.contains_key(status) || (status == "401" && !secured),
                     "{method} {path} lacks {status}"
                 );
             }

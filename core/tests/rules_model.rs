@@ -64,7 +64,7 @@ impl Rules {
             cooldown: TimeDelta::hours(self.cooldown),
             no_booking_while_active: self.no_booking_while_active,
             max_planned: self.max_planned as u32,
-            max_units_per_booking: 1,
+            ..Policy::default()
         }
     }
 }

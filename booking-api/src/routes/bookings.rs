@@ -176,6 +176,8 @@ pub async fn cancel(
     owned_booking(&state, &caller, id).await?;
     let now = state.clock.now();
     let updated = bookings::cancel_or_end(&state.pool, id, now, caller.user.as_str()).await?;
+    // The unit it held may be what a waiting entry needs.
+    crate::store::waitlist::after_freeing(&state.pool, &state.policy, now, &updated.model).await;
     Ok(axum::Json(updated.view(now)))
 }
 

@@ -2,8 +2,10 @@
 
 pub mod audit;
 pub mod bookings;
+pub mod feeds;
 pub mod health;
 pub mod me;
 pub mod models;
 pub mod schedulability;
 pub mod units;
+pub mod waitlist;

@@ -124,6 +124,8 @@ pub async fn put(
     )
     .await?;
     tx.commit().await?;
+    // More units may be what a waiting entry needs.
+    crate::store::waitlist::after_freeing(&state.pool, &state.policy, now, name.as_str()).await;
     Ok(axum::Json(model))
 }
 

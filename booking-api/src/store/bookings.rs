@@ -130,9 +130,22 @@ pub async fn create(
     now: DateTime<Utc>,
     req: NewBooking<'_>,
 ) -> Result<BookingRow, ApiError> {
+    let mut tx = pool.begin().await?;
+    let row = create_in(&mut tx, policy, now, req).await?;
+    tx.commit().await.map_err(constraint_refusal)?;
+    Ok(row)
+}
+
+/// [`create`] inside the caller's transaction, which commits it: the waitlist books
+/// an entry and marks it booked in one transaction, so that it happens once.
+pub async fn create_in(
+    tx: &mut Transaction<'_, Postgres>,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    req: NewBooking<'_>,
+) -> Result<BookingRow, ApiError> {
     let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
     let need = rules::check_units(policy, req.units, req.override_rules)?;
-    let mut tx = pool.begin().await?;
     // The locks, then the user's bookings and the model's bookings over the window:
     // one round trip, so the model stays locked for as little as possible.
     let rows: Vec<LockedRead> =
@@ -141,7 +154,7 @@ pub async fn create(
             .bind(req.model)
             .bind(window.start())
             .bind(window.end())
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await?;
     let mut units = None;
     let mut own = Vec::new();
@@ -166,13 +179,13 @@ pub async fn create(
     let overlapping_windows =
         capacity::unit_windows(overlapping.iter().map(|h| (h.window, h.units())));
     if !capacity::fits_units(units, &overlapping_windows, &window, need) {
-        return Err(capacity_refusal(&mut tx, req.model, units, &window, need)
+        return Err(capacity_refusal(tx, req.model, units, &window, need)
             .await?
             .into());
     }
     let slots = match capacity::free_slots(units, &overlapping, &window, need) {
         Some(slots) => slots,
-        None => reassign_slots(&mut tx, req.model, units, now, &window, need).await?,
+        None => reassign_slots(tx, req.model, units, now, &window, need).await?,
     };
 
     // The user (for slug look-ups), the booking and its audit row in one statement.
@@ -212,10 +225,9 @@ pub async fn create(
     .bind(&user_slugs.safe)
     .bind(action)
     .bind(&keys)
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut **tx)
     .await
     .map_err(constraint_refusal)?;
-    tx.commit().await.map_err(constraint_refusal)?;
     Ok(row)
 }
 
@@ -325,7 +337,7 @@ async fn capacity_refusal(
 
 /// The exclusion constraints are the backstop: if one fires, the answer is still
 /// the rule it protects, not a 500.
-fn constraint_refusal(e: sqlx::Error) -> ApiError {
+pub(crate) fn constraint_refusal(e: sqlx::Error) -> ApiError {
     if let sqlx::Error::Database(db) = &e {
         match db.constraint() {
             Some("booking_slot_excl") => {

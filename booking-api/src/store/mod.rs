@@ -2,9 +2,11 @@
 
 pub mod audit;
 pub mod bookings;
+pub mod feeds;
 pub mod held;
 pub mod models;
 pub mod users;
+pub mod waitlist;
 
 use sqlx::{Postgres, Transaction};
 

@@ -1,0 +1,162 @@
+//! Calendar feed tokens and the bookings a feed shows.
+//!
+//! A token is 32 random bytes, given to its user once (hex, in the feed's URL) and
+//! kept only as its SHA-256: the table holds nothing that opens a feed. One token per
+//! user; issuing a new one replaces (and so revokes) the old.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use rand::RngCore;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use sqlx::{PgExecutor, PgPool};
+
+use super::audit;
+use crate::error::ApiError;
+
+/// Hex characters of a token.
+const TOKEN_HEX_LEN: usize = 64;
+
+/// Events in one feed at most, so that a feed's size is bounded whatever is booked.
+pub const MAX_EVENTS: i64 = 1000;
+/// A feed shows bookings that ended at most this long ago ...
+pub const PAST: TimeDelta = TimeDelta::days(90);
+/// ... and that start at most this far ahead.
+pub const AHEAD: TimeDelta = TimeDelta::days(366);
+
+fn digest(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// A new token for `user`, replacing any old one.
+pub async fn issue(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<String, ApiError> {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    let token = hex::encode(bytes);
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO feed_token (user_name, token_sha256, created_at) VALUES ($1, $2, $3)
+         ON CONFLICT (user_name) DO UPDATE SET token_sha256 = $2, created_at = $3",
+    )
+    .bind(user)
+    .bind(digest(&token))
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    audit::record(
+        &mut *tx,
+        audit::NewEvent {
+            at: now,
+            actor: user,
+            action: "feed_token.issue",
+            subject: None,
+            user: Some(user),
+            booking_id: None,
+            details: json!({}),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(token)
+}
+
+/// Revokes the user's token; `false` if there was none.
+pub async fn revoke(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<bool, ApiError> {
+    let mut tx = pool.begin().await?;
+    let gone = sqlx::query("DELETE FROM feed_token WHERE user_name = $1")
+        .bind(user)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+        > 0;
+    if gone {
+        audit::record(
+            &mut *tx,
+            audit::NewEvent {
+                at: now,
+                actor: user,
+                action: "feed_token.revoke",
+                subject: None,
+                user: Some(user),
+                booking_id: None,
+                details: json!({}),
+            },
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(gone)
+}
+
+/// When the user's current token was issued, if they have one.
+pub async fn issued_at(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Option<DateTime<Utc>>> {
+    sqlx::query_scalar("SELECT created_at FROM feed_token WHERE user_name = $1")
+        .bind(user)
+        .fetch_optional(db)
+        .await
+}
+
+/// The user a token belongs to; `None` for anything that is not a current token
+/// (malformed ones are not even looked up).
+pub async fn user_of(db: impl PgExecutor<'_>, token: &str) -> sqlx::Result<Option<String>> {
+    if token.len() != TOKEN_HEX_LEN || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(None);
+    }
+    sqlx::query_scalar("SELECT user_name FROM feed_token WHERE token_sha256 = $1")
+        .bind(digest(&token.to_ascii_lowercase()))
+        .fetch_optional(db)
+        .await
+}
+
+/// A booking as a feed shows it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FeedBooking {
+    pub id: i64,
+    pub user_name: String,
+    pub model: String,
+    pub slot: i32,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub cancelled_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The user's bookings (cancelled ones too, so that calendars drop them) from
+/// [`PAST`] before `now` to [`AHEAD`] after it, at most [`MAX_EVENTS`].
+pub async fn own(
+    db: impl PgExecutor<'_>,
+    user: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Vec<FeedBooking>> {
+    sqlx::query_as(
+        "SELECT id, user_name, model, slot, start_at, end_at, cancelled_at, created_at, updated_at
+         FROM booking WHERE user_name = $1 AND end_at > $2 AND start_at < $3
+         ORDER BY start_at, id LIMIT $4",
+    )
+    .bind(user)
+    .bind(now - PAST)
+    .bind(now + AHEAD)
+    .bind(MAX_EVENTS)
+    .fetch_all(db)
+    .await
+}
+
+/// The model's bookings that are not cancelled, over the same span.
+pub async fn occupancy(
+    db: impl PgExecutor<'_>,
+    model: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Vec<FeedBooking>> {
+    sqlx::query_as(
+        "SELECT id, user_name, model, slot, start_at, end_at, cancelled_at, created_at, updated_at
+         FROM booking WHERE model = $1 AND cancelled_at IS NULL
+           AND period && tstzrange($2, $3, '[)')
+         ORDER BY start_at, id LIMIT $4",
+    )
+    .bind(model)
+    .bind(now - PAST)
+    .bind(now + AHEAD)
+    .bind(MAX_EVENTS)
+    .fetch_all(db)
+    .await
+}
