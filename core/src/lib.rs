@@ -10,6 +10,7 @@ pub mod eviction;
 pub mod gpu_model;
 pub mod inventory;
 pub mod next_start;
+pub mod notice;
 pub mod policy;
 pub mod rate;
 pub mod rules;
