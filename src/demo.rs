@@ -123,6 +123,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         oidc: OidcArgs::default(),
         case_sensitive_names: false,
         limits: Default::default(),
+        notices: Default::default(),
         log_format: LogFormat::Plain,
     };
     let auth = Authenticator::new(Some(&secret), None);

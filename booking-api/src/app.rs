@@ -14,7 +14,7 @@ use crate::auth::Authenticator;
 use crate::clock::Clock;
 use crate::metrics::{self, Metrics};
 use crate::openapi::ApiDoc;
-use crate::routes::{audit, bookings, health, me, models, schedulability};
+use crate::routes::{audit, availability, bookings, health, me, models, notices, schedulability};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -30,6 +30,8 @@ pub struct AppState {
     /// Bounds the audit rows that ambiguous slug lookups write (anyone with the
     /// service role can ask about any slug).
     pub ambiguity_audit: Arc<Mutex<TokenBucket>>,
+    /// The channels notices go out on (`crate::notices::enqueue` takes them).
+    pub notices: crate::notices::Channels,
 }
 
 /// Audit rows for ambiguous slugs at once, and per second after that.
@@ -53,6 +55,8 @@ pub fn router(state: AppState) -> Router {
             get(bookings::get).delete(bookings::cancel),
         )
         .route("/me/next-start", get(me::next_start))
+        .route("/me/notices", get(notices::get).put(notices::put))
+        .route("/availability", get(availability::get))
         .route("/models", get(models::list))
         .route("/models/{name}", put(models::put))
         .route("/models/{name}/usage", put(models::put_usage))

@@ -32,6 +32,10 @@ pub struct ApiArgs {
     #[arg(long, env = "GPU_BOOKING_CASE_SENSITIVE_NAMES")]
     pub case_sensitive_names: bool,
 
+    /// Notices: reminders, SMTP, the outgoing webhook.
+    #[command(flatten)]
+    pub notices: crate::notices::config::NoticeArgs,
+
     /// Timeouts and limits of the listening port.
     #[command(flatten)]
     pub limits: ApiLimits,

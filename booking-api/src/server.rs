@@ -65,6 +65,10 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
         page: crate::page::Page::new(&args.oidc),
         names: gpu_booking_core::username::NameCase::from_switch(args.case_sensitive_names),
         ambiguity_audit: crate::app::ambiguity_audit_bucket(),
+        notices: crate::notices::Channels {
+            email: args.notices.smtp_host.is_some(),
+            webhook: args.notices.notice_webhook_url_file.is_some(),
+        },
     }
 }
 
@@ -78,7 +82,19 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %args.listen, "booking API listening");
-    serve(listener, state(pool, &args, auth), &args.limits).await
+    let state = state(pool, &args, auth);
+    // Notices: every replica fills the outbox and sends from it (claims keep each
+    // notice to one sender).
+    let worker = crate::notices::Worker::new(
+        state.pool.clone(),
+        state.clock.clone(),
+        crate::notices::send::Senders::from_args(&args.notices)?,
+        crate::notices::Settings::from_args(&args.notices),
+    );
+    let notices = tokio::spawn(worker.run());
+    let served = serve(listener, state, &args.limits).await;
+    notices.abort();
+    served
 }
 
 /// Serves the API on `listener` within `limits` (timeouts, connections, body size and

@@ -1,8 +1,10 @@
 //! HTTP handlers, one module per resource.
 
 pub mod audit;
+pub mod availability;
 pub mod bookings;
 pub mod health;
 pub mod me;
 pub mod models;
+pub mod notices;
 pub mod schedulability;
