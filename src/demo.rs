@@ -123,7 +123,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         oidc: OidcArgs::default(),
         case_sensitive_names: false,
         limits: Default::default(),
-        notices: Default::default(),
+        // No SMTP or webhook: notices are listed on the page only, soon after.
+        notices: gpu_booking_api::notices::config::NoticeArgs {
+            notice_interval: std::time::Duration::from_secs(2),
+            ..Default::default()
+        },
         log_format: LogFormat::Plain,
     };
     let auth = Authenticator::new(Some(&secret), None);
@@ -182,9 +186,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.listen
     );
     println!("Ctrl-C stops it.");
-    let app = gpu_booking_api::app::router(server::state(pool, &api_args, auth))
-        .merge(crate::demo_cluster::routes(sim.clone()));
+    let state = server::state(pool, &api_args, auth);
+    let notices = tokio::spawn(server::notice_worker(&state, &api_args.notices)?.run());
+    let app = gpu_booking_api::app::router(state).merge(crate::demo_cluster::routes(sim.clone()));
     let served = server::serve_router(listener, app, &api_args.limits).await;
+    notices.abort();
     if let Ok(sim) = std::sync::Arc::try_unwrap(sim) {
         sim.shutdown().await;
     }

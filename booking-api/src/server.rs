@@ -83,18 +83,24 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %args.listen, "booking API listening");
     let state = state(pool, &args, auth);
-    // Notices: every replica fills the outbox and sends from it (claims keep each
-    // notice to one sender).
-    let worker = crate::notices::Worker::new(
-        state.pool.clone(),
-        state.clock.clone(),
-        crate::notices::send::Senders::from_args(&args.notices)?,
-        crate::notices::Settings::from_args(&args.notices),
-    );
-    let notices = tokio::spawn(worker.run());
+    let notices = tokio::spawn(notice_worker(&state, &args.notices)?.run());
     let served = serve(listener, state, &args.limits).await;
     notices.abort();
     served
+}
+
+/// The notice worker of this replica: every replica fills the outbox and sends from
+/// it (claims keep each notice to one sender). Secrets are read from their files now.
+pub fn notice_worker(
+    state: &AppState,
+    args: &crate::notices::config::NoticeArgs,
+) -> anyhow::Result<crate::notices::Worker> {
+    Ok(crate::notices::Worker::new(
+        state.pool.clone(),
+        state.clock.clone(),
+        crate::notices::send::Senders::from_args(args)?,
+        crate::notices::Settings::from_args(args),
+    ))
 }
 
 /// Serves the API on `listener` within `limits` (timeouts, connections, body size and

@@ -845,3 +845,36 @@ async fn availability_for_the_spawn_form(pool: PgPool) {
     );
     assert_eq!(hal[1], json!({"display_name": "CPU only", "default": true}));
 }
+
+/// Claims that a round cannot send well within their lease are handed back untried
+/// (never sent late, beside a replica that took them over): with a lease too short
+/// for any send, nothing is sent and nothing counts as a try.
+#[sqlx::test(migrations = "../migrations")]
+async fn claims_past_the_send_budget_are_handed_back(pool: PgPool) {
+    let clock = ManualClock::new(t0());
+    let (rx, url) = Receiver::start(0).await;
+    let (s, _dir) = senders(None, Some((&url, WebhookFormat::Json)));
+    let hook = Channels {
+        email: false,
+        webhook: true,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    for key in ["h1", "h2"] {
+        notices::enqueue(&mut conn, hook, new_notice(key, "gus"), t0())
+            .await
+            .unwrap();
+    }
+    let mut short = Settings::default();
+    short.lease = TimeDelta::seconds(40);
+    let hasty = Worker::new(pool.clone(), Arc::new(clock.clone()), s.clone(), short);
+    assert_eq!(hasty.round().await.unwrap(), notices::Round::default());
+    let rows: Vec<(i32, Option<DateTime<Utc>>)> =
+        sqlx::query_as("SELECT attempts, claimed_until FROM notice_delivery")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, vec![(0, None), (0, None)]);
+    assert_eq!(rx.calls.load(Ordering::SeqCst), 0);
+    // A worker with the usual lease sends both, at once.
+    assert_eq!(worker(&pool, &clock, s).round().await.unwrap().sent, 2);
+}

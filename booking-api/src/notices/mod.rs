@@ -436,7 +436,21 @@ impl Worker {
         .bind(self.settings.batch)
         .fetch_all(&self.pool)
         .await?;
-        for c in claimed {
+        // Sending stops while the claims are safely within their lease: the rest are
+        // handed back untried, not sent late beside another replica that took them.
+        let started = std::time::Instant::now();
+        let budget = self
+            .settings
+            .lease
+            .to_std()
+            .unwrap_or_default()
+            .saturating_sub(send::SEND_TIMEOUT * 2);
+        let mut claimed = claimed.into_iter();
+        for c in claimed.by_ref() {
+            if started.elapsed() > budget {
+                self.release(&c, lease_until).await?;
+                break;
+            }
             let (Some(channel), Some(kind)) =
                 (Channel::parse(&c.channel), NoticeKind::parse(&c.kind))
             else {
@@ -458,6 +472,23 @@ impl Worker {
                 .await;
             self.record(&c, kind, lease_until, result, round).await?;
         }
+        for c in claimed {
+            self.release(&c, lease_until).await?;
+        }
+        Ok(())
+    }
+
+    /// Hands an untried claim back (its try is not counted).
+    async fn release(&self, c: &Claimed, lease_until: DateTime<Utc>) -> sqlx::Result<()> {
+        sqlx::query(
+            "UPDATE notice_delivery SET claimed_until = NULL, attempts = attempts - 1
+             WHERE notice_id = $1 AND channel = $2 AND claimed_until = $3 AND state = 'pending'",
+        )
+        .bind(c.notice_id)
+        .bind(&c.channel)
+        .bind(lease_until)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

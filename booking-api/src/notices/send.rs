@@ -47,8 +47,20 @@ impl Senders {
         }
     }
 
-    /// Sends `notice` on `channel` (to `address` for e-mail).
+    /// Sends `notice` on `channel` (to `address` for e-mail), within [`SEND_TIMEOUT`]
+    /// in all (lettre's timeout is per command).
     pub async fn send(
+        &self,
+        channel: Channel,
+        address: Option<&str>,
+        notice: &Notice<'_>,
+    ) -> Result<(), String> {
+        tokio::time::timeout(SEND_TIMEOUT, self.send_now(channel, address, notice))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {} s", SEND_TIMEOUT.as_secs())))
+    }
+
+    async fn send_now(
         &self,
         channel: Channel,
         address: Option<&str>,

@@ -92,8 +92,11 @@ pub async fn put(
             )))
         }
     };
-    if body.muted.len() > 64 {
-        return Err(ApiError::Invalid("muted: at most 64 entries".into()));
+    if body.muted.len() > NoticeKind::ALL.len() {
+        return Err(ApiError::Invalid(format!(
+            "muted: at most {} kinds",
+            NoticeKind::ALL.len()
+        )));
     }
     let mut muted = Vec::new();
     for k in &body.muted {
