@@ -878,3 +878,52 @@ async fn claims_past_the_send_budget_are_handed_back(pool: PgPool) {
     // A worker with the usual lease sends both, at once.
     assert_eq!(worker(&pool, &clock, s).round().await.unwrap().sent, 2);
 }
+
+/// `notice.details` (a JSON column) holds only plain values taken from an audit row,
+/// whatever the reporter put there: huge numbers and deep nesting do not reach it,
+/// and the notice is sent and listed.
+#[sqlx::test(migrations = "../migrations")]
+async fn odd_audit_details_make_plain_notices(pool: PgPool) {
+    let clock = ManualClock::new(t0());
+    let api = TestApi::start_with(pool.clone(), Policy::default(), Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    let mut deep = json!(1e308);
+    for _ in 0..60 {
+        deep = json!([deep]);
+    }
+    report(&api, json!({"action": "controller.preempt", "subject": "jhub/jupyter-ivy", "user": "ivy@lab.example",
+        "details": {"result": "deleted", "model": deep, "idle_minutes": 1e308}})).await;
+    report(
+        &api,
+        json!({"action": "agent.reclaim", "subject": "jhub/jupyter-ivy", "user": "ivy@lab.example",
+        "details": {"model": 1e308, "idle_minutes": "many"}}),
+    )
+    .await;
+    let (rx, url) = Receiver::start(0).await;
+    let (s, _dir) = senders(None, Some((&url, WebhookFormat::Json)));
+    assert_eq!(worker(&pool, &clock, s).round().await.unwrap().sent, 2);
+    let bodies = rx.bodies();
+    assert_eq!(bodies[0]["details"]["model"], Value::Null);
+    assert_eq!(bodies[1]["details"]["model"], Value::Null);
+    assert!(
+        !bodies[1]["text"].as_str().unwrap().contains("for "),
+        "{}",
+        bodies[1]["text"]
+    );
+    let stored: Vec<String> = sqlx::query_scalar("SELECT details::text FROM notice ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert!(stored.iter().all(|d| d.len() < 200), "{stored:?}");
+    let mine: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/me/notices", api.url))
+        .bearer_auth(api.token("ivy@lab.example", None))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(mine["recent"].as_array().unwrap().len(), 2);
+}

@@ -327,7 +327,13 @@ impl Worker {
                 booking_id,
                 audit_id: Some(id),
                 message,
-                details: json!({ "action": action, "subject": subject, "model": details.get("model") }),
+                // Only plain text from the reporter's details: they may hold anything
+                // (a number jsonb keeps but serde cannot read, deep nesting).
+                details: json!({
+                    "action": action,
+                    "subject": subject,
+                    "model": details["model"].as_str(),
+                }),
             };
             if enqueue(&mut tx, self.channels(), notice, now)
                 .await?
