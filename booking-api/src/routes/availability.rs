@@ -17,7 +17,7 @@ use crate::store::models;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-pub struct AvailabilityQuery {
+pub struct SpawnAvailabilityQuery {
     /// Whose booking (the service and admin roles only, e.g. the hub's spawn form
     /// asking for the user who spawns); default: the caller.
     #[param(min_length = 1, max_length = 256)]
@@ -25,32 +25,33 @@ pub struct AvailabilityQuery {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ModelAvailability {
+pub struct SpawnModel {
     pub name: String,
     pub units: i32,
     /// Units with no pod on them now: an unbooked spawn is lent one of these.
     pub free_now: i32,
 }
 
+/// (Named apart from `models::Availability`: OpenAPI schemas are named by type name.)
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Availability {
+pub struct SpawnAvailability {
     pub user: String,
     pub at: DateTime<Utc>,
-    pub models: Vec<ModelAvailability>,
+    pub models: Vec<SpawnModel>,
     /// The booking running now, if any: a spawn gets its model until its end.
     pub active: Option<Booking>,
     /// The next planned booking, if any.
     pub next: Option<Booking>,
 }
 
-#[utoipa::path(get, path = "/api/v1/availability", tag = "bookings", params(AvailabilityQuery),
-    responses((status = 200, body = Availability), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+#[utoipa::path(get, path = "/api/v1/availability", tag = "bookings", params(SpawnAvailabilityQuery),
+    responses((status = 200, body = SpawnAvailability), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
-    Query(q): Query<AvailabilityQuery>,
-) -> Result<axum::Json<Availability>, ApiError> {
+    Query(q): Query<SpawnAvailabilityQuery>,
+) -> Result<axum::Json<SpawnAvailability>, ApiError> {
     let user = match q.user {
         Some(name) => {
             caller.require_service()?;
@@ -64,7 +65,7 @@ pub async fn get(
     let models = models::list(&state.pool)
         .await?
         .into_iter()
-        .map(|m| ModelAvailability {
+        .map(|m| SpawnModel {
             free_now: m.free_now(),
             name: m.name,
             units: m.units,
@@ -93,7 +94,7 @@ pub async fn get(
             _ => {}
         }
     }
-    Ok(axum::Json(Availability {
+    Ok(axum::Json(SpawnAvailability {
         user,
         at: now,
         models,
