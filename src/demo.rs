@@ -143,6 +143,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         case_sensitive_names: false,
         waitlist_sweep: TimeDelta::minutes(1),
         limits: Default::default(),
+        // No SMTP or webhook: notices are listed on the page only, soon after.
+        notices: gpu_booking_api::notices::config::NoticeArgs {
+            notice_interval: std::time::Duration::from_secs(2),
+            ..Default::default()
+        },
         log_format: LogFormat::Plain,
     };
     let auth = Authenticator::new(Some(&secret), None);
@@ -167,6 +172,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         state.clone(),
         server::sweep_interval(&api_args),
     );
+    let notices = tokio::spawn(server::notice_worker(&state, &api_args.notices)?.run());
     let app = gpu_booking_api::app::router(state)
         .merge(crate::demo_cluster::routes(sim.clone()))
         .merge(crate::demo_signin::routes(secret.clone(), pickable));
@@ -227,6 +233,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let served = served
         .await
         .unwrap_or_else(|e| Err(anyhow::anyhow!("the API task failed: {e}")));
+    notices.abort();
     if let Ok(sim) = std::sync::Arc::try_unwrap(sim) {
         sim.shutdown().await;
     }

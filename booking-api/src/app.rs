@@ -14,7 +14,9 @@ use crate::auth::Authenticator;
 use crate::clock::Clock;
 use crate::metrics::{self, Metrics};
 use crate::openapi::ApiDoc;
-use crate::routes::{audit, bookings, health, me, models, schedulability, units};
+use crate::routes::{
+    audit, availability, bookings, health, me, models, notices, schedulability, units,
+};
 use crate::routes::{feeds, waitlist};
 
 #[derive(Clone)]
@@ -31,6 +33,8 @@ pub struct AppState {
     /// Bounds the audit rows that ambiguous slug lookups write (anyone with the
     /// service role can ask about any slug).
     pub ambiguity_audit: Arc<Mutex<TokenBucket>>,
+    /// The channels notices go out on (`crate::notices::enqueue` takes them).
+    pub notices: crate::notices::Channels,
 }
 
 /// Audit rows for ambiguous slugs at once, and per second after that.
@@ -54,6 +58,8 @@ pub fn router(state: AppState) -> Router {
             get(bookings::get).delete(bookings::cancel),
         )
         .route("/me/next-start", get(me::next_start))
+        .route("/me/notices", get(notices::get).put(notices::put))
+        .route("/availability", get(availability::get))
         .route("/models", get(models::list))
         .route("/models/{name}", put(models::put))
         .route("/models/{name}/usage", put(models::put_usage))

@@ -36,6 +36,9 @@ pub struct ApiArgs {
     /// that frees a unit (a backstop; any replica may run it).
     #[arg(long, env = "GPU_BOOKING_WAITLIST_SWEEP", default_value = "1min", value_parser = parse_duration)]
     pub waitlist_sweep: TimeDelta,
+    /// Notices: reminders, SMTP, the outgoing webhook.
+    #[command(flatten)]
+    pub notices: crate::notices::config::NoticeArgs,
 
     /// Timeouts and limits of the listening port.
     #[command(flatten)]

@@ -10,6 +10,7 @@ pub mod error;
 pub mod extract;
 pub mod jwks;
 pub mod metrics;
+pub mod notices;
 pub mod openapi;
 pub mod page;
 pub mod routes;

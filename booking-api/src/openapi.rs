@@ -24,7 +24,8 @@ use crate::routes;
     info(title = "gpu-booking", description = "Book GPUs of a JupyterHub cluster; rules enforced by Postgres."),
     paths(
         routes::bookings::create, routes::bookings::list, routes::bookings::get, routes::bookings::cancel,
-        routes::me::next_start,
+        routes::me::next_start, routes::notices::get, routes::notices::put,
+        routes::availability::get,
         routes::models::list, routes::models::put, routes::models::put_usage, routes::models::availability,
         routes::schedulability::get,
         routes::audit::report, routes::audit::list,

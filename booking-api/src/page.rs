@@ -25,6 +25,7 @@ const SCRIPTS: &[(&str, &str)] = &[
     ("demo-signin.js", include_str!("../assets/demo-signin.js")),
     ("units.js", include_str!("../assets/units.js")),
     ("waitlist.js", include_str!("../assets/waitlist.js")),
+    ("notices.js", include_str!("../assets/notices.js")),
 ];
 const STYLE_CSS: &str = include_str!("../assets/style.css");
 const FAVICON_SVG: &str = include_str!("../assets/favicon.svg");

@@ -65,6 +65,10 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
         page: crate::page::Page::new(&args.oidc),
         names: gpu_booking_core::username::NameCase::from_switch(args.case_sensitive_names),
         ambiguity_audit: crate::app::ambiguity_audit_bucket(),
+        notices: crate::notices::Channels {
+            email: args.notices.smtp_host.is_some(),
+            webhook: args.notices.notice_webhook_url_file.is_some(),
+        },
     }
 }
 
@@ -88,7 +92,24 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     tracing::info!(listen = %args.listen, "booking API listening");
     let state = state(pool, &args, auth);
     let _sweep = crate::store::waitlist::spawn_sweep(state.clone(), sweep_interval(&args));
-    serve(listener, state, &args.limits).await
+    let notices = tokio::spawn(notice_worker(&state, &args.notices)?.run());
+    let served = serve(listener, state, &args.limits).await;
+    notices.abort();
+    served
+}
+
+/// The notice worker of this replica: every replica fills the outbox and sends from
+/// it (claims keep each notice to one sender). Secrets are read from their files now.
+pub fn notice_worker(
+    state: &AppState,
+    args: &crate::notices::config::NoticeArgs,
+) -> anyhow::Result<crate::notices::Worker> {
+    Ok(crate::notices::Worker::new(
+        state.pool.clone(),
+        state.clock.clone(),
+        crate::notices::send::Senders::from_args(args)?,
+        crate::notices::Settings::from_args(args),
+    ))
 }
 
 /// Serves the API on `listener` within `limits` (timeouts, connections, body size and

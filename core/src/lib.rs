@@ -13,6 +13,7 @@ pub mod gpu_model;
 pub mod intent;
 pub mod inventory;
 pub mod next_start;
+pub mod notice;
 pub mod policy;
 pub mod rate;
 pub mod rules;

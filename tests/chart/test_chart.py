@@ -668,3 +668,22 @@ def test_the_binary_accepts_every_rendered_option(scenario):
             assert result.returncode != 2, f"{obj['metadata']['name']}: {result.stderr}"
             checked.add(c["args"][0])
     assert {"api", "webhook", "certs"} <= checked or scenario == "minimal"
+
+
+def test_notice_secrets_are_mounted_files():
+    """The SMTP password and the webhook URL reach the API as files from the Secret,
+    never as environment values; without them nothing is mounted."""
+    for scenario, expect in (("everything", True), ("defaults", False)):
+        api = [c for o, s in pods(scenario) for c in containers(s) if c.get("args", [None])[0] == "api"]
+        assert api, scenario
+        env = env_of(api[0])
+        mounts = {m["name"]: m for m in api[0].get("volumeMounts", [])}
+        assert ("notices" in mounts) is expect, scenario
+        assert env["GPU_BOOKING_NOTICE_LEADS"]["value"] == ("48h,2h" if expect else "24h,1h")
+        if expect:
+            assert env["GPU_BOOKING_SMTP_PASSWORD_FILE"]["value"].startswith(mounts["notices"]["mountPath"])
+            assert env["GPU_BOOKING_NOTICE_WEBHOOK_URL_FILE"]["value"].startswith(mounts["notices"]["mountPath"])
+            assert env["GPU_BOOKING_NOTICE_WEBHOOK_FORMAT"]["value"] == "slack"
+            assert env["GPU_BOOKING_SMTP_PORT"]["value"] == "465"
+        else:
+            assert not any(k.startswith("GPU_BOOKING_SMTP") or "WEBHOOK_URL" in k for k in env)

@@ -1,11 +1,13 @@
 //! HTTP handlers, one module per resource.
 
 pub mod audit;
+pub mod availability;
 pub mod bookings;
 pub mod feeds;
 pub mod health;
 pub mod me;
 pub mod models;
+pub mod notices;
 pub mod schedulability;
 pub mod units;
 pub mod waitlist;

@@ -1,0 +1,119 @@
+//! `/api/v1/me/notices`: a user's notice preferences and newest notices.
+
+use axum::extract::State;
+use gpu_booking_core::notice::{is_address, NoticeKind, Prefs, MAX_ADDRESS_LEN};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::Json;
+use crate::notices::{self, Channels, SentNotice};
+
+/// Newest notices shown with the preferences.
+const RECENT: i64 = 20;
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoticePrefs {
+    /// Where e-mail goes; `null`: the user name, when it is an address.
+    #[schema(max_length = 254)]
+    pub email: Option<String>,
+    pub email_enabled: bool,
+    pub webhook_enabled: bool,
+    /// Kinds not wanted: `booking_starts`, `booking_ends`, `gpu_taken_back`,
+    /// `spawn_stripped`, `processes_reclaimed`, `waitlist_promoted`.
+    #[schema(max_items = 6)]
+    pub muted: Vec<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NoticeSettings {
+    pub prefs: NoticePrefs,
+    /// The channels this installation sends on.
+    pub channels: Channels,
+    /// The address e-mail goes to, if any.
+    pub address: Option<String>,
+    /// Every kind of notice.
+    pub kinds: Vec<String>,
+    /// The newest notices, newest first.
+    pub recent: Vec<SentNotice>,
+}
+
+async fn settings(state: &AppState, user: &str) -> Result<NoticeSettings, ApiError> {
+    let mut conn = state.pool.acquire().await?;
+    let p = notices::prefs(&mut conn, user).await?;
+    let address = p
+        .email
+        .clone()
+        .or_else(|| is_address(user).then(|| user.to_owned()));
+    Ok(NoticeSettings {
+        prefs: NoticePrefs {
+            email: p.email,
+            email_enabled: p.email_enabled,
+            webhook_enabled: p.webhook_enabled,
+            muted: p.muted.iter().map(|k| k.as_str().to_owned()).collect(),
+        },
+        channels: state.notices,
+        address,
+        kinds: NoticeKind::ALL
+            .iter()
+            .map(|k| k.as_str().to_owned())
+            .collect(),
+        recent: notices::recent(&state.pool, user, RECENT).await?,
+    })
+}
+
+#[utoipa::path(get, path = "/api/v1/me/notices", tag = "notices",
+    responses((status = 200, body = NoticeSettings)),
+    security(("bearer" = [])))]
+pub async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<axum::Json<NoticeSettings>, ApiError> {
+    Ok(axum::Json(settings(&state, caller.user.as_str()).await?))
+}
+
+#[utoipa::path(put, path = "/api/v1/me/notices", tag = "notices", request_body = NoticePrefs,
+    responses((status = 200, body = NoticeSettings), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn put(
+    State(state): State<AppState>,
+    caller: Caller,
+    Json(body): Json<NoticePrefs>,
+) -> Result<axum::Json<NoticeSettings>, ApiError> {
+    let email = match body.email.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(e) if is_address(e) => Some(e.to_owned()),
+        Some(_) => {
+            return Err(ApiError::Invalid(format!(
+                "email must be an address (local@domain, at most {MAX_ADDRESS_LEN} characters)"
+            )))
+        }
+    };
+    if body.muted.len() > NoticeKind::ALL.len() {
+        return Err(ApiError::Invalid(format!(
+            "muted: at most {} kinds",
+            NoticeKind::ALL.len()
+        )));
+    }
+    let mut muted = Vec::new();
+    for k in &body.muted {
+        let kind = NoticeKind::parse(k)
+            .ok_or_else(|| ApiError::Invalid(format!("muted: unknown kind {k:?}")))?;
+        if !muted.contains(&kind) {
+            muted.push(kind);
+        }
+    }
+    let prefs = Prefs {
+        email,
+        email_enabled: body.email_enabled,
+        webhook_enabled: body.webhook_enabled,
+        muted,
+    };
+    let mut conn = state.pool.acquire().await?;
+    notices::set_prefs(&mut conn, caller.user.as_str(), &prefs, state.clock.now()).await?;
+    drop(conn);
+    Ok(axum::Json(settings(&state, caller.user.as_str()).await?))
+}

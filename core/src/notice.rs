@@ -1,0 +1,509 @@
+//! Notices to users: which events make one, when a reminder is due, what it says,
+//! which channels carry it, and how often a failed delivery is tried again.
+//!
+//! The booking service keeps the outbox in Postgres and sends; every decision about
+//! a notice is made here.
+
+use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::policy::human_duration;
+
+/// What a notice is about. The names are the API's and the outbox's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoticeKind {
+    /// A planned booking starts soon.
+    BookingStarts,
+    /// A booking ends soon.
+    BookingEnds,
+    /// A lent GPU was taken back for a booked user (the controller's preemption).
+    GpuTakenBack,
+    /// A spawn asked for a GPU and got none (the webhook stripped it).
+    SpawnStripped,
+    /// The node agent ended idle GPU processes.
+    ProcessesReclaimed,
+    /// A waitlist entry became a booking.
+    WaitlistPromoted,
+}
+
+impl NoticeKind {
+    pub const ALL: [NoticeKind; 6] = [
+        NoticeKind::BookingStarts,
+        NoticeKind::BookingEnds,
+        NoticeKind::GpuTakenBack,
+        NoticeKind::SpawnStripped,
+        NoticeKind::ProcessesReclaimed,
+        NoticeKind::WaitlistPromoted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoticeKind::BookingStarts => "booking_starts",
+            NoticeKind::BookingEnds => "booking_ends",
+            NoticeKind::GpuTakenBack => "gpu_taken_back",
+            NoticeKind::SpawnStripped => "spawn_stripped",
+            NoticeKind::ProcessesReclaimed => "processes_reclaimed",
+            NoticeKind::WaitlistPromoted => "waitlist_promoted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<NoticeKind> {
+        NoticeKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// Audit actions that can make a notice ([`from_audit`] decides each row).
+pub const SOURCE_ACTIONS: [&str; 3] = ["controller.preempt", "webhook.strip", "agent.reclaim"];
+
+/// The notice an audit row makes, if any. Dry runs have their own actions and make
+/// none; a preemption makes one only when the pod was really ended.
+pub fn from_audit(action: &str, details: &Value) -> Option<NoticeKind> {
+    match action {
+        "controller.preempt" => match details["result"].as_str() {
+            Some("recreated" | "deleted" | "demoted") => Some(NoticeKind::GpuTakenBack),
+            _ => None,
+        },
+        "webhook.strip" => Some(NoticeKind::SpawnStripped),
+        "agent.reclaim" => Some(NoticeKind::ProcessesReclaimed),
+        _ => None,
+    }
+}
+
+/// A notice's words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Message {
+    pub title: String,
+    pub text: String,
+}
+
+/// The text of an audit row's notice. `subject` is the pod (`namespace/name`).
+pub fn audit_message(kind: NoticeKind, subject: Option<&str>, details: &Value) -> Message {
+    let pod = subject.unwrap_or("your notebook");
+    let text_of = |key: &str| details[key].as_str().map(str::to_owned);
+    match kind {
+        NoticeKind::GpuTakenBack => Message {
+            title: "Your lent GPU was taken back".into(),
+            text: format!(
+                "The GPU{} lent to {pod} was needed by a user who booked it, so the pod was \
+                 ended{}. Book a GPU to keep one.",
+                text_of("model")
+                    .map(|m| format!(" ({m})"))
+                    .unwrap_or_default(),
+                match details["result"].as_str() {
+                    Some("recreated") => " and started again without a GPU",
+                    _ => "",
+                }
+            ),
+        },
+        NoticeKind::SpawnStripped => Message {
+            title: "Your notebook started without a GPU".into(),
+            text: format!(
+                "{pod} asked for a GPU, but none was free for you, so it runs on CPU only.{}",
+                text_of("warning")
+                    .map(|w| format!(" {w}"))
+                    .unwrap_or_default()
+            ),
+        },
+        NoticeKind::ProcessesReclaimed => Message {
+            title: "Idle GPU processes were ended".into(),
+            text: format!(
+                "The GPU processes of {pod} showed no activity{}, so they were ended to free \
+                 the GPU. The pod keeps running; restart your kernel to use the GPU again.",
+                details["idle_minutes"]
+                    .as_f64()
+                    .map(|m| format!(" for {m:.0} minutes"))
+                    .unwrap_or_default()
+            ),
+        },
+        _ => Message {
+            title: "gpu-booking notice".into(),
+            text: format!("Something happened to {pod}."),
+        },
+    }
+}
+
+/// The text of a reminder: `kind` is [`NoticeKind::BookingStarts`] or
+/// [`NoticeKind::BookingEnds`], `at` the booking's start or end.
+pub fn reminder_message(
+    kind: NoticeKind,
+    booking_id: i64,
+    model: &str,
+    at: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Message {
+    let when = format!(
+        "{} (in {})",
+        at.to_rfc3339_opts(SecondsFormat::Secs, true),
+        human_duration(at - now)
+    );
+    match kind {
+        NoticeKind::BookingEnds => Message {
+            title: format!("Your {model} booking ends in {}", human_duration(at - now)),
+            text: format!(
+                "Booking {booking_id} of a {model} GPU ends at {when}. Save your work: the \
+                 notebook loses its GPU then."
+            ),
+        },
+        _ => Message {
+            title: format!(
+                "Your {model} booking starts in {}",
+                human_duration(at - now)
+            ),
+            text: format!(
+                "Booking {booking_id} of a {model} GPU starts at {when}. Spawn your notebook \
+                 from then on to get the GPU."
+            ),
+        },
+    }
+}
+
+/// The reminder due at `now` for an event at `at`, given the lead times (e.g. 24 h
+/// and 1 h): the smallest lead whose moment has come while the event has not. So a
+/// booking made 30 minutes before it starts gets the 1 h reminder only, and one
+/// whose reminders fell while the service was down gets the one still relevant.
+pub fn due_reminder(
+    leads: &[TimeDelta],
+    now: DateTime<Utc>,
+    at: DateTime<Utc>,
+) -> Option<TimeDelta> {
+    if now >= at {
+        return None;
+    }
+    leads
+        .iter()
+        .copied()
+        .filter(|lead| *lead > TimeDelta::zero() && at - *lead <= now)
+        .min()
+}
+
+/// The once-only key of a reminder. The event's time is part of it: a booking whose
+/// end moves gets its reminders again for the new end.
+pub fn reminder_key(
+    kind: NoticeKind,
+    booking_id: i64,
+    lead: TimeDelta,
+    at: DateTime<Utc>,
+) -> String {
+    format!(
+        "{}:{booking_id}:{}s:{}",
+        kind.as_str(),
+        lead.num_seconds(),
+        at.timestamp_micros()
+    )
+}
+
+/// The once-only key of an audit row's notice.
+pub fn audit_key(audit_id: i64) -> String {
+    format!("audit:{audit_id}")
+}
+
+/// A way a notice reaches its user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    Email,
+    Webhook,
+}
+
+impl Channel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Email => "email",
+            Channel::Webhook => "webhook",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Channel> {
+        match s {
+            "email" => Some(Channel::Email),
+            "webhook" => Some(Channel::Webhook),
+            _ => None,
+        }
+    }
+}
+
+/// A user's choices. `Default` is what a user who never chose gets: both channels,
+/// every kind, the e-mail address their name is if it is one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prefs {
+    /// Where e-mail goes; `None`: the user name, when it is an address.
+    pub email: Option<String>,
+    pub email_enabled: bool,
+    pub webhook_enabled: bool,
+    /// Kinds the user does not want.
+    pub muted: Vec<NoticeKind>,
+}
+
+impl Default for Prefs {
+    fn default() -> Self {
+        Prefs {
+            email: None,
+            email_enabled: true,
+            webhook_enabled: true,
+            muted: Vec::new(),
+        }
+    }
+}
+
+/// Longest e-mail address accepted (RFC 5321's path limit).
+pub const MAX_ADDRESS_LEN: usize = 254;
+
+/// Whether `s` is a plausible mailbox (`local@domain`): one `@`, both sides
+/// non-empty, no spaces, control characters or angle brackets. The mailer checks
+/// the full syntax when it sends.
+pub fn is_address(s: &str) -> bool {
+    let Some((local, domain)) = s.split_once('@') else {
+        return false;
+    };
+    s.len() <= MAX_ADDRESS_LEN
+        && !local.is_empty()
+        && !domain.is_empty()
+        && !domain.contains('@')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+        && !s
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '<' | '>' | ',' | ';'))
+}
+
+/// A delivery to make: the channel and, for e-mail, the address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub channel: Channel,
+    pub address: Option<String>,
+}
+
+/// The deliveries of a notice of `kind` to `user`: each channel that is configured,
+/// that the user keeps on, for a kind they did not mute; e-mail only to an address.
+pub fn deliveries(
+    user: &str,
+    prefs: &Prefs,
+    kind: NoticeKind,
+    email_configured: bool,
+    webhook_configured: bool,
+) -> Vec<Delivery> {
+    if prefs.muted.contains(&kind) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    if email_configured && prefs.email_enabled {
+        let address = prefs.email.as_deref().unwrap_or(user);
+        if is_address(address) {
+            out.push(Delivery {
+                channel: Channel::Email,
+                address: Some(address.to_owned()),
+            });
+        }
+    }
+    if webhook_configured && prefs.webhook_enabled {
+        out.push(Delivery {
+            channel: Channel::Webhook,
+            address: None,
+        });
+    }
+    out
+}
+
+/// How long to wait before try `attempt + 1` after `attempt` failed tries (1-based):
+/// `base`, doubling, at most `max`.
+pub fn backoff(attempt: u32, base: TimeDelta, max: TimeDelta) -> TimeDelta {
+    let factor = 1i32 << attempt.saturating_sub(1).min(20);
+    base.checked_mul(factor).map_or(max, |d| d.min(max))
+}
+
+/// The body of the outgoing webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WebhookFormat {
+    /// `{kind, user, title, text, booking_id, created_at, details}`.
+    #[default]
+    Json,
+    /// `{"text": ...}`: what Slack and Mattermost incoming webhooks take.
+    Slack,
+}
+
+/// What a notice holds when it is sent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Notice<'a> {
+    pub kind: NoticeKind,
+    pub user: &'a str,
+    pub title: &'a str,
+    pub text: &'a str,
+    pub booking_id: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    pub details: &'a Value,
+}
+
+/// The outgoing webhook's body for `notice`.
+pub fn webhook_body(format: WebhookFormat, notice: &Notice<'_>) -> Value {
+    match format {
+        WebhookFormat::Json => json!({
+            "kind": notice.kind,
+            "user": notice.user,
+            "title": notice.title,
+            "text": notice.text,
+            "booking_id": notice.booking_id,
+            "created_at": notice.created_at.to_rfc3339_opts(SecondsFormat::Secs, true),
+            "details": notice.details,
+        }),
+        WebhookFormat::Slack => json!({
+            "text": format!("*{}* ({})\n{}", notice.title, notice.user, notice.text),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn t(h: i64) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 10, 0, 0, 0).unwrap() + TimeDelta::hours(h)
+    }
+
+    #[test]
+    fn the_smallest_lead_that_has_come_is_due() {
+        let leads = [TimeDelta::hours(24), TimeDelta::hours(1)];
+        let at = t(48);
+        assert_eq!(due_reminder(&leads, t(0), at), None);
+        assert_eq!(
+            due_reminder(&leads, t(24) - TimeDelta::seconds(1), at),
+            None
+        );
+        assert_eq!(due_reminder(&leads, t(24), at), Some(TimeDelta::hours(24)));
+        assert_eq!(due_reminder(&leads, t(46), at), Some(TimeDelta::hours(24)));
+        assert_eq!(due_reminder(&leads, t(47), at), Some(TimeDelta::hours(1)));
+        assert_eq!(
+            due_reminder(&leads, at - TimeDelta::seconds(1), at),
+            Some(TimeDelta::hours(1))
+        );
+        assert_eq!(due_reminder(&leads, at, at), None);
+        assert_eq!(due_reminder(&[], t(47), at), None);
+        assert_eq!(due_reminder(&[TimeDelta::zero()], t(47), at), None);
+    }
+
+    #[test]
+    fn keys_change_with_the_event_time() {
+        let a = reminder_key(NoticeKind::BookingEnds, 7, TimeDelta::hours(1), t(5));
+        let b = reminder_key(NoticeKind::BookingEnds, 7, TimeDelta::hours(1), t(6));
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            reminder_key(NoticeKind::BookingEnds, 7, TimeDelta::hours(1), t(5))
+        );
+    }
+
+    #[test]
+    fn audit_rows_that_make_notices() {
+        let ended = json!({"result": "recreated", "model": "a100"});
+        assert_eq!(
+            from_audit("controller.preempt", &ended),
+            Some(NoticeKind::GpuTakenBack)
+        );
+        assert_eq!(
+            from_audit("controller.preempt", &json!({"result": "dry_run"})),
+            None
+        );
+        assert_eq!(
+            from_audit("controller.preempt", &json!({"result": "error"})),
+            None
+        );
+        assert_eq!(
+            from_audit("webhook.strip", &json!({})),
+            Some(NoticeKind::SpawnStripped)
+        );
+        assert_eq!(
+            from_audit("agent.reclaim", &json!({})),
+            Some(NoticeKind::ProcessesReclaimed)
+        );
+        assert_eq!(from_audit("agent.reclaim_dry_run", &json!({})), None);
+        assert_eq!(from_audit("controller.expire", &ended), None);
+        for action in SOURCE_ACTIONS {
+            assert!(from_audit(action, &ended).is_some() || action == "controller.preempt");
+        }
+        let m = audit_message(NoticeKind::GpuTakenBack, Some("jhub/jupyter-bob"), &ended);
+        assert!(
+            m.text.contains("jhub/jupyter-bob") && m.text.contains("a100"),
+            "{m:?}"
+        );
+    }
+
+    #[test]
+    fn deliveries_follow_prefs_and_configuration() {
+        let d = |user: &str, p: &Prefs, e, w| deliveries(user, p, NoticeKind::BookingStarts, e, w);
+        let all = Prefs::default();
+        assert_eq!(d("a@x.org", &all, true, true).len(), 2);
+        // A user name that is no address gets no e-mail unless they give one.
+        assert_eq!(d("alice", &all, true, false), vec![]);
+        let with = Prefs {
+            email: Some("al@x.org".into()),
+            ..Prefs::default()
+        };
+        assert_eq!(
+            d("alice", &with, true, false)[0].address.as_deref(),
+            Some("al@x.org")
+        );
+        assert_eq!(d("a@x.org", &all, false, false), vec![]);
+        let muted = Prefs {
+            muted: vec![NoticeKind::BookingStarts],
+            ..Prefs::default()
+        };
+        assert_eq!(d("a@x.org", &muted, true, true), vec![]);
+        let no_mail = Prefs {
+            email_enabled: false,
+            ..Prefs::default()
+        };
+        assert_eq!(
+            d("a@x.org", &no_mail, true, true)[0].channel,
+            Channel::Webhook
+        );
+    }
+
+    #[test]
+    fn addresses() {
+        for ok in ["a@b", "zoë@uni.example", "first.last+tag@lab.example.org"] {
+            assert!(is_address(ok), "{ok}");
+        }
+        for bad in [
+            "", "a", "@b", "a@", "a@@b", "a b@c", "a@b.", "<a@b>", "a@b,c@d", "a\n@b",
+        ] {
+            assert!(!is_address(bad), "{bad:?}");
+        }
+        assert!(!is_address(&format!("{}@b", "a".repeat(300))));
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let (base, max) = (TimeDelta::seconds(30), TimeDelta::hours(1));
+        assert_eq!(backoff(1, base, max), TimeDelta::seconds(30));
+        assert_eq!(backoff(2, base, max), TimeDelta::seconds(60));
+        assert_eq!(backoff(4, base, max), TimeDelta::seconds(240));
+        assert_eq!(backoff(30, base, max), max);
+        assert_eq!(backoff(u32::MAX, base, max), max);
+    }
+
+    #[test]
+    fn webhook_bodies() {
+        let details = json!({"model": "a100"});
+        let n = Notice {
+            kind: NoticeKind::BookingEnds,
+            user: "a@b",
+            title: "T",
+            text: "X",
+            booking_id: Some(3),
+            created_at: t(0),
+            details: &details,
+        };
+        let j = webhook_body(WebhookFormat::Json, &n);
+        assert_eq!(j["kind"], "booking_ends");
+        assert_eq!(j["booking_id"], 3);
+        let s = webhook_body(WebhookFormat::Slack, &n);
+        assert_eq!(s.as_object().unwrap().len(), 1);
+        assert!(s["text"].as_str().unwrap().contains("*T*"));
+        for k in NoticeKind::ALL {
+            assert_eq!(NoticeKind::parse(k.as_str()), Some(k));
+        }
+    }
+}
