@@ -32,8 +32,8 @@ def scenarios() -> dict:
     return out
 
 
-def template(values_files=(), set_values=(), check=True) -> subprocess.CompletedProcess:
-    cmd = [helm(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+def template(values_files=(), set_values=(), check=True, extra=(), release=RELEASE) -> subprocess.CompletedProcess:
+    cmd = [helm(), "template", release, str(CHART), "--namespace", NAMESPACE, *extra]
     for f in values_files:
         cmd += ["-f", str(f)]
     for s in set_values:
@@ -41,9 +41,9 @@ def template(values_files=(), set_values=(), check=True) -> subprocess.Completed
     return subprocess.run(cmd, capture_output=True, text=True, check=check)
 
 
-def render(values_files=(), set_values=()) -> list:
+def render(values_files=(), set_values=(), extra=(), release=RELEASE) -> list:
     """The rendered objects, hooks included."""
-    text = template(values_files, set_values).stdout
+    text = template(values_files, set_values, extra=extra, release=release).stdout
     return [d for d in yaml.safe_load_all(text) if d]
 
 

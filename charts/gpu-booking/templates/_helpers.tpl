@@ -76,9 +76,38 @@ http://{{ include "gpu-booking.apiName" . }}.{{ .Release.Namespace }}.svc:{{ .Va
 {{- toYaml .Values.containerSecurityContext }}
 {{- end }}
 
-{{/* The existing Secret the chart reads (never creates). */}}
+{{/* The Secret of the JWT key, service token (and embedded Postgres's password and
+URL): the operator's existing one when named, else the one the bootstrap Job keeps. */}}
 {{- define "gpu-booking.secretName" -}}
-{{- required "secrets.existingSecret: name the Secret that holds the database URL and the JWT settings" .Values.secrets.existingSecret }}
+{{- default (printf "%s-secrets" (include "gpu-booking.fullname" .)) .Values.secrets.existingSecret }}
+{{- end }}
+
+{{/* Whether the bootstrap hook Job generates the Secret. */}}
+{{- define "gpu-booking.bootstrapSecret" -}}
+{{- if not .Values.secrets.existingSecret }}true{{ end }}
+{{- end }}
+
+{{- define "gpu-booking.postgresName" -}}{{ include "gpu-booking.fullname" . }}-postgres{{- end }}
+{{- define "gpu-booking.cnpgName" -}}{{ include "gpu-booking.fullname" . }}-db{{- end }}
+
+{{/* Where DATABASE_URL comes from, as a secretKeyRef's name and key, per database.mode.
+The contradictions are refused here, at render time. */}}
+{{- define "gpu-booking.databaseUrlRef" -}}
+{{- $mode := .Values.database.mode }}
+{{- if eq $mode "cloudnativepg" }}
+{{- if not (.Capabilities.APIVersions.Has "postgresql.cnpg.io/v1/Cluster") }}
+{{- fail "database.mode=cloudnativepg needs the CloudNativePG operator: its CRD postgresql.cnpg.io/v1 Cluster is not in this cluster (install the operator first, or pass --api-versions postgresql.cnpg.io/v1/Cluster to helm template)" }}
+{{- end }}
+{{- /* The operator's application Secret: key `uri` is a postgresql:// URL to the primary. */}}
+name: {{ include "gpu-booking.cnpgName" . }}-app
+key: uri
+{{- else if eq $mode "external" }}
+name: {{ required "database.mode=external: name the Secret that holds the URL (database.external.secretName or secrets.existingSecret)" (default .Values.secrets.existingSecret .Values.database.external.secretName) }}
+key: {{ .Values.database.external.urlKey }}
+{{- else }}
+name: {{ include "gpu-booking.secretName" . }}
+key: {{ .Values.secrets.databaseUrlKey }}
+{{- end }}
 {{- end }}
 
 {{/* env entries every component gets. */}}
