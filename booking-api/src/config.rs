@@ -36,16 +36,77 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub limits: ApiLimits,
 
+    /// Models declared in a file (the chart's values), written at start-up.
+    #[command(flatten)]
+    pub models: ModelsArgs,
+
     /// Log format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
 }
 
+impl DatabaseArgs {
+    /// The URL from the option or its file.
+    pub fn url(&self) -> anyhow::Result<String> {
+        use anyhow::Context;
+        match (&self.database_url, &self.database_url_file) {
+            (Some(url), _) => Ok(url.clone()),
+            (None, Some(path)) => Ok(std::fs::read_to_string(path)
+                .with_context(|| format!("reading the database URL file {}", path.display()))?
+                .trim()
+                .to_owned()),
+            (None, None) => anyhow::bail!("set DATABASE_URL or --database-url-file"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct ModelsArgs {
+    /// JSON list of models ({name, units, patterns, gpumemMib, resource}) written
+    /// into the store at start-up, before serving (the chart's `models.declared`).
+    #[arg(long, env = "GPU_BOOKING_MODELS_FILE")]
+    pub models_file: Option<PathBuf>,
+
+    /// Who wins for the declared models: `values` (the file; an admin's change to such
+    /// a model is undone at the next start) or `api` (the file only creates missing
+    /// models). Models the file does not name are never touched.
+    #[arg(long, env = "GPU_BOOKING_MODELS_AUTHORITY", value_enum, default_value_t = ModelsAuthority::Values)]
+    pub models_authority: ModelsAuthority,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum ModelsAuthority {
+    #[default]
+    Values,
+    Api,
+}
+
+impl ModelsAuthority {
+    pub fn core(self) -> gpu_booking_core::declared_models::Authority {
+        match self {
+            Self::Values => gpu_booking_core::declared_models::Authority::Values,
+            Self::Api => gpu_booking_core::declared_models::Authority::Api,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
-    /// Postgres connection URL, e.g. postgres://gpu_booking@db:5432/gpu_booking.
-    #[arg(long, env = "DATABASE_URL")]
-    pub database_url: String,
+    /// Postgres connection URL, e.g. postgres://gpu_booking@db:5432/gpu_booking. It may
+    /// hold a password: prefer --database-url-file (its value is never shown in --help).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        required_unless_present = "database_url_file",
+        conflicts_with = "database_url_file"
+    )]
+    pub database_url: Option<String>,
+
+    /// File holding the Postgres URL (e.g. a mounted Secret); surrounding whitespace
+    /// is ignored.
+    #[arg(long, env = "GPU_BOOKING_DATABASE_URL_FILE")]
+    pub database_url_file: Option<PathBuf>,
 
     /// Largest number of database connections the service opens.
     #[arg(long, env = "GPU_BOOKING_DB_MAX_CONNECTIONS", default_value_t = 16)]

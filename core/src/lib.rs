@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod capacity;
+pub mod declared_models;
 pub mod eviction;
 pub mod gpu_model;
 pub mod inventory;

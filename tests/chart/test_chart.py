@@ -52,6 +52,17 @@ def env_of(container):
     return {e["name"]: e for e in container.get("env", [])}
 
 
+def database_url_source(spec):
+    """(Secret, key) the container's --database-url-file comes from."""
+    (c,) = spec["containers"]
+    path = env_of(c)["GPU_BOOKING_DATABASE_URL_FILE"]["value"]
+    mount = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/")][0]
+    volume = [v for v in spec["volumes"] if v["name"] == mount["name"]][0]
+    (item,) = volume["secret"]["items"]
+    assert path == f"{mount['mountPath']}/{item['path']}"
+    return {"name": volume["secret"]["secretName"], "key": item["key"]}
+
+
 def component(obj):
     return obj["metadata"]["labels"]["app.kubernetes.io/component"]
 
@@ -215,7 +226,8 @@ def test_database_url_and_jwt_settings_come_from_the_named_secret():
     api = one("defaults", "Deployment", "-api")
     (c,) = pod_spec(api)["containers"]
     env = env_of(c)
-    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpu-booking-secrets", "key": "database-url"}
+    assert database_url_source(pod_spec(api)) == {"name": "gpu-booking-secrets", "key": "database-url"}
+    assert "DATABASE_URL" not in env, "the URL is in no environment (--database-url-file)"
     assert env["GPU_BOOKING_JWT_SECRET_FILE"]["value"].startswith("/var/run/secrets/")
     jwt = [v for v in pod_spec(api)["volumes"] if v["name"] == "jwt"][0]
     assert jwt["secret"]["secretName"] == "gpu-booking-secrets"
@@ -223,7 +235,7 @@ def test_database_url_and_jwt_settings_come_from_the_named_secret():
     # OIDC only: no HS256 secret mounted, the JWKS URL set.
     api = one("minimal", "Deployment", "-api")
     env = env_of(pod_spec(api)["containers"][0])
-    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpu-booking", "key": "database-url"}
+    assert database_url_source(pod_spec(api)) == {"name": "gpu-booking", "key": "database-url"}
     assert "GPU_BOOKING_JWT_SECRET_FILE" not in env
     assert env["GPU_BOOKING_JWKS_URL"]["value"].endswith("/certs")
     assert "GPU_BOOKING_OIDC_CLIENT_ID" not in env
@@ -242,7 +254,7 @@ def test_replicas_disruption_budgets_and_leader_election():
     assert one("defaults", "Deployment", "-webhook")["spec"]["replicas"] == 2
     assert one("defaults", "Deployment", "-controller")["spec"]["replicas"] == 2
     pdbs = {o["metadata"]["name"] for o in objects("defaults", "PodDisruptionBudget")}
-    assert pdbs == {"gpu-booking-api", "gpu-booking-webhook"}
+    assert pdbs == {"gpu-booking-api", "gpu-booking-webhook", "gpu-booking-controller"}
     lease = one("defaults", "Role", "-controller")
     assert {"coordination.k8s.io"} == {g for r in lease["rules"] for g in r["apiGroups"]}
     assert objects("minimal", "PodDisruptionBudget") == []
@@ -291,7 +303,7 @@ def test_the_migration_job_runs_before_install_and_upgrade():
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     (c,) = pod_spec(job)["containers"]
     assert c["args"] == ["migrate"]
-    assert "secretKeyRef" in env_of(c)["DATABASE_URL"]["valueFrom"]
+    assert database_url_source(pod_spec(job)) == {"name": "lab-db", "key": "database-url"}
     assert not [o for o in objects("minimal", "Job") if o["metadata"]["name"].endswith("-migrate")]
 
 

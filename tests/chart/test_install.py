@@ -7,7 +7,7 @@ Run by scripts/chart-test.sh (HELM names the helm binary)."""
 import pytest
 
 import render
-from test_chart import RENDERED, SCENARIOS, containers, env_of, objects, one, pod_spec, pods
+from test_chart import RENDERED, SCENARIOS, containers, database_url_source, env_of, objects, one, pod_spec, pods
 
 CNPG = ["--api-versions", "postgresql.cnpg.io/v1/Cluster"]
 # Secrets Kubernetes itself provides to every namespace.
@@ -152,8 +152,7 @@ def test_the_embedded_postgres():
     assert env["PGDATA"]["value"].startswith("/var/lib/postgresql/data/")
     svc = one("defaults", "Service", "-postgres")
     assert svc["spec"]["ports"][0]["port"] == 5432
-    api = env_of(pod_spec(one("defaults", "Deployment", "-api"))["containers"][0])
-    assert api["DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "gpu-booking-secrets"
+    assert database_url_source(pod_spec(one("defaults", "Deployment", "-api")))["name"] == "gpu-booking-secrets"
 
 
 def test_cloudnativepg_needs_its_crds_and_replaces_the_embedded_database():
@@ -167,8 +166,7 @@ def test_cloudnativepg_needs_its_crds_and_replaces_the_embedded_database():
     assert not [o for o in rendered if o["kind"] == "StatefulSet"]
     for o in rendered:
         if o["kind"] in ("Deployment", "Job") and o["metadata"]["name"].endswith(("-api", "-migrate")):
-            env = env_of(pod_spec(o)["containers"][0])
-            assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpu-booking-db-app", "key": "uri"}
+            assert database_url_source(pod_spec(o)) == {"name": "gpu-booking-db-app", "key": "uri"}
     (job,) = [o for o in rendered if o["kind"] == "Job" and o["metadata"]["name"].endswith("-bootstrap")]
     assert "GPU_BOOKING_BOOTSTRAP_DATABASE_HOST" not in env_of(pod_spec(job)["containers"][0])
     assert unmet(rendered) == []
@@ -180,8 +178,7 @@ def test_an_external_database_comes_from_a_named_secret():
     rendered = render.render(set_values=["database.mode=external", "database.external.secretName=lab-postgres", "database.external.urlKey=url"])
     assert not [o for o in rendered if o["kind"] == "StatefulSet"]
     api = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-api")][0]
-    env = env_of(pod_spec(api)["containers"][0])
-    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "lab-postgres", "key": "url"}
+    assert database_url_source(pod_spec(api)) == {"name": "lab-postgres", "key": "url"}
     # The JWT key and service token are still generated.
     (job,) = [o for o in rendered if o["kind"] == "Job" and o["metadata"]["name"].endswith("-bootstrap")]
     assert "GPU_BOOKING_BOOTSTRAP_DATABASE_HOST" not in env_of(pod_spec(job)["containers"][0])
@@ -192,3 +189,36 @@ def test_with_network_policies_only_the_api_and_migrations_reach_postgres():
     (rule,) = policy["spec"]["ingress"]
     assert rule["ports"] == [{"port": "postgres", "protocol": "TCP"}]
     assert {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]} == {"api", "migrate"}
+
+
+def test_models_declared_in_values_reach_the_api_and_roll_it_when_changed():
+    import json
+    api = one("everything", "Deployment", "-api")
+    (c,) = pod_spec(api)["containers"]
+    env = {k: e.get("value") for k, e in env_of(c).items()}
+    assert env["GPU_BOOKING_MODELS_AUTHORITY"] == "api"
+    cm = one("everything", "ConfigMap", "-api-models")
+    models = json.loads(cm["data"]["models.json"])
+    assert [m["name"] for m in models] == ["a100", "mig-1g.5gb"], "list order is matching order"
+    assert models[0] == {"name": "a100", "units": 2, "patterns": ["*A100*"], "gpumemMib": 40960}
+    mount = [m for m in c["volumeMounts"] if m["name"] == "models"][0]
+    assert env["GPU_BOOKING_MODELS_FILE"].startswith(mount["mountPath"] + "/")
+    checksum = api["spec"]["template"]["metadata"]["annotations"]["checksum/models"]
+    changed = render.render(["tests/chart/values/everything.yaml"], set_values=["models.declared[0].units=3"])
+    (api2,) = [o for o in changed if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-api")]
+    assert api2["spec"]["template"]["metadata"]["annotations"]["checksum/models"] != checksum
+    # None declared: no file, nothing written at start.
+    assert "GPU_BOOKING_MODELS_FILE" not in env_of(pod_spec(one("defaults", "Deployment", "-api"))["containers"][0])
+    assert objects("defaults", "ConfigMap") == []
+
+
+@pytest.mark.parametrize("bad", [
+    'models.declared=[{"name":"a100","units":1},{"name":"a100","units":2}]',
+    'models.declared=[{"name":"A100","units":1}]',
+    'models.declared=[{"name":"a100"}]',
+    'models.declared=[{"name":"a100","units":-1}]',
+    'models.declared=[{"name":"a100","units":1,"colour":"red"}]',
+])
+def test_bad_models_are_refused_at_render(bad):
+    result = render.template(check=False, extra=["--set-json", bad])
+    assert result.returncode != 0, bad

@@ -1,0 +1,87 @@
+"""Safe defaults an operator would check (issue 14, item 7): disruption budgets that
+never block a drain, names within Kubernetes' limits for every release name Helm
+accepts, and values that contradict each other refused at render time."""
+
+import pytest
+
+import render
+from test_chart import pod_spec
+
+
+def kinds(rendered, kind):
+    return [o for o in rendered if o["kind"] == kind]
+
+
+def test_disruption_budgets_never_block_a_drain():
+    default = render.render()
+    assert {p["metadata"]["name"] for p in kinds(default, "PodDisruptionBudget")} == {
+        "gpu-booking-api", "gpu-booking-webhook", "gpu-booking-controller"}
+    # One replica: minAvailable 1 would refuse every eviction, so no budget at all.
+    single = render.render(set_values=["api.replicaCount=1", "webhook.replicaCount=1", "controller.replicaCount=1"])
+    assert kinds(single, "PodDisruptionBudget") == []
+    for bad in ["api.podDisruptionBudget.minAvailable=2", "controller.podDisruptionBudget.minAvailable=100%"]:
+        result = render.template(set_values=[bad], check=False)
+        assert result.returncode != 0 and "drained" in result.stderr, bad
+
+
+@pytest.mark.parametrize("release", ["g", "gpu-booking", "a" * 53, "lab-gpu-booking-" + "x" * 37])
+def test_every_name_fits_for_every_release_name_helm_accepts(release):
+    """Helm accepts release names of up to 53 characters; the CronJob's name must fit
+    52 (its Jobs append 11), and every object's name 253 (63 for Services and labels)."""
+    rendered = render.render(release=release)
+    (cron,) = kinds(rendered, "CronJob")
+    assert len(cron["metadata"]["name"]) <= 52, cron["metadata"]["name"]
+    for o in rendered:
+        name = o["metadata"]["name"]
+        limit = 63 if o["kind"] in ("Service", "Job", "StatefulSet") else 253
+        assert len(name) <= limit, (o["kind"], name)
+        for value in o["metadata"].get("labels", {}).values():
+            assert len(value) <= 63, (o["kind"], name, value)
+
+
+@pytest.mark.parametrize("bad, why", [
+    (["webhook.bookingTimeout=5s"], "webhook.bookingTimeout"),
+    (["webhook.bookingTimeout=1min", "webhook.timeoutSeconds=30"], "webhook.bookingTimeout"),
+    (["webhook.gpuResources=null"], "gpuResources"),
+    (["tls.renewBefore=400days"], "tls.renewBefore"),
+    (["tls.mode=csr", "tls.csr.signerName=example.com/serving", "tls.csr.expirationSeconds=3600"], "tls.renewBefore"),
+    (["tls.mode=cert-manager", "tls.certManager.renewBefore=9000h"], "tls.certManager.renewBefore"),
+])
+def test_values_that_contradict_each_other_are_refused(bad, why):
+    result = render.template(set_values=bad, check=False)
+    assert result.returncode != 0, bad
+    assert why in result.stderr, result.stderr
+
+
+def test_the_same_values_within_bounds_render():
+    render.render(set_values=["webhook.bookingTimeout=4999ms", "tls.renewBefore=364days"])
+    render.render(set_values=["webhook.gpuResources=null", "webhook.modelResources.a100=nvidia.com/a100"])
+
+
+def test_the_webhook_matches_only_through_its_resources_even_with_model_ones_only():
+    rendered = render.render(set_values=["webhook.gpuResources=null", "webhook.modelResources.a100=nvidia.com/a100"])
+    (mwc,) = kinds(rendered, "MutatingWebhookConfiguration")
+    exprs = " ".join(c["expression"] for c in mwc["webhooks"][0]["matchConditions"])
+    assert "'nvidia.com/a100'" in exprs and "'nvidia.com/gpu'" not in exprs
+
+
+SENTINEL = "s3cr3t-sentinel-value"
+SECRET_ENV = ["DATABASE_URL", "GPU_BOOKING_JWT_SECRET", "GPU_BOOKING_WEBHOOK_SERVICE_TOKEN",
+              "GPU_BOOKING_CONTROLLER_SERVICE_TOKEN", "GPU_BOOKING_AGENT_SERVICE_TOKEN"]
+
+
+def test_help_never_prints_a_secret_from_the_environment():
+    """`--help` of every subcommand with every secret-valued variable set
+    (GPU_BOOKING_BIN, the real binary)."""
+    import os
+    import subprocess
+
+    binary = os.environ.get("GPU_BOOKING_BIN")
+    if not binary:
+        pytest.skip("GPU_BOOKING_BIN not set (scripts/test.sh sets it)")
+    env = {"PATH": "/usr/bin:/bin", **{k: f"postgres://u:{SENTINEL}@h/x" for k in SECRET_ENV}}
+    for sub in ["api", "migrate", "token", "webhook", "controller", "agent", "bootstrap", "demo",
+                "certs self-signed", "certs csr"]:
+        out = subprocess.run([binary, *sub.split(), "--help"], env=env, capture_output=True, text=True, timeout=10)
+        assert out.returncode == 0, (sub, out.stderr)
+        assert SENTINEL not in out.stdout + out.stderr, sub
