@@ -85,3 +85,47 @@ def test_help_never_prints_a_secret_from_the_environment():
         out = subprocess.run([binary, *sub.split(), "--help"], env=env, capture_output=True, text=True, timeout=10)
         assert out.returncode == 0, (sub, out.stderr)
         assert SENTINEL not in out.stdout + out.stderr, sub
+
+
+def test_the_ingress_publishes_the_page_and_the_api_but_not_metrics_or_probes():
+    import test_chart
+    (ingress,) = test_chart.objects("everything", "Ingress")
+    paths = [(p["path"], p["pathType"]) for r in ingress["spec"]["rules"] for p in r["http"]["paths"]]
+
+    def routed(url):
+        return any(url == p if t == "Exact" else url.startswith(p) for p, t in paths)
+
+    for public in ["/", "/assets/app.js", "/favicon.ico", "/api/v1/bookings", "/api/openapi.json"]:
+        assert routed(public), public
+    for private in ["/metrics", "/healthz", "/readyz"]:
+        assert not routed(private), private
+
+
+def controller_pod_rules(rendered):
+    out = {}
+    for o in rendered:
+        if o["kind"] in ("Role", "ClusterRole") and o["metadata"]["labels"]["app.kubernetes.io/component"] == "controller":
+            for r in o["rules"]:
+                if "pods" in r["resources"]:
+                    out[(o["kind"], o["metadata"].get("namespace"))] = r["verbs"]
+    return out
+
+
+def test_the_controller_changes_pods_only_in_the_namespace_it_serves():
+    rendered = render.render()
+    assert controller_pod_rules(rendered) == {("Role", "jhub"): ["get", "list", "watch", "delete", "create"]}
+    (binding,) = [o for o in rendered if o["kind"] == "RoleBinding" and o["metadata"]["name"] == "gpu-booking-controller-pods"]
+    assert binding["metadata"]["namespace"] == "jhub"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-booking-controller", "namespace": "gpu-booking"}]
+    (deployment,) = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-controller")]
+    env = {e["name"]: e.get("value") for e in pod_spec(deployment)["containers"][0]["env"]}
+    assert env["GPU_BOOKING_CONTROLLER_NAMESPACE"] == "jhub"
+    # Creating pods only where a mode re-creates them.
+    assert controller_pod_rules(render.render(set_values=["controller.onExpiry=delete"])) == {
+        ("Role", "jhub"): ["get", "list", "watch", "delete"]}
+    # Every namespace: an explicit choice, a ClusterRole, no namespace option.
+    everywhere = render.render(set_values=["controller.namespace=*"])
+    assert controller_pod_rules(everywhere) == {("ClusterRole", None): ["get", "list", "watch", "delete", "create"]}
+    (deployment,) = [o for o in everywhere if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-controller")]
+    assert "GPU_BOOKING_CONTROLLER_NAMESPACE" not in {e["name"] for e in pod_spec(deployment)["containers"][0]["env"]}
+    assert render.template(set_values=["controller.namespace=Not A Namespace"], check=False).returncode != 0
