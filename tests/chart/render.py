@@ -16,6 +16,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-booking"
 VALUES = Path(__file__).resolve().parent / "values"
+JUPYTERHUB = ROOT / "examples" / "jupyterhub"
 RELEASE = "gpu-booking"
 NAMESPACE = "gpu-booking"
 
@@ -29,6 +30,8 @@ def scenarios() -> dict:
     out = {"defaults": []}
     for f in sorted(VALUES.glob("*.yaml")):
         out[f.stem] = [f]
+    # The documented JupyterHub pairing (examples/jupyterhub) is a scenario too.
+    out["jupyterhub"] = [JUPYTERHUB / "gpu-booking-values.yaml"]
     return out
 
 
