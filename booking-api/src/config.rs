@@ -152,6 +152,17 @@ pub struct AuthArgs {
     /// Longest lifetime accepted for an OIDC token (`exp - iat`).
     #[arg(long, env = "GPU_BOOKING_MAX_TOKEN_LIFETIME", default_value = "24h", value_parser = gpu_booking_ops::duration::parse_duration)]
     pub max_token_lifetime: std::time::Duration,
+
+    /// Accept Kubernetes ServiceAccount tokens bound to this audience (the webhook's,
+    /// the controller's and the agent's projected tokens), verified by a TokenReview
+    /// (the API's ServiceAccount needs `create` on tokenreviews).
+    #[arg(long, env = "GPU_BOOKING_SERVICE_ACCOUNT_AUDIENCE")]
+    pub service_account_audience: Option<String>,
+
+    /// The role of a ServiceAccount, NAMESPACE/NAME=ROLE (service or admin); repeat or
+    /// separate with commas. Other ServiceAccounts authenticate with no role.
+    #[arg(long, env = "GPU_BOOKING_SERVICE_ACCOUNT", value_delimiter = ',', value_parser = parse_sa_binding)]
+    pub service_account: Vec<((String, String), crate::auth::Role)>,
 }
 
 impl Default for AuthArgs {
@@ -165,6 +176,8 @@ impl Default for AuthArgs {
             jwt_audience: None,
             jwt_username_claim: "email".into(),
             max_token_lifetime: std::time::Duration::from_secs(24 * 3600),
+            service_account_audience: None,
+            service_account: Vec::new(),
         }
     }
 }
@@ -352,4 +365,8 @@ mod oidc_tests {
         .unwrap();
         assert_eq!(cli.oidc.oidc_token, OidcToken::IdToken);
     }
+}
+
+fn parse_sa_binding(s: &str) -> Result<((String, String), crate::auth::Role), String> {
+    crate::service_accounts::parse_binding(s)
 }

@@ -15,6 +15,7 @@ pub mod openapi;
 pub mod page;
 pub mod routes;
 pub mod server;
+pub mod service_accounts;
 pub mod store;
 pub mod testing;
 

@@ -72,7 +72,17 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
 /// `gpu-booking api`: migrate, then serve until SIGTERM / Ctrl-C.
 pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     crate::config::init_logging(args.log_format);
-    let auth = authenticator(&args.auth)?;
+    let mut auth = authenticator(&args.auth)?;
+    if let Some(audience) = &args.auth.service_account_audience {
+        let client = kube::Client::try_default().await.context(
+            "--service-account-audience: connecting to the Kubernetes API for TokenReviews",
+        )?;
+        auth = auth.with_service_accounts(crate::service_accounts::ServiceAccounts::new(
+            client,
+            audience.clone(),
+            args.auth.service_account.iter().cloned().collect(),
+        ));
+    }
     // Read first: a bad models file stops the start before anything is written.
     let declared = match &args.models.models_file {
         Some(path) => Some(crate::declared::read(path)?),
