@@ -222,3 +222,32 @@ def test_models_declared_in_values_reach_the_api_and_roll_it_when_changed():
 def test_bad_models_are_refused_at_render(bad):
     result = render.template(check=False, extra=["--set-json", bad])
     assert result.returncode != 0, bad
+
+
+def test_components_authenticate_with_their_service_account_tokens():
+    api = one("defaults", "Deployment", "-api")
+    env = {k: e.get("value") for k, e in env_of(pod_spec(api)["containers"][0]).items()}
+    assert env["GPU_BOOKING_SERVICE_ACCOUNT_AUDIENCE"] == "gpu-booking"
+    assert env["GPU_BOOKING_SERVICE_ACCOUNT"] == (
+        "gpu-booking/gpu-booking-webhook=service,gpu-booking/gpu-booking-controller=service")
+    review = one("defaults", "ClusterRole", "-api-tokenreview")
+    assert review["rules"] == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]
+    for suffix in ("-webhook", "-controller"):
+        spec = pod_spec(one("defaults", "Deployment", suffix))
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "service-token"]
+        (source,) = volume["projected"]["sources"]
+        assert source["serviceAccountToken"]["audience"] == "gpu-booking"
+        assert source["serviceAccountToken"]["expirationSeconds"] == 3600
+        assert spec["serviceAccountName"].endswith(suffix)
+    # The agent too when on; no shared service token is generated.
+    env = {k: e.get("value") for k, e in env_of(pod_spec(one("everything", "Deployment", "-api"))["containers"][0]).items()}
+    assert "gpu-booking/gpu-booking-agent=service" in env["GPU_BOOKING_SERVICE_ACCOUNT"]
+    job = one("defaults", "Job", "-bootstrap")
+    assert env_of(pod_spec(job)["containers"][0])["GPU_BOOKING_BOOTSTRAP_SERVICE_TOKEN_KEY"]["value"] == ""
+    # Off: the HS256 service token from the Secret, minted by the bootstrap Job.
+    off = render.render(set_values=["auth.serviceAccountTokens.enabled=false"])
+    (webhook,) = [o for o in off if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-webhook")]
+    (volume,) = [v for v in pod_spec(webhook)["volumes"] if v["name"] == "service-token"]
+    assert volume["secret"]["secretName"] == "gpu-booking-secrets"
+    assert not [o for o in off if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-tokenreview")]
+    assert unmet(off) == []

@@ -120,15 +120,38 @@ key: {{ .Values.secrets.databaseUrlKey }}
   value: {{ .Values.logLevel | quote }}
 {{- end }}
 
-{{/* The service token mounted as a file (re-read when the Secret changes). */}}
+{{/* The token the webhook, controller and agent present to the API, as a file they
+re-read when it changes: their own ServiceAccount's projected token (audience-bound,
+rotated by the kubelet, verified by the API with a TokenReview), or, with
+auth.serviceAccountTokens.enabled=false, the HS256 service token from the Secret. */}}
 {{- define "gpu-booking.serviceTokenVolume" -}}
 - name: service-token
+{{- if .Values.auth.serviceAccountTokens.enabled }}
+  projected:
+    defaultMode: 0440
+    sources:
+      - serviceAccountToken:
+          audience: {{ .Values.auth.serviceAccountTokens.audience | quote }}
+          expirationSeconds: {{ .Values.auth.serviceAccountTokens.expirationSeconds }}
+          path: service-token
+{{- else }}
   secret:
     secretName: {{ include "gpu-booking.secretName" . }}
     defaultMode: 0440
     items:
       - key: {{ .Values.secrets.serviceTokenKey }}
         path: service-token
+{{- end }}
+{{- end }}
+
+{{/* The ServiceAccounts the API trusts, NAMESPACE/NAME=ROLE, comma-separated. */}}
+{{- define "gpu-booking.serviceAccountRoles" -}}
+{{- $ns := .Release.Namespace }}
+{{- $out := list (printf "%s/%s=service" $ns (include "gpu-booking.webhookName" .)) }}
+{{- if .Values.controller.enabled }}{{ $out = append $out (printf "%s/%s=service" $ns (include "gpu-booking.controllerName" .)) }}{{ end }}
+{{- if .Values.agent.enabled }}{{ $out = append $out (printf "%s/%s=service" $ns (include "gpu-booking.agentName" .)) }}{{ end }}
+{{- range .Values.auth.serviceAccountTokens.extra }}{{ $out = append $out . }}{{ end }}
+{{- join "," $out }}
 {{- end }}
 
 {{- define "gpu-booking.serviceTokenPath" -}}/var/run/secrets/gpu-booking/service-token/service-token{{- end }}
