@@ -129,3 +129,20 @@ def test_the_controller_changes_pods_only_in_the_namespace_it_serves():
     (deployment,) = [o for o in everywhere if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-controller")]
     assert "GPU_BOOKING_CONTROLLER_NAMESPACE" not in {e["name"] for e in pod_spec(deployment)["containers"][0]["env"]}
     assert render.template(set_values=["controller.namespace=Not A Namespace"], check=False).returncode != 0
+
+
+def test_every_alert_links_its_runbook_paragraph():
+    import re
+    import test_chart
+    (rule,) = test_chart.objects("everything", "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 12
+    runbooks = (render.ROOT / "docs" / "runbooks.md").read_text()
+    headings = {h.lower() for h in re.findall(r"^## (\w+)$", runbooks, re.M)}
+    for alert in alerts:
+        url = alert["annotations"]["runbook_url"]
+        assert url == f"docs/runbooks.md#{alert['alert'].lower()}", url
+        assert alert["alert"].lower() in headings, f"docs/runbooks.md has no paragraph for {alert['alert']}"
+    custom = render.render(["tests/chart/values/everything.yaml"], set_values=["metrics.prometheusRule.runbookBaseUrl=https://git.example.org/runbooks.md/"])
+    (rule,) = [o for o in custom if o["kind"] == "PrometheusRule"]
+    assert rule["spec"]["groups"][0]["rules"][0]["annotations"]["runbook_url"] == "https://git.example.org/runbooks.md#gpubookingapidown"
