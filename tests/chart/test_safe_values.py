@@ -146,3 +146,45 @@ def test_every_alert_links_its_runbook_paragraph():
     custom = render.render(["tests/chart/values/everything.yaml"], set_values=["metrics.prometheusRule.runbookBaseUrl=https://git.example.org/runbooks.md/"])
     (rule,) = [o for o in custom if o["kind"] == "PrometheusRule"]
     assert rule["spec"]["groups"][0]["rules"][0]["annotations"]["runbook_url"] == "https://git.example.org/runbooks.md#gpubookingapidown"
+
+
+def test_the_agent_may_change_only_its_annotation_on_a_pod():
+    """The ValidatingAdmissionPolicy's CEL, evaluated (cel-python) on updates the agent
+    could send: its annotation passes, anything else is denied."""
+    import copy
+    import json
+    import test_chart
+    celpy = pytest.importorskip("celpy")
+    (policy,) = test_chart.objects("everything", "ValidatingAdmissionPolicy")
+    (binding,) = test_chart.objects("everything", "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["matchConditions"][0]["expression"] == \
+        "request.userInfo.username == 'system:serviceaccount:gpu-booking:gpu-booking-agent'"
+    env = celpy.Environment()
+
+    def run(expr, activation):
+        return env.program(env.compile(expr)).evaluate(activation)
+
+    def allowed(old, new):
+        act = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old)}
+        variables = {v["name"]: run(v["expression"], act) for v in policy["spec"]["variables"]}
+        act["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})
+        return all(bool(run(v["expression"], act)) for v in policy["spec"]["validations"])
+
+    fixture = render.ROOT / "tests" / "fixtures" / "kubespawner" / "6.2.0-alice-at-example.com-gpu.json"
+    doc = json.loads(fixture.read_text())
+    pod = doc.get("request", {}).get("object", doc)
+    marked = copy.deepcopy(pod)
+    marked["metadata"]["annotations"]["gpu-booking.io/last-gpu-activity"] = "2026-11-23T10:00:00Z"
+    assert allowed(pod, marked)
+    for change in ("label", "annotation", "spec", "drop"):
+        bad = copy.deepcopy(marked)
+        if change == "label":
+            bad["metadata"].setdefault("labels", {})["gpu-booking/priority"] = "high"
+        elif change == "annotation":
+            bad["metadata"]["annotations"]["terminate-at"] = "2099-01-01T00:00:00Z"
+        elif change == "spec":
+            bad["spec"]["priorityClassName"] = "gpu-booking-high"
+        else:
+            bad["metadata"]["annotations"].pop("hub.jupyter.org/username")
+        assert not allowed(pod, bad), change
