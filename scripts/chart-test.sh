@@ -24,7 +24,7 @@ rm -rf "$out" && mkdir -p "$out"
 
 "$HELM" version --short
 "$HELM" lint --strict --quiet "$chart"
-for values in tests/chart/values/*.yaml; do
+for values in tests/chart/values/*.yaml examples/jupyterhub/gpu-booking-values.yaml; do
   "$HELM" lint --strict --quiet "$chart" -f "$values"
 done
 
@@ -32,7 +32,7 @@ done
 
 # NOTES.txt is rendered only by install: a client-side dry run of each scenario.
 "$HELM" install gpu-booking "$chart" -n gpu-booking --dry-run=client > /dev/null
-for values in tests/chart/values/*.yaml; do
+for values in tests/chart/values/*.yaml examples/jupyterhub/gpu-booking-values.yaml; do
   "$HELM" install gpu-booking "$chart" -n gpu-booking --dry-run=client -f "$values" > /dev/null
 done
 echo "NOTES.txt renders in every scenario"

@@ -36,6 +36,10 @@ pub enum Command {
     /// from a Kubernetes signer) in Secrets and inject the CA bundle; or write dev
     /// certificates to a folder.
     Certs(gpu_booking_certs::CertsArgs),
+    /// Create or complete the release's generated Secret (JWT key, service token, the
+    /// embedded Postgres's password and URL): made once, never re-rolled (the chart's
+    /// hook Job).
+    Bootstrap(gpu_booking_certs::bootstrap::BootstrapArgs),
     /// Run the API and the booking page on a local Postgres, and the webhook and the
     /// controller on a simulated lab cluster (the page's Cluster view spawns notebooks
     /// on it); print the URLs and tokens to try them.
@@ -114,6 +118,22 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Controller(args) => gpu_booking_controller::run(args).await,
         Command::Agent(args) => gpu_booking_agent::run(args).await,
         Command::Certs(args) => gpu_booking_certs::run(args).await,
+        Command::Bootstrap(args) => {
+            let (user, ttl) = (args.service_user.clone(), args.service_token_ttl);
+            gpu_booking_core::username::Username::parse(&user)?;
+            let (iss, aud) = (args.jwt_issuer.clone(), args.jwt_audience.clone());
+            let mint = move |key: &[u8]| {
+                mint_token_for(
+                    key,
+                    &user,
+                    Some(Role::Service),
+                    ttl,
+                    iss.as_deref(),
+                    aud.as_deref(),
+                )
+            };
+            gpu_booking_certs::bootstrap::main(args, &mint).await
+        }
         Command::Demo(args) => crate::demo::run(args).await,
     }
 }

@@ -27,7 +27,7 @@ pub struct DemoArgs {
     #[arg(long, env = "GPU_BOOKING_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
     /// Postgres to use instead of looking for one.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Address of the admission webhook (HTTPS, a demo certificate).
     #[arg(long, default_value = "127.0.0.1:8443")]
@@ -118,7 +118,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
     };
     let database = DatabaseArgs {
-        database_url: url.clone(),
+        database_url: Some(url.clone()),
+        database_url_file: None,
         db_max_connections: 8,
     };
     let pool = server::connect(&database).await?;
@@ -148,6 +149,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             notice_interval: std::time::Duration::from_secs(2),
             ..Default::default()
         },
+        models: Default::default(),
         log_format: LogFormat::Plain,
     };
     let auth = Authenticator::new(Some(&secret), None);

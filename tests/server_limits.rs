@@ -376,7 +376,8 @@ async fn the_api_survives_slow_clients_in_bounded_memory(pool: PgPool) {
 /// The webhook's TLS client configuration trusting the demo CA, with `alpn`.
 fn tls_client(ca_pem: &str, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots
             .add(cert.expect("a CA certificate"))
             .expect("adding the CA");

@@ -71,6 +71,7 @@ impl Caller {
 pub struct Authenticator {
     hs256: Option<Arc<DecodingKey>>,
     oidc: Option<Arc<Oidc>>,
+    service_accounts: Option<Arc<crate::service_accounts::ServiceAccounts>>,
 }
 
 /// How tokens of an OIDC provider are checked. Issuer and audience are required: a
@@ -121,6 +122,41 @@ impl Authenticator {
         Authenticator {
             hs256: hs256_secret.map(|s| Arc::new(DecodingKey::from_secret(s))),
             oidc: oidc.map(Arc::new),
+            service_accounts: None,
+        }
+    }
+
+    /// Also accepts Kubernetes ServiceAccount tokens, verified by TokenReview.
+    pub fn with_service_accounts(
+        mut self,
+        service_accounts: crate::service_accounts::ServiceAccounts,
+    ) -> Authenticator {
+        self.service_accounts = Some(Arc::new(service_accounts));
+        self
+    }
+
+    /// A ServiceAccount token, as the cluster judges it.
+    async fn verify_service_account(
+        sa: &crate::service_accounts::ServiceAccounts,
+        token: &str,
+    ) -> Result<Caller, ApiError> {
+        match sa.review(token).await {
+            Ok(Some(reviewed)) => Ok(Caller {
+                user: Username::parse(&reviewed.username).map_err(|e| {
+                    ApiError::Unauthorized(format!("invalid token: user name: {e}"))
+                })?,
+                admin: reviewed.role == Some(Role::Admin),
+                service: reviewed.role == Some(Role::Service),
+            }),
+            Ok(None) => Err(unauthorized(
+                "not a ServiceAccount token the cluster accepts for this audience",
+            )),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "TokenReview failed");
+                Err(ApiError::Internal(e.context(
+                    "the cluster could not verify the ServiceAccount token (TokenReview)",
+                )))
+            }
         }
     }
 
@@ -131,8 +167,10 @@ impl Authenticator {
         hs256_secret: Option<&[u8]>,
     ) -> anyhow::Result<Authenticator> {
         anyhow::ensure!(
-            hs256_secret.is_some() || auth.jwks_url.is_some(),
-            "configure --jwt-secret(-file) or --jwks-url: no token could be verified"
+            hs256_secret.is_some()
+                || auth.jwks_url.is_some()
+                || auth.service_account_audience.is_some(),
+            "configure --jwt-secret(-file), --jwks-url or --service-account-audience: no token could be verified"
         );
         let oidc = match &auth.jwks_url {
             None => None,
@@ -164,6 +202,16 @@ impl Authenticator {
                 (decode::<Claims>(token, key, &hs256_validation()), None)
             }
             alg @ (Algorithm::RS256 | Algorithm::ES256) => {
+                // ServiceAccount tokens are RS256 too: everything not issued by the
+                // OIDC provider goes to the cluster (the signature is checked there).
+                if let Some(sa) = &self.service_accounts {
+                    let oidc_issuer = self.oidc.as_ref().map(|o| o.issuer.as_str());
+                    if crate::service_accounts::unverified_issuer(token).as_deref() != oidc_issuer
+                        || oidc_issuer.is_none()
+                    {
+                        return Self::verify_service_account(sa, token).await;
+                    }
+                }
                 let oidc = self
                     .oidc
                     .as_ref()

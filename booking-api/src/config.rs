@@ -44,16 +44,77 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub limits: ApiLimits,
 
+    /// Models declared in a file (the chart's values), written at start-up.
+    #[command(flatten)]
+    pub models: ModelsArgs,
+
     /// Log format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
 }
 
+impl DatabaseArgs {
+    /// The URL from the option or its file.
+    pub fn url(&self) -> anyhow::Result<String> {
+        use anyhow::Context;
+        match (&self.database_url, &self.database_url_file) {
+            (Some(url), _) => Ok(url.clone()),
+            (None, Some(path)) => Ok(std::fs::read_to_string(path)
+                .with_context(|| format!("reading the database URL file {}", path.display()))?
+                .trim()
+                .to_owned()),
+            (None, None) => anyhow::bail!("set DATABASE_URL or --database-url-file"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct ModelsArgs {
+    /// JSON list of models ({name, units, patterns, gpumemMib, resource}) written
+    /// into the store at start-up, before serving (the chart's `models.declared`).
+    #[arg(long, env = "GPU_BOOKING_MODELS_FILE")]
+    pub models_file: Option<PathBuf>,
+
+    /// Who wins for the declared models: `values` (the file; an admin's change to such
+    /// a model is undone at the next start) or `api` (the file only creates missing
+    /// models). Models the file does not name are never touched.
+    #[arg(long, env = "GPU_BOOKING_MODELS_AUTHORITY", value_enum, default_value_t = ModelsAuthority::Values)]
+    pub models_authority: ModelsAuthority,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum ModelsAuthority {
+    #[default]
+    Values,
+    Api,
+}
+
+impl ModelsAuthority {
+    pub fn core(self) -> gpu_booking_core::declared_models::Authority {
+        match self {
+            Self::Values => gpu_booking_core::declared_models::Authority::Values,
+            Self::Api => gpu_booking_core::declared_models::Authority::Api,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
-    /// Postgres connection URL, e.g. postgres://gpu_booking@db:5432/gpu_booking.
-    #[arg(long, env = "DATABASE_URL")]
-    pub database_url: String,
+    /// Postgres connection URL, e.g. postgres://gpu_booking@db:5432/gpu_booking. It may
+    /// hold a password: prefer --database-url-file (its value is never shown in --help).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        required_unless_present = "database_url_file",
+        conflicts_with = "database_url_file"
+    )]
+    pub database_url: Option<String>,
+
+    /// File holding the Postgres URL (e.g. a mounted Secret); surrounding whitespace
+    /// is ignored.
+    #[arg(long, env = "GPU_BOOKING_DATABASE_URL_FILE")]
+    pub database_url_file: Option<PathBuf>,
 
     /// Largest number of database connections the service opens.
     #[arg(long, env = "GPU_BOOKING_DB_MAX_CONNECTIONS", default_value_t = 16)]
@@ -99,6 +160,17 @@ pub struct AuthArgs {
     /// Longest lifetime accepted for an OIDC token (`exp - iat`).
     #[arg(long, env = "GPU_BOOKING_MAX_TOKEN_LIFETIME", default_value = "24h", value_parser = gpu_booking_ops::duration::parse_duration)]
     pub max_token_lifetime: std::time::Duration,
+
+    /// Accept Kubernetes ServiceAccount tokens bound to this audience (the webhook's,
+    /// the controller's and the agent's projected tokens), verified by a TokenReview
+    /// (the API's ServiceAccount needs `create` on tokenreviews).
+    #[arg(long, env = "GPU_BOOKING_SERVICE_ACCOUNT_AUDIENCE")]
+    pub service_account_audience: Option<String>,
+
+    /// The role of a ServiceAccount, NAMESPACE/NAME=ROLE (service or admin); repeat or
+    /// separate with commas. Other ServiceAccounts authenticate with no role.
+    #[arg(long, env = "GPU_BOOKING_SERVICE_ACCOUNT", value_delimiter = ',', value_parser = parse_sa_binding)]
+    pub service_account: Vec<((String, String), crate::auth::Role)>,
 }
 
 impl Default for AuthArgs {
@@ -112,6 +184,8 @@ impl Default for AuthArgs {
             jwt_audience: None,
             jwt_username_claim: "email".into(),
             max_token_lifetime: std::time::Duration::from_secs(24 * 3600),
+            service_account_audience: None,
+            service_account: Vec::new(),
         }
     }
 }
@@ -312,4 +386,8 @@ mod oidc_tests {
         .unwrap();
         assert_eq!(cli.oidc.oidc_token, OidcToken::IdToken);
     }
+}
+
+fn parse_sa_binding(s: &str) -> Result<((String, String), crate::auth::Role), String> {
+    crate::service_accounts::parse_binding(s)
 }

@@ -6,6 +6,7 @@ pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod declared;
 pub mod error;
 pub mod extract;
 pub mod jwks;
@@ -15,6 +16,7 @@ pub mod openapi;
 pub mod page;
 pub mod routes;
 pub mod server;
+pub mod service_accounts;
 pub mod store;
 pub mod testing;
 

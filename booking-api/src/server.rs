@@ -20,12 +20,13 @@ use crate::metrics::Metrics;
 use crate::MIGRATOR;
 
 pub async fn connect(db: &DatabaseArgs) -> anyhow::Result<PgPool> {
+    let url = db.url()?;
     PgPoolOptions::new()
         .max_connections(db.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
-        .connect(&db.database_url)
+        .connect(&url)
         .await
-        .context("connecting to the database (DATABASE_URL)")
+        .context("connecting to the database (DATABASE_URL or --database-url-file)")
 }
 
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
@@ -83,9 +84,34 @@ pub fn sweep_interval(args: &ApiArgs) -> Duration {
 /// `gpu-booking api`: migrate, then serve until SIGTERM / Ctrl-C.
 pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     crate::config::init_logging(args.log_format);
-    let auth = authenticator(&args.auth)?;
+    let mut auth = authenticator(&args.auth)?;
+    if let Some(audience) = &args.auth.service_account_audience {
+        let client = kube::Client::try_default().await.context(
+            "--service-account-audience: connecting to the Kubernetes API for TokenReviews",
+        )?;
+        auth = auth.with_service_accounts(crate::service_accounts::ServiceAccounts::new(
+            client,
+            audience.clone(),
+            args.auth.service_account.iter().cloned().collect(),
+        ));
+    }
+    // Read first: a bad models file stops the start before anything is written.
+    let declared = match &args.models.models_file {
+        Some(path) => Some(crate::declared::read(path)?),
+        None => None,
+    };
     let pool = connect(&args.database).await?;
     migrate(&pool).await?;
+    if let Some(declared) = declared {
+        let written = crate::declared::reconcile(
+            &pool,
+            &declared,
+            args.models.models_authority.core(),
+            chrono::Utc::now(),
+        )
+        .await?;
+        tracing::info!(declared = declared.len(), ?written, authority = ?args.models.models_authority, "declared models in place");
+    }
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

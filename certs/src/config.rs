@@ -190,7 +190,7 @@ pub struct DevArgs {
 /// (see `gpu_booking_ops::duration`).
 pub use gpu_booking_ops::duration::parse_duration;
 
-fn parse_time_delta(s: &str) -> Result<TimeDelta, String> {
+pub(crate) fn parse_time_delta(s: &str) -> Result<TimeDelta, String> {
     let d = parse_duration(s)?;
     let d = TimeDelta::from_std(d).map_err(|e| format!("{s:?}: {e}"))?;
     if d <= TimeDelta::zero() {

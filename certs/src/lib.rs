@@ -12,6 +12,7 @@
 //! writes with optimistic concurrency (a concurrent run makes it start over).
 #![forbid(unsafe_code)]
 
+pub mod bootstrap;
 pub mod cluster;
 pub mod config;
 pub mod csr;

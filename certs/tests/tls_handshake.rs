@@ -36,7 +36,8 @@ async fn connect(
     name: &str,
 ) -> Result<Vec<u8>, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut bundle_pem.as_bytes()) {
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(bundle_pem.as_bytes()) {
         roots
             .add(cert.map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;

@@ -332,7 +332,9 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
         .pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
         .is_some_and(|o| !o.is_empty());
-    let mode = if owned && mode != Mode::Delete {
+    // `delete` is the plain mode: this controller then never creates a pod (the chart
+    // grants it no `create` on pods), whatever the reason.
+    let mode = if (owned || ctx.on_expiry == OnExpiry::Delete) && mode != Mode::Delete {
         Mode::Delete
     } else {
         mode

@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod booking_units;
 pub mod capacity;
+pub mod declared_models;
 pub mod eviction;
 pub mod feed;
 pub mod gpu_model;

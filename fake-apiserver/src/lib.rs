@@ -189,6 +189,7 @@ mod sim;
 mod snapshot;
 mod status;
 mod store;
+mod tokenreview;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -304,6 +305,8 @@ pub(crate) struct Shared {
     /// Itself, for the kubelet's timers (which outlive the request that set them).
     me: Weak<Shared>,
     admission: admission::State,
+    /// ServiceAccount tokens issued by the test, for TokenReviews.
+    tokens: Mutex<tokenreview::Tokens>,
 }
 
 impl Shared {
@@ -359,6 +362,7 @@ impl FakeApiServer {
                 notify: Notify::new(),
                 me: me.clone(),
                 admission: admission::State::default(),
+                tokens: Mutex::default(),
             }),
         }
     }
@@ -367,6 +371,38 @@ impl FakeApiServer {
     /// Needs a tokio runtime (the client spawns its request buffer).
     pub fn client_in(&self, default: &str) -> kube::Client {
         kube::Client::new(self.service(), default)
+    }
+
+    /// Issues a ServiceAccount token for `namespace/name`, bound to `audiences`, as
+    /// the kubelet projects one; TokenReviews authenticate it until the fake drops.
+    /// JWT-shaped (RS256 header) like the real ones, but only this fake accepts it.
+    pub fn service_account_token(&self, namespace: &str, name: &str, audiences: &[&str]) -> String {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let header = b64.encode(br#"{"alg":"RS256","kid":"fake"}"#);
+        let claims = serde_json::json!({
+            "iss": "https://kubernetes.default.svc.cluster.local",
+            "sub": format!("system:serviceaccount:{namespace}:{name}"),
+            "aud": audiences,
+            "jti": uuid_like(),
+        });
+        let token = format!(
+            "{header}.{}.{}",
+            b64.encode(claims.to_string()),
+            b64.encode(uuid_like())
+        );
+        let issued = tokenreview::Issued {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            audiences: audiences.iter().map(|a| (*a).to_owned()).collect(),
+        };
+        self.shared
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .issued
+            .insert(token.clone(), issued);
+        token
     }
 
     /// [`Self::client_in`] the `default` namespace.
@@ -704,4 +740,16 @@ impl tower::Service<http::Request<kube::client::Body>> for FakeService {
         let shared = self.shared.clone();
         Box::pin(async move { Ok(service::handle(shared, req).await) })
     }
+}
+
+/// A value unique within the process (token ids).
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{nanos:x}-{n:x}")
 }

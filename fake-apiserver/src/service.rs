@@ -174,6 +174,12 @@ pub(crate) async fn handle(
             return error_response(ApiError::injected(code));
         }
     }
+    // TokenReview: answered, never stored.
+    if verb == Verb::Create && target.resource.plural == "tokenreviews" {
+        let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let tokens = shared.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        return json_response(201, &crate::tokenreview::review(&tokens, &request));
+    }
     // A create is decoded (pod quantities canonical) and admitted (when the test
     // switched admission on) first; what comes out is what gets stored.
     let mut body = body;

@@ -16,6 +16,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-booking"
 VALUES = Path(__file__).resolve().parent / "values"
+JUPYTERHUB = ROOT / "examples" / "jupyterhub"
 RELEASE = "gpu-booking"
 NAMESPACE = "gpu-booking"
 
@@ -29,11 +30,13 @@ def scenarios() -> dict:
     out = {"defaults": []}
     for f in sorted(VALUES.glob("*.yaml")):
         out[f.stem] = [f]
+    # The documented JupyterHub pairing (examples/jupyterhub) is a scenario too.
+    out["jupyterhub"] = [JUPYTERHUB / "gpu-booking-values.yaml"]
     return out
 
 
-def template(values_files=(), set_values=(), check=True) -> subprocess.CompletedProcess:
-    cmd = [helm(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+def template(values_files=(), set_values=(), check=True, extra=(), release=RELEASE) -> subprocess.CompletedProcess:
+    cmd = [helm(), "template", release, str(CHART), "--namespace", NAMESPACE, *extra]
     for f in values_files:
         cmd += ["-f", str(f)]
     for s in set_values:
@@ -41,9 +44,9 @@ def template(values_files=(), set_values=(), check=True) -> subprocess.Completed
     return subprocess.run(cmd, capture_output=True, text=True, check=check)
 
 
-def render(values_files=(), set_values=()) -> list:
+def render(values_files=(), set_values=(), extra=(), release=RELEASE) -> list:
     """The rendered objects, hooks included."""
-    text = template(values_files, set_values).stdout
+    text = template(values_files, set_values, extra=extra, release=release).stdout
     return [d for d in yaml.safe_load_all(text) if d]
 
 

@@ -52,6 +52,17 @@ def env_of(container):
     return {e["name"]: e for e in container.get("env", [])}
 
 
+def database_url_source(spec):
+    """(Secret, key) the container's --database-url-file comes from."""
+    (c,) = spec["containers"]
+    path = env_of(c)["GPU_BOOKING_DATABASE_URL_FILE"]["value"]
+    mount = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/")][0]
+    volume = [v for v in spec["volumes"] if v["name"] == mount["name"]][0]
+    (item,) = volume["secret"]["items"]
+    assert path == f"{mount['mountPath']}/{item['path']}"
+    return {"name": volume["secret"]["secretName"], "key": item["key"]}
+
+
 def component(obj):
     return obj["metadata"]["labels"]["app.kubernetes.io/component"]
 
@@ -128,7 +139,10 @@ def test_the_agent_is_off_by_default_and_its_exceptions_are_explicit():
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_only_pods_that_call_the_kubernetes_api_get_a_token(scenario):
-    callers = {"controller", "agent", "certs"}
+    callers = {"controller", "agent", "certs", "bootstrap"}
+    values = yaml.safe_load(SCENARIOS[scenario][0].read_text()) if SCENARIOS[scenario] else {}
+    if values.get("auth", {}).get("serviceAccountTokens", {}).get("enabled", True):
+        callers.add("api")  # TokenReviews
     for obj, spec in pods(scenario):
         mounted = spec.get("automountServiceAccountToken")
         if component(obj) in callers:
@@ -200,8 +214,8 @@ def test_the_secret_detector_would_catch_one():
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_secrets_come_from_the_existing_secret_only(scenario):
-    assert objects(scenario, "Secret") == [], "the chart creates no Secret"
+def test_secrets_come_from_a_secret_only(scenario):
+    assert objects(scenario, "Secret") == [], "the chart renders no Secret (the bootstrap Job generates one)"
     for obj, spec in pods(scenario):
         for c in containers(spec):
             for e in c.get("env", []):
@@ -215,14 +229,16 @@ def test_database_url_and_jwt_settings_come_from_the_named_secret():
     api = one("defaults", "Deployment", "-api")
     (c,) = pod_spec(api)["containers"]
     env = env_of(c)
-    assert env["DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpu-booking", "key": "database-url"}
+    assert database_url_source(pod_spec(api)) == {"name": "gpu-booking-secrets", "key": "database-url"}
+    assert "DATABASE_URL" not in env, "the URL is in no environment (--database-url-file)"
     assert env["GPU_BOOKING_JWT_SECRET_FILE"]["value"].startswith("/var/run/secrets/")
     jwt = [v for v in pod_spec(api)["volumes"] if v["name"] == "jwt"][0]
-    assert jwt["secret"]["secretName"] == "gpu-booking"
+    assert jwt["secret"]["secretName"] == "gpu-booking-secrets"
     assert jwt["secret"]["items"] == [{"key": "jwt-secret", "path": "jwt-secret"}]
     # OIDC only: no HS256 secret mounted, the JWKS URL set.
     api = one("minimal", "Deployment", "-api")
     env = env_of(pod_spec(api)["containers"][0])
+    assert database_url_source(pod_spec(api)) == {"name": "gpu-booking", "key": "database-url"}
     assert "GPU_BOOKING_JWT_SECRET_FILE" not in env
     assert env["GPU_BOOKING_JWKS_URL"]["value"].endswith("/certs")
     assert "GPU_BOOKING_OIDC_CLIENT_ID" not in env
@@ -241,7 +257,7 @@ def test_replicas_disruption_budgets_and_leader_election():
     assert one("defaults", "Deployment", "-webhook")["spec"]["replicas"] == 2
     assert one("defaults", "Deployment", "-controller")["spec"]["replicas"] == 2
     pdbs = {o["metadata"]["name"] for o in objects("defaults", "PodDisruptionBudget")}
-    assert pdbs == {"gpu-booking-api", "gpu-booking-webhook"}
+    assert pdbs == {"gpu-booking-api", "gpu-booking-webhook", "gpu-booking-controller"}
     lease = one("defaults", "Role", "-controller")
     # Leases for the election; ConfigMaps for the intents of two-step actions, in the
     # release namespace only.
@@ -310,10 +326,15 @@ def test_priority_classes():
 
 def test_the_migration_job_runs_before_install_and_upgrade():
     job = one("defaults", "Job", "-migrate")
+    # The embedded database appears with the release, after the pre-install hooks: on
+    # install the API migrates before it serves, and the Job runs before upgrades.
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    external = render.render(set_values=["database.mode=external", "secrets.existingSecret=lab-db"])
+    (job,) = [o for o in external if o["kind"] == "Job" and o["metadata"]["name"].endswith("-migrate")]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     (c,) = pod_spec(job)["containers"]
     assert c["args"] == ["migrate"]
-    assert "secretKeyRef" in env_of(c)["DATABASE_URL"]["valueFrom"]
+    assert database_url_source(pod_spec(job)) == {"name": "lab-db", "key": "database-url"}
     assert not [o for o in objects("minimal", "Job") if o["metadata"]["name"].endswith("-migrate")]
 
 
@@ -591,7 +612,10 @@ def test_identity_is_trusted_from_the_hub_only():
     "webhook.failurePolicy=Sometimes",
     "webhook.timeoutSeconds=31",
     "tls.mode=manual",
-    "secrets.existingSecret=",
+    "secrets.existingSecret=Not_A_Name",
+    "database.mode=sqlite",
+    "database.embedded.user=x'); drop table bookings; --",
+    "database.embedded.persistence.size=lots",
     "logFormat=xml",
     "webhook.onBookingError=deny",
     "policy.cooldown=two weeks",
@@ -660,6 +684,8 @@ def test_the_binary_accepts_every_rendered_option(scenario):
     checked = set()
     for obj, spec in pods(scenario):
         for c in containers(spec):
+            if "args" not in c:
+                continue  # not our binary (the embedded Postgres)
             try:
                 result = subprocess.run([binary, *c["args"]], env=resolved_env(c), capture_output=True, text=True, timeout=3)
             except subprocess.TimeoutExpired:

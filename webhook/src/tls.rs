@@ -99,13 +99,16 @@ fn read_pair(cert: &Path, key: &Path) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
 /// A rustls server configuration (ring provider, TLS 1.2 and 1.3, ALPN h2 and
 /// http/1.1) from a PEM certificate chain and key, refusing a key that does not match.
 pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> anyhow::Result<Arc<ServerConfig>> {
-    let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &cert_pem[..])
+    use rustls::pki_types::pem::{self, PemObject};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
         .context("parsing the certificate PEM")?;
     anyhow::ensure!(!certs.is_empty(), "no certificate in the certificate file");
-    let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &key_pem[..])
-        .context("parsing the key PEM")?
-        .context("no private key in the key file")?;
+    let key: PrivateKeyDer<'static> = match PrivateKeyDer::from_pem_slice(key_pem) {
+        Ok(key) => key,
+        Err(pem::Error::NoItemsFound) => anyhow::bail!("no private key in the key file"),
+        Err(e) => return Err(anyhow::anyhow!(e).context("parsing the key PEM")),
+    };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?

@@ -3,7 +3,6 @@
 use axum::extract::State;
 use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, Utc};
 use gpu_booking_core::capacity;
-use gpu_booking_core::gpu_model::{ModelName, ModelPattern};
 use gpu_booking_core::window::Window;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -73,28 +72,15 @@ pub async fn put(
     Json(body): Json<PutModel>,
 ) -> Result<axum::Json<Model>, ApiError> {
     caller.require_admin()?;
-    let name = ModelName::parse(&name).map_err(|e| ApiError::Invalid(e.to_string()))?;
-    if body.units < 0 || body.units > 100_000 {
-        return Err(ApiError::Invalid(
-            "units must be between 0 and 100000".into(),
-        ));
-    }
-    if body.gpumem_mib < 0 {
-        return Err(ApiError::Invalid("gpumem_mib must not be negative".into()));
-    }
-    if body.patterns.len() > 64 {
-        return Err(ApiError::Invalid("at most 64 patterns".into()));
-    }
-    for p in &body.patterns {
-        ModelPattern::parse(p).map_err(|e| ApiError::Invalid(format!("pattern {p:?}: {e}")))?;
-    }
-    if let Some(r) = &body.resource {
-        if r.is_empty() || r.len() > 253 || r.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err(ApiError::Invalid(
-                "resource must be an extended resource name".into(),
-            ));
-        }
-    }
+    // One rule for the admin API and the models declared in the chart's values.
+    let name = gpu_booking_core::declared_models::check_model(
+        &name,
+        body.units,
+        &body.patterns,
+        body.gpumem_mib,
+        body.resource.as_deref(),
+    )
+    .map_err(ApiError::Invalid)?;
     let now = state.clock.now();
     let mut tx = state.pool.begin().await?;
     let model = models::upsert(

@@ -51,7 +51,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpu-booking.webhookName" -}}{{ include "gpu-booking.fullname" . }}-webhook{{- end }}
 {{- define "gpu-booking.controllerName" -}}{{ include "gpu-booking.fullname" . }}-controller{{- end }}
 {{- define "gpu-booking.agentName" -}}{{ include "gpu-booking.fullname" . }}-agent{{- end }}
-{{- define "gpu-booking.certsName" -}}{{ include "gpu-booking.fullname" . }}-certs{{- end }}
+{{/* The CronJob's name must fit Kubernetes' 52 characters (its Jobs add 11): the
+prefix is cut to 46 for this name only, so no other name changes. */}}
+{{- define "gpu-booking.certsName" -}}{{ include "gpu-booking.fullname" . | trunc 46 | trimSuffix "-" }}-certs{{- end }}
 
 {{/* The booking API as the other components reach it. */}}
 {{- define "gpu-booking.apiUrl" -}}
@@ -76,9 +78,38 @@ http://{{ include "gpu-booking.apiName" . }}.{{ .Release.Namespace }}.svc:{{ .Va
 {{- toYaml .Values.containerSecurityContext }}
 {{- end }}
 
-{{/* The existing Secret the chart reads (never creates). */}}
+{{/* The Secret of the JWT key, service token (and embedded Postgres's password and
+URL): the operator's existing one when named, else the one the bootstrap Job keeps. */}}
 {{- define "gpu-booking.secretName" -}}
-{{- required "secrets.existingSecret: name the Secret that holds the database URL and the JWT settings" .Values.secrets.existingSecret }}
+{{- default (printf "%s-secrets" (include "gpu-booking.fullname" .)) .Values.secrets.existingSecret }}
+{{- end }}
+
+{{/* Whether the bootstrap hook Job generates the Secret. */}}
+{{- define "gpu-booking.bootstrapSecret" -}}
+{{- if not .Values.secrets.existingSecret }}true{{ end }}
+{{- end }}
+
+{{- define "gpu-booking.postgresName" -}}{{ include "gpu-booking.fullname" . }}-postgres{{- end }}
+{{- define "gpu-booking.cnpgName" -}}{{ include "gpu-booking.fullname" . }}-db{{- end }}
+
+{{/* Where DATABASE_URL comes from, as a secretKeyRef's name and key, per database.mode.
+The contradictions are refused here, at render time. */}}
+{{- define "gpu-booking.databaseUrlRef" -}}
+{{- $mode := .Values.database.mode }}
+{{- if eq $mode "cloudnativepg" }}
+{{- if not (.Capabilities.APIVersions.Has "postgresql.cnpg.io/v1/Cluster") }}
+{{- fail "database.mode=cloudnativepg needs the CloudNativePG operator: its CRD postgresql.cnpg.io/v1 Cluster is not in this cluster (install the operator first, or pass --api-versions postgresql.cnpg.io/v1/Cluster to helm template)" }}
+{{- end }}
+{{- /* The operator's application Secret: key `uri` is a postgresql:// URL to the primary. */}}
+name: {{ include "gpu-booking.cnpgName" . }}-app
+key: uri
+{{- else if eq $mode "external" }}
+name: {{ required "database.mode=external: name the Secret that holds the URL (database.external.secretName or secrets.existingSecret)" (default .Values.secrets.existingSecret .Values.database.external.secretName) }}
+key: {{ .Values.database.external.urlKey }}
+{{- else }}
+name: {{ include "gpu-booking.secretName" . }}
+key: {{ .Values.secrets.databaseUrlKey }}
+{{- end }}
 {{- end }}
 
 {{/* env entries every component gets. */}}
@@ -89,15 +120,38 @@ http://{{ include "gpu-booking.apiName" . }}.{{ .Release.Namespace }}.svc:{{ .Va
   value: {{ .Values.logLevel | quote }}
 {{- end }}
 
-{{/* The service token mounted as a file (re-read when the Secret changes). */}}
+{{/* The token the webhook, controller and agent present to the API, as a file they
+re-read when it changes: their own ServiceAccount's projected token (audience-bound,
+rotated by the kubelet, verified by the API with a TokenReview), or, with
+auth.serviceAccountTokens.enabled=false, the HS256 service token from the Secret. */}}
 {{- define "gpu-booking.serviceTokenVolume" -}}
 - name: service-token
+{{- if .Values.auth.serviceAccountTokens.enabled }}
+  projected:
+    defaultMode: 0440
+    sources:
+      - serviceAccountToken:
+          audience: {{ .Values.auth.serviceAccountTokens.audience | quote }}
+          expirationSeconds: {{ .Values.auth.serviceAccountTokens.expirationSeconds }}
+          path: service-token
+{{- else }}
   secret:
     secretName: {{ include "gpu-booking.secretName" . }}
     defaultMode: 0440
     items:
       - key: {{ .Values.secrets.serviceTokenKey }}
         path: service-token
+{{- end }}
+{{- end }}
+
+{{/* The ServiceAccounts the API trusts, NAMESPACE/NAME=ROLE, comma-separated. */}}
+{{- define "gpu-booking.serviceAccountRoles" -}}
+{{- $ns := .Release.Namespace }}
+{{- $out := list (printf "%s/%s=service" $ns (include "gpu-booking.webhookName" .)) }}
+{{- if .Values.controller.enabled }}{{ $out = append $out (printf "%s/%s=service" $ns (include "gpu-booking.controllerName" .)) }}{{ end }}
+{{- if .Values.agent.enabled }}{{ $out = append $out (printf "%s/%s=service" $ns (include "gpu-booking.agentName" .)) }}{{ end }}
+{{- range .Values.auth.serviceAccountTokens.extra }}{{ $out = append $out . }}{{ end }}
+{{- join "," $out }}
 {{- end }}
 
 {{- define "gpu-booking.serviceTokenPath" -}}/var/run/secrets/gpu-booking/service-token/service-token{{- end }}
@@ -257,4 +311,89 @@ containers:
   from:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
+
+{{/* models.declared as the API's models file (JSON, list order kept); a name declared
+twice is refused here (the schema cannot say "unique by name"). */}}
+{{- define "gpu-booking.declaredModels" -}}
+{{- $seen := dict }}
+{{- range .Values.models.declared }}
+{{- if hasKey $seen .name }}{{ fail (printf "models.declared: model %q is declared twice" .name) }}{{ end }}
+{{- $_ := set $seen .name true }}
+{{- end }}
+{{- .Values.models.declared | toJson }}
+{{- end }}
+
+{{/* DATABASE_URL as a file (the API's and migrate's --database-url-file), so the URL
+and its password are in no process environment. */}}
+{{- define "gpu-booking.databaseUrlEnv" -}}
+- name: GPU_BOOKING_DATABASE_URL_FILE
+  value: /var/run/secrets/gpu-booking/database/database-url
+{{- end }}
+
+{{- define "gpu-booking.databaseUrlMount" -}}
+- name: database-url
+  mountPath: /var/run/secrets/gpu-booking/database
+  readOnly: true
+{{- end }}
+
+{{- define "gpu-booking.databaseUrlVolume" -}}
+{{- $ref := include "gpu-booking.databaseUrlRef" . | fromYaml }}
+- name: database-url
+  secret:
+    secretName: {{ $ref.name }}
+    defaultMode: 0440
+    items:
+      - key: {{ $ref.key }}
+        path: database-url
+{{- end }}
+
+{{/* A PodDisruptionBudget that never blocks a drain: rendered only when the component
+runs more replicas than must stay up (with one replica, minAvailable 1 would refuse
+every eviction); minAvailable at or over the replicas is refused. Call with
+(dict "ctx" $ "values" .Values.api "component" "api" "name" NAME). */}}
+{{- define "gpu-booking.pdb" -}}
+{{- $pdb := .values.podDisruptionBudget }}
+{{- $replicas := int .values.replicaCount }}
+{{- if and $pdb.enabled (gt $replicas 1) }}
+{{- $min := $pdb.minAvailable }}
+{{- $blocks := false }}
+{{- if kindIs "string" $min }}
+{{- $blocks = ge (int (trimSuffix "%" $min)) 100 }}
+{{- else }}
+{{- $blocks = ge (int $min) $replicas }}
+{{- end }}
+{{- if $blocks }}
+{{- fail (printf "%s.podDisruptionBudget.minAvailable (%v) must be under %s.replicaCount (%d), or no node could ever be drained" .component $min .component $replicas) }}
+{{- end }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .name }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "gpu-booking.labels" (dict "ctx" .ctx "component" .component) | nindent 4 }}
+spec:
+  minAvailable: {{ $pdb.minAvailable }}
+  selector:
+    matchLabels:
+      {{- include "gpu-booking.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 6 }}
+{{- end }}
+{{- end }}
+
+{{/* A duration as the binaries read it (humantime: "2s", "1500ms", "14days", "1h 30m",
+and Go's "720h0m0s") in milliseconds, for comparing values at render time. */}}
+{{- define "gpu-booking.ms" -}}
+{{- $units := dict "ns" 0.000001 "us" 0.001 "ms" 1.0 "s" 1000.0 "sec" 1000.0 "secs" 1000.0 "second" 1000.0 "seconds" 1000.0 "m" 60000.0 "min" 60000.0 "mins" 60000.0 "minute" 60000.0 "minutes" 60000.0 "h" 3600000.0 "hr" 3600000.0 "hrs" 3600000.0 "hour" 3600000.0 "hours" 3600000.0 "d" 86400000.0 "day" 86400000.0 "days" 86400000.0 "w" 604800000.0 "week" 604800000.0 "weeks" 604800000.0 "M" 2630016000.0 "month" 2630016000.0 "months" 2630016000.0 "y" 31557600000.0 "year" 31557600000.0 "years" 31557600000.0 }}
+{{- $total := 0.0 }}
+{{- $terms := regexFindAll "[0-9]+(\\.[0-9]+)?\\s*[a-zA-Z]+" (toString .) -1 }}
+{{- if not $terms }}{{ fail (printf "%q is not a duration (e.g. 2s, 90min, 24h, 14days)" (toString .)) }}{{ end }}
+{{- range $terms }}
+{{- $n := regexFind "^[0-9]+(\\.[0-9]+)?" . }}
+{{- $u := trim (trimPrefix $n .) }}
+{{- if not (hasKey $units $u) }}{{ fail (printf "%q: unknown duration unit %q" . $u) }}{{ end }}
+{{- $total = addf $total (mulf (float64 $n) (get $units $u)) }}
+{{- end }}
+{{- $total }}
 {{- end }}
