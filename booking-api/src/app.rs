@@ -14,7 +14,7 @@ use crate::auth::Authenticator;
 use crate::clock::Clock;
 use crate::metrics::{self, Metrics};
 use crate::openapi::ApiDoc;
-use crate::routes::{audit, bookings, health, me, models, schedulability};
+use crate::routes::{audit, bookings, changes, health, me, models, schedulability};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -30,6 +30,8 @@ pub struct AppState {
     /// Bounds the audit rows that ambiguous slug lookups write (anyone with the
     /// service role can ask about any slug).
     pub ambiguity_audit: Arc<Mutex<TokenBucket>>,
+    /// Wakes long polls of `/api/v1/booking-changes` (one LISTEN per process).
+    pub changes: crate::store::changes::ChangeFeed,
 }
 
 /// Audit rows for ambiguous slugs at once, and per second after that.
@@ -50,8 +52,11 @@ pub fn router(state: AppState) -> Router {
         .route("/bookings", get(bookings::list).post(bookings::create))
         .route(
             "/bookings/{id}",
-            get(bookings::get).delete(bookings::cancel),
+            get(bookings::get)
+                .delete(bookings::cancel)
+                .patch(bookings::change),
         )
+        .route("/booking-changes", get(changes::list))
         .route("/me/next-start", get(me::next_start))
         .route("/models", get(models::list))
         .route("/models/{name}", put(models::put))

@@ -24,6 +24,7 @@ use crate::routes;
     info(title = "gpu-booking", description = "Book GPUs of a JupyterHub cluster; rules enforced by Postgres."),
     paths(
         routes::bookings::create, routes::bookings::list, routes::bookings::get, routes::bookings::cancel,
+        routes::bookings::change, routes::changes::list,
         routes::me::next_start,
         routes::models::list, routes::models::put, routes::models::put_usage, routes::models::availability,
         routes::schedulability::get,

@@ -19,6 +19,9 @@ use crate::error::ErrorBody;
 use crate::metrics::Metrics;
 use crate::MIGRATOR;
 
+/// How often booking changes past their retention are deleted.
+const CHANGE_PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
 pub async fn connect(db: &DatabaseArgs) -> anyhow::Result<PgPool> {
     PgPoolOptions::new()
         .max_connections(db.db_max_connections)
@@ -65,6 +68,7 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
         page: crate::page::Page::new(&args.oidc),
         names: gpu_booking_core::username::NameCase::from_switch(args.case_sensitive_names),
         ambiguity_audit: crate::app::ambiguity_audit_bucket(),
+        changes: Default::default(),
     }
 }
 
@@ -78,6 +82,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %args.listen, "booking API listening");
+    crate::store::changes::spawn_pruner(pool.clone(), args.change_retention, CHANGE_PRUNE_EVERY);
     serve(listener, state(pool, &args, auth), &args.limits).await
 }
 

@@ -67,6 +67,7 @@ pub fn test_state(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>, secret: &
         page: crate::page::Page::default(),
         names: gpu_booking_core::username::NameCase::default(),
         ambiguity_audit: crate::app::ambiguity_audit_bucket(),
+        changes: Default::default(),
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod bookings;
+pub mod changes;
 pub mod health;
 pub mod me;
 pub mod models;

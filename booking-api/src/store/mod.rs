@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod bookings;
+pub mod changes;
 pub mod models;
 pub mod users;
 
