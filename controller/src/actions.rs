@@ -171,7 +171,7 @@ const BACKOFF: [u64; 7] = [200, 500, 1_000, 2_000, 5_000, 10_000, 30_000];
 /// How often a pod we wait for is re-read, in case its DELETED event was missed.
 const GONE_RECHECK: Duration = Duration::from_secs(5);
 
-fn pods(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
+pub(crate) fn pods(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(ctx.client.clone(), ns, &ApiResource::erase::<Pod>(&()))
 }
 
@@ -456,7 +456,7 @@ async fn create(
     Err(format!("creating the CPU-only pod: {last}"))
 }
 
-async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
+pub(crate) async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, kube::Error>>,

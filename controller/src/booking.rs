@@ -3,7 +3,9 @@
 //! would let jump past every timeout).
 
 use futures::future::BoxFuture;
-use gpu_booking_client::{AuditReport, BookingClient, ClientError, Model, UsageReport};
+use gpu_booking_client::{
+    AuditReport, BookingClient, ChangeSource, ClientError, Model, UsageReport,
+};
 
 pub type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
 
@@ -12,6 +14,11 @@ pub trait Booking: Send + Sync + 'static {
     fn models(&self) -> Answer<'_, Vec<Model>>;
     fn put_usage<'a>(&'a self, model: &'a str, report: &'a UsageReport) -> Answer<'a, ()>;
     fn audit<'a>(&'a self, report: &'a AuditReport) -> Answer<'a, i64>;
+    /// The booking change stream, where this service has one (the controller
+    /// follows it: [`crate::follow`]).
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        None
+    }
 }
 
 impl Booking for BookingClient {
@@ -23,5 +30,8 @@ impl Booking for BookingClient {
     }
     fn audit<'a>(&'a self, report: &'a AuditReport) -> Answer<'a, i64> {
         Box::pin(BookingClient::audit(self, report))
+    }
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        Some(self)
     }
 }

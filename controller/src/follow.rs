@@ -1,0 +1,258 @@
+//! Booking changes reach pods: the leader follows the booking service's change
+//! stream ([`gpu_booking_client::Follower`]) and re-times the pods of each changed
+//! booking, by writing the booking's new end into the pod's `terminate-at`. The
+//! expiry timer then does the rest, through the same path and `--on-expiry` mode as
+//! a booking that ends on time: a booking cancelled or ended early gets an end in
+//! the past, so its pods end at once; a booking whose end moved keeps its pods until
+//! the new end. At the start and after each new election the follower lists the
+//! current bookings, and every booked pod is checked against them (level-triggered):
+//! a booked pod whose booking is no longer current ends.
+//!
+//! A pod's priority cannot change, so a booking that starts while its user runs a
+//! lent pod of that model gets an Event on the pod (and an audit row) telling the
+//! user to restart it to get the booked priority.
+
+use std::collections::{BTreeMap, HashMap};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use gpu_booking_client::{AuditReport, BookingState, Followed, Follower};
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::actions::{self, Ctx, PodRef};
+use crate::pods::{PodInfo, Priority};
+
+/// Each long poll's wait: well under the service's cap of 30 s.
+pub const WAIT: Duration = Duration::from_secs(25);
+
+/// Starts following, if the booking service can be followed; the loop receives
+/// each step on the returned channel (bounded: the follower waits for the loop).
+pub fn spawn(ctx: Arc<Ctx>) -> Option<(JoinHandle<()>, mpsc::Receiver<Followed>)> {
+    ctx.booking.changes()?;
+    let (tx, rx) = mpsc::channel(4);
+    let task = tokio::spawn(async move {
+        let Some(source) = ctx.booking.changes() else {
+            return;
+        };
+        let mut follower = Follower::new(WAIT);
+        loop {
+            let step = follower.next(source).await;
+            match &step {
+                Followed::Failed(e) => {
+                    ctx.metrics.error("booking");
+                    tracing::warn!(error = %e, failures = follower.failures(), "could not follow booking changes; retrying");
+                    continue;
+                }
+                Followed::Listed(b) => {
+                    tracing::info!(
+                        bookings = b.len(),
+                        "booking changes: listed the current bookings"
+                    )
+                }
+                Followed::Changed(c) => {
+                    tracing::debug!(changes = c.len(), "booking changes")
+                }
+            }
+            if tx.send(step).await.is_err() {
+                return;
+            }
+        }
+    });
+    Some((task, rx))
+}
+
+/// A booked pod's new end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retime {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub booking_id: i64,
+    pub from: Option<DateTime<Utc>>,
+    pub to: DateTime<Utc>,
+    /// The booking is over (cancelled, ended early, or no longer listed).
+    pub ends_now: bool,
+}
+
+/// Ends closer than this are the same (the webhook may write whole seconds).
+const SAME_END: TimeDelta = TimeDelta::seconds(1);
+
+/// A pod this much older than a listing was admitted against a booking that the
+/// listing would hold if it were still current (the webhook read it committed before
+/// the pod existed); younger pods are not judged by their absence (clock skew, and
+/// the listing's request is older than its answer).
+pub const LISTING_MARGIN: TimeDelta = TimeDelta::seconds(30);
+
+/// The booked pods whose `terminate-at` no longer matches their booking.
+/// `bookings` are the changed bookings, or, with `listed_at`, every current one
+/// as listed then: a booked pod clearly older than the listing whose booking is not
+/// among them ends `now`.
+pub fn plan<'a>(
+    pods: impl IntoIterator<Item = &'a PodInfo>,
+    bookings: &[BookingState],
+    listed_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Vec<Retime> {
+    let by_id: BTreeMap<i64, &BookingState> = bookings.iter().map(|b| (b.id, b)).collect();
+    let mut out = Vec::new();
+    for pod in pods {
+        let (Some(booking_id), Some(current)) = (pod.booking_id, pod.expiry()) else {
+            continue;
+        };
+        let (to, ends_now) = match by_id.get(&booking_id) {
+            Some(b) if b.is_over() => (b.pods_end().min(now), true),
+            Some(b) => (b.pods_end(), b.pods_end() <= now),
+            None => match listed_at {
+                Some(at) if pod.started.is_some_and(|s| s < at - LISTING_MARGIN) => (now, true),
+                _ => continue,
+            },
+        };
+        // A pod already due is the expiry timer's.
+        if current <= now || (current - to).abs() < SAME_END {
+            continue;
+        }
+        out.push(Retime {
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            booking_id,
+            from: Some(current),
+            to,
+            ends_now,
+        });
+    }
+    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out
+}
+
+/// The running lent pods of a booking's user on its model, while the booking is
+/// active: they keep their low priority (a pod's priority cannot change).
+pub fn lent_pods_of<'a>(
+    pods: &'a HashMap<String, PodInfo>,
+    booking: &BookingState,
+) -> Vec<&'a PodInfo> {
+    if booking.status != "active" {
+        return Vec::new();
+    }
+    let mut lent: Vec<&PodInfo> = pods
+        .values()
+        .filter(|p| {
+            p.priority == Some(Priority::Low)
+                && p.node.is_some()
+                && !p.finished
+                && !p.deleting
+                && p.user
+                    .as_deref()
+                    .is_some_and(|u| u.eq_ignore_ascii_case(&booking.user))
+                && p.model_label
+                    .as_deref()
+                    .or_else(|| p.gpu.as_ref().and_then(|g| g.model.as_deref()))
+                    == Some(booking.model.as_str())
+        })
+        .collect();
+    lent.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    lent
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+/// Writes the pod's new `terminate-at`, with an Event and an audit row. The pod
+/// watch sees the new value and moves the expiry timer.
+pub async fn retime(ctx: &Ctx, r: &Retime) {
+    if !ctx.leadership.is_leader() {
+        return;
+    }
+    let key = format!("{}/{}", r.namespace, r.name);
+    if ctx.dry_run {
+        tracing::info!(pod = %key, to = %rfc3339(r.to), "dry run: would re-time the booked pod");
+        ctx.metrics.action("retime", "dry_run");
+        return;
+    }
+    let api = actions::pods(ctx, &r.namespace);
+    let annotation = ctx.cfg.terminate_at_annotation.clone();
+    // The uid guards against a pod of the same name that replaced this one.
+    let patch = json!({"metadata": {"uid": r.uid, "annotations": {annotation: rfc3339(r.to)}}});
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let written = actions::with_retries(|| api.patch(&r.name, &params, &patch)).await;
+    if let Err(e) = written {
+        ctx.metrics.action("retime", "error");
+        ctx.metrics.error("kubernetes");
+        tracing::warn!(pod = %key, error = %e, "could not re-time the booked pod");
+        return;
+    }
+    ctx.metrics.action("retime", "done");
+    let message = if r.ends_now {
+        format!(
+            "gpu-booking: booking {} is over (cancelled or ended early); this pod ends now",
+            r.booking_id
+        )
+    } else {
+        format!(
+            "gpu-booking: booking {} now ends at {}; this pod ends then",
+            r.booking_id,
+            rfc3339(r.to)
+        )
+    };
+    tracing::info!(pod = %key, booking = r.booking_id, to = %rfc3339(r.to), "booked pod re-timed");
+    let at = PodRef {
+        namespace: &r.namespace,
+        name: &r.name,
+        uid: &r.uid,
+    };
+    actions::note_pod(ctx, &at, "BookingChanged", &message, "Retime").await;
+    let report = AuditReport {
+        action: "controller.retime".into(),
+        subject: Some(key),
+        user: None,
+        booking_id: Some(r.booking_id),
+        details: json!({
+            "from": r.from.map(rfc3339),
+            "to": rfc3339(r.to),
+            "ends_now": r.ends_now,
+        }),
+    };
+    if let Err(e) = ctx.booking.audit(&report).await {
+        ctx.metrics.error("booking");
+        tracing::warn!(error = %e, "could not record the re-timing in the audit log");
+    }
+}
+
+/// Tells the user of a lent pod that their booking started: restart to get it.
+pub async fn tell_restart(ctx: &Ctx, pod: &PodInfo, booking: &BookingState) {
+    if ctx.dry_run || !ctx.leadership.is_leader() {
+        return;
+    }
+    let message = format!(
+        "gpu-booking: your booking {} of {} has started, but this pod was admitted as a lent \
+         (low-priority) pod and a pod's priority cannot change: it may still be taken back. \
+         Restart it (stop and start your server) to run on your booking until {}.",
+        booking.id,
+        booking.model,
+        rfc3339(booking.end)
+    );
+    let at = PodRef {
+        namespace: &pod.namespace,
+        name: &pod.name,
+        uid: &pod.uid,
+    };
+    actions::note_pod(ctx, &at, "BookingStartedRestart", &message, "Notify").await;
+    ctx.metrics.action("booking_started_on_lent_pod", "done");
+    let report = AuditReport {
+        action: "controller.booking_started_on_lent_pod".into(),
+        subject: Some(pod.key()),
+        user: Some(booking.user.clone()),
+        booking_id: Some(booking.id),
+        details: json!({"model": booking.model, "booking_end": rfc3339(booking.end)}),
+    };
+    if let Err(e) = ctx.booking.audit(&report).await {
+        ctx.metrics.error("booking");
+        tracing::warn!(error = %e, "could not record the notice in the audit log");
+    }
+}
