@@ -19,6 +19,7 @@ use crate::config::OidcArgs;
 const INDEX_HTML: &str = include_str!("../assets/index.html");
 const APP_JS: &str = include_str!("../assets/app.js");
 const CLUSTER_JS: &str = include_str!("../assets/cluster.js");
+const EXTEND_JS: &str = include_str!("../assets/extend.js");
 const STYLE_CSS: &str = include_str!("../assets/style.css");
 const FAVICON_SVG: &str = include_str!("../assets/favicon.svg");
 
@@ -101,6 +102,10 @@ pub fn routes() -> Router<AppState> {
         .route(
             "/assets/cluster.js",
             get(|| async { asset("text/javascript; charset=utf-8", CLUSTER_JS) }),
+        )
+        .route(
+            "/assets/extend.js",
+            get(|| async { asset("text/javascript; charset=utf-8", EXTEND_JS) }),
         )
         .route(
             "/assets/style.css",

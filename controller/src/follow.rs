@@ -256,3 +256,133 @@ pub async fn tell_restart(ctx: &Ctx, pod: &PodInfo, booking: &BookingState) {
         tracing::warn!(error = %e, "could not record the notice in the audit log");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pods::{GpuUse, Placement};
+    use chrono::TimeZone;
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2030, 1, 7, 12, 0, 0).unwrap()
+    }
+
+    fn pod(
+        name: &str,
+        priority: Priority,
+        booking: Option<i64>,
+        end: Option<DateTime<Utc>>,
+    ) -> PodInfo {
+        PodInfo {
+            namespace: "jhub".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            priority: Some(priority),
+            booking_id: booking,
+            model_label: Some("a100".into()),
+            user: Some("Alice".into()),
+            terminate_at: end,
+            owned: false,
+            node: Some("n1".into()),
+            finished: false,
+            deleting: false,
+            placement: Placement::default(),
+            gpu: Some(GpuUse {
+                units: 1,
+                model: None,
+            }),
+            started: Some(now() - TimeDelta::hours(1)),
+            last_activity: None,
+            scheduler_preempted: false,
+            unschedulable: false,
+        }
+    }
+
+    fn booking(id: i64, status: &str, end: DateTime<Utc>) -> BookingState {
+        BookingState {
+            id,
+            user: "alice".into(),
+            model: "a100".into(),
+            start: now() - TimeDelta::hours(2),
+            end,
+            status: status.into(),
+            cancelled_at: None,
+            units: None,
+        }
+    }
+
+    #[test]
+    fn pods_follow_their_booking_s_end() {
+        let old_end = now() + TimeDelta::hours(2);
+        let pods = [
+            pod("a", Priority::High, Some(1), Some(old_end)),
+            pod("b", Priority::High, Some(2), Some(old_end)),
+            pod("c", Priority::High, Some(3), Some(old_end)),
+            // Lent, or of another booking: untouched.
+            pod("d", Priority::Low, Some(1), None),
+            pod("e", Priority::High, Some(9), Some(old_end)),
+        ];
+        let later = now() + TimeDelta::hours(5);
+        let mut cancelled = booking(3, "cancelled", old_end);
+        cancelled.cancelled_at = Some(now() - TimeDelta::seconds(2));
+        let changed = [
+            booking(1, "active", later),
+            booking(2, "ended", now() - TimeDelta::seconds(1)),
+            cancelled,
+        ];
+        let plan = plan(&pods, &changed, None, now());
+        let got: Vec<(&str, DateTime<Utc>, bool)> = plan
+            .iter()
+            .map(|r| (r.name.as_str(), r.to, r.ends_now))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", later, false),
+                ("b", now() - TimeDelta::seconds(1), true),
+                ("c", now() - TimeDelta::seconds(2), true),
+            ]
+        );
+        // Within a second is the same end (the webhook may write whole seconds).
+        let same = [booking(1, "active", old_end + TimeDelta::milliseconds(400))];
+        assert!(super::plan(&pods, &same, None, now()).is_empty());
+    }
+
+    #[test]
+    fn after_a_listing_only_pods_clearly_older_than_it_end_for_a_missing_booking() {
+        let end = now() + TimeDelta::hours(2);
+        let mut young = pod("young", Priority::High, Some(7), Some(end));
+        young.started = Some(now() - TimeDelta::seconds(5));
+        let old = pod("old", Priority::High, Some(8), Some(end));
+        let pods = [young, old];
+        let plan = plan(&pods, &[], Some(now()), now());
+        assert_eq!(plan.len(), 1);
+        assert_eq!(
+            (plan[0].name.as_str(), plan[0].to, plan[0].ends_now),
+            ("old", now(), true)
+        );
+        // Without a listing, a booking the changes do not name is left alone.
+        assert!(super::plan(&pods, &[], None, now()).is_empty());
+    }
+
+    #[test]
+    fn a_started_booking_names_its_user_s_running_lent_pods_of_its_model() {
+        let mut pods = HashMap::new();
+        for p in [
+            pod("lent", Priority::Low, None, None),
+            pod("booked", Priority::High, Some(1), Some(now())),
+        ] {
+            pods.insert(p.uid.clone(), p);
+        }
+        let mut other = pod("other-model", Priority::Low, None, None);
+        other.model_label = Some("t4".into());
+        pods.insert(other.uid.clone(), other);
+        let active = booking(1, "active", now() + TimeDelta::hours(1));
+        let names: Vec<&str> = lent_pods_of(&pods, &active)
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(names, ["lent"]);
+        assert!(lent_pods_of(&pods, &booking(1, "planned", now())).is_empty());
+    }
+}
