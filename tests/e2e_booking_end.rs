@@ -245,3 +245,69 @@ async fn a_booking_shortened_ends_its_pod_at_the_new_end(pool: PgPool) {
     }
     lab.shutdown().await;
 }
+
+/// A planned booking starts while alice runs a lent notebook of its model: the
+/// pod keeps its low priority (a pod's priority cannot change), and she is told
+/// to restart it (an Event on the pod and an audit row).
+#[sqlx::test(migrations = "./migrations")]
+async fn a_booking_starting_under_a_lent_pod_tells_its_user_to_restart(pool: PgPool) {
+    let lab = Lab::start(pool).await;
+    lab.sim.spawn(ALICE, 1).await.expect("admitted");
+    lab.expect("alice's unbooked notebook never ran on a lent GPU", |s| {
+        running(s, ALICE).is_some_and(|p| gpus(&p) > 0 && label(&p, PRIORITY_LABEL) == Some("low"))
+    })
+    .await;
+    let admin = lab
+        .api
+        .token("root@example.com", Some(gpu_booking_api::auth::Role::Admin))
+        .unwrap();
+    // The model of the node the lent notebook landed on (the lab's nodes are named
+    // after their model).
+    let pod = lab.notebook(ALICE).expect("alice's notebook");
+    let node = node_of(&pod).expect("bound").to_owned();
+    let model = if node.contains("a100") {
+        "a100"
+    } else {
+        "a6000"
+    };
+    let start = Utc::now() + TimeDelta::seconds(3);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/api/v1/bookings", lab.api.url))
+        .bearer_auth(admin)
+        .json(
+            &serde_json::json!({"model": model, "user": ALICE, "start": start,
+            "end": start + TimeDelta::hours(1), "override": true}),
+        )
+        .send()
+        .await
+        .expect("the booking API answers");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let told: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM audit_event WHERE action = 'controller.booking_started_on_lent_pod'",
+        )
+        .fetch_one(&lab.api.pool)
+        .await
+        .unwrap();
+        if told >= 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "alice's booking started under her lent notebook, but nobody told her to restart it"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let told_at: DateTime<Utc> = sqlx::query_scalar(
+        "SELECT at FROM audit_event WHERE action = 'controller.booking_started_on_lent_pod'",
+    )
+    .fetch_one(&lab.api.pool)
+    .await
+    .unwrap();
+    assert!(
+        told_at >= start,
+        "told at {told_at}, before the booking started at {start}"
+    );
+    lab.shutdown().await;
+}

@@ -92,6 +92,8 @@ pub struct Loop {
     listed_at: Option<chrono::DateTime<chrono::Utc>>,
     /// (booking, pod) pairs whose user was told to restart a lent pod.
     told: HashSet<(i64, String)>,
+    /// Current bookings already seen running (their lent pods looked at).
+    started_seen: HashSet<i64>,
     /// Pods whose `terminate-at` is being written, and to what.
     retiming: Arc<std::sync::Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>>,
 }
@@ -131,6 +133,7 @@ impl Loop {
             bookings: None,
             listed_at: None,
             told: HashSet::new(),
+            started_seen: HashSet::new(),
             retiming: Arc::default(),
         }
     }
@@ -203,6 +206,7 @@ impl Loop {
                     self.report_usage();
                     self.label_nodes();
                     self.advertise_gpumem();
+                    self.notice_started_bookings();
                 }
                 Ok(()) = leader.changed() => {
                     if *leader.borrow_and_update() {
@@ -979,9 +983,24 @@ impl Loop {
             None => (changed, None),
         };
         let retimes = follow::plan(self.pods.values(), &bookings, listed_at, now);
+        for r in retimes {
+            self.spawn_retime(r);
+        }
+        self.tell_lent(&bookings, now);
+    }
+
+    /// Tells the users of lent pods whose booking of that model runs now, once per
+    /// booking and pod.
+    fn tell_lent(
+        &mut self,
+        bookings: &[gpu_booking_client::BookingState],
+        now: chrono::DateTime<chrono::Utc>,
+    ) {
         let mut notices = Vec::new();
-        for b in &bookings {
-            for pod in follow::lent_pods_of(&self.pods, b) {
+        let (labels, key) = (&self.node_labels, &self.args.model_node_label);
+        let node_model = |node: &str| labels.get(node).and_then(|l| l.get(key)).cloned();
+        for b in bookings {
+            for pod in follow::lent_pods_of(&self.pods, b, now, &node_model) {
                 if self.told.len() >= MAX_TOLD {
                     self.told.clear();
                 }
@@ -990,13 +1009,33 @@ impl Loop {
                 }
             }
         }
-        for r in retimes {
-            self.spawn_retime(r);
-        }
         for (pod, booking) in notices {
             let ctx = self.ctx.clone();
             tokio::spawn(async move { follow::tell_restart(&ctx, &pod, &booking).await });
         }
+    }
+
+    /// Planned bookings that have started by the clock since the last look: their
+    /// users' lent pods (the stream says nothing when a booking starts).
+    fn notice_started_bookings(&mut self) {
+        if !self.leader() || !self.pods_synced {
+            return;
+        }
+        let Some(current) = &self.bookings else {
+            return;
+        };
+        let now = self.ctx.clock.now();
+        self.started_seen.retain(|id| current.contains_key(id));
+        let started: Vec<_> = current
+            .values()
+            .filter(|b| b.start <= now && now < b.end && !self.started_seen.contains(&b.id))
+            .cloned()
+            .collect();
+        if started.is_empty() {
+            return;
+        }
+        self.started_seen.extend(started.iter().map(|b| b.id));
+        self.tell_lent(&started, now);
     }
 
     /// A booked pod that changed: its end against its booking's, if known (a pod

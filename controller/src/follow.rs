@@ -130,13 +130,17 @@ pub fn plan<'a>(
     out
 }
 
-/// The running lent pods of a booking's user on its model, while the booking is
-/// active: they keep their low priority (a pod's priority cannot change).
+/// The running lent pods of a booking's user on its model, while the booking runs
+/// at `now`: they keep their low priority (a pod's priority cannot change).
+/// `node_model` names a node's model (its model label).
 pub fn lent_pods_of<'a>(
     pods: &'a HashMap<String, PodInfo>,
     booking: &BookingState,
+    now: DateTime<Utc>,
+    node_model: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<&'a PodInfo> {
-    if booking.status != "active" {
+    // By the clock, not the status it was sent with: a planned booking starts.
+    if booking.is_over() || now < booking.start || booking.end <= now {
         return Vec::new();
     }
     let mut lent: Vec<&PodInfo> = pods
@@ -150,8 +154,11 @@ pub fn lent_pods_of<'a>(
                     .as_deref()
                     .is_some_and(|u| u.eq_ignore_ascii_case(&booking.user))
                 && p.model_label
+                    .clone()
+                    .or_else(|| p.gpu.as_ref().and_then(|g| g.model.clone()))
+                    // A lent pod of a generic GPU request: its node's model.
+                    .or_else(|| p.node.as_deref().and_then(node_model))
                     .as_deref()
-                    .or_else(|| p.gpu.as_ref().and_then(|g| g.model.as_deref()))
                     == Some(booking.model.as_str())
         })
         .collect();
@@ -377,12 +384,23 @@ mod tests {
         let mut other = pod("other-model", Priority::Low, None, None);
         other.model_label = Some("t4".into());
         pods.insert(other.uid.clone(), other);
+        // A generic GPU request's pod: the model of its node.
+        let mut generic = pod("generic", Priority::Low, None, None);
+        generic.model_label = None;
+        generic.node = Some("a100-node".into());
+        pods.insert(generic.uid.clone(), generic);
         let active = booking(1, "active", now() + TimeDelta::hours(1));
-        let names: Vec<&str> = lent_pods_of(&pods, &active)
+        let node_model = |n: &str| (n == "a100-node").then(|| "a100".to_owned());
+        let names: Vec<&str> = lent_pods_of(&pods, &active, now(), &node_model)
             .iter()
             .map(|p| p.name.as_str())
             .collect();
-        assert_eq!(names, ["lent"]);
-        assert!(lent_pods_of(&pods, &booking(1, "planned", now())).is_empty());
+        assert_eq!(names, ["generic", "lent"]);
+        // Not yet started, or over.
+        let mut planned = booking(1, "planned", now() + TimeDelta::hours(3));
+        planned.start = now() + TimeDelta::hours(1);
+        assert!(lent_pods_of(&pods, &planned, now(), &|_| None).is_empty());
+        assert!(!lent_pods_of(&pods, &planned, planned.start, &|_| None).is_empty());
+        assert!(lent_pods_of(&pods, &booking(1, "active", now()), now(), &|_| None).is_empty());
     }
 }
