@@ -151,6 +151,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         models: Default::default(),
         log_format: LogFormat::Plain,
+        change_retention: std::time::Duration::from_secs(7 * 86_400),
     };
     let auth = Authenticator::new(Some(&secret), None);
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -15,7 +15,7 @@ use crate::clock::Clock;
 use crate::metrics::{self, Metrics};
 use crate::openapi::ApiDoc;
 use crate::routes::{
-    audit, availability, bookings, health, me, models, notices, schedulability, units,
+    audit, availability, bookings, changes, health, me, models, notices, schedulability, units,
 };
 use crate::routes::{feeds, waitlist};
 
@@ -35,6 +35,8 @@ pub struct AppState {
     pub ambiguity_audit: Arc<Mutex<TokenBucket>>,
     /// The channels notices go out on (`crate::notices::enqueue` takes them).
     pub notices: crate::notices::Channels,
+    /// Wakes long polls of `/api/v1/booking-changes` (one LISTEN per process).
+    pub changes: crate::store::changes::ChangeFeed,
 }
 
 /// Audit rows for ambiguous slugs at once, and per second after that.
@@ -55,8 +57,11 @@ pub fn router(state: AppState) -> Router {
         .route("/bookings", get(bookings::list).post(bookings::create))
         .route(
             "/bookings/{id}",
-            get(bookings::get).delete(bookings::cancel),
+            get(bookings::get)
+                .delete(bookings::cancel)
+                .patch(bookings::change),
         )
+        .route("/booking-changes", get(changes::list))
         .route("/me/next-start", get(me::next_start))
         .route("/me/notices", get(notices::get).put(notices::put))
         .route("/availability", get(availability::get))

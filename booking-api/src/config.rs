@@ -51,6 +51,11 @@ pub struct ApiArgs {
     /// Log format.
     #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
+
+    /// How long booking changes are kept for followers of
+    /// `/api/v1/booking-changes`; one resuming from further back lists again (410).
+    #[arg(long, env = "GPU_BOOKING_CHANGE_RETENTION", default_value = "7days", value_parser = gpu_booking_ops::duration::parse_duration)]
+    pub change_retention: std::time::Duration,
 }
 
 impl DatabaseArgs {

@@ -26,6 +26,7 @@ use crate::routes;
         routes::bookings::create, routes::bookings::list, routes::bookings::get, routes::bookings::cancel,
         routes::me::next_start, routes::notices::get, routes::notices::put,
         routes::availability::get,
+        routes::bookings::change, routes::changes::list,
         routes::models::list, routes::models::put, routes::models::put_usage, routes::models::availability,
         routes::schedulability::get,
         routes::audit::report, routes::audit::list,

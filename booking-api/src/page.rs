@@ -26,6 +26,7 @@ const SCRIPTS: &[(&str, &str)] = &[
     ("units.js", include_str!("../assets/units.js")),
     ("waitlist.js", include_str!("../assets/waitlist.js")),
     ("notices.js", include_str!("../assets/notices.js")),
+    ("extend.js", include_str!("../assets/extend.js")),
 ];
 const STYLE_CSS: &str = include_str!("../assets/style.css");
 const FAVICON_SVG: &str = include_str!("../assets/favicon.svg");

@@ -19,6 +19,9 @@ use crate::error::ErrorBody;
 use crate::metrics::Metrics;
 use crate::MIGRATOR;
 
+/// How often booking changes past their retention are deleted.
+const CHANGE_PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
 pub async fn connect(db: &DatabaseArgs) -> anyhow::Result<PgPool> {
     let url = db.url()?;
     PgPoolOptions::new()
@@ -70,6 +73,7 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
             email: args.notices.smtp_host.is_some(),
             webhook: args.notices.notice_webhook_url_file.is_some(),
         },
+        changes: Default::default(),
     }
 }
 
@@ -116,6 +120,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %args.listen, "booking API listening");
+    crate::store::changes::spawn_pruner(pool.clone(), args.change_retention, CHANGE_PRUNE_EVERY);
     let state = state(pool, &args, auth);
     let _sweep = crate::store::waitlist::spawn_sweep(state.clone(), sweep_interval(&args));
     let notices = tokio::spawn(notice_worker(&state, &args.notices)?.run());

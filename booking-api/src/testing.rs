@@ -68,6 +68,7 @@ pub fn test_state(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>, secret: &
         names: gpu_booking_core::username::NameCase::default(),
         ambiguity_audit: crate::app::ambiguity_audit_bucket(),
         notices: Default::default(),
+        changes: Default::default(),
     }
 }
 

@@ -6,6 +6,7 @@
 //! an empty answer).
 #![forbid(unsafe_code)]
 
+mod follow;
 mod token;
 
 use std::time::Duration;
@@ -14,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use follow::{BookingChange, BookingState, ChangePage, ChangeSource, Followed, Follower};
 pub use token::{FileStamp, TokenError, TokenSource};
 
 /// Why a call gave no usable answer.
@@ -84,6 +86,7 @@ pub struct BookingClient {
     http: reqwest::Client,
     base: String,
     token: TokenSource,
+    timeout: Duration,
 }
 
 impl BookingClient {
@@ -102,7 +105,12 @@ impl BookingClient {
             .connect_timeout(timeout)
             .user_agent(user_agent)
             .build()?;
-        Ok(Self { http, base, token })
+        Ok(Self {
+            http,
+            base,
+            token,
+            timeout,
+        })
     }
 
     /// The models, in matching order.
@@ -135,6 +143,25 @@ impl BookingClient {
         Ok(())
     }
 
+    /// One answer of the booking change stream: `after: None` lists the current
+    /// bookings; otherwise the changes after `after`, waiting up to `wait` (at most
+    /// 30 s) for one. The call's timeout is the client's plus `wait`.
+    pub async fn booking_changes(
+        &self,
+        after: Option<i64>,
+        wait: Duration,
+    ) -> Result<ChangePage, ClientError> {
+        let path = match after {
+            Some(after) => format!(
+                "/api/v1/booking-changes?after={after}&wait={}",
+                wait.as_secs().min(30)
+            ),
+            None => "/api/v1/booking-changes".to_owned(),
+        };
+        self.call_within(reqwest::Method::GET, &path, None, Some(wait))
+            .await
+    }
+
     /// Records an action in the audit log; returns the row's id.
     pub async fn audit(&self, report: &AuditReport) -> Result<i64, ClientError> {
         let body = serde_json::to_value(report).map_err(|e| ClientError::Body(e.to_string()))?;
@@ -153,11 +180,25 @@ impl BookingClient {
         path: &str,
         body: Option<&Value>,
     ) -> Result<T, ClientError> {
+        self.call_within(method, path, body, None).await
+    }
+
+    /// A call; `longer` is added to the client's timeout (a long poll's wait).
+    async fn call_within<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        longer: Option<Duration>,
+    ) -> Result<T, ClientError> {
         let token = self.token.token()?;
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base))
             .bearer_auth(token);
+        if let Some(longer) = longer {
+            request = request.timeout(self.timeout + longer);
+        }
         if let Some(body) = body {
             request = request.json(body);
         }

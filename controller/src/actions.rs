@@ -213,7 +213,7 @@ const ABANDON_AFTER: chrono::TimeDelta = chrono::TimeDelta::hours(1);
 /// Steps [`finish`] takes at most in one go (a whole action takes three).
 const MAX_STEPS: usize = 6;
 
-fn pods(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
+pub(crate) fn pods(ctx: &Ctx, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(ctx.client.clone(), ns, &ApiResource::erase::<Pod>(&()))
 }
 
@@ -714,7 +714,7 @@ async fn create(
     Err(format!("creating the pod's copy: {last}"))
 }
 
-async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
+pub(crate) async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, kube::Error>>,

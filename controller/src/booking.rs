@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
-use gpu_booking_client::{AuditReport, BookingClient, ClientError, Model, UsageReport};
+use gpu_booking_client::{
+    AuditReport, BookingClient, ChangeSource, ClientError, Model, UsageReport,
+};
 
 pub type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
 
@@ -19,6 +21,12 @@ pub trait Booking: Send + Sync + 'static {
     fn put_held<'a>(&'a self, held: &'a BTreeMap<i64, u64>) -> Answer<'a, ()> {
         let _ = held;
         Box::pin(async { Ok(()) })
+    }
+
+    /// The booking change stream, where this service has one (the controller
+    /// follows it: [`crate::follow`]).
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        None
     }
 }
 
@@ -34,5 +42,9 @@ impl Booking for BookingClient {
     }
     fn put_held<'a>(&'a self, held: &'a BTreeMap<i64, u64>) -> Answer<'a, ()> {
         Box::pin(BookingClient::put_held(self, held))
+    }
+
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        Some(self)
     }
 }

@@ -25,6 +25,7 @@ use crate::actions::{self, Ctx, Job, Outcome, Reason};
 use crate::booking_units;
 use crate::clock::until;
 use crate::config::ControllerArgs;
+use crate::follow;
 use crate::inventory::{self, Models, NodeInfo, Usage};
 use crate::metrics::ModelLabel;
 use crate::node_capacity;
@@ -92,6 +93,22 @@ pub struct Loop {
     ready: Arc<AtomicBool>,
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
+    /// Following the booking change stream (the leader only).
+    following: Option<(
+        tokio::task::JoinHandle<()>,
+        mpsc::Receiver<gpu_booking_client::Followed>,
+    )>,
+    /// The current bookings as the stream last said, once listed (pods are checked
+    /// against it as they change too).
+    bookings: Option<HashMap<i64, gpu_booking_client::BookingState>>,
+    /// A listing that came before the pods were read: applied once they are.
+    listed_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// (booking, pod) pairs whose user was told to restart a lent pod.
+    told: HashSet<(i64, String)>,
+    /// Current bookings already seen running (their lent pods looked at).
+    started_seen: HashSet<i64>,
+    /// Pods whose `terminate-at` is being written, and to what.
+    retiming: Arc<std::sync::Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>>,
 }
 
 impl Loop {
@@ -128,6 +145,12 @@ impl Loop {
             ready,
             tx,
             rx,
+            following: None,
+            bookings: None,
+            listed_at: None,
+            told: HashSet::new(),
+            started_seen: HashSet::new(),
+            retiming: Arc::default(),
         }
     }
 
@@ -160,6 +183,9 @@ impl Loop {
         let mut models_tick = ticker(self.args.models_refresh);
         let mut sync_tick = ticker(SYNC_EVERY);
         let mut intent_tick = ticker(INTENT_SWEEP);
+        if self.leader() {
+            self.start_following();
+        }
         loop {
             tokio::select! {
                 Some(event) = pods.next() => {
@@ -190,6 +216,7 @@ impl Loop {
                         pods = self.pod_stream();
                     }
                 }
+                Some(step) = next_step(&mut self.following) => self.on_followed(step),
                 _ = preempt_tick.tick() => self.on_preempt_tick(),
                 _ = models_tick.tick() => self.fetch_models(),
                 _ = intent_tick.tick() => self.sweep_intents(),
@@ -198,10 +225,14 @@ impl Loop {
                     self.enforce_booking_units();
                     self.label_nodes();
                     self.advertise_gpumem();
+                    self.notice_started_bookings();
                 }
                 Ok(()) = leader.changed() => {
                     if *leader.borrow_and_update() {
                         self.on_elected();
+                        self.start_following();
+                    } else {
+                        self.stop_following();
                     }
                 }
             }
@@ -238,6 +269,7 @@ impl Loop {
                 }
                 self.pods_synced = true;
                 self.update_ready();
+                self.reconcile_bookings(Vec::new());
             }
         }
     }
@@ -278,6 +310,7 @@ impl Loop {
             self.pending.remove(&uid);
         }
         self.schedule(&info);
+        self.check_booking_of(&info);
         let scheduler_preempted = info.scheduler_preempted && info.priority.is_some();
         let job = scheduler_preempted.then(|| job_for(&info, Reason::SchedulerPreempted));
         self.pods.insert(uid, info);
@@ -1017,6 +1050,183 @@ impl Loop {
                 actions::note_pod(&ctx, &at, reason, &message, "Preempt").await;
             });
         }
+    }
+}
+
+impl Loop {
+    // ---- booking changes ----------------------------------------------------------
+
+    fn start_following(&mut self) {
+        if self.following.is_none() {
+            self.bookings = None;
+            self.following = follow::spawn(self.ctx.clone());
+        }
+    }
+
+    fn stop_following(&mut self) {
+        if let Some((task, _)) = self.following.take() {
+            task.abort();
+        }
+        self.bookings = None;
+        self.listed_at = None;
+    }
+
+    fn on_followed(&mut self, step: gpu_booking_client::Followed) {
+        use gpu_booking_client::Followed;
+        let now = self.ctx.clock.now();
+        let changed = match step {
+            Followed::Listed(bookings) => {
+                self.bookings = Some(
+                    bookings
+                        .into_iter()
+                        .filter(|b| !b.is_over())
+                        .map(|b| (b.id, b))
+                        .collect(),
+                );
+                self.listed_at = Some(now);
+                Vec::new()
+            }
+            Followed::Changed(changes) => {
+                let changed: Vec<_> = changes.into_iter().map(|c| c.booking).collect();
+                if let Some(current) = &mut self.bookings {
+                    for b in &changed {
+                        if b.is_over() {
+                            current.remove(&b.id);
+                        } else {
+                            current.insert(b.id, b.clone());
+                        }
+                    }
+                }
+                changed
+            }
+            Followed::Failed(_) => return,
+        };
+        self.reconcile_bookings(changed);
+    }
+
+    /// Re-times booked pods against the bookings (after a listing, every booked pod;
+    /// else those of `changed`), and tells users of lent pods whose booking started.
+    fn reconcile_bookings(&mut self, changed: Vec<gpu_booking_client::BookingState>) {
+        if !self.leader() || !self.pods_synced {
+            return;
+        }
+        let Some(current) = &self.bookings else {
+            return;
+        };
+        let now = self.ctx.clock.now();
+        let (bookings, listed_at): (Vec<_>, _) = match self.listed_at.take() {
+            Some(at) => (current.values().cloned().chain(changed).collect(), Some(at)),
+            None => (changed, None),
+        };
+        let retimes = follow::plan(self.pods.values(), &bookings, listed_at, now);
+        for r in retimes {
+            self.spawn_retime(r);
+        }
+        self.tell_lent(&bookings, now);
+    }
+
+    /// Tells the users of lent pods whose booking of that model runs now, once per
+    /// booking and pod.
+    fn tell_lent(
+        &mut self,
+        bookings: &[gpu_booking_client::BookingState],
+        now: chrono::DateTime<chrono::Utc>,
+    ) {
+        let mut notices = Vec::new();
+        let (labels, key) = (&self.node_labels, &self.args.model_node_label);
+        let node_model = |node: &str| labels.get(node).and_then(|l| l.get(key)).cloned();
+        for b in bookings {
+            for pod in follow::lent_pods_of(&self.pods, b, now, &node_model) {
+                if self.told.len() >= MAX_TOLD {
+                    self.told.clear();
+                }
+                if self.told.insert((b.id, pod.uid.clone())) {
+                    notices.push((pod.clone(), b.clone()));
+                }
+            }
+        }
+        for (pod, booking) in notices {
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move { follow::tell_restart(&ctx, &pod, &booking).await });
+        }
+    }
+
+    /// Planned bookings that have started by the clock since the last look: their
+    /// users' lent pods (the stream says nothing when a booking starts).
+    fn notice_started_bookings(&mut self) {
+        if !self.leader() || !self.pods_synced {
+            return;
+        }
+        let Some(current) = &self.bookings else {
+            return;
+        };
+        let now = self.ctx.clock.now();
+        self.started_seen.retain(|id| current.contains_key(id));
+        let started: Vec<_> = current
+            .values()
+            .filter(|b| b.start <= now && now < b.end && !self.started_seen.contains(&b.id))
+            .cloned()
+            .collect();
+        if started.is_empty() {
+            return;
+        }
+        self.started_seen.extend(started.iter().map(|b| b.id));
+        self.tell_lent(&started, now);
+    }
+
+    /// A booked pod that changed: its end against its booking's, if known (a pod
+    /// admitted on a stale answer, or re-timed out of order, is put right).
+    fn check_booking_of(&self, info: &PodInfo) {
+        if !self.leader() || !self.pods_synced {
+            return;
+        }
+        let (Some(current), Some(id)) = (&self.bookings, info.booking_id) else {
+            return;
+        };
+        let Some(booking) = current.get(&id) else {
+            return;
+        };
+        let now = self.ctx.clock.now();
+        for r in follow::plan([info], std::slice::from_ref(booking), None, now) {
+            self.spawn_retime(r);
+        }
+    }
+
+    /// Re-times a pod on its own task, unless the same is on its way already (pod
+    /// events keep coming while the patch is written).
+    fn spawn_retime(&self, r: follow::Retime) {
+        {
+            let mut going = self.retiming.lock().unwrap_or_else(|e| e.into_inner());
+            if going.get(&r.uid) == Some(&r.to) {
+                return;
+            }
+            going.insert(r.uid.clone(), r.to);
+        }
+        let (ctx, going) = (self.ctx.clone(), self.retiming.clone());
+        tokio::spawn(async move {
+            follow::retime(&ctx, &r).await;
+            let mut going = going.lock().unwrap_or_else(|e| e.into_inner());
+            if going.get(&r.uid) == Some(&r.to) {
+                going.remove(&r.uid);
+            }
+        });
+    }
+}
+
+/// (booking, pod) notices remembered; past this the memory starts over (an Event
+/// may then repeat).
+const MAX_TOLD: usize = 10_000;
+
+/// The follower's next step, or never when not following.
+async fn next_step(
+    following: &mut Option<(
+        tokio::task::JoinHandle<()>,
+        mpsc::Receiver<gpu_booking_client::Followed>,
+    )>,
+) -> Option<gpu_booking_client::Followed> {
+    match following {
+        Some((_, rx)) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

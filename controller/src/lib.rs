@@ -12,6 +12,9 @@
 //! - **Inventory**: cards per model from the nodes, cards in use from the pods, pushed
 //!   to the booking service on change beside the declared units; each GPU node
 //!   labelled with its model and advertising its VRAM budget ([`node_capacity`]).
+//! - **Booking changes** ([`follow`]): the leader follows the booking service's
+//!   change stream and re-times the pods of a booking whose end moved, or ends them
+//!   when it was cancelled or ended early (through the expiry path), within seconds.
 //! - **Leader election** with a Lease; Events, audit rows, metrics, `--dry-run`.
 //!
 //! Modules: [`config`] (options), [`controller`] (the loop and its state),
@@ -28,6 +31,7 @@ pub mod booking_units;
 pub mod clock;
 pub mod config;
 pub mod controller;
+pub mod follow;
 pub mod hub;
 pub mod intent;
 pub mod inventory;

@@ -28,6 +28,10 @@ pub enum RuleCode {
     Overlap,
     /// More GPUs than one booking may be for (or none).
     InvalidUnits,
+    /// A change would move the end of a booking into the past (end it early instead).
+    EndInPast,
+    /// A change would move the start of a booking that has started.
+    BookingStarted,
 }
 
 impl RuleCode {
@@ -44,6 +48,8 @@ impl RuleCode {
             RuleCode::UnknownModel => "unknown_model",
             RuleCode::Overlap => "overlap",
             RuleCode::InvalidUnits => "invalid_units",
+            RuleCode::EndInPast => "end_in_past",
+            RuleCode::BookingStarted => "booking_started",
         }
     }
 
@@ -57,6 +63,7 @@ impl RuleCode {
                 | RuleCode::Cooldown
                 | RuleCode::Capacity
                 | RuleCode::Overlap
+                | RuleCode::BookingStarted
         )
     }
 }
@@ -189,17 +196,7 @@ pub fn check_user(
         // An override may break every rule but the user's own overlap (and
         // capacity, checked elsewhere): two bookings at once would be one user on
         // two GPUs, which the database forbids anyway.
-        return match own.iter().find(|b| b.overlaps(window)) {
-            Some(b) => Err(Refusal::new(
-                RuleCode::Overlap,
-                format!(
-                    "The user already holds a booking from {} to {}.",
-                    rfc3339(b.start()),
-                    rfc3339(b.end())
-                ),
-            )),
-            None => Ok(()),
-        };
+        return overlap(window, own);
     }
     if policy.no_booking_while_active {
         if let Some(active) = own.iter().find(|b| b.contains(now)) {
@@ -229,8 +226,27 @@ pub fn check_user(
         return Err(Refusal::new(RuleCode::FutureBookingExists, message)
             .with_earliest(last_end + policy.cooldown));
     }
-    // Cooldown around every other booking of the user, in both directions, so
-    // that no configuration of the other settings lets two bookings come closer.
+    cooldown(policy, window, own)
+}
+
+/// The user already holds one of `own` in `window`.
+fn overlap(window: &Window, own: &[Window]) -> Result<(), Refusal> {
+    match own.iter().find(|b| b.overlaps(window)) {
+        Some(b) => Err(Refusal::new(
+            RuleCode::Overlap,
+            format!(
+                "The user already holds a booking from {} to {}.",
+                rfc3339(b.start()),
+                rfc3339(b.end())
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Cooldown around every other booking of the user, in both directions, so that no
+/// configuration of the other settings lets two bookings come closer.
+fn cooldown(policy: &Policy, window: &Window, own: &[Window]) -> Result<(), Refusal> {
     let blocking_end = own
         .iter()
         .filter(|b| {
@@ -252,6 +268,95 @@ pub fn check_user(
         .with_earliest(earliest));
     }
     Ok(())
+}
+
+/// A requested change of a booking's window.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowChange<'a> {
+    /// The booking's window now.
+    pub current: Window,
+    /// Whether it has started.
+    pub started: bool,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    /// The user's other bookings (not cancelled).
+    pub others: &'a [Window],
+    /// An admin's override of the rules.
+    pub override_rules: bool,
+}
+
+/// A change of a planned or running booking's window (`PATCH`): `current` is its
+/// window now, `started` whether it has started, `others` the user's other bookings
+/// (not cancelled). A started booking keeps its start; no end goes into the past
+/// (ending now is `DELETE`); the duration stays within the policy's maximum (and,
+/// for a booking not yet started, its minimum: a running one may be shortened as it
+/// may be ended early); the cooldown to the user's other bookings is checked again
+/// from the new window. An admin override skips all but the first two and the
+/// user's own overlap. Capacity (the model's bookings) is the caller's.
+pub fn check_change(
+    policy: &Policy,
+    now: DateTime<Utc>,
+    change: &WindowChange<'_>,
+) -> Result<Window, Refusal> {
+    let WindowChange {
+        current,
+        started,
+        start,
+        end,
+        others,
+        override_rules,
+    } = *change;
+    if started && start != current.start() {
+        return Err(Refusal::new(
+            RuleCode::BookingStarted,
+            format!(
+                "The booking started at {}; only its end can change.",
+                rfc3339(current.start())
+            ),
+        ));
+    }
+    if end <= now {
+        return Err(Refusal::new(
+            RuleCode::EndInPast,
+            format!(
+                "The end cannot move into the past ({}); to end the booking now, end it early.",
+                rfc3339(end)
+            ),
+        ));
+    }
+    if started {
+        // The start is fixed (possibly in the past): only the new window's shape is
+        // checked, not its start against now.
+        let window = check_request(policy, start, start, end, true)?;
+        if !override_rules && window.duration() > policy.max_duration {
+            return Err(Refusal::new(
+                RuleCode::DurationTooLong,
+                format!(
+                    "Bookings may last at most {}; this one would last {}.",
+                    human_duration(policy.max_duration),
+                    human_duration(window.duration())
+                ),
+            ));
+        }
+        check_others(policy, &window, others, override_rules)?;
+        return Ok(window);
+    }
+    let window = check_request(policy, now, start, end, override_rules)?;
+    check_others(policy, &window, others, override_rules)?;
+    Ok(window)
+}
+
+fn check_others(
+    policy: &Policy,
+    window: &Window,
+    others: &[Window],
+    override_rules: bool,
+) -> Result<(), Refusal> {
+    overlap(window, others)?;
+    if override_rules {
+        return Ok(());
+    }
+    cooldown(policy, window, others)
 }
 
 /// One reason why a user's next booking cannot start right now.
@@ -478,6 +583,91 @@ mod tests {
         assert_eq!(
             codes,
             vec![RuleCode::ActiveBookingExists, RuleCode::Cooldown]
+        );
+    }
+
+    fn change(
+        current: Window,
+        started: bool,
+        start: DateTime<Utc>,
+        end: DateTime<Utc>,
+        others: &[Window],
+    ) -> Result<Window, RuleCode> {
+        let c = WindowChange {
+            current,
+            started,
+            start,
+            end,
+            others,
+            override_rules: false,
+        };
+        check_change(&Policy::default(), now(), &c).map_err(|r| r.code)
+    }
+
+    #[test]
+    fn a_running_booking_changes_only_its_end_within_the_policy() {
+        let running = w(now() - days(2), now() + days(3));
+        let s = running.start();
+        // Extended to the maximum, shortened below the minimum (as an early end may).
+        assert!(change(running, true, s, s + days(14), &[]).is_ok());
+        assert!(change(running, true, s, now() + secs(60), &[]).is_ok());
+        assert_eq!(
+            change(running, true, s, s + days(14) + secs(1), &[]),
+            Err(RuleCode::DurationTooLong)
+        );
+        assert_eq!(
+            change(running, true, s + secs(1), running.end(), &[]),
+            Err(RuleCode::BookingStarted)
+        );
+        assert_eq!(
+            change(running, true, s, now(), &[]),
+            Err(RuleCode::EndInPast)
+        );
+        assert_eq!(
+            change(running, true, s, now() - secs(1), &[]),
+            Err(RuleCode::EndInPast)
+        );
+        // The cooldown to the user's planned booking is checked from the new end.
+        let planned = w(now() + days(20), now() + days(21));
+        assert!(change(running, true, s, now() + days(5), &[planned]).is_ok());
+        assert_eq!(
+            change(running, true, s, now() + days(7), &[planned]),
+            Err(RuleCode::Cooldown)
+        );
+        // An admin override may pass the maximum, never the past or the user's overlap.
+        let admin = |end, others| {
+            let c = WindowChange {
+                current: running,
+                started: true,
+                start: s,
+                end,
+                others,
+                override_rules: true,
+            };
+            check_change(&Policy::default(), now(), &c).map_err(|r| r.code)
+        };
+        assert!(admin(s + days(30), &[]).is_ok());
+        assert_eq!(admin(now(), &[]), Err(RuleCode::EndInPast));
+        assert_eq!(admin(now() + days(21), &[planned]), Err(RuleCode::Overlap));
+    }
+
+    #[test]
+    fn a_planned_booking_keeps_the_rules_of_a_new_one() {
+        let planned = w(now() + days(1), now() + days(3));
+        let s = planned.start();
+        assert!(change(planned, false, s, s + days(14), &[]).is_ok());
+        assert_eq!(
+            change(planned, false, s, s + TimeDelta::hours(23), &[]),
+            Err(RuleCode::DurationTooShort)
+        );
+        assert!(change(planned, false, s + days(1), s + days(3), &[]).is_ok());
+        assert_eq!(
+            change(planned, false, now() - secs(1), s + days(3), &[]),
+            Err(RuleCode::StartInPast)
+        );
+        assert_eq!(
+            change(planned, false, s, s - secs(1), &[]),
+            Err(RuleCode::EndInPast).or(Err(RuleCode::InvalidWindow))
         );
     }
 }

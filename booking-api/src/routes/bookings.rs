@@ -181,6 +181,59 @@ pub async fn cancel(
     Ok(axum::Json(updated.view(now)))
 }
 
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeBooking {
+    /// RFC 3339 new end (exclusive): later to extend, earlier to shorten; never in
+    /// the past (to end a booking now, `DELETE` it).
+    pub end: DateTime<Utc>,
+    /// RFC 3339 new start, for a booking that has not started (a started booking
+    /// keeps its start: `booking_started`).
+    pub start: Option<DateTime<Utc>>,
+    /// Admins only: skip the duration and cooldown rules (capacity, the past and
+    /// the user's own overlap still hold).
+    #[serde(default, rename = "override")]
+    pub override_rules: bool,
+}
+
+#[utoipa::path(patch, path = "/api/v1/bookings/{id}", tag = "bookings", params(("id" = i64, Path)), request_body = ChangeBooking,
+    description = "Extends or shortens a planned or running booking (its owner, or an admin): within the policy's \
+                   maximum duration (and minimum, before it starts) and the model's capacity, with the cooldown to \
+                   the user's other bookings checked from the new window. A started booking keeps its start; the end \
+                   never moves into the past. The controller re-times the booking's pods within seconds.",
+    responses((status = 200, body = Booking), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody, description = "`capacity`, `cooldown`, `overlap`, `booking_started`, or `not_changeable` (ended or cancelled)."),
+              (status = 422, body = ErrorBody, description = "`end_in_past`, `invalid_window`, `duration_too_long`, `duration_too_short`, `start_in_past`.")),
+    security(("bearer" = [])))]
+pub async fn change(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<i64>,
+    Json(body): Json<ChangeBooking>,
+) -> Result<axum::Json<Booking>, ApiError> {
+    if body.override_rules && !caller.admin {
+        return Err(ApiError::Forbidden(
+            "only admins may override the rules".into(),
+        ));
+    }
+    owned_booking(&state, &caller, id).await?;
+    let now = state.clock.now();
+    let updated = bookings::change_window(
+        &state.pool,
+        &state.policy,
+        id,
+        now,
+        bookings::WindowRequest {
+            start: body.start,
+            end: body.end,
+            override_rules: body.override_rules,
+        },
+        caller.user.as_str(),
+    )
+    .await?;
+    Ok(axum::Json(updated.view(now)))
+}
+
 /// The booking `id`, if the caller may see it (its owner or an admin). Another
 /// user's booking answers exactly like a missing one, so that ids cannot be probed
 /// for who booked what.

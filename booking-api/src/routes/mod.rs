@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod availability;
 pub mod bookings;
+pub mod changes;
 pub mod feeds;
 pub mod health;
 pub mod me;

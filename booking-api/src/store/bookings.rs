@@ -33,7 +33,7 @@ pub struct BookingRow {
     pub created_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str =
+pub(crate) const COLUMNS: &str =
     "id, user_name, model, slot, units, slots, start_at, end_at, booked_end_at, cancelled_at, \
                        ended_early_at, override AS override_rules, created_at";
 
@@ -185,7 +185,7 @@ pub async fn create_in(
     }
     let slots = match capacity::free_slots(units, &overlapping, &window, need) {
         Some(slots) => slots,
-        None => reassign_slots(tx, req.model, units, now, &window, need).await?,
+        None => reassign_slots(tx, req.model, units, now, &window, need, None).await?,
     };
 
     // The user (for slug look-ups), the booking and its audit row in one statement.
@@ -280,10 +280,13 @@ async fn reassign_slots(
     now: DateTime<Utc>,
     window: &Window,
     need: u32,
+    changing: Option<i64>,
 ) -> Result<Vec<i32>, ApiError> {
     // Only planned bookings move, unless an admin books the past.
     let keep_before = (now + TimeDelta::microseconds(1)).min(window.start());
-    let future = held(&mut **tx, model, keep_before, DateTime::<Utc>::MAX_UTC).await?;
+    let mut future = held(&mut **tx, model, keep_before, DateTime::<Utc>::MAX_UTC).await?;
+    // A booking whose window changes is placed anew: it does not stand in its own way.
+    future.retain(|h| Some(h.id) != changing);
     let plan = capacity::replan(units, keep_before, &future, window, need).ok_or_else(|| {
         Refusal::new(
             RuleCode::Capacity,
@@ -471,6 +474,154 @@ pub async fn cancel_or_end(
             .await?;
     tx.commit().await?;
     Ok(updated)
+}
+
+/// A new window for a planned or running booking (`PATCH`), by its owner or an
+/// admin: the rules of `core::rules::check_change` against the user's other
+/// bookings, and capacity against the model's, all under the user's and the
+/// model's locks (as a create), so that concurrent changes never overbook. The
+/// booking keeps its unit if that unit is free over the new window, else gets
+/// another, moving planned bookings where that makes room (as a create does).
+pub async fn change_window(
+    pool: &PgPool,
+    policy: &Policy,
+    id: i64,
+    now: DateTime<Utc>,
+    change: WindowRequest,
+    actor: &str,
+) -> Result<BookingRow, ApiError> {
+    let not_found = || ApiError::NotFound(format!("no booking {id}"));
+    let first = get(pool, id).await?.ok_or_else(not_found)?;
+    let mut tx = pool.begin().await?;
+    let units = lock_user_and_model(&mut tx, &first.user_name, &first.model)
+        .await?
+        .ok_or_else(|| ApiError::unknown_model(&first.model))?;
+    let row: BookingRow = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM booking WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or_else(not_found)?;
+    let status = row.status(now);
+    let current = match (status, row.window()) {
+        (BookingStatus::Planned | BookingStatus::Active, Some(w))
+            if row.ended_early_at.is_none() =>
+        {
+            w
+        }
+        _ => {
+            return Err(ApiError::Conflict(
+                "not_changeable",
+                format!("booking {id} is {} and cannot be changed", status.as_str()),
+            ))
+        }
+    };
+    let others: Vec<Window> = sqlx::query_as::<_, (i64, DateTime<Utc>, DateTime<Utc>)>(
+        "SELECT id, start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL AND id <> $2",
+    )
+    .bind(&row.user_name)
+    .bind(id)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .filter_map(|(_, s, e)| Window::new(s, e).ok())
+    .collect();
+    let window = rules::check_change(
+        policy,
+        now,
+        &rules::WindowChange {
+            current,
+            started: status == BookingStatus::Active,
+            start: change.start.unwrap_or(current.start()),
+            end: change.end,
+            others: &others,
+            override_rules: change.override_rules,
+        },
+    )?;
+    let mut overlapping = held(&mut *tx, &row.model, window.start(), window.end()).await?;
+    overlapping.retain(|h| h.id != id);
+    // The booking keeps its GPU count; capacity counts every booking once per unit.
+    let need = units_u32(row.units).max(1);
+    let windows = capacity::unit_windows(overlapping.iter().map(|h| (h.window, h.units())));
+    if !capacity::fits_units(units_u32(units), &windows, &window, need) {
+        return Err(
+            capacity_refusal(&mut tx, &row.model, units_u32(units), &window, need)
+                .await?
+                .into(),
+        );
+    }
+    let slots_free = !overlapping
+        .iter()
+        .any(|h| h.window.overlaps(&window) && h.slots.iter().any(|slot| row.slots.contains(slot)));
+    let slots = if slots_free {
+        row.slots.clone()
+    } else {
+        match capacity::free_slots(units_u32(units), &overlapping, &window, need) {
+            Some(slots) => slots,
+            None => {
+                reassign_slots(
+                    &mut tx,
+                    &row.model,
+                    units_u32(units),
+                    now,
+                    &window,
+                    need,
+                    Some(id),
+                )
+                .await?
+            }
+        }
+    };
+    let action = if window.end() > current.end() {
+        "booking.extend"
+    } else if window.end() < current.end() {
+        "booking.shorten"
+    } else {
+        "booking.move"
+    };
+    let updated: BookingRow = sqlx::query_as(&format!(
+        "UPDATE booking SET start_at = $2, end_at = $3, booked_end_at = $3, slots = $4, updated_at = $5
+         WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(window.start())
+    .bind(window.end())
+    .bind(&slots)
+    .bind(now)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(constraint_refusal)?;
+    audit::record(
+        &mut *tx,
+        audit::NewEvent {
+            at: now,
+            actor,
+            action,
+            subject: Some(&row.model),
+            user: Some(&row.user_name),
+            booking_id: Some(id),
+            details: json!({
+                "from": { "start": current.start(), "end": current.end() },
+                "to": { "start": window.start(), "end": window.end() },
+                "override": change.override_rules,
+            }),
+        },
+    )
+    .await?;
+    tx.commit().await.map_err(constraint_refusal)?;
+    Ok(updated)
+}
+
+/// The new window a `PATCH` asks for (the start only for a booking not started).
+pub struct WindowRequest {
+    pub start: Option<DateTime<Utc>>,
+    pub end: DateTime<Utc>,
+    pub override_rules: bool,
+}
+
+fn units_u32(units: i32) -> u32 {
+    u32::try_from(units).unwrap_or(0)
 }
 
 /// The user's (not cancelled) bookings' windows, for `next-start`.

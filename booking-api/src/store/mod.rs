@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod bookings;
+pub mod changes;
 pub mod feeds;
 pub mod held;
 pub mod models;

@@ -1,0 +1,305 @@
+//! The booking change stream: reads of `booking_change` (written by a trigger in the
+//! transaction of each change, migration 20261124000010), retention, and the
+//! process-wide LISTEN that wakes long polls.
+//!
+//! Positions are transaction ids, not `seq`: see the migration for why a reader
+//! serves only transactions below the oldest one still in flight.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::{watch, Semaphore};
+
+use super::bookings::{BookingRow, COLUMNS};
+
+/// The channel the trigger notifies on each commit that changed bookings.
+pub const CHANNEL: &str = "booking_change";
+
+/// At most this many transactions' changes per answer (each transaction's changes
+/// come whole, so an answer may hold more changes than this).
+pub const MAX_TRANSACTIONS: i64 = 500;
+
+/// One change with the booking's state at the time of the read.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub seq: i64,
+    pub kind: String,
+    pub at: DateTime<Utc>,
+    pub booking: BookingRow,
+}
+
+/// What a read found.
+#[derive(Debug)]
+pub enum Read {
+    /// The changes after the position, in commit-safe order, and where to resume.
+    Changes { changes: Vec<Change>, next: i64 },
+    /// The position is older than what retention kept (or not from this log): the
+    /// follower must re-list.
+    Gone { oldest: i64 },
+}
+
+#[derive(sqlx::FromRow)]
+struct ChangeMeta {
+    c_seq: i64,
+    c_txid: i64,
+    c_kind: String,
+    c_at: DateTime<Utc>,
+}
+
+/// The changes of the transactions after `after` (their ids above it) that have
+/// all finished; `after = None` reads the current bookings (planned or running)
+/// instead, as `kind = "current"`, with the position from which the stream goes
+/// on: a follower lists with it, then follows from `next` without a gap.
+pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx::Result<Read> {
+    let mut tx = pool.begin().await?;
+    // One snapshot for the position and the rows: every transaction below its
+    // xmin has finished, and those that committed are visible in it.
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let (xmin, horizon): (i64, i64) = sqlx::query_as(
+        "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, txid FROM booking_change_horizon",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    // Everything below xmin is settled: the position to resume from when this
+    // answer holds all that is settled.
+    let settled = xmin - 1;
+    let Some(after) = after else {
+        let rows: Vec<BookingRow> = sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM booking WHERE cancelled_at IS NULL AND end_at > $1 ORDER BY id"
+        ))
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        let changes = rows
+            .into_iter()
+            .map(|booking| Change {
+                seq: 0,
+                kind: "current".into(),
+                at: now,
+                booking,
+            })
+            .collect();
+        tx.commit().await?;
+        return Ok(Read::Changes {
+            changes,
+            next: settled,
+        });
+    };
+    if after < horizon || after > settled {
+        tx.commit().await?;
+        return Ok(Read::Gone { oldest: horizon });
+    }
+    let rows: Vec<(ChangeMeta, BookingRow)> = sqlx::query(&format!(
+        "WITH t AS (
+            SELECT DISTINCT txid FROM booking_change WHERE txid > $1 AND txid < $2 ORDER BY txid LIMIT $3
+         )
+         SELECT c.seq AS c_seq, c.txid AS c_txid, c.kind AS c_kind, c.at AS c_at, b.{cols}
+         FROM booking_change c JOIN t USING (txid) JOIN booking b ON b.id = c.booking_id
+         ORDER BY c.txid, c.seq",
+        cols = COLUMNS.replace(", ", ", b.")
+    ))
+    .bind(after)
+    .bind(xmin)
+    .bind(MAX_TRANSACTIONS)
+    .try_map(|row: sqlx::postgres::PgRow| {
+        use sqlx::FromRow;
+        Ok((ChangeMeta::from_row(&row)?, BookingRow::from_row(&row)?))
+    })
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let mut transactions = 0i64;
+    let mut last = None;
+    for (meta, _) in &rows {
+        if last != Some(meta.c_txid) {
+            transactions += 1;
+            last = Some(meta.c_txid);
+        }
+    }
+    // A full answer resumes after its last transaction; otherwise everything
+    // settled has been served.
+    let next = match last {
+        Some(txid) if transactions >= MAX_TRANSACTIONS => txid,
+        _ => settled,
+    };
+    let changes = rows
+        .into_iter()
+        .map(|(meta, booking)| Change {
+            seq: meta.c_seq,
+            kind: meta.c_kind,
+            at: meta.c_at,
+            booking,
+        })
+        .collect();
+    Ok(Read::Changes { changes, next })
+}
+
+/// Deletes the changes recorded before `before` and moves the horizon past them;
+/// the number deleted.
+pub async fn prune(pool: &PgPool, before: DateTime<Utc>) -> sqlx::Result<u64> {
+    let (deleted,): (i64,) = sqlx::query_as(
+        "WITH gone AS (DELETE FROM booking_change WHERE at < $1 RETURNING txid),
+              moved AS (
+                UPDATE booking_change_horizon SET txid = GREATEST(txid, (SELECT max(txid) FROM gone))
+                WHERE EXISTS (SELECT 1 FROM gone)
+              )
+         SELECT count(*) FROM gone",
+    )
+    .bind(before)
+    .fetch_one(pool)
+    .await?;
+    Ok(u64::try_from(deleted).unwrap_or_default())
+}
+
+/// Prunes every `every` what is older than `retention`, until the pool closes.
+pub fn spawn_pruner(pool: PgPool, retention: Duration, every: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            if pool.is_closed() {
+                return;
+            }
+            let Ok(retention) = chrono::TimeDelta::from_std(retention) else {
+                return;
+            };
+            match prune(&pool, Utc::now() - retention).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "booking changes past retention pruned"),
+                Err(e) => tracing::warn!(error = %e, "could not prune booking changes"),
+            }
+        }
+    });
+}
+
+/// Wakes long polls: one LISTEN connection per process, shared by every waiter,
+/// started on the first wait; a bounded number of waiters.
+#[derive(Clone)]
+pub struct ChangeFeed {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Bumped on each notification (and after a reconnect, which may have lost some).
+    version: watch::Sender<u64>,
+    listening: std::sync::Mutex<bool>,
+    waiters: Arc<Semaphore>,
+}
+
+/// Long polls waiting at once per process; more answer at once (no wait).
+pub const MAX_WAITERS: usize = 256;
+
+impl Default for ChangeFeed {
+    fn default() -> Self {
+        ChangeFeed::new(MAX_WAITERS)
+    }
+}
+
+impl ChangeFeed {
+    pub fn new(max_waiters: usize) -> Self {
+        ChangeFeed {
+            inner: Arc::new(Inner {
+                version: watch::channel(0).0,
+                listening: std::sync::Mutex::new(false),
+                waiters: Arc::new(Semaphore::new(max_waiters)),
+            }),
+        }
+    }
+
+    /// A place among the waiters, if one is free.
+    pub fn waiter(&self, pool: &PgPool) -> Option<Waiter> {
+        let permit = self.inner.waiters.clone().try_acquire_owned().ok()?;
+        self.listen(pool);
+        Some(Waiter {
+            _permit: permit,
+            rx: self.inner.version.subscribe(),
+        })
+    }
+
+    fn listen(&self, pool: &PgPool) {
+        let mut listening = self
+            .inner
+            .listening
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *listening {
+            return;
+        }
+        *listening = true;
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(listen_loop(pool.clone(), weak));
+    }
+}
+
+/// Listens until the pool closes or the feed is dropped; reconnects on failure.
+async fn listen_loop(pool: PgPool, feed: Weak<Inner>) {
+    let bump = |feed: &Weak<Inner>| match feed.upgrade() {
+        Some(inner) => {
+            inner.version.send_modify(|v| *v = v.wrapping_add(1));
+            true
+        }
+        None => false,
+    };
+    loop {
+        if pool.is_closed() {
+            break;
+        }
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "booking change listener cannot connect; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if let Err(e) = listener.listen(CHANNEL).await {
+            tracing::warn!(error = %e, "LISTEN booking_change failed; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        // Anything committed while not listening: waiters look again.
+        if !bump(&feed) {
+            break;
+        }
+        loop {
+            // A notification, or None after a lost connection (reconnected
+            // eagerly): either way waiters look again. The pool's closing ends the
+            // wait (PoolClosed), so a test's database can be dropped.
+            match listener.try_recv().await {
+                Ok(_) => {
+                    if !bump(&feed) {
+                        return;
+                    }
+                }
+                Err(sqlx::Error::PoolClosed) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "booking change listener failed; reconnecting");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(inner) = feed.upgrade() {
+        *inner.listening.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    }
+}
+
+/// One long poll's place among the waiters.
+pub struct Waiter {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    rx: watch::Receiver<u64>,
+}
+
+impl Waiter {
+    /// Returns on the next notification after this waiter last looked, or after
+    /// `at_most`, whichever is first.
+    pub async fn changed(&mut self, at_most: Duration) {
+        let _ = tokio::time::timeout(at_most, self.rx.changed()).await;
+    }
+}

@@ -1,0 +1,285 @@
+//! Following the booking service's change stream (`GET /api/v1/booking-changes`):
+//! a listing first, then the changes after it by long poll, resumed from where the
+//! last answer ended; a listing again when the service says the resume point is
+//! gone (410, past its retention); a growing pause after failures.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{BookingClient, ClientError};
+
+/// A booking as the stream carries it: its state when the stream was read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BookingState {
+    pub id: i64,
+    pub user: String,
+    pub model: String,
+    pub start: chrono::DateTime<chrono::Utc>,
+    /// The effective end (earlier than booked when ended early).
+    pub end: chrono::DateTime<chrono::Utc>,
+    /// `planned`, `active`, `ended` or `cancelled`.
+    pub status: String,
+    #[serde(default)]
+    pub cancelled_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// GPUs booked, where the service reports it.
+    #[serde(default)]
+    pub units: Option<i64>,
+}
+
+impl BookingState {
+    /// Whether the booking no longer holds its GPUs (cancelled or over).
+    pub fn is_over(&self) -> bool {
+        matches!(self.status.as_str(), "ended" | "cancelled")
+    }
+
+    /// When its pods must end: the effective end, or when it was cancelled.
+    pub fn pods_end(&self) -> chrono::DateTime<chrono::Utc> {
+        match self.cancelled_at {
+            Some(at) => at.min(self.end),
+            None => self.end,
+        }
+    }
+}
+
+/// One change of one booking.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BookingChange {
+    pub seq: i64,
+    /// `created`, `cancelled`, `ended_early`, `moved`, `updated` or `current`.
+    pub kind: String,
+    pub booking: BookingState,
+}
+
+/// One answer of the stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangePage {
+    pub changes: Vec<BookingChange>,
+    pub next: i64,
+}
+
+/// Where a [`Follower`] reads the stream (the client, or a test's fake).
+pub trait ChangeSource: Send + Sync {
+    /// `after: None` lists the current bookings; `wait` is the long poll.
+    fn booking_changes(
+        &self,
+        after: Option<i64>,
+        wait: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<ChangePage, ClientError>> + Send + '_>>;
+}
+
+impl ChangeSource for BookingClient {
+    fn booking_changes(
+        &self,
+        after: Option<i64>,
+        wait: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<ChangePage, ClientError>> + Send + '_>> {
+        Box::pin(BookingClient::booking_changes(self, after, wait))
+    }
+}
+
+/// What one step of following gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followed {
+    /// Every current booking (planned or running): the follower's state starts
+    /// over from this (at the start and after a 410).
+    Listed(Vec<BookingState>),
+    /// Changes since the last step, in order.
+    Changed(Vec<BookingChange>),
+    /// The call failed; the follower paused before returning (see [`Follower::failures`]).
+    Failed(ClientError),
+}
+
+/// Longest pause after failures in a row.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Follows the stream: call [`Follower::next`] in a loop.
+#[derive(Debug, Clone)]
+pub struct Follower {
+    after: Option<i64>,
+    wait: Duration,
+    failures: u32,
+}
+
+impl Follower {
+    /// `wait` is each long poll's (the service caps it at 30 s).
+    pub fn new(wait: Duration) -> Self {
+        Follower {
+            after: None,
+            wait,
+            failures: 0,
+        }
+    }
+
+    /// Where the next step resumes (`None`: it lists).
+    pub fn position(&self) -> Option<i64> {
+        self.after
+    }
+
+    /// Failed calls in a row.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// The pause after `failures` failures in a row: doubling from 0.5 s, at most
+    /// [`MAX_BACKOFF`].
+    pub fn backoff(failures: u32) -> Duration {
+        let doubled = FIRST_BACKOFF.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+        doubled.min(MAX_BACKOFF)
+    }
+
+    /// The next listing or changes; long polls (within `wait`) until there is
+    /// something. A 410 lists again at once; another failure pauses, then returns.
+    pub async fn next(&mut self, source: &dyn ChangeSource) -> Followed {
+        loop {
+            let wait = if self.after.is_some() {
+                self.wait
+            } else {
+                Duration::ZERO
+            };
+            match source.booking_changes(self.after, wait).await {
+                Ok(page) => {
+                    self.failures = 0;
+                    let listing = self.after.is_none();
+                    self.after = Some(page.next);
+                    if listing {
+                        return Followed::Listed(
+                            page.changes.into_iter().map(|c| c.booking).collect(),
+                        );
+                    }
+                    if !page.changes.is_empty() {
+                        return Followed::Changed(page.changes);
+                    }
+                }
+                Err(ClientError::Status { status: 410, .. }) if self.after.is_some() => {
+                    self.after = None;
+                }
+                Err(e) => {
+                    self.failures = self.failures.saturating_add(1);
+                    tokio::time::sleep(Self::backoff(self.failures)).await;
+                    return Followed::Failed(e);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    /// Answers from a script, recording what was asked.
+    struct Script {
+        answers: Mutex<VecDeque<Result<ChangePage, ClientError>>>,
+        asked: Mutex<Vec<Option<i64>>>,
+    }
+
+    impl ChangeSource for Script {
+        fn booking_changes(
+            &self,
+            after: Option<i64>,
+            _wait: Duration,
+        ) -> Pin<Box<dyn Future<Output = Result<ChangePage, ClientError>> + Send + '_>> {
+            self.asked.lock().unwrap().push(after);
+            let answer = self.answers.lock().unwrap().pop_front().unwrap();
+            Box::pin(async move { answer })
+        }
+    }
+
+    fn booking(id: i64, status: &str) -> BookingState {
+        BookingState {
+            id,
+            user: "alice".into(),
+            model: "a100".into(),
+            start: chrono::DateTime::UNIX_EPOCH,
+            end: chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::days(1),
+            status: status.into(),
+            cancelled_at: None,
+            units: None,
+        }
+    }
+
+    fn page(next: i64, ids: &[i64]) -> Result<ChangePage, ClientError> {
+        Ok(ChangePage {
+            changes: ids
+                .iter()
+                .map(|id| BookingChange {
+                    seq: *id,
+                    kind: "moved".into(),
+                    booking: booking(*id, "active"),
+                })
+                .collect(),
+            next,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lists_follows_resumes_relists_on_410_and_backs_off() {
+        let gone = ClientError::Status {
+            status: 410,
+            body: "{}".into(),
+        };
+        let down = ClientError::Transport("refused".into());
+        let script = Script {
+            answers: Mutex::new(VecDeque::from([
+                page(10, &[1]),
+                page(12, &[]),
+                page(15, &[2, 3]),
+                Err(down.clone()),
+                Err(down.clone()),
+                Err(gone),
+                page(40, &[4]),
+                page(41, &[5]),
+            ])),
+            asked: Mutex::new(Vec::new()),
+        };
+        let mut f = Follower::new(Duration::from_secs(30));
+        assert!(matches!(f.next(&script).await, Followed::Listed(b) if b.len() == 1));
+        // An empty long poll is not returned: the follower polls again from 12.
+        assert!(matches!(f.next(&script).await, Followed::Changed(c) if c.len() == 2));
+        assert_eq!(f.next(&script).await, Followed::Failed(down.clone()));
+        assert_eq!(f.next(&script).await, Followed::Failed(down));
+        assert_eq!(f.failures(), 2);
+        // 410: listed again, at once.
+        assert!(matches!(f.next(&script).await, Followed::Listed(b) if b[0].id == 4));
+        assert_eq!(f.failures(), 0);
+        assert!(matches!(f.next(&script).await, Followed::Changed(c) if c[0].booking.id == 5));
+        assert_eq!(
+            *script.asked.lock().unwrap(),
+            [
+                None,
+                Some(10),
+                Some(12),
+                Some(15),
+                Some(15),
+                Some(15),
+                None,
+                Some(40)
+            ]
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_bound() {
+        assert_eq!(Follower::backoff(1), Duration::from_millis(500));
+        assert_eq!(Follower::backoff(2), Duration::from_secs(1));
+        assert_eq!(Follower::backoff(4), Duration::from_secs(4));
+        assert_eq!(Follower::backoff(7), MAX_BACKOFF);
+        assert_eq!(Follower::backoff(u32::MAX), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn a_cancelled_booking_ends_its_pods_when_it_was_cancelled() {
+        let mut b = booking(1, "cancelled");
+        let at = b.start + chrono::TimeDelta::hours(2);
+        b.cancelled_at = Some(at);
+        assert!(b.is_over());
+        assert_eq!(b.pods_end(), at);
+        assert!(!booking(2, "planned").is_over());
+    }
+}
