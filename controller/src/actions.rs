@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_booking_client::AuditReport;
-use gpu_booking_core::admission::{AdmissionConfig, BOOKING_LABEL, PRIORITY_LABEL, USERNAME_KEY};
+use gpu_booking_core::admission::{AdmissionConfig, BOOKING_LABEL, USERNAME_KEY};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -27,6 +27,7 @@ use crate::clock::SharedClock;
 use crate::config::OnExpiry;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::pods::{PodInfo, PodLite, Priority};
 use crate::recreate::{cpu_only_copy, lent_copy};
 
 /// Why a pod is acted on.
@@ -43,6 +44,9 @@ pub enum Reason {
     },
     /// kube-scheduler is evicting a pod of ours for a pod of higher priority.
     SchedulerPreempted,
+    /// A lent pod waited longer than the grace for a GPU that the scheduler has no
+    /// room for (it was lent beyond the free units).
+    LentPending,
 }
 
 impl Reason {
@@ -51,6 +55,7 @@ impl Reason {
             Reason::Expired { .. } => "expire",
             Reason::Preempted { .. } => "preempt",
             Reason::SchedulerPreempted => "scheduler_preempted",
+            Reason::LentPending => "lent_pending",
         }
     }
 
@@ -59,6 +64,7 @@ impl Reason {
             Reason::Expired { .. } => "BookingEnded",
             Reason::Preempted { .. } => "PreemptedForBooking",
             Reason::SchedulerPreempted => "PreemptedByScheduler",
+            Reason::LentPending => "NoFreeGpu",
         }
     }
 
@@ -79,6 +85,9 @@ impl Reason {
             Reason::SchedulerPreempted => {
                 "kube-scheduler preempted it for a pod of higher priority".into()
             }
+            Reason::LentPending => "it was lent a GPU without a booking, but no GPU was free \
+                 for it (more were lent at once than there are); it runs on CPU instead of waiting"
+                .into(),
         }
     }
 }
@@ -228,11 +237,12 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
     if pod.pointer("/metadata/uid").and_then(Value::as_str) != Some(job.uid.as_str()) {
         return Ok(Outcome::Skipped("replaced by another pod"));
     }
-    let label = |k: &str| {
-        pod.pointer("/metadata/labels")
-            .and_then(|l| l.get(k))
-            .and_then(Value::as_str)
-    };
+    // Classified as the watch does: a `priority=high` label counts only with our
+    // high class (issue 13).
+    let info = serde_json::from_value::<PodLite>(pod.clone())
+        .ok()
+        .and_then(|lite| PodInfo::from_pod(&lite, &ctx.cfg));
+    let priority = info.as_ref().and_then(|i| i.priority);
     let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
     let mode = match &job.reason {
         Reason::Expired { .. } => {
@@ -243,7 +253,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
                 .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
             // The booking may have been extended, or the pod demoted, since the timer
             // was set: the watch re-arms it.
-            if label(PRIORITY_LABEL) != Some("high")
+            if priority != Some(Priority::High)
                 || deleting
                 || end.is_none_or(|end| end > ctx.clock.now())
             {
@@ -256,7 +266,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
             }
         }
         Reason::Preempted { .. } => {
-            if label(PRIORITY_LABEL) != Some("low") || deleting {
+            if priority != Some(Priority::Low) || deleting {
                 return Ok(Outcome::Skipped("no longer a low-priority pod"));
             }
             match ctx.on_expiry {
@@ -265,6 +275,18 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
             }
         }
         Reason::SchedulerPreempted => Mode::RecreateCpu,
+        Reason::LentPending => {
+            // Still lent, still unbound and still refused for want of a GPU; the
+            // delete below is conditional on this very version of the pod, so a pod
+            // bound in the meantime is not touched.
+            let waiting = info.as_ref().is_some_and(|i| {
+                i.priority == Some(Priority::Low) && i.node.is_none() && i.unschedulable_for_gpu
+            });
+            if !waiting || deleting {
+                return Ok(Outcome::Skipped("no longer a lent pod waiting for a GPU"));
+            }
+            Mode::RecreateCpu
+        }
     };
     let owned = pod
         .pointer("/metadata/ownerReferences")
@@ -314,18 +336,30 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
 
 /// Deletes the pod with this uid (never a newer pod of the same name).
 async fn delete(ctx: &Ctx, job: &Job, api: &Api<DynamicObject>) -> Result<Outcome, String> {
+    delete_if(ctx, job, api, None).await
+}
+
+/// [`delete`], and only while the pod is at `version` (its `resourceVersion`) when
+/// given: a pod that changed since it was read (e.g. bound to a node) is left alone.
+async fn delete_if(
+    ctx: &Ctx,
+    job: &Job,
+    api: &Api<DynamicObject>,
+    version: Option<&str>,
+) -> Result<Outcome, String> {
     if !ctx.leadership.is_leader() {
         return Ok(Outcome::Skipped("not the leader"));
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(job.uid.clone()),
-            resource_version: None,
+            resource_version: version.map(str::to_owned),
         }),
         ..DeleteParams::default()
     };
     match with_retries(|| api.delete(&job.name, &params)).await {
         Ok(_) => Ok(Outcome::Deleted),
+        Err(e) if version.is_some() && is_code(&e, 409) => Ok(Outcome::Skipped("changed")),
         Err(e) if is_code(&e, 404) || is_code(&e, 409) => Ok(Outcome::Skipped("gone")),
         Err(e) => Err(format!("deleting: {e}")),
     }
@@ -374,7 +408,14 @@ async fn recreate(
         "Recreate",
     )
     .await;
-    match delete(ctx, job, api).await {
+    // A lent pod waiting for a GPU is replaced only as it was read: still unbound.
+    let version = match job.reason {
+        Reason::LentPending => pod
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str),
+        _ => None,
+    };
+    match delete_if(ctx, job, api, version).await {
         Ok(Outcome::Deleted) | Ok(Outcome::Skipped("gone")) => {}
         other => {
             ctx.gone.forget(&job.uid);
@@ -544,7 +585,7 @@ async fn audit(ctx: &Ctx, job: &Job, pod: &Value, outcome: &Outcome) {
             details["attempt"] = json!(attempt);
             details["order"] = json!("least recently GPU-active lent pod that makes room");
         }
-        Reason::SchedulerPreempted => {}
+        Reason::SchedulerPreempted | Reason::LentPending => {}
     }
     let report = AuditReport {
         action: format!("controller.{}", job.reason.metric()),

@@ -249,6 +249,7 @@ mod tests {
             last_activity: None,
             scheduler_preempted: false,
             unschedulable: node.is_none(),
+            unschedulable_for_gpu: false,
         }
     }
 

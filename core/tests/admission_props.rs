@@ -354,6 +354,7 @@ proptest! {
             earliest_booking: None,
             gpumem_advertised_mib: None,
             earliest_booking_by_model: Default::default(),
+            usage_reported_at: Default::default(),
         };
         let now = "2029-01-01T00:00:00Z".parse().unwrap();
         let d = decide(&gpu, Lookup::Answer(&answer), &cfg, now);

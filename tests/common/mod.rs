@@ -60,7 +60,11 @@ impl Lab {
         .expect("the booking API starts");
         let builder = builder
             .notebook_grace_period(GRACE_SECONDS)
-            .controller(|args| args.preemption_interval = Duration::from_millis(200));
+            .controller(|args| {
+                args.preemption_interval = Duration::from_millis(200);
+                // The backstop of the webhook's lend ledger acts within a test's wait.
+                args.lent_pending_grace = Duration::from_secs(3);
+            });
         declare(&pool, &DEMO_MODELS, builder.lab_nodes())
             .await
             .expect("the lab's models are declared");

@@ -55,6 +55,10 @@ pub struct Schedulability {
     /// `GET /me/next-start?model=` answers it for this user (rules and capacity, the
     /// default length). Empty for a pod without identity or an ambiguous slug.
     pub earliest_booking_by_model: BTreeMap<String, DateTime<Utc>>,
+    /// Per model, when the controller's usage report that `free` comes from was
+    /// received (absent before the first report). The webhook subtracts the GPU pods
+    /// it admitted that a report this old cannot count yet.
+    pub usage_reported_at: BTreeMap<String, DateTime<Utc>>,
 }
 
 /// Whom a query names.
@@ -122,6 +126,10 @@ pub async fn get(
         .iter()
         .map(|m| (m.name.clone(), m.gpumem_mib))
         .collect();
+    let usage_reported_at: BTreeMap<String, DateTime<Utc>> = models
+        .iter()
+        .filter_map(|m| Some((m.name.clone(), m.usage_reported_at?)))
+        .collect();
     let gpumem_advertised_mib: BTreeMap<String, i32> = models
         .iter()
         .filter_map(|m| Some((m.name.clone(), m.advertised_unit_mib()?)))
@@ -138,6 +146,7 @@ pub async fn get(
             earliest_booking: None,
             gpumem_advertised_mib,
             earliest_booking_by_model: BTreeMap::new(),
+            usage_reported_at,
         }));
     }
     let own = match &owner {
@@ -180,6 +189,7 @@ pub async fn get(
         earliest_booking: earliest_booking_by_model.values().min().copied(),
         earliest_booking_by_model,
         gpumem_advertised_mib,
+        usage_reported_at,
     }))
 }
 

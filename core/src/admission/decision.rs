@@ -137,6 +137,10 @@ pub struct Schedulability {
     /// answers it (the user's rules and the model's capacity).
     #[serde(default)]
     pub earliest_booking_by_model: BTreeMap<ModelName, DateTime<Utc>>,
+    /// Per model, when the booking service received the usage report its free count
+    /// comes from (the webhook's [`super::LendLedger`] keeps what was admitted since).
+    #[serde(default)]
+    pub usage_reported_at: BTreeMap<ModelName, DateTime<Utc>>,
 }
 
 impl Schedulability {
@@ -466,6 +470,7 @@ mod tests {
             earliest_booking: Some("2026-12-01T09:00:00Z".parse().unwrap()),
             gpumem_advertised_mib: None,
             earliest_booking_by_model: BTreeMap::new(),
+            usage_reported_at: BTreeMap::new(),
         }
     }
 
