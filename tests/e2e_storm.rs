@@ -146,10 +146,16 @@ async fn storm(lab: &Lab, what: &str, users: usize, at_once: usize) {
         );
     }
     let on_gpu = pods.iter().filter(|p| gpus(p) > 0).count();
-    assert_eq!(
-        on_gpu, 6,
-        "every one of the lab's 6 cards should be lent to someone"
-    );
+    if what == "ledger on" {
+        assert_eq!(
+            on_gpu, 6,
+            "every one of the lab's 6 cards should be lent to someone"
+        );
+    } else {
+        // Without the ledger every spawn reads the same stale counts and is lent the
+        // model with most free units (a6000): the a100s may stay idle.
+        assert!((1..=6).contains(&on_gpu), "{on_gpu} pods on a GPU");
+    }
     // The figures of docs/webhook.md (printed, not asserted: they depend on the machine).
     println!(
         "storm ({what}): {users} spawns in {spawned:?}; {admitted_with_gpu} admitted with a GPU \
