@@ -7,12 +7,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use futures::stream::{self, StreamExt};
 use gpu_booking_core::admission::PRIORITY_LABEL;
 use gpu_booking_sim::spawner::NOTEBOOK_NAMESPACE;
+use gpu_booking_sim::SimCluster;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use sqlx::PgPool;
 
@@ -20,29 +21,70 @@ const USERS: usize = 200;
 /// JupyterHub's default `concurrent_spawn_limit`.
 const CONCURRENT_SPAWNS: usize = 100;
 
-// Fails today, as it should: the webhook lends from a free count that only the
-// controller's usage reports update, so a storm is lent far more cards than exist and
-// those pods stay Pending instead of running on CPU (issue 17's live replica of free
-// units fixes it). Run with --ignored.
-#[ignore = "the webhook's free count lags a spawn storm (issue 17)"]
+// The webhook's free count comes from the controller's usage reports, which lag a
+// storm; its lend ledger subtracts what it admitted since (docs/webhook.md, "Spawn
+// storms"), and the controller recreates CPU-only a lent pod left waiting for a GPU.
+//
+// Still ignored: on the shared 2-core development machine (load 8 to 16) the booking
+// service cannot answer 100 concurrent first lookups (each a different user) within
+// the webhook's 2 s --booking-timeout in a debug build, so most pods are admitted
+// unchecked before lending is even decided: issue 17's cold path (a live replica in
+// the webhook, no call per admission). The lending itself is shown by the two
+// smaller storms below. Run with --ignored.
+#[ignore = "the booking service's cold path cannot answer 100 concurrent lookups in 2 s here (issue 17)"]
 #[sqlx::test(migrations = "./migrations")]
 async fn spawn_storm_of_200_notebooks(pool: PgPool) {
     let lab = Lab::start(pool).await;
-    let users: Vec<String> = (0..USERS)
+    storm(&lab, "ledger on", USERS, CONCURRENT_SPAWNS).await;
+    lab.shutdown().await;
+}
+
+/// 40 users, 10 spawns at a time, on 6 cards: fast enough for the booking service
+/// here, and far faster than the controller's usage reports (every spawn of the
+/// storm reads a free count of 6 without the ledger).
+#[sqlx::test(migrations = "./migrations")]
+async fn spawn_storm_of_40_notebooks(pool: PgPool) {
+    let lab = Lab::start(pool).await;
+    storm(&lab, "ledger on", 40, 10).await;
+    lab.shutdown().await;
+}
+
+/// The backstop alone: with the webhook's ledger off (`--lend-ttl=0s`), the storm is
+/// lent more cards than exist, and the controller turns every lent pod left waiting
+/// for a GPU into its CPU-only copy, so the same end state holds.
+#[sqlx::test(migrations = "./migrations")]
+async fn spawn_storm_without_the_ledger_is_caught_by_the_controller(pool: PgPool) {
+    let lab = Lab::start_with(pool, SimCluster::builder().webhook_arg("--lend-ttl=0s")).await;
+    storm(&lab, "ledger off", 40, 10).await;
+    lab.shutdown().await;
+}
+
+async fn storm(lab: &Lab, what: &str, users: usize, at_once: usize) {
+    let started = Instant::now();
+    let names: Vec<String> = (0..users)
         .map(|i| format!("user{i:03}@example.com"))
         .collect();
     let created = tokio::time::timeout(
         Duration::from_secs(120),
-        stream::iter(users.iter().map(|u| lab.sim.spawn(u, 1)))
-            .buffer_unordered(CONCURRENT_SPAWNS)
+        stream::iter(names.iter().map(|u| lab.sim.spawn(u, 1)))
+            .buffer_unordered(at_once)
             .collect::<Vec<_>>(),
     )
     .await
-    .expect("200 spawns did not complete within 2 minutes");
+    .expect("the spawns did not complete within 2 minutes");
+    let spawned = started.elapsed();
+    // Admitted with a GPU (booked or lent), before anything was recreated.
+    let admitted_with_gpu = lab
+        .sim
+        .server
+        .list::<Pod>(Some(NOTEBOOK_NAMESPACE))
+        .iter()
+        .filter(|p| gpus(p) > 0 && label(p, PRIORITY_LABEL).is_some())
+        .count();
     let refused: Vec<_> = created.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(
         refused.is_empty(),
-        "{} of {USERS} spawns refused, e.g. {:?}",
+        "{} of {users} spawns refused, e.g. {:?}",
         refused.len(),
         refused.first()
     );
@@ -68,7 +110,7 @@ async fn spawn_storm_of_200_notebooks(pool: PgPool) {
         .collect();
     assert!(
         undecided.is_empty() && failures.is_empty(),
-        "{} of {USERS} GPU pods were admitted without the webhook's decision; failed webhook calls: {failures:#?}; warnings of the first: {:?}",
+        "{} of {users} GPU pods were admitted without the webhook's decision; failed webhook calls: {failures:#?}; warnings of the first: {:?}",
         undecided.len(),
         undecided.first().map(|n| lab.sim.admission_warnings(n)),
     );
@@ -77,7 +119,7 @@ async fn spawn_storm_of_200_notebooks(pool: PgPool) {
         "not every notebook of the storm ended up running: lent pods beyond the free cards wait for a GPU instead of running on CPU",
         |s| {
             let pods = s.list::<Pod>(Some(NOTEBOOK_NAMESPACE));
-            pods.len() == USERS && pods.iter().all(is_running)
+            pods.len() == users && pods.iter().all(is_running)
         },
     )
     .await;
@@ -104,9 +146,21 @@ async fn spawn_storm_of_200_notebooks(pool: PgPool) {
         );
     }
     let on_gpu = pods.iter().filter(|p| gpus(p) > 0).count();
-    assert_eq!(
-        on_gpu, 6,
-        "every one of the lab's 6 cards should be lent to someone"
+    if what == "ledger on" {
+        assert_eq!(
+            on_gpu, 6,
+            "every one of the lab's 6 cards should be lent to someone"
+        );
+    } else {
+        // Without the ledger every spawn reads the same stale counts and is lent the
+        // model with most free units (a6000): the a100s may stay idle.
+        assert!((1..=6).contains(&on_gpu), "{on_gpu} pods on a GPU");
+    }
+    // The figures of docs/webhook.md (printed, not asserted: they depend on the machine).
+    println!(
+        "storm ({what}): {users} spawns in {spawned:?}; {admitted_with_gpu} admitted with a GPU \
+         ({} beyond the 6 cards); all running after {:?}",
+        admitted_with_gpu.saturating_sub(6),
+        started.elapsed()
     );
-    lab.shutdown().await;
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_booking_client::AuditReport;
-use gpu_booking_core::admission::{AdmissionConfig, BOOKING_LABEL, PRIORITY_LABEL, USERNAME_KEY};
+use gpu_booking_core::admission::{AdmissionConfig, BOOKING_LABEL, USERNAME_KEY};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -35,6 +35,7 @@ use crate::hub::Hub;
 use crate::intent::{self, Intent, Replacement};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::pods::{PodInfo, PodLite, Priority};
 use crate::recreate::{cpu_only_copy, lent_copy};
 
 /// Why a pod is acted on.
@@ -56,6 +57,9 @@ pub enum Reason {
     /// A high-priority pod beyond its booking's units (the newest of the booking's
     /// pods go first): it goes on as a lent pod.
     BeyondBooking { booking_id: i64, units: u64 },
+    /// A lent pod waited longer than the grace for a GPU that the scheduler has no
+    /// room for (it was lent beyond the free units).
+    LentPending,
 }
 
 impl Reason {
@@ -66,6 +70,7 @@ impl Reason {
             Reason::SchedulerPreempted => "scheduler_preempted",
             Reason::Resumed(_) => "resume",
             Reason::BeyondBooking { .. } => "beyond_booking",
+            Reason::LentPending => "lent_pending",
         }
     }
 
@@ -76,6 +81,7 @@ impl Reason {
             Reason::SchedulerPreempted => "PreemptedByScheduler",
             Reason::Resumed(_) => "ActionResumed",
             Reason::BeyondBooking { .. } => "BeyondBooking",
+            Reason::LentPending => "NoFreeGpu",
         }
     }
 
@@ -106,6 +112,9 @@ impl Reason {
                  this pod goes on as a lent pod (it may be reclaimed for a booked user)",
                 if *units == 1 { "" } else { "s" }
             ),
+            Reason::LentPending => "it was lent a GPU without a booking, but no GPU was free \
+                 for it (more were lent at once than there are); it runs on CPU instead of waiting"
+                .into(),
         }
     }
 }
@@ -273,11 +282,12 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
     if pod.pointer("/metadata/uid").and_then(Value::as_str) != Some(job.uid.as_str()) {
         return Ok(Outcome::Skipped("replaced by another pod"));
     }
-    let label = |k: &str| {
-        pod.pointer("/metadata/labels")
-            .and_then(|l| l.get(k))
-            .and_then(Value::as_str)
-    };
+    // Classified as the watch does: a `priority=high` label counts only with our
+    // high class (issue 13).
+    let info = serde_json::from_value::<PodLite>(pod.clone())
+        .ok()
+        .and_then(|lite| PodInfo::from_pod(&lite, &ctx.cfg));
+    let priority = info.as_ref().and_then(|i| i.priority);
     let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
     let mode = match &job.reason {
         Reason::Expired { .. } => {
@@ -288,7 +298,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
                 .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
             // The booking may have been extended, or the pod demoted, since the timer
             // was set: the watch re-arms it.
-            if label(PRIORITY_LABEL) != Some("high")
+            if priority != Some(Priority::High)
                 || deleting
                 || end.is_none_or(|end| end > ctx.clock.now())
             {
@@ -302,7 +312,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
             }
         }
         Reason::Preempted { .. } => {
-            if label(PRIORITY_LABEL) != Some("low") || deleting {
+            if priority != Some(Priority::Low) || deleting {
                 return Ok(Outcome::Skipped("no longer a low-priority pod"));
             }
             match ctx.on_expiry {
@@ -311,10 +321,22 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
             }
         }
         Reason::SchedulerPreempted => Mode::RecreateCpu,
+        Reason::LentPending => {
+            // Still lent, still unbound and still refused for want of a GPU; the
+            // delete below is conditional on this very version of the pod, so a pod
+            // bound in the meantime is not touched.
+            let waiting = info.as_ref().is_some_and(|i| {
+                i.priority == Some(Priority::Low) && i.node.is_none() && i.unschedulable_for_gpu
+            });
+            if !waiting || deleting {
+                return Ok(Outcome::Skipped("no longer a lent pod waiting for a GPU"));
+            }
+            Mode::RecreateCpu
+        }
         Reason::BeyondBooking { booking_id, .. } => {
             // The watch may be behind: act only on a pod that still claims the booking.
-            if label(PRIORITY_LABEL) != Some("high")
-                || label(BOOKING_LABEL) != Some(booking_id.to_string().as_str())
+            if priority != Some(Priority::High)
+                || info.as_ref().and_then(|i| i.booking_id) != Some(*booking_id)
                 || deleting
             {
                 return Ok(Outcome::Skipped("no longer a pod of that booking"));
@@ -379,18 +401,30 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
 
 /// Deletes the pod with this uid (never a newer pod of the same name).
 async fn delete(ctx: &Ctx, job: &Job, api: &Api<DynamicObject>) -> Result<Outcome, String> {
+    delete_if(ctx, job, api, None).await
+}
+
+/// [`delete`], and only while the pod is at `version` (its `resourceVersion`) when
+/// given: a pod that changed since it was read (e.g. bound to a node) is left alone.
+async fn delete_if(
+    ctx: &Ctx,
+    job: &Job,
+    api: &Api<DynamicObject>,
+    version: Option<&str>,
+) -> Result<Outcome, String> {
     if !ctx.leadership.is_leader() {
         return Ok(Outcome::Skipped("not the leader"));
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(job.uid.clone()),
-            resource_version: None,
+            resource_version: version.map(str::to_owned),
         }),
         ..DeleteParams::default()
     };
     match with_retries(|| api.delete(&job.name, &params)).await {
         Ok(_) => Ok(Outcome::Deleted),
+        Err(e) if version.is_some() && is_code(&e, 409) => Ok(Outcome::Skipped("changed")),
         Err(e) if is_code(&e, 404) || is_code(&e, 409) => Ok(Outcome::Skipped("gone")),
         Err(e) => Err(format!("deleting: {e}")),
     }
@@ -428,7 +462,14 @@ async fn recreate(
     // The intent checks that the copy replaces this pod: say so in its metadata.
     copy["metadata"]["namespace"] = json!(job.namespace);
     let intent = new_intent(job, Replacement::Copy { pod: copy, demoted });
-    begin(ctx, job, &intent).await
+    // A lent pod waiting for a GPU is replaced only as it was read: still unbound.
+    let version = match job.reason {
+        Reason::LentPending => pod
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str),
+        _ => None,
+    };
+    begin(ctx, job, &intent, version).await
 }
 
 /// `--on-expiry hub-restart`: the hub stops the server and starts it again.
@@ -437,7 +478,7 @@ async fn restart(ctx: &Ctx, job: &Job, pod: &Value) -> Result<Outcome, String> {
         return Err("the pod names no JupyterHub user".into());
     };
     let intent = new_intent(job, Replacement::Hub { user, server });
-    begin(ctx, job, &intent).await
+    begin(ctx, job, &intent, None).await
 }
 
 /// The JupyterHub user and server name of a KubeSpawner pod (the raw name in the
@@ -471,8 +512,15 @@ fn new_intent(job: &Job, replacement: Replacement) -> Intent {
     }
 }
 
-/// Records the intent (before anything changes), then carries it out.
-async fn begin(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, String> {
+/// Records the intent (before anything changes), then carries it out. With
+/// `version`, the original is ended only while it is at that `resourceVersion`; a pod
+/// that changed since it was read is left alone and the intent dropped.
+async fn begin(
+    ctx: &Ctx,
+    job: &Job,
+    intent: &Intent,
+    version: Option<&str>,
+) -> Result<Outcome, String> {
     if !ctx.leadership.is_leader() {
         return Ok(Outcome::Skipped("not the leader"));
     }
@@ -489,6 +537,16 @@ async fn begin(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, String>
         "Recreate",
     )
     .await;
+    if let Some(version) = version {
+        let api = pods(ctx, &job.namespace);
+        match delete_if(ctx, job, &api, Some(version)).await? {
+            Outcome::Deleted | Outcome::Skipped("gone") => {}
+            other => {
+                intent::forget(&ctx.client, &ctx.intent_namespace, &job.uid).await?;
+                return Ok(other);
+            }
+        }
+    }
     finish(ctx, job, intent).await
 }
 
@@ -802,7 +860,7 @@ async fn audit(ctx: &Ctx, job: &Job, pod: &Value, outcome: &Outcome) {
             details["attempt"] = json!(attempt);
             details["order"] = json!("least recently GPU-active lent pod that makes room");
         }
-        Reason::SchedulerPreempted => {}
+        Reason::SchedulerPreempted | Reason::LentPending => {}
         Reason::Resumed(intent) => {
             details["resumed"] = json!(intent.action);
             details["recorded_at"] = json!(intent.created_text());

@@ -194,6 +194,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_RETRY", default_value = "60s", value_parser = parse_duration)]
     pub preemption_retry: Duration,
 
+    /// How long a lent pod may wait for a GPU the scheduler cannot give it before it
+    /// is recreated CPU-only (the backstop of the webhook's lend ledger: several
+    /// webhook replicas, or a late usage report, may lend more units than exist).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_LENT_PENDING_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub lent_pending_grace: Duration,
+
     /// Rounds of preemption for one Pending booked pod before the controller gives up
     /// on it (an Event on the pod says so).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_ATTEMPTS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -262,6 +268,7 @@ impl ControllerArgs {
             identity: None,
             preemption_interval: Duration::from_secs(2),
             preemption_retry: Duration::from_secs(60),
+            lent_pending_grace: Duration::from_secs(30),
             preemption_attempts: 3,
             preemption_vram_cushion: 256,
             models_refresh: Duration::from_secs(60),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gpu_booking_client::{ClientError, Model, UsageReport};
-use gpu_booking_core::admission::AdmissionConfig;
+use gpu_booking_core::admission::{pending_lent, AdmissionConfig, PendingLent};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
@@ -34,6 +34,10 @@ use crate::victims::{self, Round, View};
 
 /// How often usage is pushed and node labels are checked (changes are batched).
 const SYNC_EVERY: Duration = Duration::from_secs(1);
+/// Every model's usage is reported at least this often, even when nothing changed:
+/// the webhook's lend ledger releases what it admitted once a report taken after
+/// the admission (plus its settle time) arrives.
+const REPORT_AT_LEAST_EVERY: u32 = 5;
 /// Before an action that failed is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Before a node label that could not be written is tried again.
@@ -84,6 +88,10 @@ pub struct Loop {
     several_models: HashSet<String>,
     /// Pods the scheduler cannot place for want of the VRAM budget.
     pending_gpumem: HashSet<String>,
+    /// Lent pods the scheduler cannot place for want of a GPU, since when.
+    pending_lent: HashMap<String, Instant>,
+    /// Sync ticks since every model was last reported.
+    ticks_since_full_report: u32,
     usage_dirty: bool,
     /// A sweep of recorded actions is running.
     sweeping: bool,
@@ -137,6 +145,8 @@ impl Loop {
             advertising: HashMap::new(),
             several_models: HashSet::new(),
             pending_gpumem: HashSet::new(),
+            pending_lent: HashMap::new(),
+            ticks_since_full_report: 0,
             usage_dirty: true,
             sweeping: false,
             init_pods: None,
@@ -221,6 +231,12 @@ impl Loop {
                 _ = models_tick.tick() => self.fetch_models(),
                 _ = intent_tick.tick() => self.sweep_intents(),
                 _ = sync_tick.tick() => {
+                    self.ticks_since_full_report += 1;
+                    if self.ticks_since_full_report >= REPORT_AT_LEAST_EVERY && !self.reporting {
+                        self.ticks_since_full_report = 0;
+                        self.reported.clear();
+                        self.usage_dirty = true;
+                    }
                     self.report_usage();
                     self.enforce_booking_units();
                     self.label_nodes();
@@ -309,6 +325,17 @@ impl Loop {
         } else {
             self.pending.remove(&uid);
         }
+        if info.priority == Some(Priority::Low)
+            && info.node.is_none()
+            && info.unschedulable_for_gpu
+            && !info.deleting
+        {
+            self.pending_lent
+                .entry(uid.clone())
+                .or_insert_with(Instant::now);
+        } else {
+            self.pending_lent.remove(&uid);
+        }
         self.schedule(&info);
         self.check_booking_of(&info);
         let scheduler_preempted = info.scheduler_preempted && info.priority.is_some();
@@ -324,6 +351,7 @@ impl Loop {
             self.usage_dirty |= info.holds_gpu();
         }
         self.pending.remove(uid);
+        self.pending_lent.remove(uid);
         if self.pending_gpumem.remove(uid) {
             self.ctx
                 .metrics
@@ -942,6 +970,7 @@ impl Loop {
         if !self.leader() || !self.pods_synced || !self.nodes_synced {
             return;
         }
+        self.run_pending_lent_on_cpu();
         let Some(models) = &self.models else {
             return;
         };
@@ -1227,6 +1256,36 @@ async fn next_step(
     match following {
         Some((_, rx)) => rx.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+impl Loop {
+    /// The backstop of the webhook's lend ledger: lent pods that waited past
+    /// `--lent-pending-grace` for a GPU the scheduler has no room for are recreated
+    /// CPU-only (core's [`pending_lent`] decides).
+    fn run_pending_lent_on_cpu(&mut self) {
+        let grace = self.args.lent_pending_grace;
+        let due: Vec<Job> = self
+            .pending_lent
+            .iter()
+            .filter_map(|(uid, since)| {
+                let pod = self.pods.get(uid)?;
+                let verdict = pending_lent(
+                    pod.priority,
+                    pod.node.is_some(),
+                    pod.unschedulable_for_gpu && !pod.deleting,
+                    since.elapsed(),
+                    grace,
+                );
+                (verdict == PendingLent::RunOnCpu).then(|| job_for(pod, Reason::LentPending))
+            })
+            .collect();
+        for job in due {
+            // Another look only after another grace, whatever comes of this one.
+            self.pending_lent.insert(job.uid.clone(), Instant::now());
+            tracing::info!(pod = %format!("{}/{}", job.namespace, job.name), ?grace, "lent pod waits for a GPU that is not there; recreating it CPU-only");
+            self.start(job);
+        }
     }
 }
 

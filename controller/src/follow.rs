@@ -287,6 +287,7 @@ mod tests {
             priority: Some(priority),
             booking_id: booking,
             booking_units: None,
+            unschedulable_for_gpu: false,
             model_label: Some("a100".into()),
             user: Some("Alice".into()),
             terminate_at: end,

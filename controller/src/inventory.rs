@@ -337,6 +337,7 @@ mod tests {
             last_activity: None,
             scheduler_preempted: false,
             unschedulable: false,
+            unschedulable_for_gpu: false,
         }
     }
 

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
-    detect_gpu, parse_quantity, AdmissionConfig, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION,
-    MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
+    detect_gpu, parse_quantity, trusted_priority, AdmissionConfig, PodStanding, BOOKING_LABEL,
+    BOOKING_UNITS_ANNOTATION, MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
@@ -40,6 +40,13 @@ pub struct SpecLite {
     /// Where the pod may run (the webhook puts the model's node label here).
     #[serde(default)]
     pub node_selector: Option<BTreeMap<String, String>>,
+    /// Set at creation and never changed: the webhook gives our high class only to
+    /// booked pods, so it vouches for a `priority=high` label (issue 13).
+    #[serde(default)]
+    pub priority_class_name: Option<String>,
+    /// The class's value, resolved by the API server's Priority plugin.
+    #[serde(default)]
+    pub priority: Option<i32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -109,12 +116,8 @@ impl kube::Resource for PodLite {
     }
 }
 
-/// `gpu-booking/priority`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Priority {
-    High,
-    Low,
-}
+/// `gpu-booking/priority`, as far as it is believed (core's [`trusted_priority`]).
+pub type Priority = PodStanding;
 
 /// The GPU resources of a pod: units per resource name, as the pod needs them at once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -162,6 +165,8 @@ pub struct PodInfo {
     pub scheduler_preempted: bool,
     /// The scheduler found no node for it.
     pub unschedulable: bool,
+    /// ... for want of a GPU resource or of the VRAM budget.
+    pub unschedulable_for_gpu: bool,
 }
 
 /// The VRAM budget of the containers (their limit, else their request; init
@@ -196,11 +201,13 @@ impl PodInfo {
         let annotations = meta.annotations.as_ref();
         let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
         let annotation = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
-        let priority = match label(PRIORITY_LABEL) {
-            Some("high") => Some(Priority::High),
-            Some("low") => Some(Priority::Low),
-            _ => None,
-        };
+        // A label anyone could have written is believed only with our class.
+        let priority = trusted_priority(
+            label(PRIORITY_LABEL),
+            pod.spec.priority_class_name.as_deref(),
+            pod.spec.priority,
+            cfg,
+        );
         let resources = |list: &[ContainerLite]| -> Vec<Value> {
             list.iter()
                 .map(|c| json!({"resources": c.resources.clone().unwrap_or(Value::Null)}))
@@ -225,6 +232,12 @@ impl PodInfo {
                 && c.status == "False"
                 && c.reason.as_deref() == Some("Unschedulable")
         });
+        let unschedulable_for_gpu = cfg
+            .gpu_resources
+            .iter()
+            .chain(cfg.model_resources.keys())
+            .chain([&cfg.gpumem_resource])
+            .any(|resource| pod.unschedulable_for(resource));
         Some(Self {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone()?,
@@ -258,6 +271,7 @@ impl PodInfo {
             last_activity: annotation(LAST_GPU_ACTIVITY_ANNOTATION).and_then(parse_time),
             scheduler_preempted,
             unschedulable,
+            unschedulable_for_gpu,
         })
     }
 
@@ -307,7 +321,7 @@ mod tests {
                 "annotations": {"terminate-at": "2026-01-02T00:00:00Z",
                     "hub.jupyter.org/username": "alice@example.com",
                     "gpu-booking.io/last-gpu-activity": "2026-01-01T05:00:00Z"}},
-            "spec": {"nodeName": "n1",
+            "spec": {"nodeName": "n1", "priorityClassName": "gpu-booking-high", "priority": 1000000,
                 "containers": [{"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
                                {"name": "b", "resources": {"requests": {"nvidia.com/gpu": 1}}}],
                 "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
@@ -361,5 +375,38 @@ mod tests {
         // An unreadable quantity counts as a GPU request (core errs on the safe side).
         assert!(info.relevant());
         assert!(PodInfo::from_pod(&PodLite::default(), &AdmissionConfig::default()).is_none());
+    }
+
+    #[test]
+    fn forged_high_is_lent_and_its_end_ignored() {
+        // Issue 13: the creator wrote the label and terminate-at, not our class.
+        let pod = |class: Option<&str>| {
+            lite(json!({
+                "metadata": {"name": "p", "uid": "u",
+                    "labels": {"gpu-booking/priority": "high", "gpu-booking/booking": "7"},
+                    "annotations": {"terminate-at": "2026-01-02T00:00:00Z"}},
+                "spec": {"nodeName": "n1", "priorityClassName": class, "priority": class.map(|_| 0),
+                    "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                "status": {"conditions": [{"type": "PodScheduled", "status": "False",
+                    "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}
+            }))
+        };
+        let cfg = AdmissionConfig::default();
+        for class in [None, Some("gpu-booking-low"), Some("other")] {
+            let info = PodInfo::from_pod(&pod(class), &cfg).unwrap();
+            assert_eq!(info.priority, Some(Priority::Low), "{class:?}");
+            assert_eq!(info.expiry(), None, "a forged terminate-at is not an end");
+        }
+        let info = PodInfo::from_pod(&pod(Some("gpu-booking-high")), &cfg).unwrap();
+        assert_eq!(info.priority, Some(Priority::High));
+        assert!(info.expiry().is_some());
+        // Bound pods are not waiting; an unbound one is, for want of a GPU.
+        let mut waiting = pod(None);
+        waiting.spec.node_name = None;
+        assert!(
+            PodInfo::from_pod(&waiting, &cfg)
+                .unwrap()
+                .unschedulable_for_gpu
+        );
     }
 }

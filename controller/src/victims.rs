@@ -250,6 +250,7 @@ mod tests {
             last_activity: None,
             scheduler_preempted: false,
             unschedulable: node.is_none(),
+            unschedulable_for_gpu: false,
         }
     }
 

@@ -381,6 +381,7 @@ proptest! {
             earliest_booking_by_model: Default::default(),
             units: units.map(|(u, _)| u.into()),
             units_held: units.map(|(_, h)| h.into()),
+            usage_reported_at: Default::default(),
         };
         let now = "2029-01-01T00:00:00Z".parse().unwrap();
         let d = decide(&gpu, Lookup::Answer(&answer), &cfg, now);

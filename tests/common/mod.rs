@@ -59,9 +59,11 @@ impl Lab {
         .await
         .expect("the booking API starts");
         let grace = builder.grace_period().unwrap_or(GRACE_SECONDS);
-        let builder = builder
-            .notebook_grace_period(grace)
-            .controller(|args| args.preemption_interval = Duration::from_millis(200));
+        let builder = builder.notebook_grace_period(grace).controller(|args| {
+            args.preemption_interval = Duration::from_millis(200);
+            // The backstop of the webhook's lend ledger acts within a test's wait.
+            args.lent_pending_grace = Duration::from_secs(3);
+        });
         declare(&pool, &DEMO_MODELS, builder.lab_nodes())
             .await
             .expect("the lab's models are declared");

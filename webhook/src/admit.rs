@@ -1,13 +1,13 @@
 //! One admission review in, one out: parse leniently, detect, ask, decide, plan, report.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use gpu_booking_core::admission::{
-    decide, detect_gpu, plan, trusted_identity, what_to_ask, AdmissionConfig, Decision, GpuRequest,
-    Identity, Lookup, Schedulability,
+    decide, detect_gpu, plan, plan_unmarked, trusted_identity, what_to_ask, AdmissionConfig,
+    Decision, GpuRequest, Identity, LendLedger, Lookup, Schedulability, OUR_PREFIXES,
 };
 use serde_json::{json, Value};
 use tracing::Instrument;
@@ -21,9 +21,18 @@ pub struct Webhook {
     cfg: AdmissionConfig,
     /// Every configured GPU resource name, for [`Webhook::surely_no_gpu`].
     gpu_names: Vec<memchr::memmem::Finder<'static>>,
+    /// What our marks on a pod can be spelled with (our key prefixes, the
+    /// `terminate-at` annotation, our priority classes), for [`Webhook::surely_unmarked`].
+    mark_names: Vec<memchr::memmem::Finder<'static>>,
     booking: Arc<BookingClient>,
+    /// GPU units admitted that the booking service's free count cannot count yet.
+    ledger: Mutex<LendLedger>,
     metrics: Arc<Metrics>,
 }
+
+/// The ledger's defaults (`--lend-settle`, `--lend-ttl`).
+const LEND_SETTLE: Duration = Duration::from_secs(3);
+const LEND_TTL: Duration = Duration::from_secs(60);
 
 impl Webhook {
     pub fn new(cfg: AdmissionConfig, booking: Arc<BookingClient>, metrics: Arc<Metrics>) -> Self {
@@ -33,11 +42,32 @@ impl Webhook {
             .chain(cfg.model_resources.keys())
             .map(|name| memchr::memmem::Finder::new(name.as_bytes()).into_owned())
             .collect();
+        // "gpu-booking" covers both prefixes of our keys and the default classes.
+        let prefix = OUR_PREFIXES[0].trim_end_matches('/');
+        let mark_names = [Some(prefix), Some(cfg.terminate_at_annotation.as_str())]
+            .into_iter()
+            .chain([
+                cfg.high_priority_class.as_deref(),
+                cfg.low_priority_class.as_deref(),
+            ])
+            .flatten()
+            .map(|name| memchr::memmem::Finder::new(name.as_bytes()).into_owned())
+            .collect();
         Self {
             cfg,
             gpu_names,
+            mark_names,
             booking,
+            ledger: Mutex::new(LendLedger::new(LEND_SETTLE, LEND_TTL)),
             metrics,
+        }
+    }
+
+    /// Replaces the ledger (`--lend-settle`, `--lend-ttl`).
+    pub fn with_ledger(self, ledger: LendLedger) -> Self {
+        Self {
+            ledger: Mutex::new(ledger),
+            ..self
         }
     }
 
@@ -113,7 +143,9 @@ impl Webhook {
     /// same [`detect_gpu`] as the full path decides. `None` sends the review through
     /// the full path (GPU pods, and anything a skim cannot read).
     fn skim(&self, body: &[u8]) -> Option<(ReviewOut, &'static str)> {
-        if self.surely_no_gpu(body) {
+        // A pod that may carry marks of ours goes the full way, which removes them.
+        let unmarked = self.surely_unmarked(body);
+        if unmarked && self.surely_no_gpu(body) {
             let review: skim::Review<'_, serde::de::IgnoredAny> =
                 serde_json::from_slice(body).ok()?;
             let (version, uid, creation, object) = review.parts()?;
@@ -144,18 +176,22 @@ impl Webhook {
         pod_map.insert("spec".into(), Value::Object(spec_map));
         let resources = Value::Object(pod_map);
         match guarded(|| detect_gpu(&resources, &self.cfg)) {
-            Ok(None) => Some((ReviewOut::allow(version, &uid), "no_gpu")),
+            Ok(None) if unmarked => Some((ReviewOut::allow(version, &uid), "no_gpu")),
             _ => None,
         }
+    }
+
+    /// True when no mark of ours can be written in `body` (see `mark_names`); a
+    /// byte search, like [`Webhook::surely_no_gpu`].
+    fn surely_unmarked(&self, body: &[u8]) -> bool {
+        !has_escapes(body) && self.mark_names.iter().all(|name| name.find(body).is_none())
     }
 
     /// True when no GPU resource can be named anywhere in `body`: none of their names
     /// occurs literally, and there is no escape (`\u`, `\/`) that could spell one. A
     /// byte search, far cheaper than reading the pod; `false` only means "look".
     fn surely_no_gpu(&self, body: &[u8]) -> bool {
-        let spelled_with_escapes =
-            memchr::memchr_iter(b'\\', body).any(|i| matches!(body.get(i + 1), Some(b'u' | b'/')));
-        !spelled_with_escapes && self.gpu_names.iter().all(|name| name.find(body).is_none())
+        !has_escapes(body) && self.gpu_names.iter().all(|name| name.find(body).is_none())
     }
 
     async fn admit_pod(
@@ -167,7 +203,15 @@ impl Webhook {
         let allow = || ReviewOut::allow(version, &req.uid);
         let gpu = match guarded(|| detect_gpu(pod, &self.cfg)) {
             Ok(Some(gpu)) => gpu,
-            Ok(None) => return (allow(), "no_gpu"),
+            Ok(None) => {
+                // No GPU: nothing to decide, but no mark of ours its creator wrote
+                // survives either (issue 13).
+                let out = match guarded(|| plan_unmarked(pod, &self.cfg)) {
+                    Ok(patch) => allow().with_patch(&patch),
+                    Err(()) => allow().with_warning(Some(INTERNAL.into())),
+                };
+                return (out, "no_gpu");
+            }
             Err(()) => {
                 return (
                     allow().with_warning(Some(INTERNAL.into())),
@@ -197,7 +241,17 @@ impl Webhook {
             _ => Lookup::NoIdentity,
         };
         let planned = guarded(|| {
-            let decision = decide(&gpu, lookup, &self.cfg, Utc::now());
+            let now = Utc::now();
+            let decision = match lookup {
+                // The free count less what was admitted since its report, and this
+                // admission recorded, under one lock (see `LendLedger`).
+                Lookup::Answer(answer) => self
+                    .ledger
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .decide(&gpu, answer, &self.cfg, now, !req.dry_run),
+                _ => decide(&gpu, lookup, &self.cfg, now),
+            };
             let patch = plan(pod, &decision, &self.cfg);
             (decision, patch)
         });
@@ -278,6 +332,12 @@ impl Webhook {
             }));
         }
     }
+}
+
+/// Whether `body` has an escape (`\u`, `\/`) that could spell a name in a way a
+/// byte search does not see.
+fn has_escapes(body: &[u8]) -> bool {
+    memchr::memchr_iter(b'\\', body).any(|i| matches!(body.get(i + 1), Some(b'u' | b'/')))
 }
 
 const INTERNAL: &str = "gpu-booking: internal error in the webhook; pod admitted unchanged";

@@ -110,6 +110,20 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_CACHE_TTL", default_value = "3s", value_parser = parse_duration)]
     pub cache_ttl: Duration,
 
+    /// How long after admitting a GPU pod a usage report of the controller can count
+    /// it (created, scheduled, seen, reported): until a report that much newer
+    /// arrives, the pod's units are subtracted from the booking service's free count,
+    /// so that a storm of spawns is not lent more GPUs than are free. Clocks of the
+    /// webhook and the booking service must agree to well within it (NTP).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_LEND_SETTLE", default_value = "3s", value_parser = parse_duration)]
+    pub lend_settle: Duration,
+
+    /// Longest time an admitted GPU pod's units are subtracted when no report counts
+    /// them (the controller re-reports every few seconds; this bounds a stopped one).
+    /// 0s turns the ledger off (the free count is taken as the service answers it).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_LEND_TTL", default_value = "60s", value_parser = parse_duration)]
+    pub lend_ttl: Duration,
+
     /// What to do with a GPU pod when the booking service fails or is too slow.
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_ON_BOOKING_ERROR", value_enum, default_value_t = OnBookingError::Allow)]
     pub on_booking_error: OnBookingError,
@@ -232,6 +246,8 @@ impl WebhookArgs {
             service_token_file: None,
             booking_timeout: Duration::from_secs(2),
             cache_ttl: Duration::from_secs(3),
+            lend_settle: Duration::from_secs(3),
+            lend_ttl: Duration::from_secs(60),
             on_booking_error: OnBookingError::Allow,
             terminate_at_annotation: DEFAULT_TERMINATE_AT_ANNOTATION.into(),
             model_node_label: DEFAULT_MODEL_NODE_LABEL.into(),

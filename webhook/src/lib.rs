@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
+use gpu_booking_core::admission::LendLedger;
 pub use gpu_booking_ops::init_logging;
 use gpu_booking_ops::shutdown_signal;
 use tokio::net::TcpListener;
@@ -67,7 +68,8 @@ impl WebhookServer {
         )?
         .with_audit_rate(args.audit_burst, args.audit_per_second);
         let certs = CertStore::load(args.tls_cert.clone(), args.tls_key.clone(), metrics.clone())?;
-        let webhook = Webhook::new(cfg, Arc::new(booking), metrics.clone());
+        let webhook = Webhook::new(cfg, Arc::new(booking), metrics.clone())
+            .with_ledger(LendLedger::new(args.lend_settle, args.lend_ttl));
         Ok(Self {
             webhook: Arc::new(webhook),
             certs: Arc::new(certs),

@@ -11,7 +11,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::*;
 use gpu_booking_core::admission::{
-    AdmissionConfig, BookingErrorPolicy, SpawnerTrust, UnidentifiedGpuPods,
+    is_harmless_key, is_our_key, AdmissionConfig, BookingErrorPolicy, LendLedger, SpawnerTrust,
+    UnidentifiedGpuPods,
 };
 use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_webhook::{router, BookingClient, Metrics, ReviewOut, TokenSource, Webhook};
@@ -67,7 +68,14 @@ fn webhook_with(url: &str, cfg: AdmissionConfig, timeout: Duration, ttl: Duratio
     .unwrap()
     // The corpus counts every audit report; the rate bound has its own test.
     .with_audit_rate(100_000, 0.0);
-    Arc::new(Webhook::new(cfg, Arc::new(booking), metrics))
+    Arc::new(Webhook::new(cfg, Arc::new(booking), metrics).with_ledger(no_ledger()))
+}
+
+/// Each case is decided on its stub's answer alone: the lend ledger (which would
+/// carry the units lent by one case into the next) has its own tests, in core and
+/// in `tests/e2e.rs`.
+fn no_ledger() -> LendLedger {
+    LendLedger::new(Duration::ZERO, Duration::ZERO)
 }
 
 async fn post(app: &axum::Router, body: Vec<u8>) -> (StatusCode, Result<ReviewOut, String>) {
@@ -1107,11 +1115,14 @@ async fn audit_reports_are_bounded_in_rate() {
     )
     .unwrap()
     .with_audit_rate(5, 0.0);
-    let hook = Arc::new(Webhook::new(
-        config(BookingErrorPolicy::Allow),
-        Arc::new(booking),
-        metrics,
-    ));
+    let hook = Arc::new(
+        Webhook::new(
+            config(BookingErrorPolicy::Allow),
+            Arc::new(booking),
+            metrics,
+        )
+        .with_ledger(no_ledger()),
+    );
     let app = router(hook.clone());
     for i in 0..100 {
         // A lent pod: one audit report each, and nothing else (no preemption).
@@ -1190,11 +1201,14 @@ async fn a_wrong_service_token_is_a_booking_error_not_unbooked() {
         metrics.clone(),
     )
     .unwrap();
-    let hook = Arc::new(Webhook::new(
-        config(BookingErrorPolicy::Allow),
-        Arc::new(booking),
-        metrics,
-    ));
+    let hook = Arc::new(
+        Webhook::new(
+            config(BookingErrorPolicy::Allow),
+            Arc::new(booking),
+            metrics,
+        )
+        .with_ledger(no_ledger()),
+    );
     let pod = ks("7.1.0-a-b-gpu.json");
     let (_, out) = post(
         &router(hook),
@@ -1382,6 +1396,118 @@ mod fast_path {
                 let (_, typed) = patched(&pod, &out).map_err(TestCaseError::fail)?;
                 prop_assert!(typed.spec.is_some());
             }
+        }
+    }
+}
+
+/// `pod` with every mark of ours written by its creator (issue 13): our labels, the
+/// `terminate-at` annotation, another annotation of ours, and our high class.
+fn forged(mut pod: Value) -> Value {
+    let meta = &mut pod["metadata"];
+    for (key, value) in [
+        ("gpu-booking/priority", "high"),
+        ("gpu-booking/booking", "1"),
+        ("gpu-booking/model", "a100"),
+    ] {
+        meta["labels"][key] = json!(value);
+    }
+    meta["annotations"]["terminate-at"] = json!("2099-01-01T00:00:00Z");
+    meta["annotations"]["gpu-booking.io/last-gpu-activity"] = json!("2099-01-01T00:00:00Z");
+    pod["spec"]["priorityClassName"] = json!("gpu-booking-high");
+    pod["spec"]["priority"] = json!(1_000_000);
+    pod
+}
+
+/// Issue 13: whatever path a pod takes through the webhook, no mark of ours that
+/// its creator wrote survives, and only our keys (and our high class) are touched.
+#[tokio::test]
+async fn forged_marks_are_removed_on_every_path() {
+    // Nobody answers there: the booking service is down.
+    let down = "http://127.0.0.1:9";
+    let allow = webhook(
+        down,
+        BookingErrorPolicy::Allow,
+        Duration::from_millis(300),
+        Duration::ZERO,
+    );
+    let mut strip_cfg = config(BookingErrorPolicy::Allow);
+    strip_cfg.unidentified_gpu_pods = UnidentifiedGpuPods::Strip;
+    let strip = webhook_with(down, strip_cfg, Duration::from_millis(300), Duration::ZERO);
+    let gpu = forged(ks("7.1.0-alice-at-example.com-gpu.json"));
+    let mut stranger = review("p-stranger", gpu.clone());
+    stranger["request"]["userInfo"] = json!({"username": "mallory", "groups": []});
+    let cases = [
+        (
+            "no GPU",
+            &allow,
+            review(
+                "p-nogpu",
+                forged(ks("7.1.0-alice-at-example.com-nogpu.json")),
+            ),
+            "no_gpu",
+        ),
+        (
+            "booking service down, allow",
+            &allow,
+            review("p-down", gpu.clone()),
+            "unchecked",
+        ),
+        (
+            "unidentified, service down, allow",
+            &allow,
+            stranger.clone(),
+            "unchecked",
+        ),
+        ("unidentified, strip", &strip, stranger, "stripped"),
+    ];
+    for (path, hook, review, what) in cases {
+        let pod = review["request"]["object"].clone();
+        let (_, out) = post(&router(hook.clone()), serde_json::to_vec(&review).unwrap()).await;
+        let out = out.unwrap();
+        assert!(out.response.allowed, "{path}");
+        let patch = out
+            .decoded_patch()
+            .unwrap_or_else(|| panic!("{path}: no patch"));
+        let mut after = pod.clone();
+        json_patch::patch(&mut after, &patch.0).unwrap();
+        let cfg = config(BookingErrorPolicy::Allow);
+        for map in ["labels", "annotations"] {
+            let left: Vec<&String> = after["metadata"][map]
+                .as_object()
+                .map(|m| {
+                    m.keys()
+                        .filter(|k| is_our_key(k, &cfg) && !is_harmless_key(k))
+                        .collect()
+                })
+                .unwrap_or_default();
+            assert!(left.is_empty(), "{path}: {map} {left:?} survived");
+            // The creator's own keys are left alone.
+            let theirs = |v: &Value| {
+                v["metadata"][map]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .filter(|(k, _)| !is_our_key(k, &cfg))
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default()
+            };
+            assert_eq!(theirs(&after), theirs(&pod), "{path}: {map}");
+        }
+        assert_ne!(
+            after["spec"]["priorityClassName"], "gpu-booking-high",
+            "{path}"
+        );
+        assert!(after["spec"].get("priority").is_none(), "{path}");
+        let gpus = |v: &Value| {
+            v["spec"]["containers"][0]["resources"]["limits"]
+                .get("nvidia.com/gpu")
+                .cloned()
+        };
+        match what {
+            "stripped" => assert_eq!(gpus(&after), None, "{path}"),
+            _ => assert_eq!(gpus(&after), gpus(&pod), "{path}: the GPU stays"),
         }
     }
 }

@@ -63,6 +63,10 @@ pub struct Schedulability {
     /// pod admitted since is not in it, and the controller demotes what goes past
     /// `units`).
     pub units_held: Option<i32>,
+    /// Per model, when the controller's usage report that `free` comes from was
+    /// received (absent before the first report). The webhook subtracts the GPU pods
+    /// it admitted that a report this old cannot count yet.
+    pub usage_reported_at: BTreeMap<String, DateTime<Utc>>,
 }
 
 /// Whom a query names.
@@ -130,6 +134,10 @@ pub async fn get(
         .iter()
         .map(|m| (m.name.clone(), m.gpumem_mib))
         .collect();
+    let usage_reported_at: BTreeMap<String, DateTime<Utc>> = models
+        .iter()
+        .filter_map(|m| Some((m.name.clone(), m.usage_reported_at?)))
+        .collect();
     let gpumem_advertised_mib: BTreeMap<String, i32> = models
         .iter()
         .filter_map(|m| Some((m.name.clone(), m.advertised_unit_mib()?)))
@@ -149,6 +157,7 @@ pub async fn get(
             earliest_booking: None,
             gpumem_advertised_mib,
             earliest_booking_by_model: BTreeMap::new(),
+            usage_reported_at,
         }));
     }
     let own = match &owner {
@@ -193,6 +202,7 @@ pub async fn get(
         gpumem_advertised_mib,
         units: None,
         units_held: None,
+        usage_reported_at,
     }))
 }
 

@@ -153,9 +153,14 @@ impl PodSpec {
         self.0["metadata"]["labels"]["gpu-booking/model"] = json!(model);
         self
     }
+    /// As the webhook admits a booked pod: the label, our high class, and the
+    /// priority the API server resolves from it (the controller believes the label
+    /// only with both, issue 13).
     pub fn high_priority(mut self, model: &str) -> Self {
         self.0["metadata"]["labels"]["gpu-booking/priority"] = json!("high");
         self.0["metadata"]["labels"]["gpu-booking/model"] = json!(model);
+        self.0["spec"]["priorityClassName"] = json!("gpu-booking-high");
+        self.0["spec"]["priority"] = json!(1000);
         self
     }
     /// The node agent's report of its last GPU activity.

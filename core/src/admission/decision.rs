@@ -145,6 +145,10 @@ pub struct Schedulability {
     /// controller's last count (absent: none).
     #[serde(default)]
     pub units_held: Option<u64>,
+    /// Per model, when the booking service received the usage report its free count
+    /// comes from (the webhook's [`super::LendLedger`] keeps what was admitted since).
+    #[serde(default)]
+    pub usage_reported_at: BTreeMap<ModelName, DateTime<Utc>>,
 }
 
 impl Schedulability {
@@ -563,6 +567,7 @@ mod tests {
             earliest_booking_by_model: BTreeMap::new(),
             units: None,
             units_held: None,
+            usage_reported_at: BTreeMap::new(),
         }
     }
 

@@ -33,6 +33,8 @@ use crate::username::NameCase;
 mod decision;
 mod detect;
 mod identity;
+mod ledger;
+mod marks;
 mod patch;
 mod quantity;
 mod trust;
@@ -43,7 +45,12 @@ pub use decision::{
 };
 pub use detect::{detect_gpu, GpuRequest};
 pub use identity::{identify, Identity};
-pub use patch::{plan, plan_cpu_only, plan_cpu_only_because, plan_node_resource};
+pub use ledger::LendLedger;
+pub use marks::{
+    is_harmless_key, is_our_key, pending_lent, trusted_priority, PendingLent, PodStanding,
+    OUR_PREFIXES,
+};
+pub use patch::{plan, plan_cpu_only, plan_cpu_only_because, plan_node_resource, plan_unmarked};
 pub use quantity::parse_quantity;
 pub use trust::{trusted_identity, SpawnerTrust, UserInfo};
 

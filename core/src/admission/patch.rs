@@ -14,18 +14,33 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOp
 use serde_json::{json, Map, Value};
 
 use super::detect::{container_gpu_units, CONTAINER_LISTS};
+use super::marks::{is_harmless_key, is_our_key};
 use super::{
     AdmissionConfig, Decision, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, GPU_REMOVED_ANNOTATION,
     MODEL_LABEL, NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL,
 };
 use crate::gpu_model::ModelName;
 
-/// The patch that carries out `decision` on `pod` (empty when nothing changes).
+/// The patch that carries out `decision` on `pod` (empty when nothing changes). Every
+/// key of ours that the pod's creator wrote and the decision does not write goes
+/// first (issue 13: a self-written `priority=high` or `terminate-at` must not
+/// survive any path, [`super::marks`]).
 pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
     let mut ed = PodEditor::new(pod);
     if !pod.is_object() {
         return ed.finish();
     }
+    let written: Vec<&str> = match decision {
+        Decision::Booked { .. } => vec![
+            PRIORITY_LABEL,
+            BOOKING_LABEL,
+            MODEL_LABEL,
+            cfg.terminate_at_annotation.as_str(),
+        ],
+        Decision::LowPriority { .. } => vec![PRIORITY_LABEL, MODEL_LABEL],
+        Decision::Strip { .. } | Decision::Unchecked { .. } => Vec::new(),
+    };
+    ed.unmark(cfg, &written);
     match decision {
         Decision::Booked {
             booking_id,
@@ -72,7 +87,26 @@ pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
                 ed.set_annotation(GPU_REMOVED_ANNOTATION, &reason);
             }
         }
-        Decision::Unchecked { .. } => {}
+        // Let through unchecked (the booking service failed, policy allow): no
+        // booking is known, so the pod cannot keep our high class.
+        Decision::Unchecked { .. } => ed.demote_priority_class(cfg),
+    }
+    ed.finish()
+}
+
+/// The patch for a pod without a GPU: every key of ours its creator wrote removed,
+/// and our high priority class taken away (it is only for booked GPU pods). Empty
+/// for a pod that has none (the usual case).
+pub fn plan_unmarked(pod: &Value, cfg: &AdmissionConfig) -> Patch {
+    let mut ed = PodEditor::new(pod);
+    if pod.is_object() {
+        ed.unmark(cfg, &[]);
+        let current = ed.pod.pointer("/spec/priorityClassName");
+        if current.and_then(Value::as_str).is_some()
+            && current.and_then(Value::as_str) == cfg.high_priority_class.as_deref()
+        {
+            ed.clear_priority_class();
+        }
     }
     ed.finish()
 }
@@ -195,6 +229,29 @@ impl PodEditor {
         let pointer = PointerBuf::from_tokens(path.iter().copied());
         if !path.is_empty() && self.pod.pointer(pointer.as_str()).is_some() {
             self.apply(PatchOperation::Remove(RemoveOperation { path: pointer }));
+        }
+    }
+
+    /// Removes every label and annotation of ours (but the harmless note of a
+    /// removed GPU) except those in `written`, which the decision writes itself.
+    fn unmark(&mut self, cfg: &AdmissionConfig, written: &[&str]) {
+        for map in ["labels", "annotations"] {
+            let keys: Vec<String> = self
+                .pod
+                .get("metadata")
+                .and_then(|m| m.get(map))
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.keys()
+                        .filter(|k| is_our_key(k, cfg) && !is_harmless_key(k))
+                        .filter(|k| !written.contains(&k.as_str()))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            for key in keys {
+                self.remove(&["metadata", map, &key]);
+            }
         }
     }
 
@@ -533,7 +590,18 @@ mod tests {
         let unchecked = Decision::Unchecked {
             message: "down".into(),
         };
-        assert!(plan(&pod, &unchecked, &cfg).0.is_empty());
+        // Unchecked keeps the GPU but none of the marks the creator wrote: no label
+        // of ours, and the low class instead of the high one.
+        let out = apply(&pod, &plan(&pod, &unchecked, &cfg));
+        assert!(out["metadata"]["labels"]
+            .get("gpu-booking/priority")
+            .is_none());
+        assert_eq!(out["spec"]["priorityClassName"], "gpu-booking-low");
+        assert!(out["spec"].get("priority").is_none());
+        assert_eq!(
+            out["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+            "1"
+        );
         // A pod without identity that is stripped cannot keep a priority it wrote.
         let strip = Decision::Strip {
             reason: crate::admission::StripReason::NoIdentity,
@@ -545,6 +613,95 @@ mod tests {
             .is_none());
         assert!(out["spec"].get("priorityClassName").is_none());
         assert!(out["spec"].get("priority").is_none());
+    }
+
+    /// A pod whose creator wrote every mark of ours (issue 13).
+    fn forged() -> Value {
+        json!({"metadata": {"name": "p",
+            "labels": {"gpu-booking/priority": "high", "gpu-booking/booking": "99",
+                "gpu-booking/model": "a100", "gpu-booking/other": "x", "app": "keep"},
+            "annotations": {"terminate-at": "2030-01-01T00:00:00Z",
+                "gpu-booking.io/last-gpu-activity": "2030-01-01T00:00:00Z",
+                "gpu-booking.io/gpu-removed": "no", "note": "keep"}},
+            "spec": {"priorityClassName": "gpu-booking-high", "priority": 1000000,
+                "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    }
+
+    fn ours_left(out: &Value) -> Vec<String> {
+        let cfg = AdmissionConfig::default();
+        ["labels", "annotations"]
+            .iter()
+            .flat_map(|m| out["metadata"][m].as_object().cloned().unwrap_or_default())
+            .map(|(k, v)| format!("{k}={v}"))
+            .filter(|kv| is_our_key(kv.split('=').next().unwrap(), &cfg))
+            .collect()
+    }
+
+    #[test]
+    fn forged_marks_go_on_every_path() {
+        let cfg = AdmissionConfig::default();
+        let pod = forged();
+        let low = Decision::LowPriority {
+            model: ModelName::parse("a6000").unwrap(),
+            gpumem_mib: None,
+            beyond_booking: None,
+        };
+        let strip = Decision::Strip {
+            reason: StripReason::NoIdentity,
+            earliest_booking: None,
+        };
+        let unchecked = Decision::Unchecked {
+            message: "down".into(),
+        };
+        // Booked: only what the booking says.
+        let out = apply(&pod, &plan(&pod, &booked(), &cfg));
+        let mut left = ours_left(&out);
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "gpu-booking.io/gpu-removed=\"no\"".to_owned(),
+                "gpu-booking/booking=\"17\"".to_owned(),
+                "gpu-booking/model=\"a100\"".to_owned(),
+                "gpu-booking/priority=\"high\"".to_owned(),
+                "terminate-at=\"2026-11-30T00:00:00Z\"".to_owned(),
+            ]
+            .iter()
+            .filter(|k| !k.starts_with("gpu-booking.io/gpu-removed"))
+            .cloned()
+            .collect::<Vec<_>>()
+        );
+        // Lent: low and the model, nothing else of ours.
+        let out = apply(&pod, &plan(&pod, &low, &cfg));
+        let mut left = ours_left(&out);
+        left.sort();
+        assert_eq!(
+            left,
+            vec![
+                "gpu-booking/model=\"a6000\"".to_owned(),
+                "gpu-booking/priority=\"low\"".to_owned()
+            ]
+        );
+        assert_eq!(out["spec"]["priorityClassName"], "gpu-booking-low");
+        // Stripped, unchecked, no GPU at all: none of the creator's marks.
+        for out in [
+            apply(&pod, &plan(&pod, &strip, &cfg)),
+            apply(&pod, &plan(&pod, &unchecked, &cfg)),
+            apply(&pod, &plan_unmarked(&pod, &cfg)),
+        ] {
+            let left: Vec<_> = ours_left(&out)
+                .into_iter()
+                .filter(|k| !k.starts_with(GPU_REMOVED_ANNOTATION))
+                .collect();
+            assert!(left.is_empty(), "{left:?}");
+            assert_ne!(out["spec"]["priorityClassName"], "gpu-booking-high");
+            assert!(out["spec"].get("priority").is_none());
+            assert_eq!(out["metadata"]["labels"]["app"], "keep");
+            assert_eq!(out["metadata"]["annotations"]["note"], "keep");
+        }
+        // A pod without marks of ours gets no patch on the no-GPU path.
+        let clean = json!({"metadata": {"labels": {"app": "x"}}, "spec": {"priorityClassName": "gpu-booking-low"}});
+        assert!(plan_unmarked(&clean, &cfg).0.is_empty());
     }
 
     #[test]
