@@ -386,8 +386,12 @@ describe('booking page', () => {
     await admin.locator('#ab-user').fill('');
     await admin.locator('#ab-model').selectOption('a100');
     await admin.locator('#ab-filter').getByRole('button', { name: 'Filter' }).click();
-    // The admin's a100 booking and the demo's seeded one (zoë's).
-    await admin.waitForFunction(() => document.querySelectorAll('#ab-list tr[data-id]').length === 2);
+    // The admin's a100 booking and the demo's seeded one (zoë's). The user filter's
+    // answer had 2 rows too: wait for the model filter's own (a100 rows only).
+    await admin.waitForFunction(() => {
+      const rows = [...document.querySelectorAll('#ab-list tr[data-id]')];
+      return rows.length === 2 && rows.every((r) => /a100/.test(r.innerText) && !/a6000/.test(r.innerText));
+    });
     assert.match(await list.innerText(), /admin@example\.com/);
 
     const audit = admin.locator('#aa-list');
