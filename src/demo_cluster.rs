@@ -78,14 +78,16 @@ pub async fn seed_notebooks(sim: &SimCluster, pool: &PgPool) {
     };
     let mut held = 0;
     let mut elsewhere = Vec::new();
+    let mut spawned_at = None;
     for user in SEED_USERS {
-        let models = match counted(pool, held).await {
+        let models = match counted(pool, held, spawned_at).await {
             Some(models) => models,
             None => break,
         };
         if a100_full(&models) {
             break;
         }
+        spawned_at = Some(chrono::Utc::now());
         if let Err(e) = sim.spawn(user, 1).await {
             tracing::warn!(user, error = %e, "the seeded notebook was refused");
             break;
@@ -101,7 +103,9 @@ pub async fn seed_notebooks(sim: &SimCluster, pool: &PgPool) {
             elsewhere.push(user);
         }
     }
-    let full = counted(pool, held).await.is_some_and(|m| a100_full(&m));
+    let full = counted(pool, held, spawned_at)
+        .await
+        .is_some_and(|m| a100_full(&m));
     for user in elsewhere {
         let _ = sim.stop_notebook(user).await;
     }
@@ -112,13 +116,29 @@ pub async fn seed_notebooks(sim: &SimCluster, pool: &PgPool) {
     }
 }
 
+/// The webhook's `--lend-settle` (its default, which the demo keeps) and a margin:
+/// a usage report received this long after an admission counts it, and the webhook's
+/// lend ledger then stops subtracting it.
+const LEND_SETTLE: chrono::TimeDelta = chrono::TimeDelta::milliseconds(3_500);
+
 /// The lab's models once the booking service counts `held` units in use (the
-/// controller's report lags the cluster); `None` when it does not within the wait.
-async fn counted(pool: &PgPool, held: i32) -> Option<Vec<Model>> {
+/// controller's report lags the cluster) in reports the webhook trusts over its lend
+/// ledger (received `LEND_SETTLE` after the last spawn; else the next spawn would be
+/// counted twice and stripped); `None` when that does not happen within the wait.
+async fn counted(
+    pool: &PgPool,
+    held: i32,
+    spawned_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> Option<Vec<Model>> {
     let deadline = tokio::time::Instant::now() + SEED_WAIT;
+    let settled = |m: &Model| match (spawned_at, m.usage_reported_at) {
+        (None, _) => true,
+        (Some(at), Some(report)) => report >= at + LEND_SETTLE,
+        (Some(_), None) => false,
+    };
     loop {
         if let Ok(models) = gpu_booking_api::store::models::list(pool).await {
-            if models.iter().map(|m| m.in_use).sum::<i32>() >= held {
+            if models.iter().map(|m| m.in_use).sum::<i32>() >= held && models.iter().all(settled) {
                 return Some(models);
             }
         }

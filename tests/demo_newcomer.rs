@@ -68,7 +68,7 @@ async fn the_demo_starts_fresh_and_reaches_every_outcome() {
     let mut lines = tokio::io::BufReader::new(demo.stdout.take().expect("stdout")).lines();
     let mut printed = String::new();
     loop {
-        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
             .await
             .expect("the demo did not finish starting")
             .expect("reading its output")

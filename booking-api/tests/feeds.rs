@@ -318,8 +318,8 @@ async fn a_feed_holds_at_most_1000_events(pool: PgPool) {
     .await
     .unwrap();
     sqlx::query(
-        "INSERT INTO booking (user_name, model, slot, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
-         SELECT 'u' || i, 'a100', i, $1, $2, $2, 'test', $3, $3 FROM generate_series(0, 1199) AS i",
+        "INSERT INTO booking (user_name, model, slots, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
+         SELECT 'u' || i, 'a100', ARRAY[i], $1, $2, $2, 'test', $3, $3 FROM generate_series(0, 1199) AS i",
     )
     .bind(t0() + TimeDelta::days(1))
     .bind(t0() + TimeDelta::days(2))

@@ -55,7 +55,12 @@ impl NoticeKind {
 }
 
 /// Audit actions that can make a notice ([`from_audit`] decides each row).
-pub const SOURCE_ACTIONS: [&str; 3] = ["controller.preempt", "webhook.strip", "agent.reclaim"];
+pub const SOURCE_ACTIONS: [&str; 4] = [
+    "controller.preempt",
+    "webhook.strip",
+    "agent.reclaim",
+    "waitlist.booked",
+];
 
 /// The notice an audit row makes, if any. Dry runs have their own actions and make
 /// none; a preemption makes one only when the pod was really ended.
@@ -67,6 +72,9 @@ pub fn from_audit(action: &str, details: &Value) -> Option<NoticeKind> {
         },
         "webhook.strip" => Some(NoticeKind::SpawnStripped),
         "agent.reclaim" => Some(NoticeKind::ProcessesReclaimed),
+        // The waitlist's promotion (`store::waitlist::notify` writes the row in the
+        // transaction that books the entry, so it is noticed once).
+        "waitlist.booked" => Some(NoticeKind::WaitlistPromoted),
         _ => None,
     }
 }
@@ -117,6 +125,29 @@ pub fn audit_message(kind: NoticeKind, subject: Option<&str>, details: &Value) -
                     .unwrap_or_default()
             ),
         },
+        NoticeKind::WaitlistPromoted => {
+            // The row's subject is the model; its start and end are RFC 3339 text,
+            // kept only if they parse as such (details are not trusted as words).
+            let model = subject.unwrap_or("a GPU");
+            let time = |key: &str| {
+                text_of(key)
+                    .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+                    .map(|t| {
+                        t.with_timezone(&Utc)
+                            .format("%Y-%m-%d %H:%M UTC")
+                            .to_string()
+                    })
+            };
+            Message {
+                title: "Your waitlist entry was booked".into(),
+                text: match (time("start"), time("end")) {
+                    (Some(start), Some(end)) => {
+                        format!("A {model} GPU came free: you are booked from {start} to {end}.")
+                    }
+                    _ => format!("A {model} GPU came free: your waitlist entry is now a booking."),
+                },
+            }
+        }
         _ => Message {
             title: "gpu-booking notice".into(),
             text: format!("Something happened to {pod}."),
@@ -419,6 +450,19 @@ mod tests {
             Some(NoticeKind::ProcessesReclaimed)
         );
         assert_eq!(from_audit("agent.reclaim_dry_run", &json!({})), None);
+        assert_eq!(
+            from_audit("waitlist.booked", &json!({})),
+            Some(NoticeKind::WaitlistPromoted)
+        );
+        let m = audit_message(
+            NoticeKind::WaitlistPromoted,
+            Some("a100"),
+            &json!({"start": "2026-12-01T09:00:00Z", "end": "2026-12-02T09:00:00Z"}),
+        );
+        assert!(
+            m.text.contains("a100") && m.text.contains("2026-12-01 09:00 UTC"),
+            "{m:?}"
+        );
         assert_eq!(from_audit("controller.expire", &ended), None);
         for action in SOURCE_ACTIONS {
             assert!(from_audit(action, &ended).is_some() || action == "controller.preempt");

@@ -5,9 +5,10 @@
 use std::collections::BTreeSet;
 
 use gpu_booking_core::admission::{
-    decide, detect_gpu, identify, plan, plan_cpu_only, AdmissionConfig, BeyondBooking, Decision,
-    Identity, Lookup, Schedulability, StripReason, BOOKING_LABEL, GPU_REMOVED_ANNOTATION,
-    MODEL_LABEL, NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL, USERNAME_KEY,
+    decide, detect_gpu, identify, is_harmless_key, is_our_key, plan, plan_cpu_only,
+    AdmissionConfig, BeyondBooking, Decision, Identity, Lookup, Schedulability, StripReason,
+    BOOKING_LABEL, GPU_REMOVED_ANNOTATION, MODEL_LABEL, NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL,
+    USERNAME_KEY,
 };
 use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_core::username::{escape_encode, NameCase, Username};
@@ -334,7 +335,21 @@ proptest! {
                 check_cpu_only(&out, &cfg)?;
                 prop_assert!(out["metadata"]["annotations"][GPU_REMOVED_ANNOTATION].is_string());
             }
-            Decision::Unchecked { .. } => prop_assert!(patch.0.is_empty()),
+            Decision::Unchecked { .. } => {
+                // Nothing decided, so nothing of ours may stay that the creator wrote
+                // (issue 13); a pod without our marks or class passes unchanged.
+                let ours = |v: &Value| {
+                    ["labels", "annotations"].iter().any(|map| {
+                        v["metadata"][map].as_object().is_some_and(|m| {
+                            m.keys().any(|k| is_our_key(k, &cfg) && !is_harmless_key(k))
+                        })
+                    })
+                };
+                prop_assert!(!ours(&out));
+                if !ours(&pod) && pod["spec"].get("priorityClassName").is_none() {
+                    prop_assert!(patch.0.is_empty());
+                }
+            }
         }
 
         // The VRAM budget is equal on both sides wherever a GPU remains.

@@ -35,6 +35,7 @@ pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
             PRIORITY_LABEL,
             BOOKING_LABEL,
             MODEL_LABEL,
+            BOOKING_UNITS_ANNOTATION,
             cfg.terminate_at_annotation.as_str(),
         ],
         Decision::LowPriority { .. } => vec![PRIORITY_LABEL, MODEL_LABEL],
@@ -660,6 +661,7 @@ mod tests {
         assert_eq!(
             left,
             [
+                "gpu-booking.io/booking-units=\"2\"".to_owned(),
                 "gpu-booking.io/gpu-removed=\"no\"".to_owned(),
                 "gpu-booking/booking=\"17\"".to_owned(),
                 "gpu-booking/model=\"a100\"".to_owned(),
