@@ -20,6 +20,7 @@ const INDEX_HTML: &str = include_str!("../assets/index.html");
 /// The page's scripts (`/assets/<name>`): one file per part of the page, so that a
 /// feature's script is added by one line here and one `<script>` tag.
 const SCRIPTS: &[(&str, &str)] = &[
+    ("dom.js", include_str!("../assets/dom.js")),
     ("app.js", include_str!("../assets/app.js")),
     ("cluster.js", include_str!("../assets/cluster.js")),
     ("demo-signin.js", include_str!("../assets/demo-signin.js")),
