@@ -25,7 +25,8 @@ use crate::watchdog::{self, Tenant};
 const MIB: u64 = 1024 * 1024;
 
 /// The annotation that carries a pod's last GPU activity for the controller.
-pub const DEFAULT_LAST_ACTIVITY_ANNOTATION: &str = "gpu-booking.io/last-gpu-activity";
+pub const DEFAULT_LAST_ACTIVITY_ANNOTATION: &str =
+    gpu_booking_core::admission::LAST_GPU_ACTIVITY_ANNOTATION;
 
 /// Every reason a GPU process can be left unattributed (the gauge's label values).
 const UNATTRIBUTED_REASONS: [&str; 7] = [

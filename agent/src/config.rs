@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::Context;
 use chrono::TimeDelta;
 use clap::{ArgAction, Args};
-use gpu_booking_api::config::LogFormat;
 use gpu_booking_core::admission::DEFAULT_GPUMEM_RESOURCE;
+use gpu_booking_ops::LogFormat;
 use regex::Regex;
 
 use crate::agent::{AgentConfig, DEFAULT_LAST_ACTIVITY_ANNOTATION};

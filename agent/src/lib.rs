@@ -57,7 +57,7 @@ use crate::procfs::ProcFs;
 
 /// Runs the agent until SIGTERM or Ctrl-C (or one round with `--once`).
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    gpu_booking_api::config::init_logging(args.log_format);
+    gpu_booking_ops::init_logging(args.log_format);
     let mut cfg = args.agent_config()?;
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));

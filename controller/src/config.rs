@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-pub use gpu_booking_api::config::LogFormat;
 use gpu_booking_core::admission::{
     AdmissionConfig, DEFAULT_GPUMEM_RESOURCE, DEFAULT_GPU_RESOURCE, DEFAULT_HIGH_PRIORITY_CLASS,
     DEFAULT_LOW_PRIORITY_CLASS, DEFAULT_MODEL_NODE_LABEL, DEFAULT_TERMINATE_AT_ANNOTATION,
 };
+pub use gpu_booking_ops::LogFormat;
 
-/// The node label GPU feature discovery writes with the product name.
-pub const DEFAULT_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 /// Annotation the node agent writes on a pod: its last GPU activity (RFC 3339).
-pub const LAST_GPU_ACTIVITY_ANNOTATION: &str = "gpu-booking.io/last-gpu-activity";
+pub use gpu_booking_core::admission::LAST_GPU_ACTIVITY_ANNOTATION;
+/// The node label GPU feature discovery writes with the product name.
+pub use gpu_booking_core::inventory::DEFAULT_PRODUCT_LABEL;
 
 /// What happens to a booked pod at its `terminate-at`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]

@@ -167,7 +167,7 @@ impl Drop for Controller {
 /// credentials, the booking service at `--booking-url`, health and metrics on
 /// `--admin-listen`.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    gpu_booking_api::config::init_logging(args.log_format);
+    gpu_booking_ops::init_logging(args.log_format);
     args.admission_config()?;
     let token = TokenSource::from_options(
         args.service_token.as_deref(),

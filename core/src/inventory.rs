@@ -28,6 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu_model::{ModelCatalog, ModelName};
 
+/// GFD's label with each GPU node's product name (`--product-label`'s default).
+pub const DEFAULT_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 /// GFD's label with the MIG strategy (`none`, `single`, `mixed`).
 pub const MIG_STRATEGY_LABEL: &str = "nvidia.com/mig.strategy";
 /// The default model of cards (and single-strategy MIG devices) that no pattern names.
@@ -68,7 +70,7 @@ impl Default for InventoryConfig {
             catalog: ModelCatalog::default(),
             model_resources: BTreeMap::new(),
             gpu_resources: vec![crate::admission::DEFAULT_GPU_RESOURCE.to_owned()],
-            product_label: "nvidia.com/gpu.product".to_owned(),
+            product_label: DEFAULT_PRODUCT_LABEL.to_owned(),
             fallback_model: ModelName::parse(DEFAULT_FALLBACK_MODEL).ok(),
             mig_fallback: true,
             reserve_mib: 512,

@@ -97,9 +97,10 @@ impl<const MAX_BODY: usize> Default for ServerLimits<MAX_BODY> {
     }
 }
 
-/// A timeout option: humantime syntax (`10s`, `1m`), between 1 ms and 1 day.
+/// A timeout option: the one duration parser ([`crate::duration::parse_duration`]:
+/// humantime syntax such as `10s` or `1m`, or bare seconds), between 1 ms and 1 day.
 pub fn parse_timeout(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?}: {e}"))?;
+    let d = crate::duration::parse_duration(s)?;
     if d < Duration::from_millis(1) || d > Duration::from_secs(86_400) {
         return Err(format!("{s:?}: must be between 1ms and 1day"));
     }

@@ -407,7 +407,7 @@ impl SimCluster {
                 .into_iter()
                 .filter(|n| {
                     let labels = n.metadata.labels.clone().unwrap_or_default();
-                    labels.contains_key("nvidia.com/gpu.product")
+                    labels.contains_key(gpu_booking_core::inventory::DEFAULT_PRODUCT_LABEL)
                         && !labels.contains_key(&self.model_node_label)
                 })
                 .filter_map(|n| n.metadata.name)

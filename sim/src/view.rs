@@ -13,11 +13,13 @@ use gpu_booking_fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
-const GPU: &str = "nvidia.com/gpu";
-const USERNAME_ANNOTATION: &str = "hub.jupyter.org/username";
+const DEFAULT_PRODUCT_LABEL: &str = gpu_booking_core::inventory::DEFAULT_PRODUCT_LABEL;
+const GPU: &str = gpu_booking_core::admission::DEFAULT_GPU_RESOURCE;
+/// KubeSpawner's raw username (the annotation of `USERNAME_KEY`).
+const USERNAME_ANNOTATION: &str = gpu_booking_core::admission::USERNAME_KEY;
 /// Where the node agent reports a pod's last GPU activity (and the controller reads it).
 const LAST_GPU_ACTIVITY_ANNOTATION: &str =
-    gpu_booking_agent::agent::DEFAULT_LAST_ACTIVITY_ANNOTATION;
+    gpu_booking_core::admission::LAST_GPU_ACTIVITY_ANNOTATION;
 
 /// The whole cluster.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -91,7 +93,7 @@ impl ClusterView {
             .iter()
             .filter_map(|node| {
                 let labels = node.metadata.labels.clone().unwrap_or_default();
-                let product = labels.get("nvidia.com/gpu.product")?.clone();
+                let product = labels.get(DEFAULT_PRODUCT_LABEL)?.clone();
                 let name = node.metadata.name.clone().unwrap_or_default();
                 let total = node
                     .status

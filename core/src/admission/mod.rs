@@ -67,6 +67,10 @@ pub const MODEL_LABEL: &str = "gpu-booking/model";
 pub const BOOKING_UNITS_ANNOTATION: &str = "gpu-booking.io/booking-units";
 /// Annotation: why the GPU was removed from a pod.
 pub const GPU_REMOVED_ANNOTATION: &str = "gpu-booking.io/gpu-removed";
+/// Annotation: a pod's last GPU activity (RFC 3339), written by the node agent (its
+/// `--last-activity-annotation` default) and read by the controller (least recently
+/// used lent pods are preempted first).
+pub const LAST_GPU_ACTIVITY_ANNOTATION: &str = "gpu-booking.io/last-gpu-activity";
 /// KubeSpawner's key, used both as an annotation (raw name) and as a label (slug).
 pub const USERNAME_KEY: &str = "hub.jupyter.org/username";
 /// The variable the NVIDIA container runtime reads; `none` hides every device.
