@@ -4,29 +4,22 @@
 //! Runs on the real Postgres (`DATABASE_URL`); each test gets a fresh, migrated
 //! database from `#[sqlx::test]`.
 
+mod common;
+
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
-use chrono::{DateTime, TimeDelta, TimeZone, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
+use common::{rfc_secs as rfc, t0};
 use gpu_booking_api::clock::ManualClock;
 use gpu_booking_api::testing::{test_state, token_for};
 use gpu_booking_core::policy::Policy;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tower::ServiceExt;
 
 const SECRET: &[u8] = b"authz-test-secret-0123456789abcdef";
-
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2030, 1, 7, 0, 0, 0).unwrap()
-}
-
-fn rfc(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
 
 struct Resp {
     status: StatusCode,
@@ -48,27 +41,12 @@ impl Api {
     }
 
     async fn raw(&self, req: Request<Body>) -> Resp {
-        let resp = self
-            .app
-            .clone()
-            .oneshot(req)
-            .await
-            .expect("the router is infallible");
-        let status = resp.status();
-        let content_type = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
-        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        let json = serde_json::from_slice(&bytes).ok();
+        let r = common::send(&self.app, req).await;
         Resp {
-            status,
-            content_type,
-            text,
-            json,
+            status: r.status,
+            text: r.text(),
+            json: r.json(),
+            content_type: r.content_type,
         }
     }
 
@@ -79,18 +57,7 @@ impl Api {
         token: Option<&str>,
         body: Option<&Value>,
     ) -> Resp {
-        let mut req = Request::builder().method(method).uri(uri);
-        if let Some(t) = token {
-            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-        }
-        let req = match body {
-            Some(b) => req
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(b.to_string()))
-                .unwrap(),
-            None => req.body(Body::empty()).unwrap(),
-        };
-        self.raw(req).await
+        self.raw(common::request(method, uri, token, body)).await
     }
 
     async fn with_auth_header(&self, uri: &str, value: &str) -> Resp {

@@ -3,29 +3,23 @@
 //! unless the policy allows; a revoked or replaced token answers 404; a feed's size
 //! is bounded.
 
+mod common;
+
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::Router;
-use chrono::{DateTime, TimeDelta, TimeZone, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
+use common::{rfc, t0};
 use gpu_booking_api::clock::ManualClock;
 use gpu_booking_api::testing::{test_state, token_for};
 use gpu_booking_core::policy::Policy;
-use http_body_util::BodyExt;
 use icalendar::parser::{read_calendar, unfold};
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tower::ServiceExt;
 
 const SECRET: &[u8] = b"feeds-test-secret-0123456789abcdefgh";
 
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2030, 1, 7, 0, 0, 0).unwrap()
-}
-fn rfc(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
-}
 fn user(name: &str) -> String {
     token_for(SECRET, name, None)
 }
@@ -59,27 +53,9 @@ impl Api {
         token: Option<&str>,
         body: Option<Value>,
     ) -> (StatusCode, String, String) {
-        let mut req = Request::builder().method(method).uri(uri);
-        if let Some(t) = token {
-            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-        }
-        let req = match body {
-            Some(b) => req
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(b.to_string())),
-            None => req.body(Body::empty()),
-        }
-        .unwrap();
-        let resp = self.app.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let ct = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        (status, ct, String::from_utf8_lossy(&bytes).into_owned())
+        let r = common::call(&self.app, method, uri, token, body.as_ref()).await;
+        let text = r.text();
+        (r.status, r.content_type, text)
     }
 
     async fn book(&self, who: &str, start: DateTime<Utc>, days: i64) -> i64 {

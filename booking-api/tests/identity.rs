@@ -5,30 +5,22 @@
 //!
 //! Runs on the real Postgres (`DATABASE_URL`), a fresh database per test.
 
+mod common;
+
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::Router;
-use chrono::{DateTime, TimeDelta, TimeZone, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
+use common::{rfc_secs as rfc, t0};
 use gpu_booking_api::clock::ManualClock;
-use gpu_booking_api::testing::{test_state, token_for};
+use gpu_booking_api::testing::test_state;
 use gpu_booking_core::policy::Policy;
 use gpu_booking_core::username::{safe_slug, NameCase};
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tower::ServiceExt;
 
 const SECRET: &[u8] = b"identity-test-secret-0123456789abcdef";
-
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2030, 1, 7, 0, 0, 0).unwrap()
-}
-
-fn rfc(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
 
 struct Api {
     app: Router,
@@ -71,26 +63,7 @@ impl Api {
         role: Option<&str>,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let token = token_for(SECRET, who, role);
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::AUTHORIZATION, format!("Bearer {token}"));
-        let req = match body {
-            Some(b) => req
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(b.to_string())),
-            None => req.body(Body::empty()),
-        }
-        .unwrap();
-        let resp = self.app.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        assert!(!status.is_server_error(), "{status}: {bytes:?}");
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
+        common::call_as(&self.app, SECRET, method, uri, (who, role), body.as_ref()).await
     }
 
     /// `who` books `model` for a day from `start`.

@@ -4,40 +4,23 @@
 //! Runs on the real Postgres (`DATABASE_URL`); each test gets a fresh, migrated
 //! database from `#[sqlx::test]`.
 
+mod common;
+
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::Router;
-use chrono::{DateTime, NaiveDate, TimeDelta, TimeZone, Utc};
+use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
+use common::{days, hours, rfc, secs, t0};
 use gpu_booking_api::clock::ManualClock;
 use gpu_booking_api::testing::{test_state, token_for};
 use gpu_booking_core::policy::Policy;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tower::ServiceExt;
 
 const SECRET: &[u8] = b"rules-api-test-secret-0123456789abcdef";
 
 /// A Monday, midnight UTC.
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2030, 1, 7, 0, 0, 0).unwrap()
-}
-
-fn secs(n: i64) -> TimeDelta {
-    TimeDelta::seconds(n)
-}
-fn hours(n: i64) -> TimeDelta {
-    TimeDelta::hours(n)
-}
-fn days(n: i64) -> TimeDelta {
-    TimeDelta::days(n)
-}
-
-fn rfc(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
-}
 
 fn admin() -> String {
     token_for(SECRET, "root@lab", Some("admin"))
@@ -160,30 +143,12 @@ impl Api {
     }
 
     async fn call(&self, method: Method, uri: &str, token: &str, body: Option<Value>) -> Resp {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::AUTHORIZATION, format!("Bearer {token}"));
-        let req = match body {
-            Some(b) => req
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(b.to_string())),
-            None => req.body(Body::empty()),
-        }
-        .unwrap();
-        let resp = self
-            .app
-            .clone()
-            .oneshot(req)
-            .await
-            .expect("the router is infallible");
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let r = common::call(&self.app, method, uri, Some(token), body.as_ref()).await;
+        let (status, text) = (r.status, r.text());
         assert!(!status.is_server_error(), "server error {status}: {text}");
         Resp {
             status,
-            json: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            json: r.json_or_null(),
             text,
         }
     }

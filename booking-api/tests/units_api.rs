@@ -2,28 +2,19 @@
 //! the policy's maximum, capacity counted in units, and what the webhook is told
 //! (the booking's units and the units its pods hold, as the controller counted).
 
+mod common;
+
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
-use chrono::{DateTime, TimeDelta, TimeZone, Utc};
+use axum::http::{Method, StatusCode};
+use common::{days, t0};
 use gpu_booking_api::clock::ManualClock;
-use gpu_booking_api::testing::{test_state, token_for};
+use gpu_booking_api::testing::test_state;
 use gpu_booking_core::policy::Policy;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tower::ServiceExt;
 
 const SECRET: &[u8] = b"units-api-test-secret-0123456789abcdef";
-
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2030, 1, 7, 0, 0, 0).unwrap()
-}
-
-fn days(n: i64) -> TimeDelta {
-    TimeDelta::days(n)
-}
 
 struct Api {
     app: axum::Router,
@@ -63,25 +54,7 @@ impl Api {
         role: Option<&str>,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let req = Request::builder().method(method).uri(uri).header(
-            header::AUTHORIZATION,
-            format!("Bearer {}", token_for(SECRET, who, role)),
-        );
-        let req = match body {
-            Some(b) => req
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(b.to_string())),
-            None => req.body(Body::empty()),
-        }
-        .unwrap();
-        let resp = self.app.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        assert!(!status.is_server_error(), "{status}: {bytes:?}");
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
+        common::call_as(&self.app, SECRET, method, uri, (who, role), body.as_ref()).await
     }
 
     async fn book(&self, who: &str, units: Option<u32>, from: i64, to: i64) -> (StatusCode, Value) {

@@ -4,31 +4,22 @@
 //! cancellation, expiry and bad input; and several cancellations racing over two
 //! replicas turning one entry into exactly one booking.
 
+mod common;
+
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::Router;
-use chrono::{DateTime, DurationRound, TimeDelta, TimeZone, Utc};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+use common::{days, rfc, t0};
 use gpu_booking_api::clock::{Clock, ManualClock, SystemClock};
 use gpu_booking_api::testing::{test_state, token_for, TestApi};
 use gpu_booking_core::policy::Policy;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tower::ServiceExt;
 
 const SECRET: &[u8] = b"waitlist-test-secret-0123456789abcdef";
 
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2030, 1, 7, 0, 0, 0).unwrap()
-}
-fn days(n: i64) -> TimeDelta {
-    TimeDelta::days(n)
-}
-fn rfc(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
-}
 fn admin() -> String {
     token_for(SECRET, "root@lab", Some("admin"))
 }
@@ -89,29 +80,9 @@ impl Api {
         token: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::AUTHORIZATION, format!("Bearer {token}"));
-        let req = match body {
-            Some(b) => req
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(b.to_string())),
-            None => req.body(Body::empty()),
-        }
-        .unwrap();
-        let resp = self.app.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        assert!(
-            !status.is_server_error(),
-            "{status}: {}",
-            String::from_utf8_lossy(&bytes)
-        );
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
+        let r = common::call(&self.app, method, uri, Some(token), body.as_ref()).await;
+        assert!(!r.status.is_server_error(), "{}: {}", r.status, r.text());
+        (r.status, r.json_or_null())
     }
 
     async fn book(&self, who: &str, model: &str, start: DateTime<Utc>, end: DateTime<Utc>) -> i64 {
