@@ -159,6 +159,27 @@ fn configure(server: &FakeApiServer, name: &str, hooks: Vec<Value>) {
     );
 }
 
+/// A fake API server with its admission chain on, and a webhook behind its test
+/// service answering with `script`.
+async fn admitting(
+    script: impl Fn(&Value) -> Reply + Send + Sync + 'static,
+) -> (FakeApiServer, Hook) {
+    let server = FakeApiServer::new();
+    server.enable_admission();
+    let hook = Hook::service(&server, script).await;
+    (server, hook)
+}
+
+/// The configuration `c` with one webhook, `h.example.com`, trusting `hook`'s CA
+/// (`extra` as in [`webhook`]).
+fn configure_one(server: &FakeApiServer, hook: &Hook, extra: Value) {
+    configure(
+        server,
+        "c",
+        vec![webhook("h.example.com", &hook.ca_pem, extra)],
+    );
+}
+
 fn priority_class(
     server: &FakeApiServer,
     name: &str,
@@ -236,9 +257,7 @@ fn chart_shaped(ca_pem: &str, failure_policy: &str) -> Value {
 #[tokio::test]
 async fn match_conditions_of_the_chart_send_only_gpu_pods_to_the_webhook() {
     // "Dynamic Admission Control": Matching requests: matchConditions (CEL).
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| allow()).await;
+    let (server, hook) = admitting(|_| allow()).await;
     configure(
         &server,
         "gpu-booking",
@@ -277,9 +296,7 @@ async fn match_conditions_of_the_chart_send_only_gpu_pods_to_the_webhook() {
 async fn namespace_selector_sees_the_metadata_name_label_and_namespace_labels() {
     // "Dynamic Admission Control": namespaceSelector; every namespace carries
     // kubernetes.io/metadata.name, stored or not.
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| allow()).await;
+    let (server, hook) = admitting(|_| allow()).await;
     configure(
         &server,
         "gpu-booking",
@@ -303,15 +320,9 @@ async fn namespace_selector_sees_the_metadata_name_label_and_namespace_labels() 
 
 #[tokio::test]
 async fn object_selector_matches_the_pods_labels() {
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| allow()).await;
+    let (server, hook) = admitting(|_| allow()).await;
     let selector = json!({"objectSelector": {"matchLabels": {"component": "singleuser-server"}}});
-    configure(
-        &server,
-        "c",
-        vec![webhook("h.example.com", &hook.ca_pem, selector)],
-    );
+    configure_one(&server, &hook, selector);
     create(&server, "jhub", &pod("plain", json!({})))
         .await
         .unwrap();
@@ -330,9 +341,7 @@ async fn object_selector_matches_the_pods_labels() {
 async fn a_match_condition_that_fails_to_evaluate_follows_the_failure_policy() {
     // "Dynamic Admission Control": matchConditions error handling: Fail refuses the
     // request (403), Ignore skips the webhook; a false condition always skips.
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| allow()).await;
+    let (server, hook) = admitting(|_| allow()).await;
     let broken = |policy: &str, exprs: &[&str]| {
         let conditions: Vec<Value> = exprs
             .iter()
@@ -378,9 +387,7 @@ async fn a_match_condition_that_fails_to_evaluate_follows_the_failure_policy() {
 
 #[tokio::test]
 async fn a_wrong_ca_bundle_fails_tls_fail_refuses_and_ignore_admits_unchanged() {
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| {
+    let (server, hook) = admitting(|_| {
         patch(json!([{"op": "add", "path": "/metadata/labels/touched", "value": "yes"}]))
     })
     .await;
@@ -431,9 +438,7 @@ async fn a_wrong_ca_bundle_fails_tls_fail_refuses_and_ignore_admits_unchanged() 
 #[tokio::test]
 async fn a_webhook_past_its_timeout_follows_the_failure_policy() {
     // "Dynamic Admission Control": Timeouts.
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| Reply::Hang).await;
+    let (server, hook) = admitting(|_| Reply::Hang).await;
     configure(
         &server,
         "c",
@@ -466,21 +471,11 @@ async fn a_webhook_past_its_timeout_follows_the_failure_policy() {
 
 #[tokio::test]
 async fn a_refusal_carries_the_webhooks_code_and_message() {
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| {
+    let (server, hook) = admitting(|_| {
         Reply::Review(json!({"allowed": false, "status": {"code": 403, "message": "no GPU without a booking"}}))
     })
     .await;
-    configure(
-        &server,
-        "c",
-        vec![webhook(
-            "h.example.com",
-            &hook.ca_pem,
-            json!({"failurePolicy": "Ignore"}),
-        )],
-    );
+    configure_one(&server, &hook, json!({"failurePolicy": "Ignore"}));
     let e = create(&server, "jhub", &gpu_pod("a")).await.unwrap_err();
     assert_eq!(e.code, 403);
     assert_eq!(
@@ -503,11 +498,7 @@ async fn the_patch_is_applied_to_the_stored_pod_and_logged() {
         move |_| patch(ops.clone())
     })
     .await;
-    configure(
-        &server,
-        "c",
-        vec![webhook("h.example.com", &hook.ca_pem, json!({}))],
-    );
+    configure_one(&server, &hook, json!({}));
     let created = create(&server, "jhub", &gpu_pod("a")).await.unwrap();
     let stored = server.get::<Pod>(Some("jhub"), "a").unwrap();
     for p in [&created, &stored] {
@@ -540,41 +531,25 @@ async fn the_patch_is_applied_to_the_stored_pod_and_logged() {
 async fn a_patch_that_does_not_apply_is_an_internal_error_even_with_ignore() {
     // The API server's dispatcher answers a patch it cannot apply with an internal
     // error; failurePolicy covers calling the webhook, not what it answered.
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| {
+    let (server, hook) = admitting(|_| {
         patch(json!([{"op": "add", "path": "/metadata/annotations/x", "value": "1"}]))
     })
     .await;
-    configure(
-        &server,
-        "c",
-        vec![webhook(
-            "h.example.com",
-            &hook.ca_pem,
-            json!({"failurePolicy": "Ignore"}),
-        )],
-    );
+    configure_one(&server, &hook, json!({"failurePolicy": "Ignore"}));
     let e = create(&server, "jhub", &gpu_pod("a")).await.unwrap_err();
     assert_eq!((e.code, e.reason.as_str()), (500, "InternalError"));
 }
 
 #[tokio::test]
 async fn a_response_with_another_uid_is_a_call_failure() {
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| {
+    let (server, hook) = admitting(|_| {
         Reply::Raw(
             json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                           "response": {"uid": "someone-else", "allowed": true}}),
         )
     })
     .await;
-    configure(
-        &server,
-        "c",
-        vec![webhook("h.example.com", &hook.ca_pem, json!({}))],
-    );
+    configure_one(&server, &hook, json!({}));
     let e = create(&server, "jhub", &gpu_pod("a")).await.unwrap_err();
     assert_eq!(e.code, 500);
     assert!(
@@ -583,34 +558,20 @@ async fn a_response_with_another_uid_is_a_call_failure() {
         "{}",
         e.message
     );
-    configure(
-        &server,
-        "c",
-        vec![webhook(
-            "h.example.com",
-            &hook.ca_pem,
-            json!({"failurePolicy": "Ignore"}),
-        )],
-    );
+    configure_one(&server, &hook, json!({"failurePolicy": "Ignore"}));
     create(&server, "jhub", &gpu_pod("b")).await.unwrap();
 }
 
 #[tokio::test]
 async fn warnings_come_back_as_warning_headers() {
     // "Dynamic Admission Control": Response, warnings: `Warning: 299 - "text"`.
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| {
+    let (server, hook) = admitting(|_| {
         Reply::Review(
             json!({"allowed": true, "warnings": ["no GPU free: runs on CPU", "say \"hi\""]}),
         )
     })
     .await;
-    configure(
-        &server,
-        "c",
-        vec![webhook("h.example.com", &hook.ca_pem, json!({}))],
-    );
+    configure_one(&server, &hook, json!({}));
     let body = serde_json::to_vec(&gpu_pod("a")).unwrap();
     let request = http::Request::post("/api/v1/namespaces/jhub/pods")
         .header("content-type", "application/json")
@@ -744,11 +705,7 @@ async fn a_webhook_that_sets_a_class_must_remove_priority_or_the_pod_is_refused(
         patch(set_class(remove))
     })
     .await;
-    configure(
-        &server,
-        "c",
-        vec![webhook("h.example.com", &hook.ca_pem, json!({}))],
-    );
+    configure_one(&server, &hook, json!({}));
     let e = create(&server, "jhub", &gpu_pod("careless"))
         .await
         .unwrap_err();
@@ -771,9 +728,7 @@ async fn a_webhook_that_sets_a_class_must_remove_priority_or_the_pod_is_refused(
 async fn configurations_run_in_name_order_and_if_needed_webhooks_run_again() {
     // "Dynamic Admission Control": Reinvocation policy. Configurations are sorted by
     // name; `first` (IfNeeded) ran before `second` changed the pod, so it runs again.
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |review| {
+    let (server, hook) = admitting(|review| {
         let labels = &review["request"]["object"]["metadata"]["labels"];
         if labels.get("second").is_none() && labels.get("first").is_some() {
             patch(json!([{"op": "add", "path": "/metadata/labels/second", "value": "1"}]))
@@ -817,21 +772,10 @@ async fn configurations_run_in_name_order_and_if_needed_webhooks_run_again() {
 #[tokio::test]
 async fn a_dry_run_stores_nothing_and_skips_webhooks_with_side_effects() {
     // "Dynamic Admission Control": Side effects.
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| {
-        patch(json!([{"op": "add", "path": "/metadata/labels/seen", "value": "1"}]))
-    })
-    .await;
-    configure(
-        &server,
-        "c",
-        vec![webhook(
-            "h.example.com",
-            &hook.ca_pem,
-            json!({"sideEffects": "NoneOnDryRun"}),
-        )],
-    );
+    let (server, hook) =
+        admitting(|_| patch(json!([{"op": "add", "path": "/metadata/labels/seen", "value": "1"}])))
+            .await;
+    configure_one(&server, &hook, json!({"sideEffects": "NoneOnDryRun"}));
     let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
     let version = server.resource_version();
     let dry = PostParams {
@@ -853,15 +797,7 @@ async fn a_dry_run_stores_nothing_and_skips_webhooks_with_side_effects() {
     assert_eq!(hook.reviews()[0]["request"]["dryRun"], true);
     assert!(server.admission_log()[0].dry_run);
 
-    configure(
-        &server,
-        "c",
-        vec![webhook(
-            "h.example.com",
-            &hook.ca_pem,
-            json!({"sideEffects": "Some"}),
-        )],
-    );
+    configure_one(&server, &hook, json!({"sideEffects": "Some"}));
     let e = pods.create(&dry, &gpu_pod("a")).await.unwrap_err();
     let kube::Error::Api(e) = e else {
         panic!("{e:?}")
@@ -887,14 +823,8 @@ async fn a_dry_run_stores_nothing_and_skips_webhooks_with_side_effects() {
 
 #[tokio::test]
 async fn the_webhook_sees_who_made_the_request() {
-    let server = FakeApiServer::new();
-    server.enable_admission();
-    let hook = Hook::service(&server, |_| allow()).await;
-    configure(
-        &server,
-        "c",
-        vec![webhook("h.example.com", &hook.ca_pem, json!({}))],
-    );
+    let (server, hook) = admitting(|_| allow()).await;
+    configure_one(&server, &hook, json!({}));
     let hub = server.client_as(
         "system:serviceaccount:jhub:hub",
         &["system:serviceaccounts", "system:serviceaccounts:jhub"],
@@ -940,11 +870,7 @@ async fn a_url_webhook_is_verified_against_its_own_name() {
 async fn without_enable_admission_nothing_is_called() {
     let server = FakeApiServer::new();
     let hook = Hook::service(&server, |_| Reply::Review(json!({"allowed": false}))).await;
-    configure(
-        &server,
-        "c",
-        vec![webhook("h.example.com", &hook.ca_pem, json!({}))],
-    );
+    configure_one(&server, &hook, json!({}));
     let p = create(&server, "jhub", &gpu_pod("a")).await.unwrap();
     assert_eq!(
         p.spec.unwrap().priority,
