@@ -15,6 +15,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// In [`ALLOWED`]: a composition crate, which may link any crate of ours (cargo
+/// refuses a cycle).
+const ANY: &[&str] = &["*"];
+
 /// Each workspace crate (package name without `gpu-booking-`; the root package is
 /// `gpu-booking`) and the crates of ours it may depend on. Must match the table in
 /// `docs/architecture.md`.
@@ -35,36 +39,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Test double of kube-apiserver + kube-scheduler.
     ("fake-apiserver", &["core"]),
     // The simulated lab (`gpu-booking demo`): composes every service in one process.
-    (
-        "sim",
-        &[
-            "core",
-            "ops",
-            "client",
-            "api",
-            "webhook",
-            "controller",
-            "agent",
-            "certs",
-            "fake-apiserver",
-        ],
-    ),
+    ("sim", ANY),
     // The binary: every subcommand.
-    (
-        "gpu-booking",
-        &[
-            "core",
-            "ops",
-            "client",
-            "api",
-            "webhook",
-            "controller",
-            "agent",
-            "certs",
-            "fake-apiserver",
-            "sim",
-        ],
-    ),
+    ("gpu-booking", ANY),
 ];
 
 /// Pairs that must never be linked, directly or through another crate: the ones
@@ -196,7 +173,7 @@ fn dependencies_point_inward() {
             continue; // every_crate_has_a_place reports it
         };
         for d in deps {
-            if !ok.contains(d.as_str()) {
+            if !ok.contains("*") && !ok.contains(d.as_str()) {
                 wrong.push(format!("{krate} -> {d}"));
             }
         }
