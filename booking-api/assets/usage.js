@@ -124,7 +124,7 @@
       exposed.report = report;
       if (window.Chart) plot(report);
       const t = report.total;
-      $('au-summary').textContent = `${t.bookings} bookings: ${hours(t.booked_gpu_hours)} booked, `
+      $('au-summary').textContent = `${t.bookings} ${t.bookings === 1 ? 'booking' : 'bookings'}: ${hours(t.booked_gpu_hours)} booked, `
         + `${hours(t.held_gpu_hours)} held by a pod, ${hours(t.active_gpu_hours)} with the GPU active; `
         + `${t.no_shows} no-shows, ${t.idle} idle now.`;
       $('au-chart').setAttribute('aria-label', 'GPU-hours booked, held and active per ' + report.by + ': '

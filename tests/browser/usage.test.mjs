@@ -52,7 +52,7 @@ describe('usage report', () => {
     assert.ok(drawn.booked.some((h) => h > 0), 'something was booked');
     // The canvas says in words what it shows.
     assert.match(await page.locator('#au-chart').getAttribute('aria-label'), /GPU-hours booked, held and active per user: /);
-    assert.match(await page.locator('#au-summary').innerText(), /bookings: .* booked, .* held by a pod/);
+    assert.match(await page.locator('#au-summary').innerText(), /bookings?: .* booked, .* held by a pod/);
     await page.locator('#au-noshows-title').waitFor();
     await page.locator('#au-idle-title').waitFor();
 
