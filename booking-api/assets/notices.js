@@ -12,6 +12,7 @@
     spawn_stripped: 'when a notebook starts without a GPU',
     processes_reclaimed: 'when idle GPU processes are ended',
     waitlist_promoted: 'when a waitlist entry becomes a booking',
+    booking_idle: 'when a running booking has been idle for a while (release it early?)',
   };
   const $ = (id) => document.getElementById(id);
 

@@ -17,7 +17,7 @@ use crate::openapi::ApiDoc;
 use crate::routes::{
     audit, availability, bookings, changes, health, me, models, notices, schedulability, units,
 };
-use crate::routes::{feeds, waitlist};
+use crate::routes::{feeds, usage, waitlist};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -73,6 +73,7 @@ pub fn router(state: AppState) -> Router {
         .route("/audit", get(audit::list).post(audit::report))
         .route("/policy", get(units::policy))
         .route("/held-units", put(units::put_held))
+        .route("/admin/usage", get(usage::get))
         .route("/waitlist", get(waitlist::list).post(waitlist::join))
         .route("/waitlist/{id}", delete(waitlist::cancel))
         .route(

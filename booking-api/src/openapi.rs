@@ -34,6 +34,7 @@ use crate::routes;
         routes::waitlist::join, routes::waitlist::list, routes::waitlist::cancel,
         routes::feeds::token_status, routes::feeds::issue_token, routes::feeds::revoke_token,
         routes::feeds::own_feed, routes::feeds::model_feed,
+        routes::usage::get,
     ),
     modifiers(&BearerAuth, &Contract)
 )]

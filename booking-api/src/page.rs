@@ -28,6 +28,13 @@ const SCRIPTS: &[(&str, &str)] = &[
     ("waitlist.js", include_str!("../assets/waitlist.js")),
     ("notices.js", include_str!("../assets/notices.js")),
     ("extend.js", include_str!("../assets/extend.js")),
+    // Chart.js (MIT, its licence header kept; licence text beside it), for the
+    // admin's usage plots: served from here, nothing fetched at run time.
+    (
+        "chart.umd.min.js",
+        include_str!("../assets/chart.umd.min.js"),
+    ),
+    ("usage.js", include_str!("../assets/usage.js")),
 ];
 const STYLE_CSS: &str = include_str!("../assets/style.css");
 const FAVICON_SVG: &str = include_str!("../assets/favicon.svg");

@@ -54,6 +54,18 @@ pub struct Model {
     pub cards: Option<i32>,
 }
 
+/// The body of `PUT /api/v1/held-units`: what the controller counted of the
+/// bookings' high-priority pods.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldReport {
+    /// Booking id -> GPU units its pods hold now (the whole count).
+    pub bookings: std::collections::BTreeMap<i64, u64>,
+    /// Booking id -> the last GPU activity of its pods (the node agent's
+    /// `gpu-booking.io/last-gpu-activity` annotation), for the usage report.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub active: std::collections::BTreeMap<i64, chrono::DateTime<chrono::Utc>>,
+}
+
 /// What the controller reports of one model (`PUT /api/v1/models/{name}/usage`):
 /// recorded beside the admin's declared units, never in their place.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,12 +144,9 @@ impl BookingClient {
     }
 
     /// Reports the units each booking's high-priority pods hold (the whole count:
-    /// bookings left out hold none).
-    pub async fn put_held(
-        &self,
-        held: &std::collections::BTreeMap<i64, u64>,
-    ) -> Result<(), ClientError> {
-        let body = serde_json::json!({ "bookings": held });
+    /// bookings left out hold none) and their last GPU activity.
+    pub async fn put_held(&self, held: &HeldReport) -> Result<(), ClientError> {
+        let body = serde_json::to_value(held).map_err(|e| ClientError::Body(e.to_string()))?;
         self.call::<Value>(reqwest::Method::PUT, "/api/v1/held-units", Some(&body))
             .await?;
         Ok(())

@@ -2,11 +2,9 @@
 //! its place (no sockets: tests run on tokio's paused clock, which a real socket wait
 //! would let jump past every timeout).
 
-use std::collections::BTreeMap;
-
 use futures::future::BoxFuture;
 use gpu_booking_client::{
-    AuditReport, BookingClient, ChangeSource, ClientError, Model, UsageReport,
+    AuditReport, BookingClient, ChangeSource, ClientError, HeldReport, Model, UsageReport,
 };
 
 pub type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
@@ -16,9 +14,10 @@ pub trait Booking: Send + Sync + 'static {
     fn models(&self) -> Answer<'_, Vec<Model>>;
     fn put_usage<'a>(&'a self, model: &'a str, report: &'a UsageReport) -> Answer<'a, ()>;
     fn audit<'a>(&'a self, report: &'a AuditReport) -> Answer<'a, i64>;
-    /// The units each booking's high-priority pods hold (the whole count). The
-    /// default takes it and keeps nothing: for fakes of tests that do not read it.
-    fn put_held<'a>(&'a self, held: &'a BTreeMap<i64, u64>) -> Answer<'a, ()> {
+    /// The units each booking's high-priority pods hold (the whole count) and their
+    /// last GPU activity. The default takes it and keeps nothing: for fakes of tests
+    /// that do not read it.
+    fn put_held<'a>(&'a self, held: &'a HeldReport) -> Answer<'a, ()> {
         let _ = held;
         Box::pin(async { Ok(()) })
     }
@@ -40,7 +39,7 @@ impl Booking for BookingClient {
     fn audit<'a>(&'a self, report: &'a AuditReport) -> Answer<'a, i64> {
         Box::pin(BookingClient::audit(self, report))
     }
-    fn put_held<'a>(&'a self, held: &'a BTreeMap<i64, u64>) -> Answer<'a, ()> {
+    fn put_held<'a>(&'a self, held: &'a HeldReport) -> Answer<'a, ()> {
         Box::pin(BookingClient::put_held(self, held))
     }
 

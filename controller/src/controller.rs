@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use gpu_booking_client::{ClientError, Model, UsageReport};
+use gpu_booking_client::{ClientError, HeldReport, Model, UsageReport};
 use gpu_booking_core::admission::{pending_lent, AdmissionConfig, PendingLent};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -51,7 +51,7 @@ enum Msg {
     Models(Result<Vec<Model>, ClientError>),
     Reported(BTreeMap<String, Usage>, bool),
     /// The units held per booking were reported (true) or not.
-    HeldReported(BTreeMap<i64, u64>, bool),
+    HeldReported(HeldReport, bool),
     Labelled,
     /// A node's status patch ended (true: written).
     Advertised(String, bool),
@@ -79,7 +79,7 @@ pub struct Loop {
     reported: BTreeMap<String, Usage>,
     reporting: bool,
     /// The units held per booking as last reported (`None`: not since elected).
-    held_reported: Option<BTreeMap<i64, u64>>,
+    held_reported: Option<HeldReport>,
     held_reporting: bool,
     labelling: HashMap<String, Instant>,
     /// Nodes whose VRAM budget is being written, or failed to be, and since when.
@@ -794,11 +794,23 @@ impl Loop {
             return;
         }
         let pods = booking_units::booked_pods(&self.pods);
-        let held = gpu_booking_core::booking_units::held_by_booking(&pods);
-        if !self.held_reporting && self.held_reported.as_ref() != Some(&held) {
+        let held = HeldReport {
+            bookings: gpu_booking_core::booking_units::held_by_booking(&pods),
+            active: booking_units::last_active_by_booking(&self.pods),
+        };
+        // Held units on every change; activity when it moved by a step (the usage
+        // report's resolution), not on each of the agent's annotation writes.
+        let news = match &self.held_reported {
+            None => true,
+            Some(was) => {
+                was.bookings != held.bookings
+                    || gpu_booking_core::usage::activity_moved(&was.active, &held.active)
+            }
+        };
+        if !self.held_reporting && news {
             if self.ctx.dry_run {
                 tracing::info!(
-                    bookings = held.len(),
+                    bookings = held.bookings.len(),
                     "dry run: would report the units held"
                 );
                 self.held_reported = Some(held);

@@ -18,6 +18,7 @@ pub mod notice;
 pub mod policy;
 pub mod rate;
 pub mod rules;
+pub mod usage;
 pub mod username;
 pub mod waitlist;
 pub mod window;

@@ -26,16 +26,19 @@ pub enum NoticeKind {
     ProcessesReclaimed,
     /// A waitlist entry became a booking.
     WaitlistPromoted,
+    /// A running booking has been idle for a while: release it early?
+    BookingIdle,
 }
 
 impl NoticeKind {
-    pub const ALL: [NoticeKind; 6] = [
+    pub const ALL: [NoticeKind; 7] = [
         NoticeKind::BookingStarts,
         NoticeKind::BookingEnds,
         NoticeKind::GpuTakenBack,
         NoticeKind::SpawnStripped,
         NoticeKind::ProcessesReclaimed,
         NoticeKind::WaitlistPromoted,
+        NoticeKind::BookingIdle,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +49,7 @@ impl NoticeKind {
             NoticeKind::SpawnStripped => "spawn_stripped",
             NoticeKind::ProcessesReclaimed => "processes_reclaimed",
             NoticeKind::WaitlistPromoted => "waitlist_promoted",
+            NoticeKind::BookingIdle => "booking_idle",
         }
     }
 

@@ -76,6 +76,23 @@ pub struct NoticeArgs {
     /// created_at, details) or `slack` (`{"text": ...}`, also Mattermost's).
     #[arg(long, env = "GPU_BOOKING_NOTICE_WEBHOOK_FORMAT", value_enum, default_value_t = Format::Json)]
     pub notice_webhook_format: Format,
+
+    /// A running booking whose GPUs have been idle this long (or that was never used
+    /// this long after it started) asks its user, once, to release it early (the
+    /// `booking_idle` notice); `0` turns the nudge off. Not sent for a booking that
+    /// ends within this time anyway.
+    #[arg(long, env = "GPU_BOOKING_IDLE_NUDGE_AFTER", default_value = "8h", value_parser = gpu_booking_ops::duration::parse_duration)]
+    pub idle_nudge_after: Duration,
+
+    /// The booking page's address as users reach it (e.g. `https://gpu.lab.example/`),
+    /// for the link in the idle nudge; unset: the notice names the page without a link.
+    #[arg(long, env = "GPU_BOOKING_PAGE_URL")]
+    pub page_url: Option<String>,
+
+    /// How long the records of use behind the usage report (`GET
+    /// /api/v1/admin/usage`) are kept; older ones are deleted by the notice rounds.
+    #[arg(long, env = "GPU_BOOKING_USAGE_RETENTION", default_value = "400days", value_parser = gpu_booking_ops::duration::parse_duration)]
+    pub usage_retention: Duration,
 }
 
 impl Default for NoticeArgs {
@@ -93,6 +110,9 @@ impl Default for NoticeArgs {
             smtp_from: "gpu-booking <gpu-booking@localhost>".into(),
             notice_webhook_url_file: None,
             notice_webhook_format: Format::Json,
+            idle_nudge_after: Duration::from_secs(8 * 3600),
+            page_url: None,
+            usage_retention: Duration::from_secs(400 * 86400),
         }
     }
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::notice::{self as rules, Channel, Message, Notice, NoticeKind, Prefs};
+use gpu_booking_core::usage;
 use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
 
@@ -184,6 +185,13 @@ pub struct Settings {
     pub batch: i64,
     /// Notices older than this are deleted (their audit rows stay).
     pub retention: TimeDelta,
+    /// The idle nudge's threshold (`None`: no nudges; the default here, for tests;
+    /// `--idle-nudge-after` defaults to 8 h).
+    pub idle_nudge_after: Option<TimeDelta>,
+    /// The page's address for the nudge's link.
+    pub page_url: Option<String>,
+    /// Records of use older than this are deleted.
+    pub usage_retention: TimeDelta,
 }
 
 impl Settings {
@@ -192,6 +200,17 @@ impl Settings {
             leads: args.notice_leads.0.clone(),
             interval: args.notice_interval,
             max_attempts: args.notice_max_attempts,
+            idle_nudge_after: TimeDelta::from_std(args.idle_nudge_after)
+                .ok()
+                .filter(|d| *d > TimeDelta::zero()),
+            page_url: args
+                .page_url
+                .as_deref()
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(str::to_owned),
+            usage_retention: TimeDelta::from_std(args.usage_retention)
+                .unwrap_or(TimeDelta::days(400)),
             ..Settings::default()
         }
     }
@@ -208,6 +227,9 @@ impl Default for Settings {
             lease: TimeDelta::seconds(120),
             batch: 256,
             retention: TimeDelta::days(90),
+            idle_nudge_after: None,
+            page_url: None,
+            usage_retention: TimeDelta::days(400),
         }
     }
 }
@@ -275,13 +297,15 @@ impl Worker {
     /// deliveries, then old notices pruned.
     pub async fn round(&self) -> sqlx::Result<Round> {
         let mut round = Round {
-            queued: self.from_audit().await? + self.reminders().await?,
+            queued: self.from_audit().await? + self.reminders().await? + self.idle_nudges().await?,
             ..Round::default()
         };
         self.dispatch(&mut round).await?;
         sqlx::query("DELETE FROM notice WHERE created_at < $1")
             .bind(self.clock.now() - self.settings.retention)
             .execute(&self.pool)
+            .await?;
+        crate::store::usage::prune(&self.pool, self.clock.now() - self.settings.usage_retention)
             .await?;
         Ok(round)
     }
@@ -407,6 +431,57 @@ impl Worker {
                 }
                 tx.commit().await?;
             }
+        }
+        Ok(queued)
+    }
+
+    /// The idle nudge: running bookings idle for `idle_nudge_after`, once each (the
+    /// notice's key is the booking's).
+    async fn idle_nudges(&self) -> sqlx::Result<usize> {
+        let Some(after) = self.settings.idle_nudge_after else {
+            return Ok(0);
+        };
+        let now = self.clock.now();
+        let link = match &self.settings.page_url {
+            Some(url) => format!("{}#mine", url.trim_end_matches('#')),
+            None => "the booking page".to_owned(),
+        };
+        let mut queued = 0;
+        let mut conn = self.pool.acquire().await?;
+        for b in crate::store::usage::idle(&mut *conn, now, after).await? {
+            let u = usage::Use {
+                start: b.start_at,
+                end: b.end_at,
+                ever_held: true,
+                last_active: b.last_active,
+            };
+            if !usage::nudge_due(&u, now, after) {
+                continue;
+            }
+            let idle_for = now - u.idle_since();
+            let key = usage::nudge_key(b.id);
+            let notice = NewNotice {
+                key: &key,
+                user: &b.user_name,
+                kind: NoticeKind::BookingIdle,
+                booking_id: Some(b.id),
+                audit_id: None,
+                message: usage::nudge_message(b.id, &b.model, idle_for, b.end_at, now, &link),
+                details: json!({
+                    "model": b.model,
+                    "idle_since": u.idle_since(),
+                    "idle_seconds": idle_for.num_seconds(),
+                    "end_at": b.end_at,
+                }),
+            };
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            if enqueue(&mut tx, self.channels(), notice, now)
+                .await?
+                .is_some()
+            {
+                queued += 1;
+            }
+            tx.commit().await?;
         }
         Ok(queued)
     }

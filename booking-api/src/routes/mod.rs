@@ -11,4 +11,5 @@ pub mod models;
 pub mod notices;
 pub mod schedulability;
 pub mod units;
+pub mod usage;
 pub mod waitlist;

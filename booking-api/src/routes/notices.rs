@@ -23,8 +23,8 @@ pub struct NoticePrefs {
     pub email_enabled: bool,
     pub webhook_enabled: bool,
     /// Kinds not wanted: `booking_starts`, `booking_ends`, `gpu_taken_back`,
-    /// `spawn_stripped`, `processes_reclaimed`, `waitlist_promoted`.
-    #[schema(max_items = 6)]
+    /// `spawn_stripped`, `processes_reclaimed`, `waitlist_promoted`, `booking_idle`.
+    #[schema(max_items = 7)]
     pub muted: Vec<String>,
 }
 

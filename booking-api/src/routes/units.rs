@@ -12,7 +12,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Json;
-use crate::store::held;
+use crate::store::{held, usage};
 
 /// The booking policy (the API's settings).
 #[derive(Debug, Serialize, ToSchema)]
@@ -60,6 +60,12 @@ pub struct PutHeld {
     /// now. The whole count: bookings left out hold none.
     #[schema(value_type = BTreeMap<String, i32>)]
     pub bookings: BTreeMap<i64, i32>,
+    /// Booking id (as a string key) -> the last GPU activity of its pods, as the node
+    /// agent annotated them (`gpu-booking.io/last-gpu-activity`). Optional; recorded
+    /// for the usage report (`GET /api/v1/admin/usage`) and the idle nudge.
+    #[serde(default)]
+    #[schema(value_type = BTreeMap<String, chrono::DateTime<chrono::Utc>>)]
+    pub active: BTreeMap<i64, chrono::DateTime<chrono::Utc>>,
 }
 
 #[utoipa::path(put, path = "/api/v1/held-units", tag = "webhook", request_body = PutHeld,
@@ -71,7 +77,7 @@ pub async fn put_held(
     Json(body): Json<PutHeld>,
 ) -> Result<axum::Json<HeldReported>, ApiError> {
     caller.require_service()?;
-    if body.bookings.len() > MAX_REPORTED_BOOKINGS {
+    if body.bookings.len() > MAX_REPORTED_BOOKINGS || body.active.len() > MAX_REPORTED_BOOKINGS {
         return Err(ApiError::Invalid(format!(
             "at most {MAX_REPORTED_BOOKINGS} bookings per report"
         )));
@@ -81,7 +87,9 @@ pub async fn put_held(
             "units held must be between 0 and 100000".into(),
         ));
     }
-    held::replace(&state.pool, &body.bookings, state.clock.now()).await?;
+    let now = state.clock.now();
+    held::replace(&state.pool, &body.bookings, now).await?;
+    usage::record(&state.pool, &body.bookings, &body.active, now).await?;
     Ok(axum::Json(HeldReported {
         bookings: body.bookings.len(),
     }))

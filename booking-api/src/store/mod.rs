@@ -6,6 +6,7 @@ pub mod changes;
 pub mod feeds;
 pub mod held;
 pub mod models;
+pub mod usage;
 pub mod users;
 pub mod waitlist;
 
