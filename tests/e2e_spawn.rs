@@ -199,6 +199,25 @@ async fn unbooked_user_with_nothing_free_runs_on_cpu_with_a_warning(pool: PgPool
         !warnings.is_empty(),
         "the user is not told why the notebook runs without a GPU"
     );
+    // Issue 12 item 7: the date is the one `GET /me/next-start` answers bob (the
+    // model's capacity included: both units are booked for two hours).
+    let token = lab.api.token("bob.smith", None).unwrap();
+    let next: serde_json::Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/me/next-start?model=a100", lab.api.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("the booking API answers")
+        .json()
+        .await
+        .expect("next-start as JSON");
+    let start: DateTime<Utc> = next["earliest_start"].as_str().unwrap().parse().unwrap();
+    assert!(start > Utc::now() + TimeDelta::hours(1), "{next}");
+    let date = format!("you can book from {}", start.format("%Y-%m-%d %H:%M UTC"));
+    assert!(
+        warnings.iter().any(|w| w.contains(&date)),
+        "the warning's date is not next-start's ({date}): {warnings:?}"
+    );
     lab.expect("bob's CPU-only notebook never ran", |s| {
         running(s, "Bob.Smith").is_some_and(|p| node_of(&p) == Some("cpu-0") || gpus(&p) == 0)
     })
