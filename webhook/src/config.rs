@@ -398,6 +398,7 @@ mod tests {
             "system:serviceaccount:other:hub, ",
             "--trusted-spawner-group=spawners",
             "--spawner-namespace=jhub,other",
+            "--trusted-controller=system:serviceaccount:gpu-booking:gpu-booking-controller, ",
             "--unidentified-gpu-pods=strip",
             "--case-sensitive-names",
             "--audit-burst=5",
@@ -411,6 +412,10 @@ mod tests {
         assert_eq!(cfg.model_resources.len(), 2);
         assert_eq!(cfg.model_gpumem_mib.len(), 2);
         assert_eq!(cfg.low_priority_class, None);
+        assert_eq!(
+            cfg.controllers,
+            ["system:serviceaccount:gpu-booking:gpu-booking-controller"]
+        );
         assert_eq!(cfg.high_priority_class.as_deref(), Some("gpu-booking-high"));
         assert_eq!(
             cfg.spawners.users,
