@@ -208,14 +208,10 @@ fn terminating(server: &FakeApiServer, user: &str) -> bool {
 }
 
 /// `--on-expiry demote`: A is killed between the delete and the lent copy; B creates
-/// the lent copy, once.
-// Fails since the webhook's lend ledger (merged the same day): B does create the copy
-// exactly once, but the webhook strips it ("no free GPU"): no usage report settled the
-// original's admission while no controller led, so the ledger and the last report both
-// count the original's a100 and the copy finds none free. The webhook should admit the
-// controller's own copies as decided (or the ledger release what a report already
-// counts). Run with --ignored.
-#[ignore = "the lend ledger double-counts the original while no leader reports usage; its lent copy is stripped"]
+/// the lent copy, once, and the webhook admits it as the controller decided: no usage
+/// report was sent while no replica led, so the last one (and the webhook's lend
+/// ledger) still count the original's a100, and a copy decided from the free count
+/// would lose its GPU ("no free GPU").
 #[sqlx::test(migrations = "./migrations")]
 async fn demote_killed_between_the_delete_and_the_lent_copy(pool: PgPool) {
     let lab = Lab::start_with(pool, a100_lab(OnExpiry::Demote)).await;
@@ -311,6 +307,80 @@ async fn preemption_killed_between_the_delete_and_the_copy(pool: PgPool) {
         uids.contains(other.metadata.uid.as_ref().unwrap()) && gpus(&other) == 1,
         "no second lent pod was ended"
     );
+    drop(b);
+    lab.shutdown().await;
+}
+
+/// Issue 12 item 5, "a bounded number of attempts", across a change of leader: A
+/// spends the only preemption round it is allowed for alice's booked pod (the round
+/// is recorded on her pod; its eviction cannot start, since no intent can be
+/// written) and gives up; A is killed; B, allowed one round too, reads the round on
+/// the pod and gives up as well: no lent pod is ended. (Counted in memory, B would
+/// start a round of its own and end one.)
+#[sqlx::test(migrations = "./migrations")]
+async fn preemption_rounds_survive_a_change_of_leader(pool: PgPool) {
+    let one_round = |args: &mut ControllerArgs| {
+        args.preemption_attempts = 1;
+        args.preemption_retry = Duration::from_millis(300);
+    };
+    let lab = Lab::start_with(pool, a100_lab(OnExpiry::RecreateCpu).controller(one_round)).await;
+    let lent = ["bob@example.com", "carol@example.com"];
+    for user in lent {
+        let pod = lab.sim.spawn(user, 1).await.expect("admitted");
+        assert_eq!(label(&pod, "gpu-booking/priority"), Some("low"), "{user}");
+    }
+    lab.expect("both lent notebooks run", |s| {
+        lent.iter().all(|u| common::running(s, u).is_some())
+    })
+    .await;
+    lab.wait_in_use("a100", 2).await;
+    // No intent can be recorded: a round's evictions fail before their first step.
+    lab.sim.server.fail(Failure {
+        verb: Some(Verb::Create),
+        plural: Some("configmaps".into()),
+        name: None,
+        code: 503,
+        times: None,
+    });
+    let alice = "alice@example.com";
+    lab.book(alice, "a100", TimeDelta::hours(2)).await;
+    lab.sim.spawn(alice, 1).await.expect("admitted");
+    let a = &lab.sim.controller;
+    lab.expect(
+        "replica A recorded its round on alice's pod and gave up",
+        |s| {
+            notebook(s, alice).is_some_and(|p| {
+                common::annotation(&p, "gpu-booking.io/preemption-rounds") == Some("1")
+            }) && a.metrics.action_count("preempt", "gave_up") == 1
+        },
+    )
+    .await;
+    a.kill();
+    lab.sim.server.clear_failures();
+    let deletes_before = lab.sim.server.count(Verb::Delete, "pods");
+    let b = lab
+        .sim
+        .start_replica(|args| {
+            replica("replica-b")(args);
+            one_round(args);
+        })
+        .unwrap();
+    lab.expect("replica B read the round on the pod and gave up", |_| {
+        b.metrics.action_count("preempt", "gave_up") == 1
+    })
+    .await;
+    assert!(b.leadership.is_leader());
+    assert_eq!(
+        lab.sim.server.count(Verb::Delete, "pods") - deletes_before,
+        0,
+        "B ended a lent pod: its attempts started over"
+    );
+    for user in lent {
+        assert!(!terminating(&lab.sim.server, user), "{user}");
+    }
+    assert!(intents(&lab.sim.server).is_empty());
+    let pod = notebook(&lab.sim.server, alice).unwrap();
+    assert!(pod.spec.unwrap().node_name.is_none(), "alice still waits");
     drop(b);
     lab.shutdown().await;
 }

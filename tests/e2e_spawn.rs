@@ -199,9 +199,88 @@ async fn unbooked_user_with_nothing_free_runs_on_cpu_with_a_warning(pool: PgPool
         !warnings.is_empty(),
         "the user is not told why the notebook runs without a GPU"
     );
+    // Issue 12 item 7: the date is the one `GET /me/next-start` answers bob (the
+    // model's capacity included: both units are booked for two hours).
+    let token = lab.api.token("bob.smith", None).unwrap();
+    let next: serde_json::Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/me/next-start?model=a100", lab.api.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("the booking API answers")
+        .json()
+        .await
+        .expect("next-start as JSON");
+    let start: DateTime<Utc> = next["earliest_start"].as_str().unwrap().parse().unwrap();
+    assert!(start > Utc::now() + TimeDelta::hours(1), "{next}");
+    let date = format!("you can book from {}", start.format("%Y-%m-%d %H:%M UTC"));
+    assert!(
+        warnings.iter().any(|w| w.contains(&date)),
+        "the warning's date is not next-start's ({date}): {warnings:?}"
+    );
     lab.expect("bob's CPU-only notebook never ran", |s| {
         running(s, "Bob.Smith").is_some_and(|p| node_of(&p) == Some("cpu-0") || gpus(&p) == 0)
     })
     .await;
+    lab.shutdown().await;
+}
+
+/// Issue 12 item 5: victims respect the booked pod's node constraints. Two A100
+/// nodes of one card each, both lent (bob's first, so his is the least recently
+/// used); alice's booked notebook may only run on carol's node (a required node
+/// affinity, as a KubeSpawner profile writes it): carol's pod gives way, and bob,
+/// whom the least-recently-used order alone would pick, keeps his card.
+#[sqlx::test(migrations = "./migrations")]
+async fn a_victim_only_where_the_booked_pod_may_run(pool: PgPool) {
+    let lab = Lab::start_with(
+        pool,
+        SimCluster::builder().nodes(vec![
+            GpuNode::gpu("gpu-a100-0", "NVIDIA-A100-SXM4-40GB", 1, 40960),
+            GpuNode::gpu("gpu-a100-1", "NVIDIA-A100-SXM4-40GB", 1, 40960),
+            GpuNode::cpu_only("cpu-0"),
+        ]),
+    )
+    .await;
+    let lent = ["bob@example.com", "carol@example.com"];
+    for user in lent {
+        let pod = lab.sim.spawn(user, 1).await.expect("admitted");
+        assert_eq!(label(&pod, PRIORITY_LABEL), Some("low"), "{user}");
+        lab.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
+            running(s, user).is_some_and(|p| on_gpu(&p))
+        })
+        .await;
+    }
+    lab.wait_in_use("a100", 2).await;
+    let bob = lab.notebook(lent[0]).unwrap();
+    let carol = lab.notebook(lent[1]).unwrap();
+    let carols_node = node_of(&carol).unwrap().to_owned();
+    assert_ne!(node_of(&bob), Some(carols_node.as_str()));
+
+    lab.book("alice@example.com", "a100", TimeDelta::hours(2))
+        .await;
+    let mut body = gpu_booking_sim::spawner::notebook_pod("alice@example.com", 1);
+    body["spec"]["affinity"] = serde_json::json!({"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                   "values": [carols_node]}]}]}}});
+    let alice = lab.sim.create_notebook(body).await.expect("admitted");
+    assert_eq!(label(&alice, PRIORITY_LABEL), Some("high"));
+    lab.expect(
+        "alice's booked notebook never ran on the node its affinity names",
+        |s| {
+            running(s, "alice@example.com")
+                .is_some_and(|p| on_gpu(&p) && node_of(&p) == Some(carols_node.as_str()))
+        },
+    )
+    .await;
+    lab.expect("carol's lent notebook did not come back CPU-only", |s| {
+        running(s, lent[1]).is_some_and(|p| p.metadata.uid != carol.metadata.uid && gpus(&p) == 0)
+    })
+    .await;
+    let still = lab.notebook(lent[0]).unwrap();
+    assert!(
+        still.metadata.uid == bob.metadata.uid && on_gpu(&still),
+        "bob's lent pod on the other node was ended though alice could not use its card"
+    );
     lab.shutdown().await;
 }

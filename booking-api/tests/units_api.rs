@@ -285,3 +285,53 @@ async fn the_webhook_learns_the_units_and_the_units_held(pool: PgPool) {
         (Value::Null, Value::Null)
     );
 }
+
+/// `GET /me/next-start?units=N`: the earliest start with N units of the model free
+/// over the whole booking (the same core function as the webhook's strip warning),
+/// bookable at that instant; N is checked as a booking's units are.
+#[sqlx::test(migrations = "../migrations")]
+async fn next_start_waits_for_the_units_asked(pool: PgPool) {
+    let api = Api::new(pool, 4, 4).await;
+    // From now: ann holds 1 unit until day 3, bob 2 units until day 5; one is free.
+    let (s, _) = api.book("ann", Some(1), 0, 3).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _) = api.book("bob", Some(2), 0, 5).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let next = |units: Option<u32>| {
+        let uri = match units {
+            Some(n) => format!("/api/v1/me/next-start?model=a100&units={n}"),
+            None => "/api/v1/me/next-start?model=a100".to_owned(),
+        };
+        let api = &api;
+        async move { api.call(Method::GET, &uri, "cat", None, None).await }
+    };
+    let start =
+        |v: &Value| -> DateTime<Utc> { v["earliest_start"].as_str().unwrap().parse().unwrap() };
+    let (s, one) = next(None).await;
+    assert_eq!(s, StatusCode::OK, "{one}");
+    assert_eq!((start(&one), &one["units"]), (t0(), &json!(1)));
+    assert_eq!(one["reasons"], json!([]));
+    for (units, day) in [(1, 0), (2, 3), (3, 5), (4, 5)] {
+        let (s, v) = next(Some(units)).await;
+        assert_eq!(s, StatusCode::OK, "{units}: {v}");
+        assert_eq!(start(&v), t0() + days(day), "{units} unit(s): {v}");
+        assert_eq!(v["units"], units);
+        if day > 0 {
+            assert_eq!(v["reasons"][0]["code"], "capacity", "{v}");
+        }
+    }
+    // Beyond the policy's maximum, or none: refused as a booking would be.
+    for units in [0, 5] {
+        let (s, v) = next(Some(units)).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_units")),
+            "{units}: {v}"
+        );
+    }
+    // What it says is bookable, to the day.
+    let (s, v) = api.book("cat", Some(3), 4, 6).await;
+    assert_eq!(v["error"], "capacity", "{s} {v}");
+    let (s, v) = api.book("cat", Some(3), 5, 7).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+}

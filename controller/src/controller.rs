@@ -29,7 +29,7 @@ use crate::follow;
 use crate::inventory::{self, Models, NodeInfo, Usage};
 use crate::metrics::ModelLabel;
 use crate::node_capacity;
-use crate::pods::{PodInfo, PodLite, Priority};
+use crate::pods::{PodInfo, PodLite, Priority, PREEMPTION_ROUNDS_ANNOTATION};
 use crate::victims::{self, Round, View};
 
 /// How often usage is pushed and node labels are checked (changes are batched).
@@ -57,6 +57,9 @@ enum Msg {
     Advertised(String, bool),
     /// The recorded actions found by a sweep (`None`: the sweep failed).
     Intents(Option<Vec<crate::intent::Intent>>),
+    /// A preemption round was recorded on its booked pod (true) or could not be:
+    /// its evictions start only once it is.
+    RoundRecorded(Vec<Job>, bool),
 }
 
 pub struct Loop {
@@ -534,6 +537,15 @@ impl Loop {
                 }
             }
             Msg::Labelled => {}
+            Msg::RoundRecorded(jobs, recorded) => {
+                // Not recorded: the round counts all the same (in this replica's
+                // memory) and ends nobody; the next one comes after its spacing.
+                if recorded {
+                    for job in jobs {
+                        self.start(job);
+                    }
+                }
+            }
             Msg::Intents(found) => {
                 self.sweeping = false;
                 for intent in found.unwrap_or_default() {
@@ -1022,7 +1034,14 @@ impl Loop {
             // Decided even while waiting, so that the room this pod gets is not
             // counted again for the next one.
             let decision = round.decide(&view, pod, &model);
-            let state = self.attempts.entry(pod.uid.clone()).or_default();
+            // The rounds recorded on the pod count too: a new leader goes on from
+            // them (and waits a spacing) instead of starting over.
+            let retry = self.args.preemption_retry;
+            let state = self
+                .attempts
+                .entry(pod.uid.clone())
+                .or_insert_with(|| Attempts::resumed(pod.preemption_rounds, now, retry));
+            state.rounds = state.rounds.max(pod.preemption_rounds);
             match decision {
                 victims::Decision::Fits { .. } => {}
                 victims::Decision::NoRoom => {
@@ -1049,21 +1068,22 @@ impl Loop {
                         continue;
                     }
                     state.rounds += 1;
-                    let doubling = 1u32 << (state.rounds - 1).min(5);
-                    state.next = Some(now + self.args.preemption_retry * doubling);
+                    state.next = Some(now + spacing(retry, state.rounds));
                     let reason = Reason::Preempted {
                         model: model.clone(),
                         for_whom: pod.key(),
                         attempt: state.rounds,
                     };
+                    let mut round_jobs = Vec::new();
                     let names: Vec<String> = victims
                         .iter()
                         .filter_map(|uid| self.pods.get(uid))
                         .map(|victim| {
-                            jobs.push(job_for(victim, reason.clone()));
+                            round_jobs.push(job_for(victim, reason.clone()));
                             victim.key()
                         })
                         .collect();
+                    jobs.push((pod.clone(), state.rounds, round_jobs));
                     tracing::info!(pod = %pod.key(), %model, %node, victims = ?names, round = state.rounds, "preempting for a booked pod");
                     notes.push((pod.clone(), "PreemptingForBooking", format!(
                         "gpu-booking ends the lent {model} pod(s) {} on node {node} (least recently GPU-active) to make room for this pod (round {} of {})",
@@ -1074,8 +1094,8 @@ impl Loop {
                 }
             }
         }
-        for job in jobs {
-            self.start(job);
+        for (pod, rounds, round_jobs) in jobs {
+            self.record_round(&pod, rounds, round_jobs);
         }
         if self.ctx.dry_run {
             return;
@@ -1095,6 +1115,39 @@ impl Loop {
 }
 
 impl Loop {
+    /// Writes the round's number on the booked pod ([`PREEMPTION_ROUNDS_ANNOTATION`],
+    /// guarded by its uid), then starts its evictions: whichever replica leads next
+    /// reads it back, so `--preemption-attempts` bounds the rounds for a pod however
+    /// often the leader changes. A dry run writes nothing.
+    fn record_round(&mut self, pod: &PodInfo, rounds: u32, jobs: Vec<Job>) {
+        if self.ctx.dry_run {
+            for job in jobs {
+                self.start(job);
+            }
+            return;
+        }
+        let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
+        let (namespace, name, uid) = (pod.namespace.clone(), pod.name.clone(), pod.uid.clone());
+        tokio::spawn(async move {
+            let api = actions::pods(&ctx, &namespace);
+            let patch = json!({"metadata": {
+                "uid": uid,
+                "annotations": {PREEMPTION_ROUNDS_ANNOTATION: rounds.to_string()},
+            }});
+            let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+            let written = tokio::select! {
+                _ = ctx.halt.cancelled() => return,
+                written = actions::with_retries(|| api.patch(&name, &params, &patch)) => written,
+            };
+            if let Err(e) = &written {
+                ctx.metrics.action("preempt", "error");
+                ctx.metrics.error("kubernetes");
+                tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "could not record the preemption round on the booked pod; no eviction this round");
+            }
+            let _ = tx.send(Msg::RoundRecorded(jobs, written.is_ok()));
+        });
+    }
+
     // ---- booking changes ----------------------------------------------------------
 
     fn start_following(&mut self) {
@@ -1309,6 +1362,23 @@ struct Attempts {
     next: Option<Instant>,
     gave_up: bool,
     said_no_room: bool,
+}
+
+impl Attempts {
+    /// The state of a pod first seen by this replica with `rounds` already recorded
+    /// on it: the next round waits its spacing from `now`.
+    fn resumed(rounds: u32, now: Instant, retry: Duration) -> Self {
+        Self {
+            rounds,
+            next: (rounds > 0).then(|| now + spacing(retry, rounds)),
+            ..Self::default()
+        }
+    }
+}
+
+/// The wait after round `rounds` (1-based): `retry`, doubled each round (at most 32x).
+fn spacing(retry: Duration, rounds: u32) -> Duration {
+    retry * (1u32 << rounds.saturating_sub(1).min(5))
 }
 
 fn job_for(info: &PodInfo, reason: Reason) -> Job {

@@ -302,6 +302,7 @@ mod tests {
             }),
             started: Some(now() - TimeDelta::hours(1)),
             last_activity: None,
+            preemption_rounds: 0,
             scheduler_preempted: false,
             unschedulable: false,
         }

@@ -335,6 +335,7 @@ mod tests {
             }),
             started: None,
             last_activity: None,
+            preemption_rounds: 0,
             scheduler_preempted: false,
             unschedulable: false,
             unschedulable_for_gpu: false,

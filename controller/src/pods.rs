@@ -9,11 +9,18 @@ use gpu_booking_core::admission::{
     detect_gpu, parse_quantity, trusted_priority, AdmissionConfig, PodStanding, BOOKING_LABEL,
     BOOKING_UNITS_ANNOTATION, MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
 };
+use gpu_booking_core::eviction::NodeConstraints;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::config::LAST_GPU_ACTIVITY_ANNOTATION;
+
+/// Annotation on a Pending booked pod: the preemption rounds the controller has
+/// started for it, written by the leader before each round's first eviction, so
+/// that the bound (`--preemption-attempts`) holds across a change of leader. One of
+/// our keys: the webhook removes it from a pod its creator wrote it into.
+pub const PREEMPTION_ROUNDS_ANNOTATION: &str = "gpu-booking.io/preemption-rounds";
 
 /// A pod with only what the controller reads: metadata, node, container resources,
 /// phase, start time and conditions. Everything else in the JSON is skipped while
@@ -47,6 +54,9 @@ pub struct SpecLite {
     /// The class's value, resolved by the API server's Priority plugin.
     #[serde(default)]
     pub priority: Option<i32>,
+    /// Its required node affinity counts where it may run (read by core).
+    #[serde(default)]
+    pub affinity: Option<Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -130,8 +140,8 @@ pub struct GpuUse {
 /// What the scheduler needs to place a pod, as far as preemption looks at it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Placement {
-    /// Its `nodeSelector`.
-    pub node_selector: BTreeMap<String, String>,
+    /// Its `nodeSelector` and required node affinity.
+    pub constraints: NodeConstraints,
     /// Its declared VRAM budget (the `gpumem` resource of its containers), MiB.
     pub gpumem_mib: u64,
 }
@@ -161,6 +171,9 @@ pub struct PodInfo {
     pub started: Option<DateTime<Utc>>,
     /// Last GPU activity, as the node agent reported it.
     pub last_activity: Option<DateTime<Utc>>,
+    /// Preemption rounds started for it, as recorded on it
+    /// ([`PREEMPTION_ROUNDS_ANNOTATION`]; 0 when absent or unreadable).
+    pub preemption_rounds: u32,
     /// kube-scheduler is evicting it for a pod of higher priority.
     pub scheduler_preempted: bool,
     /// The scheduler found no node for it.
@@ -258,7 +271,10 @@ impl PodInfo {
             finished: matches!(pod.status.phase.as_deref(), Some("Succeeded" | "Failed")),
             deleting: meta.deletion_timestamp.is_some(),
             placement: Placement {
-                node_selector: pod.spec.node_selector.clone().unwrap_or_default(),
+                constraints: NodeConstraints {
+                    node_selector: pod.spec.node_selector.clone().unwrap_or_default(),
+                    ..NodeConstraints::from_pod_spec(&json!({"affinity": pod.spec.affinity}))
+                },
                 gpumem_mib: gpumem_mib(&pod.spec.containers, &cfg.gpumem_resource),
             },
             gpu,
@@ -269,6 +285,9 @@ impl PodInfo {
                 .or(meta.creation_timestamp.as_ref())
                 .map(|t| t.0),
             last_activity: annotation(LAST_GPU_ACTIVITY_ANNOTATION).and_then(parse_time),
+            preemption_rounds: annotation(PREEMPTION_ROUNDS_ANNOTATION)
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(0),
             scheduler_preempted,
             unschedulable,
             unschedulable_for_gpu,
@@ -353,6 +372,7 @@ mod tests {
         assert_eq!(info.placement.gpumem_mib, 41_984);
         assert_eq!(
             info.placement
+                .constraints
                 .node_selector
                 .get("gpu-booking.io/model")
                 .map(String::as_str),

@@ -3,8 +3,9 @@
 //! time. Pure.
 //!
 //! - **Where the booked pod could run**: the nodes of its model that match its
-//!   `nodeSelector` (the webhook selects the model's node label; the node's model as
-//!   the controller computes it counts as that label).
+//!   `nodeSelector` and required node affinity (the webhook selects the model's node
+//!   label; the node's model as the controller computes it counts as that label where
+//!   the node has none yet). Lent pods elsewhere are never its victims.
 //! - **Room**, per node and model, as the scheduler counts it: the allocatable GPU
 //!   resource of the model (its own resource, else the generic one on nodes of the
 //!   model) and the VRAM budget resource, minus what the pods bound there request.
@@ -139,15 +140,18 @@ impl Round {
         }
     }
 
-    /// Whether `node` matches the pod's node selector.
+    /// Whether the pod may be scheduled on `node`: its `nodeSelector` and required
+    /// node affinity ([`NodeConstraints::allows`], core), against the node's labels,
+    /// where the node's model as the controller computes it stands for the model
+    /// label when the node is not labelled yet.
     fn eligible(&self, view: &View<'_>, pod: &PodInfo, node: &str) -> bool {
-        let labels = view.node_labels.get(node);
-        pod.placement.node_selector.iter().all(|(k, v)| {
-            let labelled = labels.and_then(|l| l.get(k)) == Some(v);
-            let computed = k == view.model_node_label
-                && self.node_models.get(node).cloned().flatten().as_ref() == Some(v);
-            labelled || computed
-        })
+        let mut labels = view.node_labels.get(node).cloned().unwrap_or_default();
+        if let Some(Some(model)) = self.node_models.get(node) {
+            labels
+                .entry(view.model_node_label.to_owned())
+                .or_insert_with(|| model.clone());
+        }
+        pod.placement.constraints.allows(node, &labels)
     }
 
     /// Decides for the booked `pod` that needs `model`, and books the room it gets.
@@ -248,6 +252,7 @@ mod tests {
             }),
             started: t(started),
             last_activity: None,
+            preemption_rounds: 0,
             scheduler_preempted: false,
             unschedulable: node.is_none(),
             unschedulable_for_gpu: false,
@@ -421,6 +426,7 @@ mod tests {
             .get_mut("uid-booked")
             .unwrap()
             .placement
+            .constraints
             .node_selector = [
             ("zone".to_owned(), "x".to_owned()),
             ("gpu-booking.io/model".to_owned(), "a100".to_owned()),

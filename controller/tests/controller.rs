@@ -415,6 +415,47 @@ async fn preemption_rounds_are_bounded() {
     );
 }
 
+/// The rounds are recorded on the booked pod before their evictions: a controller
+/// that starts (a new leader) goes on from them instead of starting over.
+#[tokio::test(start_paused = true)]
+async fn preemption_rounds_recorded_on_the_pod_count_for_the_next_leader() {
+    for (recorded, more) in [(None, 2), (Some("1"), 1), (Some("2"), 0), (Some("junk"), 2)] {
+        let mut h = Harness::new();
+        h.args.preemption_attempts = 2;
+        h.server.set_pod_deletion(PodDeletion::Immediate);
+        busy_cluster(&h);
+        pod("jupyter-bob")
+            .gpu(1)
+            .booked_pending("a100")
+            .put(&h.server);
+        if let Some(n) = recorded {
+            h.server
+                .modify::<k8s_openapi::api::core::v1::Pod>(Some(NS), "jupyter-bob", |p| {
+                    p["metadata"]["annotations"]["gpu-booking.io/preemption-rounds"] = json!(n);
+                });
+        }
+        let c = h.start();
+        for grabber in ["g1", "g2", "g3"] {
+            h.run_for(Duration::from_secs(3600)).await;
+            grab_the_unit(&h, grabber);
+        }
+        h.run_for(Duration::from_secs(3600)).await;
+        assert_eq!(h.deletes(), more, "{recorded:?}: rounds left");
+        assert_eq!(
+            c.metrics.action_count("preempt", "gave_up"),
+            1,
+            "{recorded:?}"
+        );
+        if more > 0 {
+            let booked = h.pod_json("jupyter-bob").unwrap();
+            assert_eq!(
+                booked["metadata"]["annotations"]["gpu-booking.io/preemption-rounds"], "2",
+                "{recorded:?}: each round is written on the pod"
+            );
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn no_victim_on_another_model() {
     let h = Harness::new();

@@ -5,8 +5,9 @@
 //!
 //! Terms, as [`plan`] uses them:
 //!
-//! - A **node** is a place the pod that needs room could run (its model, its node
-//!   selector), with what is free there now as the scheduler counts it: GPU units of
+//! - A **node** is a place the pod that needs room could run (its model, and its
+//!   `nodeSelector` and required node affinity, [`NodeConstraints`]: a lent pod on a
+//!   node where the booked pod cannot be scheduled is never its victim), with what is free there now as the scheduler counts it: GPU units of
 //!   the pod's resource and, where the node advertises one, the VRAM budget resource
 //!   (`gpumem`, MiB). Room that pods already terminating will give back counts as
 //!   free: a victim on its way out is not replaced by a second one.
@@ -25,6 +26,147 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+/// Where a pod may be scheduled, as kube-scheduler's NodeAffinity filter reads it
+/// ("Assigning Pods to Nodes"): every `nodeSelector` label, and, when the pod has a
+/// required node affinity, one of its `nodeSelectorTerms` (terms ORed, the
+/// requirements of a term ANDed, a term with none matches nothing).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeConstraints {
+    pub node_selector: BTreeMap<String, String>,
+    /// `requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms`; `None`: the
+    /// pod has no required node affinity.
+    pub required_terms: Option<Vec<NodeSelectorTerm>>,
+}
+
+/// One `nodeSelectorTerm`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeSelectorTerm {
+    /// On node labels.
+    pub match_expressions: Vec<Requirement>,
+    /// On node fields (only `metadata.name` exists).
+    pub match_fields: Vec<Requirement>,
+}
+
+/// One `NodeSelectorRequirement`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Requirement {
+    pub key: String,
+    /// `In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt`, `Lt`; any other matches nothing.
+    pub operator: String,
+    pub values: Vec<String>,
+}
+
+impl NodeConstraints {
+    /// Read leniently from a pod's `spec` (JSON): what is missing or malformed is
+    /// absent, never an error (a pod the API server stored is well-formed anyway). A
+    /// `nodeSelectorTerms` that is not a list reads as no terms (nothing matches).
+    pub fn from_pod_spec(spec: &Value) -> Self {
+        let node_selector = spec
+            .get("nodeSelector")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let required =
+            spec.pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution");
+        let required_terms = required.filter(|r| !r.is_null()).map(|r| {
+            r.get("nodeSelectorTerms")
+                .and_then(Value::as_array)
+                .map(|terms| terms.iter().map(NodeSelectorTerm::from_value).collect())
+                .unwrap_or_default()
+        });
+        Self {
+            node_selector,
+            required_terms,
+        }
+    }
+
+    /// Whether the pod may be scheduled on the node `name` with `labels`.
+    pub fn allows(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        let selector_ok = self
+            .node_selector
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v));
+        selector_ok
+            && self
+                .required_terms
+                .as_ref()
+                .is_none_or(|terms| terms.iter().any(|t| t.matches(name, labels)))
+    }
+}
+
+impl NodeSelectorTerm {
+    fn from_value(term: &Value) -> Self {
+        let list = |key: &str| {
+            term.get(key)
+                .and_then(Value::as_array)
+                .map(|l| l.iter().map(Requirement::from_value).collect())
+                .unwrap_or_default()
+        };
+        Self {
+            match_expressions: list("matchExpressions"),
+            match_fields: list("matchFields"),
+        }
+    }
+
+    fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        let some = !self.match_expressions.is_empty() || !self.match_fields.is_empty();
+        some && self
+            .match_expressions
+            .iter()
+            .all(|r| r.matches(labels.get(&r.key).map(String::as_str)))
+            && self.match_fields.iter().all(|r| {
+                let field = (r.key == "metadata.name").then_some(name);
+                r.matches(field)
+            })
+    }
+}
+
+impl Requirement {
+    fn from_value(req: &Value) -> Self {
+        let text = |k: &str| req.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        Self {
+            key: text("key"),
+            operator: text("operator"),
+            values: req
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|vs| {
+                    vs.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Against the node's value for the key (`None`: the node has none). `Gt` and
+    /// `Lt` compare integers and need exactly one value.
+    fn matches(&self, value: Option<&str>) -> bool {
+        let int = |s: &str| s.trim().parse::<i64>().ok();
+        let compare =
+            |wanted: std::cmp::Ordering| match (value.and_then(int), self.values.as_slice()) {
+                (Some(have), [bound]) => int(bound).is_some_and(|b| have.cmp(&b) == wanted),
+                _ => false,
+            };
+        let listed = |v: &str| self.values.iter().any(|x| x == v);
+        match self.operator.as_str() {
+            "In" => value.is_some_and(listed),
+            "NotIn" => value.is_none_or(|v| !listed(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            "Gt" => compare(std::cmp::Ordering::Greater),
+            "Lt" => compare(std::cmp::Ordering::Less),
+            _ => false,
+        }
+    }
+}
 
 /// The room one pod needs on one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,6 +486,140 @@ mod tests {
         assert_eq!(biggest_over_budget(&tenants[..1]), None);
     }
 
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn constraints(spec: Value) -> NodeConstraints {
+        NodeConstraints::from_pod_spec(&spec)
+    }
+
+    #[test]
+    fn node_selector_and_required_affinity_as_the_scheduler_reads_them() {
+        use serde_json::json;
+        let a = labels(&[
+            ("gpu-booking.io/model", "a100"),
+            ("zone", "x"),
+            ("cards", "4"),
+        ]);
+        let terms = |terms: Value| {
+            constraints(json!({"affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}}))
+        };
+        let expr = |key: &str, op: &str, values: &[&str]| {
+            terms(json!([{"matchExpressions": [{"key": key, "operator": op, "values": values}]}]))
+        };
+        // Nothing asked: anywhere.
+        assert!(NodeConstraints::default().allows("a", &a));
+        assert!(constraints(json!({})).allows("a", &a));
+        // nodeSelector: every label, exactly.
+        let sel =
+            constraints(json!({"nodeSelector": {"zone": "x", "gpu-booking.io/model": "a100"}}));
+        assert!(sel.allows("a", &a));
+        assert!(!sel.allows("a", &labels(&[("zone", "x")])));
+        assert!(!constraints(json!({"nodeSelector": {"zone": "y"}})).allows("a", &a));
+        let cases = [
+            (expr("zone", "In", &["x", "y"]), true),
+            (expr("zone", "In", &["y"]), false),
+            (expr("zone", "NotIn", &["y"]), true),
+            (expr("rack", "NotIn", &["y"]), true),
+            (expr("zone", "NotIn", &["x"]), false),
+            (expr("zone", "Exists", &[]), true),
+            (expr("rack", "Exists", &[]), false),
+            (expr("rack", "DoesNotExist", &[]), true),
+            (expr("cards", "Gt", &["2"]), true),
+            (expr("cards", "Gt", &["4"]), false),
+            (expr("cards", "Lt", &["5"]), true),
+            (expr("cards", "Lt", &["x"]), false),
+            (expr("zone", "Gt", &["1"]), false),
+            (expr("zone", "Near", &["x"]), false),
+            // Terms ORed, requirements ANDed; an empty term matches nothing.
+            (
+                terms(
+                    json!([{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["y"]}]},
+                           {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["x"]}]}]),
+                ),
+                true,
+            ),
+            (
+                terms(
+                    json!([{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["x"]},
+                                                {"key": "rack", "operator": "Exists"}]}]),
+                ),
+                false,
+            ),
+            (terms(json!([{}])), false),
+            (terms(json!([])), false),
+            (terms(json!("nonsense")), false),
+            // Fields: only the node's name.
+            (
+                terms(
+                    json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]),
+                ),
+                true,
+            ),
+            (
+                terms(
+                    json!([{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["a"]}]}]),
+                ),
+                false,
+            ),
+            (
+                terms(json!([{"matchFields": [{"key": "metadata.uid", "operator": "Exists"}]}])),
+                false,
+            ),
+        ];
+        for (i, (c, expected)) in cases.iter().enumerate() {
+            assert_eq!(c.allows("a", &a), *expected, "case {i}: {c:?}");
+        }
+        // Both: the selector and a term.
+        let both = constraints(
+            json!({"nodeSelector": {"zone": "x"}, "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "cards", "operator": "In", "values": ["8"]}]}]}}}}),
+        );
+        assert!(!both.allows("a", &a));
+        // A preferred affinity constrains nothing.
+        let preferred = constraints(json!({"affinity": {"nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {
+                "matchExpressions": [{"key": "zone", "operator": "In", "values": ["y"]}]}}]}}}));
+        assert!(preferred.allows("a", &a));
+    }
+
+    /// The rooms a caller builds from the nodes a booked pod may use: a tenant on a
+    /// node the pod cannot be scheduled on is never a victim, even the least recently
+    /// used one.
+    #[test]
+    fn victims_only_where_the_booked_pod_may_run() {
+        use serde_json::json;
+        let nodes = [
+            ("a", labels(&[("zone", "x")])),
+            ("b", labels(&[("zone", "y")])),
+        ];
+        let pinned = constraints(json!({"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["y"]}]}]}}}}));
+        let rooms: Vec<Room> = nodes
+            .iter()
+            .filter(|(name, l)| pinned.allows(name, l))
+            .map(|(name, _)| room(name, 0, None))
+            .collect();
+        let tenants = [
+            tenant("idlest-on-a", "a", 1, 0, Some(0)),
+            tenant("busy-on-b", "b", 1, 0, Some(5)),
+        ];
+        assert_eq!(
+            plan(&one(1), 0, &rooms, &tenants),
+            Plan::Evict {
+                node: "b".into(),
+                victims: vec!["busy-on-b".into()]
+            }
+        );
+    }
+
     // ---- properties -----------------------------------------------------------------
 
     const NODES: [&str; 3] = ["n0", "n1", "n2"];
@@ -417,6 +693,18 @@ mod tests {
                         let all: Vec<&Tenant> = tenants.iter().filter(|t| t.node == room.node).collect();
                         prop_assert!(!room_with(room, &all, &need, cushion));
                     }
+                }
+            }
+        }
+
+        /// A tenant on a node that is not one of the rooms (the booked pod cannot be
+        /// scheduled there) is never a victim, whatever its activity.
+        #[test]
+        fn no_victim_outside_the_rooms((need, cushion, rooms, tenants) in world()) {
+            if let Plan::Evict { victims, .. } = plan(&need, cushion, &rooms, &tenants) {
+                for id in victims {
+                    let t = tenants.iter().find(|t| t.id == id).unwrap();
+                    prop_assert!(rooms.iter().any(|r| r.node == t.node), "{} on {}", id, t.node);
                 }
             }
         }

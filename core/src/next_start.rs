@@ -27,29 +27,48 @@ pub fn default_days(policy: &Policy) -> i64 {
     ((policy.min_duration.num_seconds() + 86_399) / 86_400).max(1)
 }
 
-/// The earliest start of a booking of `duration` on `model` (with `units` units) for a
-/// user whose bookings (not cancelled) are `own`, given the model's bookings (not
-/// cancelled) in `booked`; those that end before the user's rules allow a start are
-/// simply never in the way. A model without units can never be booked.
+/// The earliest start of a booking of `need` units (GPUs) and `duration` on `model`
+/// (which has `units` units) for a user whose bookings (not cancelled) are `own`,
+/// given the model's bookings (not cancelled, one window per unit they hold) in
+/// `booked`; those that end before the user's rules allow a start are simply never in
+/// the way. A model with fewer than `need` units can never be booked for them.
+#[allow(clippy::too_many_arguments)]
 pub fn earliest_start(
     policy: &Policy,
     now: DateTime<Utc>,
     own: &[Window],
     model: &str,
     units: u32,
+    need: u32,
     booked: &[Window],
     duration: TimeDelta,
 ) -> Result<NextStart, Refusal> {
+    let need = need.max(1);
     let (after_rules, mut reasons) = rules::earliest_start_for_user(policy, now, own);
-    let start = capacity::earliest_fit(units, booked, after_rules, duration)
-        .ok_or_else(|| Refusal::new(RuleCode::Capacity, format!("{model} has no units")))?;
+    let start = capacity::earliest_fit_units(units, booked, after_rules, duration, need)
+        .ok_or_else(|| {
+            let message = if units == 0 || need == 1 {
+                format!("{model} has no units")
+            } else {
+                format!("{model} has {units} unit(s), fewer than the {need} asked for")
+            };
+            Refusal::new(RuleCode::Capacity, message)
+        })?;
     if start > after_rules {
-        reasons.push(Reason {
-            code: RuleCode::Capacity,
-            message: format!(
+        let message = if need == 1 {
+            format!(
                 "all units of {model} booked until {}",
                 rules::rfc3339(start)
-            ),
+            )
+        } else {
+            format!(
+                "fewer than {need} units of {model} free until {}",
+                rules::rfc3339(start)
+            )
+        };
+        reasons.push(Reason {
+            code: RuleCode::Capacity,
+            message,
             until: start,
         });
     }
@@ -92,6 +111,7 @@ mod tests {
             &[],
             "a100",
             2,
+            1,
             &[],
             TimeDelta::days(1),
         );
@@ -115,6 +135,7 @@ mod tests {
             &own,
             "a100",
             1,
+            1,
             &[],
             TimeDelta::days(1),
         )
@@ -129,6 +150,7 @@ mod tests {
             now,
             &own,
             "a100",
+            1,
             1,
             &booked,
             TimeDelta::days(1),
@@ -150,9 +172,56 @@ mod tests {
             &[],
             "gone",
             0,
+            1,
             &[],
             TimeDelta::days(1),
         );
         assert_eq!(refused.map_err(|r| r.code), Err(RuleCode::Capacity));
+    }
+
+    #[test]
+    fn several_units_wait_until_that_many_are_free() {
+        let now = t("2026-11-01T00:00:00Z");
+        // Four units: one booked until day 3, another until day 6, a third until day 9.
+        let booked = [
+            w("2026-10-30T00:00:00Z", "2026-11-03T00:00:00Z"),
+            w("2026-10-30T00:00:00Z", "2026-11-06T00:00:00Z"),
+            w("2026-10-30T00:00:00Z", "2026-11-09T00:00:00Z"),
+        ];
+        let at = |need| {
+            earliest_start(
+                &Policy::default(),
+                now,
+                &[],
+                "a100",
+                4,
+                need,
+                &booked,
+                TimeDelta::days(1),
+            )
+        };
+        let expected = [
+            (1, "2026-11-01T00:00:00Z"),
+            (2, "2026-11-03T00:00:00Z"),
+            (3, "2026-11-06T00:00:00Z"),
+            (4, "2026-11-09T00:00:00Z"),
+        ];
+        for (need, start) in expected {
+            let next = at(need).unwrap();
+            assert_eq!(next.start, t(start), "{need} unit(s)");
+            assert_eq!(next.reasons.is_empty(), need == 1, "{need} unit(s)");
+        }
+        assert!(at(2).unwrap().reasons[0]
+            .message
+            .contains("fewer than 2 units"));
+        // Zero is read as one; more than the model has is refused.
+        assert_eq!(at(0).unwrap().start, now);
+        let refused = at(5).unwrap_err();
+        assert_eq!(refused.code, RuleCode::Capacity);
+        assert!(
+            refused.message.contains("fewer than the 5"),
+            "{}",
+            refused.message
+        );
     }
 }

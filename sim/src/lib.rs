@@ -221,7 +221,7 @@ impl SimBuilder {
         let mut model_node_label = String::new();
         let configure = self.controller;
         let controller = stack::start_controller(
-            server.client(),
+            stack::controller_client(&server),
             &booking.url,
             &booking.service_token,
             |args| {
@@ -339,7 +339,7 @@ impl SimCluster {
         configure: impl FnOnce(&mut ControllerArgs),
     ) -> anyhow::Result<Controller> {
         stack::start_controller(
-            self.server.client(),
+            stack::controller_client(&self.server),
             &self.booking.url,
             &self.booking.service_token,
             |args| {

@@ -177,6 +177,8 @@ impl WebhookServer {
             // As the chart configures it: only the hub's pods carry a user.
             format!("--trusted-spawner={}", crate::spawner::HUB_USER),
             format!("--spawner-namespace={}", crate::spawner::NOTEBOOK_NAMESPACE),
+            // As the chart configures it: the controller's lent copies are its own.
+            format!("--trusted-controller={CONTROLLER_USER}"),
         ];
         argv.extend(options.extra_args.iter().cloned());
         let args = <WebhookCli as clap::Parser>::try_parse_from(argv)?.args;
@@ -224,9 +226,19 @@ impl WebhookServer {
     }
 }
 
-/// Starts the real controller on `client` against the booking API at `booking_url`.
-/// `configure` adjusts its options (they start at the binary's defaults, without
-/// leader election: one replica).
+/// The controller's ServiceAccount as the chart names it (release `gpu-booking` in
+/// namespace `gpu-booking`): the requester of every request the controller makes.
+pub const CONTROLLER_USER: &str = "system:serviceaccount:gpu-booking:gpu-booking-controller";
+/// The groups the API server gives that ServiceAccount.
+pub const CONTROLLER_GROUPS: [&str; 3] = [
+    "system:serviceaccounts",
+    "system:serviceaccounts:gpu-booking",
+    "system:authenticated",
+];
+
+/// Starts the real controller on `client` (see [`controller_client`]) against the
+/// booking API at `booking_url`. `configure` adjusts its options (they start at the
+/// binary's defaults, without leader election: one replica).
 pub fn start_controller(
     client: kube::Client,
     booking_url: &str,
@@ -245,4 +257,9 @@ pub fn start_controller(
         "gpu-booking-sim/controller",
     )?;
     Controller::start(client, Arc::new(booking), Arc::new(SystemClock), &args)
+}
+
+/// A client of `server` with the controller's identity ([`CONTROLLER_USER`]).
+pub fn controller_client(server: &gpu_booking_fake_apiserver::FakeApiServer) -> kube::Client {
+    server.client_as(CONTROLLER_USER, &CONTROLLER_GROUPS)
 }

@@ -593,6 +593,11 @@ def test_identity_is_trusted_from_the_hub_only():
     assert "GPU_BOOKING_WEBHOOK_TRUSTED_SPAWNER_GROUP" not in webhook
     assert webhook["GPU_BOOKING_WEBHOOK_UNIDENTIFIED_GPU_PODS"]["value"] == "lent"
     assert webhook["GPU_BOOKING_CASE_SENSITIVE_NAMES"]["value"] == "false"
+    # The controller's lent copies are its own: its ServiceAccount, as the chart names it.
+    controller = pod_spec(one("defaults", "Deployment", "-controller"))
+    assert webhook["GPU_BOOKING_WEBHOOK_TRUSTED_CONTROLLER"]["value"] == (
+        f"system:serviceaccount:gpu-booking:{controller['serviceAccountName']}"
+    )
     api = env_of(pod_spec(one("defaults", "Deployment", "-api"))["containers"][0])
     assert api["GPU_BOOKING_CASE_SENSITIVE_NAMES"]["value"] == "false"
     webhook = env_of(pod_spec(one("everything", "Deployment", "-webhook"))["containers"][0])

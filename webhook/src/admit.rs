@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use gpu_booking_core::admission::{
-    decide, detect_gpu, plan, plan_unmarked, trusted_identity, what_to_ask, AdmissionConfig,
-    Decision, GpuRequest, Identity, LendLedger, Lookup, Schedulability, OUR_PREFIXES,
+    controller_copy, decide, detect_gpu, plan, plan_unmarked, trusted_identity, what_to_ask,
+    AdmissionConfig, Decision, GpuRequest, Identity, LendLedger, Lookup, Schedulability,
+    OUR_PREFIXES,
 };
 use serde_json::{json, Value};
 use tracing::Instrument;
@@ -219,6 +220,13 @@ impl Webhook {
                 )
             }
         };
+        // The controller's own lent copy of a pod it ended: admitted as it decided
+        // (the free count may still count the original), and kept in the ledger.
+        if let Ok(Some(decision)) =
+            guarded(|| controller_copy(&req.user_info, pod, &gpu, &self.cfg))
+        {
+            return self.admit_controller_copy(version, req, pod, &gpu, decision);
+        }
         // Only the spawner's word counts (a pod's creator can write any name into it).
         let identity = trusted_identity(
             &self.cfg.spawners,
@@ -278,6 +286,45 @@ impl Webhook {
         self.report(&facts, &decision, patch.0.len());
         let out = allow().with_patch(&patch).with_warning(decision.warning());
         (out, decision.kind())
+    }
+
+    /// See [`controller_copy`]: the patch of its decision, and its units in the
+    /// ledger (unless a dry run).
+    fn admit_controller_copy(
+        &self,
+        version: &str,
+        req: &RequestIn,
+        pod: &Value,
+        gpu: &GpuRequest,
+        decision: Decision,
+    ) -> (ReviewOut, &'static str) {
+        let allow = || ReviewOut::allow(version, &req.uid);
+        let Ok(patch) = guarded(|| plan(pod, &decision, &self.cfg)) else {
+            return (
+                allow().with_warning(Some(INTERNAL.into())),
+                "internal_error",
+            );
+        };
+        if let (false, Some(model)) = (req.dry_run, decision.model()) {
+            self.ledger
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(model, gpu.units, Utc::now());
+        }
+        tracing::info!(
+            model = decision.model().map(|m| m.as_str()).unwrap_or(""),
+            "the controller's lent copy is admitted as it decided"
+        );
+        let facts = Facts {
+            req,
+            pod,
+            gpu,
+            identity: None,
+            answer: None,
+            failure: None,
+        };
+        self.report(&facts, &decision, patch.0.len());
+        (allow().with_patch(&patch), "controller_copy")
     }
 
     /// Logs the decision and, unless this is a dry run, reports it to the audit log (on

@@ -199,6 +199,19 @@ pub struct WebhookArgs {
     )]
     pub spawner_namespace: Vec<String>,
 
+    /// The controller, as the API server names the requester of an admission
+    /// (`userInfo.username`), e.g. system:serviceaccount:gpu-booking:gpu-booking-controller
+    /// (the chart sets it). The lent copies it creates in place of pods it ended
+    /// (`--on-expiry demote`, pods beyond a booking's units) are admitted as it decided,
+    /// not from a free count that may still count the original. None given: its copies
+    /// are decided as any other pod. Repeat or separate with commas.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_WEBHOOK_TRUSTED_CONTROLLER",
+        value_delimiter = ','
+    )]
+    pub trusted_controller: Vec<String>,
+
     /// What a GPU pod without a trusted user gets: `lent` (as an unbooked user's pod:
     /// a free unit at low priority, preemptible, else no GPU) or `strip` (never a GPU).
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_UNIDENTIFIED_GPU_PODS", value_enum, default_value_t = Unidentified::Lent)]
@@ -261,6 +274,7 @@ impl WebhookArgs {
             trusted_spawner: Vec::new(),
             trusted_spawner_group: Vec::new(),
             spawner_namespace: Vec::new(),
+            trusted_controller: Vec::new(),
             unidentified_gpu_pods: Unidentified::Lent,
             case_sensitive_names: false,
             audit_burst: 20,
@@ -297,6 +311,7 @@ impl WebhookArgs {
             },
             name_case: NameCase::from_switch(self.case_sensitive_names),
             unidentified_gpu_pods: self.unidentified_gpu_pods.into(),
+            controllers: non_empty(&self.trusted_controller),
         };
         cfg.validate().context("invalid webhook options")?;
         Ok(cfg)
@@ -383,6 +398,7 @@ mod tests {
             "system:serviceaccount:other:hub, ",
             "--trusted-spawner-group=spawners",
             "--spawner-namespace=jhub,other",
+            "--trusted-controller=system:serviceaccount:gpu-booking:gpu-booking-controller, ",
             "--unidentified-gpu-pods=strip",
             "--case-sensitive-names",
             "--audit-burst=5",
@@ -396,6 +412,10 @@ mod tests {
         assert_eq!(cfg.model_resources.len(), 2);
         assert_eq!(cfg.model_gpumem_mib.len(), 2);
         assert_eq!(cfg.low_priority_class, None);
+        assert_eq!(
+            cfg.controllers,
+            ["system:serviceaccount:gpu-booking:gpu-booking-controller"]
+        );
         assert_eq!(cfg.high_priority_class.as_deref(), Some("gpu-booking-high"));
         assert_eq!(
             cfg.spawners.users,

@@ -20,6 +20,10 @@ pub struct NextStartQuery {
     /// Length of the booking in days (default: the shortest allowed, rounded up).
     #[param(minimum = -36500, maximum = 36500)]
     pub days: Option<i64>,
+    /// GPUs (units of the model) the booking would be for (default 1; at most the
+    /// policy's `max_units_per_booking`).
+    #[param(minimum = 1, maximum = 64)]
+    pub units: Option<u32>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -34,6 +38,8 @@ pub struct ReasonView {
 pub struct NextStart {
     pub model: String,
     pub days: i64,
+    /// The GPUs asked about: the start is the earliest with that many units free.
+    pub units: u32,
     pub earliest_start: DateTime<Utc>,
     pub earliest_end: DateTime<Utc>,
     /// Why it is not now; empty when it is.
@@ -64,6 +70,8 @@ pub async fn next_start(
         return Err(ApiError::Invalid("days must be at most 36500".into()));
     }
     let duration = TimeDelta::days(days);
+    // Asked about as a booking would be: 1 to the policy's maximum.
+    let need = rules::check_units(policy, q.units.unwrap_or(1), false)?;
     let now = state.clock.now();
     // The duration rules, checked as a booking starting now would be.
     rules::check_request(policy, now, now, now + duration, false)?;
@@ -75,11 +83,20 @@ pub async fn next_start(
         models::booked_windows(&state.pool, &model.name, now, DateTime::<Utc>::MAX_UTC).await?;
     let units = u32::try_from(model.units).unwrap_or(0);
     // The same function as the webhook's "you can book from ..." (schedulability).
-    let next =
-        next_start::earliest_start(policy, now, &own, &model.name, units, &booked, duration)?;
+    let next = next_start::earliest_start(
+        policy,
+        now,
+        &own,
+        &model.name,
+        units,
+        need,
+        &booked,
+        duration,
+    )?;
     Ok(axum::Json(NextStart {
         model: model.name,
         days,
+        units: need,
         earliest_start: next.start,
         earliest_end: next.start + duration,
         reasons: next.reasons.into_iter().map(ReasonView::from).collect(),

@@ -179,6 +179,7 @@ pub async fn get(
                 &own,
                 &m.name,
                 units,
+                1,
                 booked,
                 duration,
             ) {

@@ -147,6 +147,22 @@ impl LendLedger {
         seen
     }
 
+    /// Records `units` of `model` admitted at `now` without a decision of the ledger's
+    /// (the controller's own lent copy, [`super::controller_copy`]): the unit it takes
+    /// over may already read as free in the next report, so it is kept until a report
+    /// counts it, as any admission. Nothing when the ledger is off or full.
+    pub fn record(&mut self, model: &ModelName, units: u64, now: DateTime<Utc>) {
+        if !self.enabled() || self.entries >= MAX_ENTRIES {
+            return;
+        }
+        if !self.models.contains_key(model) && self.models.len() >= MAX_MODELS {
+            return;
+        }
+        let entry = self.models.entry(model.clone()).or_default();
+        entry.admitted.push_back((now, units.max(1)));
+        self.entries += 1;
+    }
+
     /// [`decide`] on `answer` as the ledger sees it; when the pod gets a GPU and
     /// `record` (not a dry run), its units join the ledger. One call under one lock:
     /// the free unit a decision takes is gone for the next.
@@ -321,5 +337,29 @@ mod tests {
         assert!(l.models.len() <= MAX_MODELS);
         // Full: nothing more is lent.
         assert_eq!(l.decide(&one(), &a, &cfg, t(1), true).kind(), "strip");
+    }
+
+    #[test]
+    fn a_recorded_copy_takes_its_unit_until_a_report_counts_it() {
+        let cfg = AdmissionConfig::default();
+        let mut l = ledger();
+        l.record(&model("a100"), 1, t(10));
+        assert_eq!(l.outstanding(&model("a100")), 1);
+        // A report from before the copy says one is free: it is the copy's.
+        assert_eq!(
+            l.decide(&one(), &answer(1, Some(9)), &cfg, t(11), true)
+                .kind(),
+            "strip"
+        );
+        // A report taken after the settle time counts it.
+        assert_eq!(
+            l.decide(&one(), &answer(1, Some(13)), &cfg, t(14), true)
+                .kind(),
+            "low_priority"
+        );
+        // Off: nothing is kept.
+        let mut off = LendLedger::new(Duration::ZERO, Duration::ZERO);
+        off.record(&model("a100"), 1, t(10));
+        assert!(off.is_empty());
     }
 }

@@ -52,7 +52,7 @@ pub use marks::{
 };
 pub use patch::{plan, plan_cpu_only, plan_cpu_only_because, plan_node_resource, plan_unmarked};
 pub use quantity::parse_quantity;
-pub use trust::{trusted_identity, SpawnerTrust, UserInfo};
+pub use trust::{controller_copy, trusted_identity, SpawnerTrust, UserInfo};
 
 /// Label: `high` for a pod of a booked user, `low` for a pod that got a free GPU without
 /// a booking (the controller may preempt it for a booked user).
@@ -122,6 +122,11 @@ pub struct AdmissionConfig {
     pub name_case: NameCase,
     /// What a GPU pod without a trusted identity gets.
     pub unidentified_gpu_pods: UnidentifiedGpuPods,
+    /// User names (as the API server authenticates them) of the controller, e.g.
+    /// `system:serviceaccount:gpu-booking:gpu-booking-controller`: its lent copies
+    /// are admitted as it decided ([`controller_copy`]). Compared exactly.
+    #[serde(default)]
+    pub controllers: Vec<String>,
 }
 
 impl Default for AdmissionConfig {
@@ -140,6 +145,7 @@ impl Default for AdmissionConfig {
             spawners: SpawnerTrust::default(),
             name_case: NameCase::default(),
             unidentified_gpu_pods: UnidentifiedGpuPods::default(),
+            controllers: Vec::new(),
         }
     }
 }

@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::identity::{identify, Identity};
+use super::{AdmissionConfig, Decision, GpuRequest, MODEL_LABEL, PRIORITY_LABEL};
+use crate::gpu_model::ModelName;
 use crate::username::NameCase;
 
 /// Who may vouch for a pod's user name, and where.
@@ -101,6 +103,54 @@ pub fn trusted_identity(
     } else {
         None
     }
+}
+
+/// The decision for a GPU pod that the controller itself creates in place of one it
+/// ended: its lent copy (`--on-expiry demote`, or a booked pod beyond its booking's
+/// units), which carries `gpu-booking/priority=low` and `gpu-booking/model`. Such a
+/// copy takes over the unit its original held, which the controller saw in the
+/// cluster; the booking service's free count may still count the original (a usage
+/// report not yet sent, e.g. while a new leader takes over), and the webhook's
+/// ledger may count its admission too, so deciding the copy from them can strip it
+/// ("no free GPU") though its card is about to be free. It is admitted as the
+/// controller decided: lent, on its model.
+///
+/// Believed only when the requester (`userInfo`, authenticated by the API server) is
+/// one of `cfg.controllers`, compared exactly: marks in a pod prove nothing by
+/// themselves, since whoever creates a pod can write them (issue 13). A copy is never
+/// booked (`high` is not believed from anyone), and a pod that asks by resource for
+/// another model than its label names goes the ordinary way. `None`: decide it as
+/// any other pod.
+pub fn controller_copy(
+    requester: &UserInfo,
+    pod: &Value,
+    gpu: &GpuRequest,
+    cfg: &AdmissionConfig,
+) -> Option<Decision> {
+    let by_controller = requester
+        .username
+        .as_deref()
+        .is_some_and(|name| cfg.controllers.iter().any(|c| c == name));
+    if !by_controller {
+        return None;
+    }
+    let label = |key: &str| {
+        pod.pointer("/metadata/labels")
+            .and_then(|labels| labels.get(key))
+            .and_then(Value::as_str)
+    };
+    if label(PRIORITY_LABEL) != Some("low") {
+        return None;
+    }
+    let model = ModelName::parse(label(MODEL_LABEL)?).ok()?;
+    if gpu.models.iter().any(|asked| *asked != model) {
+        return None;
+    }
+    Some(Decision::LowPriority {
+        model,
+        gpumem_mib: None,
+        beyond_booking: None,
+    })
 }
 
 #[cfg(test)]
@@ -236,6 +286,162 @@ mod tests {
                 None,
                 "{who} in {ns}"
             );
+        }
+    }
+
+    const CONTROLLER: &str = "system:serviceaccount:gpu-booking:gpu-booking-controller";
+
+    fn copy_cfg() -> AdmissionConfig {
+        AdmissionConfig {
+            controllers: vec![CONTROLLER.into()],
+            ..AdmissionConfig::default()
+        }
+    }
+
+    fn copy_pod(priority: Option<&str>, model: Option<&str>) -> Value {
+        let mut labels = serde_json::Map::new();
+        if let Some(p) = priority {
+            labels.insert(PRIORITY_LABEL.into(), json!(p));
+        }
+        if let Some(m) = model {
+            labels.insert(MODEL_LABEL.into(), json!(m));
+        }
+        json!({"metadata": {"labels": labels, "annotations": {USERNAME_KEY: "ada@example.com"}}})
+    }
+
+    fn asks(models: &[&str]) -> GpuRequest {
+        GpuRequest {
+            units: 1,
+            models: models
+                .iter()
+                .map(|m| ModelName::parse(m).unwrap())
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_controllers_lent_copy_is_admitted_as_decided() {
+        let cfg = copy_cfg();
+        let decision = controller_copy(
+            &by(CONTROLLER, &[]),
+            &copy_pod(Some("low"), Some("a100")),
+            &asks(&[]),
+            &cfg,
+        );
+        assert_eq!(
+            decision,
+            Some(Decision::LowPriority {
+                model: ModelName::parse("a100").unwrap(),
+                gpumem_mib: None,
+                beyond_booking: None,
+            })
+        );
+        // By resource name, the same model.
+        assert!(controller_copy(
+            &by(CONTROLLER, &[]),
+            &copy_pod(Some("low"), Some("a100")),
+            &asks(&["a100"]),
+            &cfg
+        )
+        .is_some());
+    }
+
+    #[test]
+    fn only_the_controller_and_only_its_lent_copies() {
+        let cfg = copy_cfg();
+        let lent = copy_pod(Some("low"), Some("a100"));
+        // Anyone else, whatever the pod says: the hub, a user, a look-alike name,
+        // a group that the controller's account is in.
+        for who in [
+            HUB,
+            "mallory",
+            "system:serviceaccount:gpu-booking:gpu-booking-controller2",
+            "SYSTEM:SERVICEACCOUNT:GPU-BOOKING:GPU-BOOKING-CONTROLLER",
+            "",
+        ] {
+            assert_eq!(
+                controller_copy(
+                    &by(who, &["system:serviceaccounts"]),
+                    &lent,
+                    &asks(&[]),
+                    &cfg
+                ),
+                None,
+                "{who}"
+            );
+        }
+        assert_eq!(
+            controller_copy(&UserInfo::default(), &lent, &asks(&[]), &cfg),
+            None
+        );
+        // No controller configured: nobody.
+        assert_eq!(
+            controller_copy(
+                &by(CONTROLLER, &[]),
+                &lent,
+                &asks(&[]),
+                &AdmissionConfig::default()
+            ),
+            None
+        );
+        // The controller's pods that are not lent copies go the ordinary way.
+        for pod in [
+            copy_pod(Some("high"), Some("a100")),
+            copy_pod(None, Some("a100")),
+            copy_pod(Some("low"), None),
+            copy_pod(Some("low"), Some("Not A Model")),
+            json!({}),
+            json!([1]),
+        ] {
+            assert_eq!(
+                controller_copy(&by(CONTROLLER, &[]), &pod, &asks(&[]), &cfg),
+                None,
+                "{pod}"
+            );
+        }
+        // A pod asking by resource for another model than its label.
+        assert_eq!(
+            controller_copy(&by(CONTROLLER, &[]), &lent, &asks(&["a6000"]), &cfg),
+            None
+        );
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever the pod says and whoever asks: a copy is only ever lent (never
+            /// booked), only on the model its label names, and only when the
+            /// requester is the configured controller, by exact name.
+            #[test]
+            fn copies_are_lent_and_only_the_controllers(
+                who in prop_oneof![Just(CONTROLLER.to_owned()), Just(HUB.to_owned()), ".{0,40}"],
+                priority in proptest::option::of(prop_oneof![Just("low".to_owned()), Just("high".to_owned()), ".{0,8}"]),
+                model in proptest::option::of(prop_oneof![Just("a100".to_owned()), "[a-z0-9.-]{0,12}", ".{0,12}"]),
+                asked in proptest::collection::vec(prop_oneof![Just("a100"), Just("a6000")], 0..3),
+            ) {
+                let cfg = copy_cfg();
+                let pod = copy_pod(priority.as_deref(), model.as_deref());
+                let decision = controller_copy(&by(&who, &[]), &pod, &asks(&asked), &cfg);
+                if let Some(decision) = decision {
+                    prop_assert_eq!(who.as_str(), CONTROLLER);
+                    prop_assert_eq!(priority.as_deref(), Some("low"));
+                    match decision {
+                        Decision::LowPriority { model: m, beyond_booking: None, .. } => {
+                            prop_assert_eq!(Some(m.as_str()), model.as_deref());
+                            prop_assert!(asked.iter().all(|a| *a == m.as_str()));
+                        }
+                        other => prop_assert!(false, "not lent: {:?}", other),
+                    }
+                } else {
+                    let valid = model.as_deref().is_some_and(|m| ModelName::parse(m).is_ok());
+                    let same = asked.iter().all(|a| Some(*a) == model.as_deref());
+                    prop_assert!(
+                        who != CONTROLLER || priority.as_deref() != Some("low") || !valid || !same
+                    );
+                }
+            }
         }
     }
 }
