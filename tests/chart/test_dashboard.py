@@ -3,6 +3,11 @@ ConfigMap with the sidecar's label only when asked, and every expression reads
 metrics the components really export."""
 
 import json
+import shutil
+import subprocess
+
+import pytest
+import yaml
 
 import render
 import test_chart
@@ -53,3 +58,19 @@ def test_every_dashboard_expression_reads_exported_metrics():
         if var["type"] == "query":
             assert "gpu_booking_build_info" in var["definition"] and exported("gpu_booking_build_info")
     assert checked > 10
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_every_dashboard_expression_is_valid_promql(tmp_path):
+    """promtool parses each expression (Grafana's variables given values) as a
+    recording rule."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    rules = []
+    for i, (_, expr) in enumerate(targets(dashboard)):
+        expr = expr.replace("$__rate_interval", "5m").replace("$namespace", "gpu-booking")
+        assert "$" not in expr, expr
+        rules.append({"record": f"dashboard:expr_{i}", "expr": expr})
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
