@@ -6,7 +6,9 @@
 #   3. kubernetes-validate --strict of every rendered object for Kubernetes 1.30 and for
 #      the newest version it knows (objects of CRDs it has no schema for are listed;
 #      tests/chart checks their fields);
-#   4. pytest tests/chart: security defaults of every pod, no secret in the defaults,
+#   4. checkov on every rendered scenario, the checks it fails on purpose skipped with
+#      their reasons in charts/gpu-booking/checkov-skips.yaml (tests/chart/checkov.py);
+#   5. pytest tests/chart (promtool check rules / test rules in test_alerts.py): security defaults of every pod, no secret in the defaults,
 #      every rendered option accepted by the real binary (when GPU_BOOKING_BIN is set),
 #      the webhook configuration (its CEL matchConditions evaluated on real pods), the
 #      TLS modes, RBAC, the values schema, and the README's values table.
@@ -49,5 +51,7 @@ for version in 1.30.0 "$newest"; do
   skipped=$(grep -o "for kind [A-Za-z]* with api version [^ ]*" "$out/validate-$version.log" | sort -u | sed 's/for kind \([A-Za-z]*\) with api version /\1 (/; s/$/)/' | paste -sd, - || true)
   echo "  $valid objects valid; no schema (CRDs): ${skipped:-none}"
 done
+
+"$py" tests/chart/checkov.py "$tools/checkov-venv/bin/checkov" "$out"
 
 "$py" -m pytest -q -p no:cacheprovider tests/chart

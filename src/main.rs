@@ -14,7 +14,8 @@ async fn main() -> std::process::ExitCode {
     match cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // JSON too when the process logs JSON.
+            gpu_booking_ops::report_fatal(&e);
             std::process::ExitCode::FAILURE
         }
     }

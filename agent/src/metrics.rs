@@ -276,9 +276,47 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        // With gpu_booking_build_info and the process metrics, then # EOF.
+        gpu_booking_ops::metrics::encode(&self.registry, "agent")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promtool_accepts_the_text_format() {
+        let m = Metrics::new();
+        m.reclaim("success", "idle");
+        m.kill("TERM");
+        m.attribution_failures.inc();
+        m.nvml_up.set(1);
+        let gpu = GpuLabels {
+            gpu: "0".into(),
+            uuid: "GPU-1".into(),
+        };
+        m.gpu_memory_free.get_or_create(&gpu).set(1 << 30);
+        m.gpu_utilization.get_or_create(&gpu).set(0.5);
+        m.pod_budget
+            .get_or_create(&PodLabels {
+                namespace: "lab".into(),
+                pod: "alice".into(),
+            })
+            .set(4 << 30);
+        let text = m.encode();
+        assert!(
+            text.contains("gpu_reclaimer_reclaim_total{result=\"success\",reason=\"idle\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu_booking_build_info{component=\"agent\""),
+            "{text}"
+        );
+        let text = gpu_booking_ops::metrics::to_text(&text);
+        match gpu_booking_ops::metrics::promtool_check(&text) {
+            None => eprintln!("promtool not installed: `promtool check metrics` skipped"),
+            Some(verdict) => verdict.unwrap(),
+        }
     }
 }

@@ -7,6 +7,7 @@ use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -32,12 +33,46 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    /// `active` or `planned`.
+    pub status: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    /// A declared model (a set the admins keep).
+    pub model: String,
+}
+
+/// How long a scrape waits for the booking state before answering without it.
+pub const REFRESH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The booking state as gauges, read from the database at each scrape
+/// ([`Metrics::refresh`]).
+#[derive(Default)]
+pub struct StateGauges {
+    /// Bookings not cancelled that run now (`active`) or start later (`planned`).
+    pub bookings: Family<StatusLabel, Gauge>,
+    /// Declared units per model.
+    pub units: Family<ModelLabel, Gauge>,
+    /// Units with no pod on them (as the controller last reported).
+    pub free: Family<ModelLabel, Gauge>,
+    /// Units held by bookings active now.
+    pub booked: Family<ModelLabel, Gauge>,
+    /// Units in use beyond those booked now: lent to unbooked pods.
+    pub lent: Family<ModelLabel, Gauge>,
+    /// Failed reads of the booking state (the gauges keep their last values).
+    pub refresh_errors: Counter,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub duration: Family<RouteLabels, Histogram>,
     /// Booking create attempts by result: `created` or the refusing rule's code.
     pub booking_creates: Family<ResultLabels, Counter>,
+    pub state: StateGauges,
 }
 
 impl Default for Metrics {
@@ -63,21 +98,109 @@ impl Default for Metrics {
             "Booking create attempts by result",
             booking_creates.clone(),
         );
+        let state = StateGauges::default();
+        registry.register(
+            "bookings",
+            "Bookings not cancelled, by status (active now, planned)",
+            state.bookings.clone(),
+        );
+        registry.register(
+            "model_units",
+            "Units of each model its admin declared",
+            state.units.clone(),
+        );
+        registry.register(
+            "model_units_free",
+            "Units of each model with no pod on them, as the controller last reported",
+            state.free.clone(),
+        );
+        registry.register(
+            "model_units_booked",
+            "Units of each model held by bookings active now",
+            state.booked.clone(),
+        );
+        registry.register(
+            "model_units_lent",
+            "Units of each model in use beyond those booked now (lent to unbooked pods)",
+            state.lent.clone(),
+        );
+        registry.register(
+            "state_refresh_errors",
+            "Failed reads of the booking state for the gauges above",
+            state.refresh_errors.clone(),
+        );
         Metrics {
             registry,
             requests,
             duration,
             booking_creates,
+            state,
         }
     }
 }
 
 impl Metrics {
+    /// Reads the booking state into the gauges (at each scrape). On a database
+    /// error the gauges keep their last values and `state_refresh_errors` counts it.
+    /// Bounded by [`REFRESH_TIMEOUT`], so that a scrape answers (and the API's `up`
+    /// stays 1) while the database does not.
+    pub async fn refresh(&self, db: &sqlx::PgPool, now: chrono::DateTime<chrono::Utc>) {
+        let error = match tokio::time::timeout(REFRESH_TIMEOUT, self.try_refresh(db, now)).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {REFRESH_TIMEOUT:?}"),
+        };
+        tracing::warn!(error = %error, "metrics: reading the booking state failed");
+        self.state.refresh_errors.inc();
+    }
+
+    async fn try_refresh(
+        &self,
+        db: &sqlx::PgPool,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> sqlx::Result<()> {
+        let (active, planned): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE start_at <= $1), count(*) FILTER (WHERE start_at > $1)
+             FROM booking WHERE cancelled_at IS NULL AND end_at > $1",
+        )
+        .bind(now)
+        .fetch_one(db)
+        .await?;
+        let models: Vec<(String, i32, i32, i64)> = sqlx::query_as(
+            "SELECT m.name, m.units, m.in_use, COALESCE(sum(b.units), 0)::bigint
+             FROM gpu_model m
+             LEFT JOIN booking b ON b.model = m.name AND b.cancelled_at IS NULL
+                  AND b.start_at <= $1 AND b.end_at > $1
+             GROUP BY m.name, m.units, m.in_use",
+        )
+        .bind(now)
+        .fetch_all(db)
+        .await?;
+        let s = &self.state;
+        s.bookings
+            .get_or_create(&StatusLabel { status: "active" })
+            .set(active);
+        s.bookings
+            .get_or_create(&StatusLabel { status: "planned" })
+            .set(planned);
+        // A model deleted since the last scrape loses its series.
+        for family in [&s.units, &s.free, &s.booked, &s.lent] {
+            family.clear();
+        }
+        for (model, units, in_use, booked) in models {
+            let label = ModelLabel { model };
+            let (units, in_use) = (i64::from(units), i64::from(in_use));
+            s.units.get_or_create(&label).set(units);
+            s.free.get_or_create(&label).set((units - in_use).max(0));
+            s.booked.get_or_create(&label).set(booked);
+            s.lent.get_or_create(&label).set((in_use - booked).max(0));
+        }
+        Ok(())
+    }
+
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Encoding into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        // With gpu_booking_build_info and the process metrics, then # EOF.
+        gpu_booking_ops::metrics::encode(&self.registry, "api")
     }
 }
 
@@ -138,11 +261,17 @@ pub fn status_label(status: StatusCode) -> &'static str {
     }
 }
 
+/// The `tracing` target of the access log lines (`RUST_LOG=gpu_booking_api::access=warn`
+/// silences them).
+pub const ACCESS_LOG: &str = "gpu_booking_api::access";
+
 /// The label of requests no route matched (the fallback's 404s, whatever the path).
 pub const UNMATCHED: &str = "unmatched";
 
 /// Counts and times every request by its route template (not its raw path, so
-/// that ids do not explode the label set).
+/// that ids do not explode the label set), and writes its access log line: method,
+/// route template, status, latency (never the path, the query or a header, so no
+/// id, feed token or bearer token reaches the logs).
 pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
@@ -151,12 +280,21 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
     let method = method_label(req.method());
     let started = std::time::Instant::now();
     let response = next.run(req).await;
+    let took = started.elapsed();
+    tracing::info!(
+        target: ACCESS_LOG,
+        method,
+        route = %route,
+        status = response.status().as_u16(),
+        latency_ms = took.as_secs_f64() * 1000.0,
+        "request"
+    );
     let m = &state.metrics;
     m.duration
         .get_or_create(&RouteLabels {
             route: route.clone(),
         })
-        .observe(started.elapsed().as_secs_f64());
+        .observe(took.as_secs_f64());
     m.requests
         .get_or_create(&RequestLabels {
             method,

@@ -208,15 +208,42 @@ impl Metrics {
 
     /// The OpenMetrics text.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+        // With gpu_booking_build_info and the process metrics, then # EOF.
+        gpu_booking_ops::metrics::encode(&self.registry, "controller")
     }
 }
 
 /// `/healthz` (alive), `/readyz` (watches synced) and `/metrics`.
 pub fn admin_router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
     gpu_booking_ops::admin_router(move || metrics.encode(), ready, "starting")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promtool_accepts_the_text_format() {
+        let m = Metrics::new();
+        m.action("preempt", "recreated");
+        m.eviction("a100", "booked_pod_pending");
+        m.error("kubernetes");
+        m.expiry_lag.observe(0.2);
+        m.inventory
+            .cards
+            .get_or_create(&ModelLabel {
+                model: "a100".into(),
+            })
+            .set(4);
+        let text = m.encode();
+        assert!(
+            text.contains("gpu_booking_build_info{component=\"controller\""),
+            "{text}"
+        );
+        let text = gpu_booking_ops::metrics::to_text(&text);
+        match gpu_booking_ops::metrics::promtool_check(&text) {
+            None => eprintln!("promtool not installed: `promtool check metrics` skipped"),
+            Some(verdict) => verdict.unwrap(),
+        }
+    }
 }

@@ -4,13 +4,13 @@
 #![forbid(unsafe_code)]
 
 pub mod duration;
+pub mod metrics;
 pub mod serve;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use clap::ValueEnum;
@@ -30,6 +30,7 @@ pub enum LogFormat {
 /// process, call it more than once.
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
+    let _ = LOGGING.set(format);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour codes only for a terminal: in a file or a log collector they are noise.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
@@ -40,6 +41,45 @@ pub fn init_logging(format: LogFormat) {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Plain => builder.try_init(),
     };
+}
+
+/// The format the process logs in, once [`init_logging`] ran.
+static LOGGING: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// Reports the error that ends the process: a JSON log line (level ERROR) when the
+/// process logs JSON, or was asked to (`--log-format json` or
+/// `GPU_BOOKING_LOG_FORMAT=json`, for an error before logging started), so that a log
+/// collector parses it like any other line; else `error: ...` on stderr.
+pub fn report_fatal(error: &anyhow::Error) {
+    let asked = || {
+        requested_format(
+            std::env::args().skip(1),
+            std::env::var("GPU_BOOKING_LOG_FORMAT").ok(),
+        )
+    };
+    match LOGGING.get().copied().or_else(asked) {
+        Some(LogFormat::Json) => {
+            init_logging(LogFormat::Json);
+            tracing::error!(error = format!("{error:#}"), "fatal error, exiting");
+        }
+        _ => eprintln!("error: {error:#}"),
+    }
+}
+
+/// The `--log-format` of a command line (as clap reads it: `--log-format json` or
+/// `--log-format=json`), else that of the environment.
+fn requested_format(args: impl Iterator<Item = String>, env: Option<String>) -> Option<LogFormat> {
+    let parse = |v: &str| LogFormat::from_str(v, true).ok();
+    let mut args = args;
+    while let Some(arg) = args.next() {
+        if arg == "--log-format" {
+            return args.next().as_deref().and_then(parse);
+        }
+        if let Some(v) = arg.strip_prefix("--log-format=") {
+            return parse(v);
+        }
+    }
+    env.as_deref().and_then(parse)
 }
 
 /// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
@@ -62,12 +102,12 @@ pub async fn shutdown_signal() {
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }
 
-/// The content type of Prometheus' OpenMetrics text, which `prometheus-client` writes.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub use metrics::OPENMETRICS;
 
 /// The admin port: `/healthz` (the process runs), `/readyz` (200 once `ready` is
 /// set, else 503 with `not_ready` as the body, which says what is awaited) and
-/// `/metrics` (whatever `metrics` encodes, as OpenMetrics text).
+/// `/metrics` (whatever `metrics` encodes as OpenMetrics text, in the text format when
+/// the scraper asks for it: [`metrics::response`]).
 pub fn admin_router<M>(metrics: M, ready: Arc<AtomicBool>, not_ready: &'static str) -> Router
 where
     M: Fn() -> String + Clone + Send + Sync + 'static,
@@ -89,9 +129,9 @@ where
         )
         .route(
             "/metrics",
-            get(move || {
+            get(move |headers: HeaderMap| {
                 let body = metrics();
-                async move { ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response() }
+                async move { metrics::response(&headers, body) }
             }),
         )
 }
@@ -100,7 +140,7 @@ where
 mod tests {
     use super::*;
     use axum::body::Body;
-    use axum::http::Request;
+    use axum::http::{header, Request};
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
@@ -121,6 +161,30 @@ mod tests {
             String::from_utf8(body.to_vec()).unwrap(),
             content_type,
         )
+    }
+
+    #[test]
+    fn the_log_format_asked_for_is_found_before_logging_starts() {
+        let args = |a: &[&str]| {
+            a.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert_eq!(
+            requested_format(args(&["webhook", "--log-format", "json"]), None),
+            Some(LogFormat::Json)
+        );
+        assert_eq!(
+            requested_format(args(&["api", "--log-format=plain"]), Some("json".into())),
+            Some(LogFormat::Plain)
+        );
+        assert_eq!(
+            requested_format(args(&["api"]), Some("JSON".into())),
+            Some(LogFormat::Json)
+        );
+        assert_eq!(requested_format(args(&["api", "--log-format"]), None), None);
+        assert_eq!(requested_format(args(&["api"]), None), None);
     }
 
     #[tokio::test]
@@ -151,6 +215,19 @@ mod tests {
         assert_eq!(body, "scrapes 1\n# EOF\n");
         assert_eq!(content_type.as_deref(), Some(OPENMETRICS));
         assert_eq!(get(&app, "/metrics").await.1, "scrapes 2\n# EOF\n");
+        let res = app
+            .clone()
+            .oneshot(
+                Request::get("/metrics")
+                    .header(header::ACCEPT, "text/plain;version=0.0.4")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(res.headers()[header::CONTENT_TYPE], metrics::TEXT);
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"scrapes 3\n");
         assert_eq!(get(&app, "/nope").await.0, StatusCode::NOT_FOUND);
     }
 }

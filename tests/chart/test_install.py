@@ -112,6 +112,8 @@ def operator_inputs(scenario):
     hub = ((values or {}).get("controller") or {}).get("hub") or {}
     notices = (values or {}).get("notices") or {}
     secrets = {hub["tokenSecretName"]} if hub.get("tokenSecretName") else set()
+    if notices.get("secretName"):
+        secrets.add(notices["secretName"])
     keys = {k for k in [(notices.get("smtp") or {}).get("passwordKey"), (notices.get("webhook") or {}).get("urlKey")] if k}
     return secrets, keys
 
@@ -272,3 +274,19 @@ def test_components_authenticate_with_their_service_account_tokens():
     assert volume["secret"]["secretName"] == "gpu-booking-secrets"
     assert not [o for o in off if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-tokenreview")]
     assert unmet(off) == []
+
+
+def test_notice_secrets_may_come_from_their_own_secret():
+    """`notices.secretName`: the SMTP password and the webhook URL from a Secret the
+    operator keeps (a secret manager's), the rest from the release's."""
+    values = ["tests/chart/values/everything.yaml"]
+    rendered = render.render(values, set_values=["notices.secretName=lab-notices"])
+    (api,) = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-api")]
+    volumes = {v["name"]: v for v in pod_spec(api)["volumes"]}
+    assert volumes["notices"]["secret"]["secretName"] == "lab-notices"
+    assert {i["key"] for i in volumes["notices"]["secret"]["items"]} == {"smtp-password", "notice-webhook-url"}
+    assert [m for m in unmet(rendered) if "lab-notices" not in m] == []
+    # Unset: the release's Secret, as before.
+    (api,) = [o for o in RENDERED["everything"] if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-api")]
+    volumes = {v["name"]: v for v in pod_spec(api)["volumes"]}
+    assert volumes["notices"]["secret"]["secretName"] != "lab-notices"

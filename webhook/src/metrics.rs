@@ -6,6 +6,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
@@ -60,6 +61,8 @@ pub struct Metrics {
     pub cache_lookups: Family<OutcomeLabel, Counter>,
     pub side_calls: Family<CallLabel, Counter>,
     pub tls_reloads: Family<OutcomeLabel, Counter>,
+    /// When the certificate served now expires (Unix seconds; 0 until one is loaded).
+    pub tls_not_after: Gauge,
     /// GPU pods admitted without their VRAM budget: their model's nodes do not
     /// advertise the budget resource.
     pub budgets_withheld: Counter,
@@ -84,6 +87,7 @@ impl Metrics {
         let cache_lookups = Family::<OutcomeLabel, Counter>::default();
         let side_calls = Family::<CallLabel, Counter>::default();
         let tls_reloads = Family::<OutcomeLabel, Counter>::default();
+        let tls_not_after = Gauge::default();
         let budgets_withheld = Counter::default();
         {
             let r = registry.sub_registry_with_prefix("webhook");
@@ -124,6 +128,12 @@ impl Metrics {
                 "Serving certificate (re)loads, by outcome",
                 tls_reloads.clone(),
             );
+            r.register_with_unit(
+                "tls_certificate_expiry_timestamp",
+                "When the serving certificate in use expires (Unix time)",
+                Unit::Seconds,
+                tls_not_after.clone(),
+            );
             r.register(
                 "budgets_withheld",
                 "GPU pods admitted without a VRAM budget because their model's nodes do not advertise it",
@@ -151,6 +161,7 @@ impl Metrics {
             cache_lookups,
             side_calls,
             tls_reloads,
+            tls_not_after,
             budgets_withheld,
         }
     }
@@ -174,10 +185,8 @@ impl Metrics {
 
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        // With gpu_booking_build_info and the process metrics, then # EOF.
+        gpu_booking_ops::metrics::encode(&self.registry, "webhook")
     }
 }
 
@@ -203,5 +212,18 @@ mod tests {
             text.contains("gpu_booking_webhook_booking_requests_total{outcome=\"ok\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn promtool_accepts_the_text_format() {
+        let m = Metrics::new();
+        m.admitted("booked", Duration::from_millis(1));
+        Metrics::outcome(&m.tls_reloads, "ok");
+        m.tls_not_after.set(1_900_000_000);
+        let text = gpu_booking_ops::metrics::to_text(&m.encode());
+        match gpu_booking_ops::metrics::promtool_check(&text) {
+            None => eprintln!("promtool not installed: `promtool check metrics` skipped"),
+            Some(verdict) => verdict.unwrap(),
+        }
     }
 }

@@ -35,11 +35,15 @@ pub struct CertStore {
 impl CertStore {
     /// Loads the pair; fails if it cannot be read or does not match.
     pub fn load(cert: PathBuf, key: PathBuf, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
-        let stamps = (FileStamp::of(&cert)?, FileStamp::of(&key)?);
+        let stamp = |path: &Path| {
+            FileStamp::of(path).with_context(|| format!("reading {}", path.display()))
+        };
+        let stamps = (stamp(&cert)?, stamp(&key)?);
         let pem = read_pair(&cert, &key)?;
         let config = server_config(&pem.0, &pem.1)
             .with_context(|| format!("loading {} and {}", cert.display(), key.display()))?;
         Metrics::outcome(&metrics.tls_reloads, "ok");
+        metrics.tls_not_after.set(not_after(&pem.0).unwrap_or(0));
         Ok(Self {
             cert,
             key,
@@ -69,6 +73,9 @@ impl CertStore {
                 Ok(config) => {
                     tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
                     Metrics::outcome(&self.metrics.tls_reloads, "ok");
+                    self.metrics
+                        .tls_not_after
+                        .set(not_after(&pem.0).unwrap_or(0));
                     *loaded = Loaded {
                         stamps,
                         pem,
@@ -96,6 +103,14 @@ fn read_pair(cert: &Path, key: &Path) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
     Ok((c, k))
 }
 
+/// When the first certificate of a PEM chain (the leaf) expires, in Unix seconds.
+pub fn not_after(cert_pem: &[u8]) -> Option<i64> {
+    use rustls::pki_types::pem::PemObject;
+    let leaf = CertificateDer::pem_slice_iter(cert_pem).next()?.ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// A rustls server configuration (ring provider, TLS 1.2 and 1.3, ALPN h2 and
 /// http/1.1) from a PEM certificate chain and key, refusing a key that does not match.
 pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> anyhow::Result<Arc<ServerConfig>> {
@@ -117,4 +132,59 @@ pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> anyhow::Result<Arc<Serv
         .context("certificate and key do not form a pair")?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_served_certificate_expiry_is_exported() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["webhook.test".to_owned()]).unwrap();
+        params.not_after = rcgen::date_time_ymd(2031, 5, 17);
+        let cert = params.self_signed(&key).unwrap();
+        let dir = tempfile_dir();
+        let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        CertStore::load(cert_path, key_path, metrics.clone()).unwrap();
+        // 2031-05-17T00:00:00Z
+        assert_eq!(metrics.tls_not_after.get(), 1_936_742_400);
+        assert!(metrics
+            .encode()
+            .contains("gpu_booking_webhook_tls_certificate_expiry_timestamp_seconds 1936742400"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_file_is_named_in_the_error() {
+        let dir = tempfile_dir();
+        let missing = dir.join("absent.crt");
+        let err = CertStore::load(
+            missing.clone(),
+            dir.join("absent.key"),
+            Arc::new(Metrics::new()),
+        )
+        .err()
+        .expect("no certificate file");
+        assert!(
+            format!("{err:#}").contains(&missing.display().to_string()),
+            "{err:#}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "gpu-booking-webhook-tls-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
 }

@@ -1,7 +1,7 @@
 //! Liveness, readiness (the database answers) and metrics.
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 
 use crate::app::AppState;
@@ -20,12 +20,9 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
-    )
+/// The booking state is read into its gauges first; OpenMetrics, or the text format
+/// when the scraper asks for it.
+pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
+    state.metrics.refresh(&state.pool, state.clock.now()).await;
+    gpu_booking_ops::metrics::response(&headers, state.metrics.encode())
 }
