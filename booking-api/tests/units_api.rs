@@ -7,6 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use axum::http::{Method, StatusCode};
+use chrono::{DateTime, Utc};
 use common::{days, t0};
 use gpu_booking_api::clock::ManualClock;
 use gpu_booking_api::testing::test_state;
