@@ -1,6 +1,9 @@
 //! GPU models: declared by admins, counted by the controller.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_core::next_start::{self, NextStart};
+use gpu_booking_core::policy::Policy;
+use gpu_booking_core::rules::{self, Refusal};
 use gpu_booking_core::window::Window;
 use serde::Serialize;
 use sqlx::PgExecutor;
@@ -81,15 +84,19 @@ pub struct ModelSpec<'a> {
     pub position: Option<i32>,
 }
 
-/// Creates or updates a model; a new model without a position goes last.
+/// Creates or updates a model; a new model without a position goes last. It takes
+/// the model's lock exclusive (migration 20261125000200) until its transaction ends,
+/// so that no create decides on the units it changes while it changes them.
 pub async fn upsert(
     db: impl PgExecutor<'_>,
     m: ModelSpec<'_>,
     at: DateTime<Utc>,
 ) -> sqlx::Result<Model> {
     sqlx::query_as(&format!(
-        "INSERT INTO gpu_model (name, position, units, patterns, resource, gpumem_mib, created_at, updated_at)
-         VALUES ($1, COALESCE($2, (SELECT COALESCE(max(position) + 1, 0) FROM gpu_model)), $3, $4, $5, $6, $7, $7)
+        "WITH locked AS MATERIALIZED (SELECT pg_advisory_xact_lock(7264, hashtext($1)))
+         INSERT INTO gpu_model (name, position, units, patterns, resource, gpumem_mib, created_at, updated_at)
+         SELECT $1, COALESCE($2, (SELECT COALESCE(max(position) + 1, 0) FROM gpu_model)), $3, $4, $5, $6, $7, $7
+         FROM locked
          ON CONFLICT (name) DO UPDATE SET
             position = COALESCE($2, gpu_model.position), units = $3, patterns = $4, resource = $5,
             gpumem_mib = $6, updated_at = $7
@@ -163,4 +170,32 @@ pub async fn booked_windows(
         .into_iter()
         .filter_map(|(s, e)| Window::new(s, e).ok())
         .collect())
+}
+
+/// The earliest start of a booking of `duration` on `model` for a user whose bookings
+/// are `own` (`core::next_start::earliest_start`), reading the model's bookings only
+/// as far ahead as the answer needs (`next_start::settled_before`): a week past the
+/// earliest the user's rules allow, then four times as far, and so on. Without that,
+/// every planned booking of the model was read on each question.
+pub async fn earliest_start(
+    db: &sqlx::PgPool,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    own: &[Window],
+    model: &Model,
+    duration: TimeDelta,
+) -> sqlx::Result<Result<NextStart, Refusal>> {
+    let units = u32::try_from(model.units).unwrap_or(0);
+    let (from, _) = rules::earliest_start_for_user(policy, now, own);
+    let mut horizon = next_start::first_horizon(from, duration);
+    loop {
+        let booked = booked_windows(db, &model.name, now, horizon).await?;
+        let next =
+            next_start::earliest_start(policy, now, own, &model.name, units, &booked, duration);
+        match next {
+            Ok(next) if !next_start::settled_before(&next, duration, horizon) => {}
+            other => return Ok(other),
+        }
+        horizon = next_start::wider(from, horizon);
+    }
 }
