@@ -143,3 +143,12 @@ BEGIN
     RETURN QUERY SELECT x, v_units FROM unnest(v_users) AS x;
 END
 $$;
+
+-- Reads that must not grow with history (issue 17). The exclusion constraints' GiST
+-- indexes hold only bookings that are not cancelled, and GiST cannot serve
+-- `user_name = ANY(...)` or an order: listing a user's bookings, or a model's over a
+-- window (cancelled ones included), read the whole table. Two btree indexes, paid
+-- on each create (two index entries), serve them: by user newest first, and by model
+-- from a time on (a window's bookings end after its start).
+CREATE INDEX booking_user_start_idx ON booking (user_name, start_at);
+CREATE INDEX booking_model_end_idx ON booking (model, end_at);
