@@ -57,11 +57,12 @@ async fn main() -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(400)
         .build()?;
-    // The loader's models, declared first so that both phases book the same ones
-    // (the loader keeps the larger unit count).
+    // The empty phase books models of its own (`empty-00` ...), so that the loader's
+    // models (`hist-00` ..., declared here with the same units; the loader keeps the
+    // larger count) hold only the history when it loads.
     let admin = api.token("admin@example.com", Some("admin"));
-    for m in 0..MODELS {
-        http.put(format!("{}/api/v1/models/hist-{m:02}", api.url))
+    for m in (0..MODELS).flat_map(|m| [format!("empty-{m:02}"), format!("hist-{m:02}")]) {
+        http.put(format!("{}/api/v1/models/{m}", api.url))
             .bearer_auth(&admin)
             .json(&json!({"units": 1000, "patterns": [], "gpumem_mib": 1024}))
             .send()
@@ -77,7 +78,7 @@ async fn main() -> anyhow::Result<()> {
     };
 
     println!("== empty booking table");
-    let empty = bench.phase(&pool).await?;
+    let empty = bench.phase(&pool, "empty").await?;
     let count = |pool: PgPool| async move {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM booking")
             .fetch_one(&pool)
@@ -102,7 +103,7 @@ async fn main() -> anyhow::Result<()> {
         count(pool.clone()).await?
     );
     println!("== loaded booking table");
-    let loaded = bench.phase(&pool).await?;
+    let loaded = bench.phase(&pool, "hist").await?;
 
     println!("\n== summary (ratios first)");
     for (name, e, l) in [
@@ -183,12 +184,13 @@ struct Bench {
 }
 
 impl Bench {
-    async fn phase(&self, pool: &PgPool) -> anyhow::Result<Phase> {
+    /// Every measure, on the models `{prefix}-00` ...
+    async fn phase(&self, pool: &PgPool, prefix: &'static str) -> anyhow::Result<Phase> {
         let bare = bare_inserts(pool, POOL as usize, self.secs).await?;
         bare.print("bare one-row INSERT transactions, 32 clients");
-        let c32 = self.creates(32).await?;
+        let c32 = self.creates(32, prefix).await?;
         c32.print("booking creates, 32 clients");
-        let c300 = self.creates(300).await?;
+        let c300 = self.creates(300, prefix).await?;
         c300.print("booking creates, 300 clients");
         let now = Utc::now();
         let today = now.date_naive();
@@ -202,7 +204,7 @@ impl Bench {
                 (
                     admin.clone(),
                     format!(
-                        "{url}/api/v1/models/hist-{:02}/availability?{year}",
+                        "{url}/api/v1/models/{prefix}-{:02}/availability?{year}",
                         i % MODELS
                     ),
                 )
@@ -215,7 +217,10 @@ impl Bench {
                 (
                     self.api
                         .token(&format!("h{:06}", (i * 7919) % 100_000), None),
-                    format!("{url}/api/v1/me/next-start?model=hist-{:02}", i % MODELS),
+                    format!(
+                        "{url}/api/v1/me/next-start?model={prefix}-{:02}",
+                        i % MODELS
+                    ),
                 )
             })
             .await?;
@@ -227,7 +232,7 @@ impl Bench {
                 (
                     admin.clone(),
                     format!(
-                        "{url}/api/v1/bookings?all=true&model=hist-{:02}&from={week_ago}&to={in_a_month}&limit=100",
+                        "{url}/api/v1/bookings?all=true&model={prefix}-{:02}&from={week_ago}&to={in_a_month}&limit=100",
                         i % MODELS
                     ),
                 )
@@ -270,7 +275,7 @@ impl Bench {
     }
 
     /// Booking creates by `clients` concurrent HTTP clients for `self.secs`.
-    async fn creates(&self, clients: usize) -> anyhow::Result<Stats> {
+    async fn creates(&self, clients: usize, prefix: &'static str) -> anyhow::Result<Stats> {
         let refused = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let mut tasks = Vec::new();
@@ -300,7 +305,7 @@ impl Bench {
                     let r = http
                         .post(format!("{}/api/v1/bookings", api.url))
                         .bearer_auth(&token)
-                        .json(&json!({"model": format!("hist-{model:02}"), "start": start, "end": start + TimeDelta::days(days)}))
+                        .json(&json!({"model": format!("{prefix}-{model:02}"), "start": start, "end": start + TimeDelta::days(days)}))
                         .send()
                         .await?;
                     let status = r.status();

@@ -169,11 +169,12 @@ pub async fn get(
     if let Some(own) = own {
         // What /me/next-start answers for each model, by the same function.
         let duration = TimeDelta::days(next_start::default_days(&state.policy));
-        for m in &models {
-            if let Ok(next) =
-                models::earliest_start(&state.pool, &state.policy, now, &own, m, duration).await?
-            {
-                earliest_booking_by_model.insert(m.name.clone(), next.start);
+        let answers =
+            models::earliest_starts(&state.pool, &state.policy, now, &own, &models, duration)
+                .await?;
+        for (model, next) in answers {
+            if let Ok(next) = next {
+                earliest_booking_by_model.insert(model, next.start);
             }
         }
     }

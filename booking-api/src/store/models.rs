@@ -174,9 +174,11 @@ pub async fn booked_windows(
 
 /// The earliest start of a booking of `duration` on `model` for a user whose bookings
 /// are `own` (`core::next_start::earliest_start`), reading the model's bookings only
-/// as far ahead as the answer needs (`next_start::settled_before`): a week past the
-/// earliest the user's rules allow, then four times as far, and so on. Without that,
-/// every planned booking of the model was read on each question.
+/// from the earliest start the user's rules allow (those that end before it are never
+/// in the way) and only as far ahead as the answer needs
+/// (`next_start::settled_before`): a week past that start, then four times as far,
+/// and so on. Without that, every planned booking of the model was read on each
+/// question.
 pub async fn earliest_start(
     db: &sqlx::PgPool,
     policy: &Policy,
@@ -189,7 +191,8 @@ pub async fn earliest_start(
     let (from, _) = rules::earliest_start_for_user(policy, now, own);
     let mut horizon = next_start::first_horizon(from, duration);
     loop {
-        let booked = booked_windows(db, &model.name, now, horizon).await?;
+        // Bookings that end before `from` are never in the way.
+        let booked = booked_windows(db, &model.name, from, horizon).await?;
         let next =
             next_start::earliest_start(policy, now, own, &model.name, units, &booked, duration);
         match next {
@@ -198,4 +201,46 @@ pub async fn earliest_start(
         }
         horizon = next_start::wider(from, horizon);
     }
+}
+
+/// [`earliest_start`] for each of `models`: one read of every model's bookings up to
+/// the first horizon, and a further read only for a model whose answer lies beyond it.
+pub async fn earliest_starts(
+    db: &sqlx::PgPool,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    own: &[Window],
+    models: &[Model],
+    duration: TimeDelta,
+) -> sqlx::Result<std::collections::BTreeMap<String, Result<NextStart, Refusal>>> {
+    let (from, _) = rules::earliest_start_for_user(policy, now, own);
+    let horizon = next_start::first_horizon(from, duration);
+    let rows: Vec<(String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT model, start_at, end_at FROM booking, generate_series(1, units)
+         WHERE cancelled_at IS NULL AND period && tstzrange($1, $2, '[)')",
+    )
+    .bind(from)
+    .bind(horizon)
+    .fetch_all(db)
+    .await?;
+    let mut by_model = std::collections::BTreeMap::<String, Vec<Window>>::new();
+    for (model, s, e) in rows {
+        if let Ok(w) = Window::new(s, e) {
+            by_model.entry(model).or_default().push(w);
+        }
+    }
+    let mut answers = std::collections::BTreeMap::new();
+    for m in models {
+        let units = u32::try_from(m.units).unwrap_or(0);
+        let booked = by_model.get(&m.name).map(Vec::as_slice).unwrap_or_default();
+        let next = next_start::earliest_start(policy, now, own, &m.name, units, booked, duration);
+        let next = match next {
+            Ok(next) if !next_start::settled_before(&next, duration, horizon) => {
+                earliest_start(db, policy, now, own, m, duration).await?
+            }
+            other => other,
+        };
+        answers.insert(m.name.clone(), next);
+    }
+    Ok(answers)
 }
