@@ -1,7 +1,10 @@
 //! 32 concurrent clients make random creates and cancels against a 2-unit model
 //! over real HTTP for at least 10 seconds (GPU_BOOKING_CONCURRENCY_SECS to change),
 //! then SQL checks the invariants the rules promise. Zero violations allowed. The
-//! same storm with multi-GPU bookings (1 to 3 units) against a 4-unit model.
+//! same storm with multi-GPU bookings (1 to 3 units) against a 4-unit model, and with
+//! 300 clients (a booking window opening) against a 16-unit model, where creates on
+//! days that do not meet run at once under the per-day locks (migration
+//! 20261125000200).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +21,17 @@ use sqlx::PgPool;
 const CLIENTS: usize = 32;
 const USERS: usize = 48;
 
+/// One storm's size.
+#[derive(Clone, Copy)]
+struct Storm {
+    /// Units of the model.
+    model_units: i32,
+    /// Each create is for 1 to this many units.
+    max_units: u32,
+    clients: usize,
+    users: usize,
+}
+
 #[derive(Default)]
 struct Tally {
     created: AtomicU64,
@@ -28,17 +42,56 @@ struct Tally {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn random_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
-    storm(pool, 2, 1).await;
+    storm(
+        pool,
+        Storm {
+            model_units: 2,
+            max_units: 1,
+            clients: CLIENTS,
+            users: USERS,
+        },
+    )
+    .await;
 }
 
 /// Bookings for 1 to 3 GPUs of a 4-unit model racing: capacity counts units.
 #[sqlx::test(migrations = "../migrations")]
 async fn random_multi_unit_creates_and_cancels_never_break_the_invariants(pool: PgPool) {
-    storm(pool, 4, 3).await;
+    storm(
+        pool,
+        Storm {
+            model_units: 4,
+            max_units: 3,
+            clients: CLIENTS,
+            users: USERS,
+        },
+    )
+    .await;
+}
+
+/// 300 clients at once against a 16-unit model, bookings for 1 or 2 GPUs.
+#[sqlx::test(migrations = "../migrations")]
+async fn three_hundred_clients_never_break_the_invariants(pool: PgPool) {
+    storm(
+        pool,
+        Storm {
+            model_units: 16,
+            max_units: 2,
+            clients: 300,
+            users: 450,
+        },
+    )
+    .await;
 }
 
 /// The storm against a model of `model_units`, each create for 1 to `max_units`.
-async fn storm(pool: PgPool, model_units: i32, max_units: u32) {
+async fn storm(pool: PgPool, size: Storm) {
+    let Storm {
+        model_units,
+        max_units,
+        clients: client_count,
+        users,
+    } = size;
     let policy = Policy {
         max_units_per_booking: max_units,
         ..Policy::default()
@@ -64,12 +117,12 @@ async fn storm(pool: PgPool, model_units: i32, max_units: u32) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let tally = Arc::new(Tally::default());
     let tokens: Arc<Vec<String>> = Arc::new(
-        (0..USERS)
+        (0..users)
             .map(|i| api.token(&format!("user{i}@example.com"), None))
             .collect(),
     );
     let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
+    for _ in 0..client_count {
         let (http, url, tokens, tally) =
             (http.clone(), api.url.clone(), tokens.clone(), tally.clone());
         clients.push(tokio::spawn(async move {
@@ -77,7 +130,7 @@ async fn storm(pool: PgPool, model_units: i32, max_units: u32) {
                 let (user, create, start_hours, days, units) = {
                     let mut rng = rand::rng();
                     (
-                        rng.random_range(0..USERS),
+                        rng.random_range(0..users),
                         rng.random_bool(0.7),
                         rng.random_range(1..24 * 60),
                         rng.random_range(1..=14),

@@ -75,8 +75,89 @@ pub fn earliest_start(
     Ok(NextStart { start, reasons })
 }
 
+/// The first horizon to read a model's bookings up to when looking for the earliest
+/// start after `from`: the booking's length and a week more. [`settled_before`] says
+/// whether an answer from those bookings stands; if not, read up to [`wider`].
+pub fn first_horizon(from: DateTime<Utc>, duration: TimeDelta) -> DateTime<Utc> {
+    from.checked_add_signed(duration + TimeDelta::days(7))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// A horizon four times as far from `from` as `horizon`; the end of time past ten
+/// years, so that the search ends.
+pub fn wider(from: DateTime<Utc>, horizon: DateTime<Utc>) -> DateTime<Utc> {
+    let span = (horizon - from) * 4;
+    if span > TimeDelta::days(3650) {
+        return DateTime::<Utc>::MAX_UTC;
+    }
+    from.checked_add_signed(span)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// Whether `next`, computed by [`earliest_start`] from only the model's bookings that
+/// start before `horizon`, is the answer for all of them. It is when the booking it
+/// proposes ends by `horizon`: the bookings left out cannot overlap it, every earlier
+/// candidate start was refused with fewer bookings than there are (so it would be
+/// with all of them), and the bookings left out end after it, so they add no
+/// earlier candidate. This bounds the read by what the answer needs instead of by
+/// every planned booking of the model.
+pub fn settled_before(next: &NextStart, duration: TimeDelta, horizon: DateTime<Utc>) -> bool {
+    horizon == DateTime::<Utc>::MAX_UTC
+        || next
+            .start
+            .checked_add_signed(duration)
+            .is_some_and(|end| end <= horizon)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_answer_from_the_bookings_before_a_horizon_stands_when_it_ends_by_it() {
+        let now = t("2026-11-01T00:00:00Z");
+        let day = TimeDelta::days(1);
+        // One unit, booked for the first 10 days, then a booking from day 12 that
+        // starts after the first horizon (day 8).
+        let all = [
+            w("2026-11-01T00:00:00Z", "2026-11-11T00:00:00Z"),
+            w("2026-11-12T00:00:00Z", "2026-11-20T00:00:00Z"),
+        ];
+        let policy = Policy::default();
+        let full = earliest_start(&policy, now, &[], "a100", 1, 1, &all, day).unwrap();
+        let mut horizon = first_horizon(now, day);
+        loop {
+            let seen: Vec<Window> = all
+                .iter()
+                .copied()
+                .filter(|b| b.start() < horizon)
+                .collect();
+            let next = earliest_start(&policy, now, &[], "a100", 1, 1, &seen, day).unwrap();
+            if settled_before(&next, day, horizon) {
+                assert_eq!(next, full);
+                break;
+            }
+            horizon = wider(now, horizon);
+        }
+        assert_eq!(full.start, t("2026-11-11T00:00:00Z"));
+        // A booking too long for the gap: the answer is after day 20, beyond the
+        // first horizons, and still the same as from all bookings.
+        let two = TimeDelta::days(2);
+        let full = earliest_start(&policy, now, &[], "a100", 1, 1, &all, two).unwrap();
+        let mut horizon = first_horizon(now, two);
+        let next = loop {
+            let seen: Vec<Window> = all
+                .iter()
+                .copied()
+                .filter(|b| b.start() < horizon)
+                .collect();
+            let next = earliest_start(&policy, now, &[], "a100", 1, 1, &seen, two).unwrap();
+            if settled_before(&next, two, horizon) {
+                break next;
+            }
+            horizon = wider(now, horizon);
+        };
+        assert_eq!(next, full);
+        assert_eq!(full.start, t("2026-11-20T00:00:00Z"));
+    }
     use super::*;
 
     fn t(s: &str) -> DateTime<Utc> {

@@ -79,20 +79,9 @@ pub async fn next_start(
         .await?
         .ok_or_else(|| ApiError::unknown_model(&q.model))?;
     let own = bookings::user_windows(&state.pool, caller.user.as_str()).await?;
-    let booked =
-        models::booked_windows(&state.pool, &model.name, now, DateTime::<Utc>::MAX_UTC).await?;
-    let units = u32::try_from(model.units).unwrap_or(0);
     // The same function as the webhook's "you can book from ..." (schedulability).
-    let next = next_start::earliest_start(
-        policy,
-        now,
-        &own,
-        &model.name,
-        units,
-        need,
-        &booked,
-        duration,
-    )?;
+    let next =
+        models::earliest_start(&state.pool, policy, now, &own, &model, need, duration).await??;
     Ok(axum::Json(NextStart {
         model: model.name,
         days,

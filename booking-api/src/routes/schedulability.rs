@@ -168,22 +168,13 @@ pub async fn get(
     let mut earliest_booking_by_model = BTreeMap::new();
     if let Some(own) = own {
         // What /me/next-start answers for each model, by the same function.
-        let ahead = bookings::ahead_by_model(&state.pool, now).await?;
         let duration = TimeDelta::days(next_start::default_days(&state.policy));
-        for m in &models {
-            let booked = ahead.get(&m.name).map(Vec::as_slice).unwrap_or_default();
-            let units = u32::try_from(m.units).unwrap_or(0);
-            if let Ok(next) = next_start::earliest_start(
-                &state.policy,
-                now,
-                &own,
-                &m.name,
-                units,
-                1,
-                booked,
-                duration,
-            ) {
-                earliest_booking_by_model.insert(m.name.clone(), next.start);
+        let answers =
+            models::earliest_starts(&state.pool, &state.policy, now, &own, &models, duration)
+                .await?;
+        for (model, next) in answers {
+            if let Ok(next) = next {
+                earliest_booking_by_model.insert(model, next.start);
             }
         }
     }

@@ -121,9 +121,21 @@ pub struct NewBooking<'a> {
     pub created_by: &'a str,
 }
 
+/// Which of the model's locks a create holds (migration 20261125000200).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// The model's lock shared and the window's days: enough for every rule, and for
+    /// taking free units; not for moving other bookings' units.
+    Days,
+    /// The model's lock exclusive: nothing else changes the model's bookings.
+    Model,
+}
+
 /// Creates a booking: every rule checked in one transaction under the user's lock
-/// and then the model's row lock (DESIGN.md, Booking store). The exclusion
-/// constraints only back this up.
+/// and the locks of the model's days that the window touches (DESIGN.md, Booking
+/// store; migration 20261125000200). The exclusion constraints only back this up.
+/// A create that needs planned bookings moved to other units starts again under the
+/// model's lock exclusive, since the moves reach beyond its days.
 pub async fn create(
     pool: &PgPool,
     policy: &Policy,
@@ -131,19 +143,50 @@ pub async fn create(
     req: NewBooking<'_>,
 ) -> Result<BookingRow, ApiError> {
     let mut tx = pool.begin().await?;
+    if let Some(row) = create_locked(&mut tx, policy, now, &req, Scope::Days).await? {
+        tx.commit().await.map_err(constraint_refusal)?;
+        return Ok(row);
+    }
+    tx.rollback().await?;
+    let mut tx = pool.begin().await?;
     let row = create_in(&mut tx, policy, now, req).await?;
     tx.commit().await.map_err(constraint_refusal)?;
     Ok(row)
 }
 
 /// [`create`] inside the caller's transaction, which commits it: the waitlist books
-/// an entry and marks it booked in one transaction, so that it happens once.
+/// an entry and marks it booked in one transaction, so that it happens once. It takes
+/// the model's lock exclusive (a waitlist pass holds it already: locks are re-entrant),
+/// so that it can move planned bookings where that makes room.
 pub async fn create_in(
     tx: &mut Transaction<'_, Postgres>,
     policy: &Policy,
     now: DateTime<Utc>,
     req: NewBooking<'_>,
 ) -> Result<BookingRow, ApiError> {
+    // Checked before any lock, as under the day locks.
+    rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
+    rules::check_units(policy, req.units, req.override_rules)?;
+    lock_user_and_model(tx, req.user.as_str(), req.model).await?;
+    create_locked(tx, policy, now, &req, Scope::Model)
+        .await?
+        .ok_or_else(|| {
+            ApiError::from(Refusal::new(
+                RuleCode::Capacity,
+                "No unit of this model can be assigned over that window.",
+            ))
+        })
+}
+
+/// The create under `scope`'s locks (which it takes with its reads); `None` when the
+/// booking needs other bookings moved and `scope` does not allow that.
+async fn create_locked(
+    tx: &mut Transaction<'_, Postgres>,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    req: &NewBooking<'_>,
+    scope: Scope,
+) -> Result<Option<BookingRow>, ApiError> {
     let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
     let need = rules::check_units(policy, req.units, req.override_rules)?;
     // The locks, then the user's bookings and the model's bookings over the window:
@@ -185,6 +228,7 @@ pub async fn create_in(
     }
     let slots = match capacity::free_slots(units, &overlapping, &window, need) {
         Some(slots) => slots,
+        None if scope == Scope::Days => return Ok(None),
         None => reassign_slots(tx, req.model, units, now, &window, need, None).await?,
     };
 
@@ -228,7 +272,7 @@ pub async fn create_in(
     .fetch_one(&mut **tx)
     .await
     .map_err(constraint_refusal)?;
-    Ok(row)
+    Ok(Some(row))
 }
 
 /// The user's bookings that are not cancelled, by their effective windows.
@@ -388,20 +432,28 @@ pub struct Filter<'a> {
     pub limit: i64,
 }
 
+/// Bookings by the filters given, newest start first. Only the filters given go into
+/// the statement, so that Postgres plans each shape for its own index (a user's by
+/// `booking_user_start_idx`, a model's over a window by `booking_model_end_idx`)
+/// instead of one generic plan for `($1 IS NULL OR ...)` that reads every booking.
 pub async fn list(db: impl PgExecutor<'_>, f: Filter<'_>) -> sqlx::Result<Vec<BookingRow>> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM booking
-         WHERE ($1::text IS NULL OR user_name = $1) AND ($2::text IS NULL OR model = $2)
-           AND ($3::timestamptz IS NULL OR end_at > $3) AND ($4::timestamptz IS NULL OR start_at < $4)
-         ORDER BY start_at DESC, id DESC LIMIT $5"
-    ))
-    .bind(f.user)
-    .bind(f.model)
-    .bind(f.from)
-    .bind(f.to)
-    .bind(f.limit)
-    .fetch_all(db)
-    .await
+    let mut q = sqlx::QueryBuilder::<Postgres>::new("SELECT ");
+    q.push(COLUMNS).push(" FROM booking WHERE true");
+    if let Some(user) = f.user {
+        q.push(" AND user_name = ").push_bind(user);
+    }
+    if let Some(model) = f.model {
+        q.push(" AND model = ").push_bind(model);
+    }
+    if let Some(from) = f.from {
+        q.push(" AND end_at > ").push_bind(from);
+    }
+    if let Some(to) = f.to {
+        q.push(" AND start_at < ").push_bind(to);
+    }
+    q.push(" ORDER BY start_at DESC, id DESC LIMIT ")
+        .push_bind(f.limit);
+    q.build_query_as().fetch_all(db).await
 }
 
 /// Cancels a planned booking (it frees its unit and leaves no cooldown) or ends an
@@ -416,7 +468,13 @@ pub async fn cancel_or_end(
     let not_found = || ApiError::NotFound(format!("no booking {id}"));
     let first = get(pool, id).await?.ok_or_else(not_found)?;
     let mut tx = pool.begin().await?;
-    lock_user_and_model(&mut tx, &first.user_name, &first.model).await?;
+    // Only frees units: the user's lock and the model's shared (migration
+    // 20261125000200, booking_lock_release).
+    sqlx::query("SELECT booking_lock_release($1, $2)")
+        .bind(&first.user_name)
+        .bind(&first.model)
+        .execute(&mut *tx)
+        .await?;
     let row: BookingRow = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM booking WHERE id = $1 FOR UPDATE"
     ))
@@ -627,28 +685,6 @@ fn units_u32(units: i32) -> u32 {
 /// The user's (not cancelled) bookings' windows, for `next-start`.
 pub async fn user_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Vec<Window>> {
     own_windows(db, user).await
-}
-
-/// The bookings (not cancelled) that end after `now`, by model, each once per unit
-/// it is for: what can stand in the way of a booking from now on.
-pub async fn ahead_by_model(
-    db: impl PgExecutor<'_>,
-    now: DateTime<Utc>,
-) -> sqlx::Result<std::collections::BTreeMap<String, Vec<Window>>> {
-    let rows: Vec<(String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT model, start_at, end_at FROM booking, generate_series(1, units)
-         WHERE cancelled_at IS NULL AND period && tstzrange($1, NULL, '[)')",
-    )
-    .bind(now)
-    .fetch_all(db)
-    .await?;
-    let mut by_model = std::collections::BTreeMap::<String, Vec<Window>>::new();
-    for (model, s, e) in rows {
-        if let Ok(w) = Window::new(s, e) {
-            by_model.entry(model).or_default().push(w);
-        }
-    }
-    Ok(by_model)
 }
 
 /// The active booking of any of `users` at `now`, if one.

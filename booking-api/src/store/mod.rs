@@ -12,10 +12,11 @@ pub mod waitlist;
 
 use sqlx::{Postgres, Transaction};
 
-/// Serialises every change to one user's bookings and to one model's units: the
-/// user's advisory lock first, then the model's row lock, always in that order (the
-/// SQL function `booking_lock` of the migrations holds the order, for this and for
-/// the create's `booking_lock_and_read`). Returns the model's units, `None` if there
+/// Serialises every change to one user's bookings and to the whole of one model's:
+/// the user's advisory lock first, then the model's lock exclusive, always in that
+/// order (the SQL function `booking_lock` of the migrations holds the order; a create
+/// takes the model's lock shared and then its days' locks instead, in
+/// `booking_lock_and_read`, migration 20261125000200). Returns the model's units, `None` if there
 /// is no such model. Reads that depend on the locks must come in later statements
 /// (READ COMMITTED takes a statement's snapshot before it waits).
 pub async fn lock_user_and_model(

@@ -1,0 +1,426 @@
+//! The booking store at a large university's scale (issue 17): booking creates and
+//! the hot reads on an empty table, then the same with a loaded history
+//! (`scripts/load-history.sql`: by default 1,000,000 bookings of 100,000 users on 40
+//! models over 3 years), each against the same run's bare one-row INSERT rate.
+//! Not a pass/fail test: it prints the figures and their ratios.
+//!
+//!     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo bench -p gpu-booking-api --bench history
+//!
+//! Settings (environment): GPU_BOOKING_BENCH_SECS, seconds per create or INSERT
+//! measure (default 6); GPU_BOOKING_BENCH_READS, requests per read measure (default
+//! 2000); GPU_BOOKING_HISTORY_BOOKINGS and GPU_BOOKING_HISTORY_USERS, the history's
+//! size (default 1,000,000 and 100,000).
+//!
+//! Creates: each request a new user, one of the 40 models, a window of 1 to 3 days
+//! starting at a random hour of the next year (refusals are counted apart). The API
+//! runs in this process with a pool of 32 Postgres connections, as one replica would;
+//! at 300 clients requests queue for them, and the latencies include that wait.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_api::testing::TestApi;
+use rand::Rng;
+use serde_json::json;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+
+const MODELS: usize = 40;
+const POOL: u32 = 32;
+const READ_CLIENTS: usize = 8;
+const LOADER: &str = include_str!("../../scripts/load-history.sql");
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let base = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let env = |name: &str, default: u64| -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(default)
+    };
+    let secs = Duration::from_secs(env("GPU_BOOKING_BENCH_SECS", 6));
+    let reads = env("GPU_BOOKING_BENCH_READS", 2000);
+    let bookings = env("GPU_BOOKING_HISTORY_BOOKINGS", 1_000_000);
+    let users = env("GPU_BOOKING_HISTORY_USERS", 100_000);
+
+    let pool = fresh_database(&base, "gpu_booking_bench_history").await?;
+    gpu_booking_api::MIGRATOR.run(&pool).await?;
+    sqlx::query("CREATE TABLE bench_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL, at timestamptz NOT NULL)")
+        .execute(&pool)
+        .await?;
+    let api = Arc::new(TestApi::start(pool.clone()).await?);
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(400)
+        .build()?;
+    // The empty phase books models of its own (`empty-00` ...), so that the loader's
+    // models (`hist-00` ..., declared here with the same units; the loader keeps the
+    // larger count) hold only the history when it loads.
+    let admin = api.token("admin@example.com", Some("admin"));
+    for m in (0..MODELS).flat_map(|m| [format!("empty-{m:02}"), format!("hist-{m:02}")]) {
+        http.put(format!("{}/api/v1/models/{m}", api.url))
+            .bearer_auth(&admin)
+            .json(&json!({"units": 1000, "patterns": [], "gpumem_mib": 1024}))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    let bench = Bench {
+        api,
+        http,
+        secs,
+        reads,
+        next_user: Arc::new(AtomicU64::new(0)),
+    };
+
+    println!("== empty booking table");
+    let empty = bench.phase(&pool, "empty").await?;
+    let count = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM booking")
+            .fetch_one(&pool)
+            .await
+    };
+    println!("== loading {bookings} bookings of {users} users (scripts/load-history.sql)");
+    let started = Instant::now();
+    let mut conn = pool.acquire().await?;
+    sqlx::raw_sql(&format!(
+        "SET gpu_booking_load.bookings = {bookings}; SET gpu_booking_load.users = {users};"
+    ))
+    .execute(&mut *conn)
+    .await?;
+    sqlx::raw_sql(LOADER).execute(&mut *conn).await?;
+    sqlx::raw_sql("RESET gpu_booking_load.bookings; RESET gpu_booking_load.users;")
+        .execute(&mut *conn)
+        .await?;
+    drop(conn);
+    println!(
+        "loaded in {:.1} s; bookings in the table: {}",
+        started.elapsed().as_secs_f64(),
+        count(pool.clone()).await?
+    );
+    println!("== loaded booking table");
+    let loaded = bench.phase(&pool, "hist").await?;
+
+    println!("\n== summary (ratios first)");
+    for (name, e, l) in [
+        ("creates, 32 clients", &empty.c32, &loaded.c32),
+        ("creates, 300 clients", &empty.c300, &loaded.c300),
+    ] {
+        println!(
+            "{name}: {:.2} x bare INSERT empty, {:.2} x loaded; loaded / empty rate {:.2}; p99 {:.1} ms empty, {:.1} ms loaded",
+            e.rate / empty.bare.rate,
+            l.rate / loaded.bare.rate,
+            (l.rate / loaded.bare.rate) / (e.rate / empty.bare.rate),
+            e.p99,
+            l.p99
+        );
+    }
+    for ((name, e), (_, l)) in empty.reads.iter().zip(&loaded.reads) {
+        println!(
+            "{name}: loaded / empty rate {:.2}; p50 {:.2} -> {:.2} ms, p99 {:.2} -> {:.2} ms",
+            l.rate / e.rate,
+            e.p50,
+            l.p50,
+            e.p99,
+            l.p99
+        );
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Stats {
+    rate: f64,
+    p50: f64,
+    p99: f64,
+    n: usize,
+    refused: u64,
+}
+
+impl Stats {
+    fn of(mut ms: Vec<f64>, elapsed: Duration, refused: u64) -> Self {
+        ms.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            if ms.is_empty() {
+                f64::NAN
+            } else {
+                ms[((ms.len() as f64 * p) as usize).min(ms.len() - 1)]
+            }
+        };
+        Stats {
+            rate: ms.len() as f64 / elapsed.as_secs_f64(),
+            p50: q(0.50),
+            p99: q(0.99),
+            n: ms.len(),
+            refused,
+        }
+    }
+
+    fn print(&self, name: &str) {
+        println!(
+            "{name:<44} {:>8.0} /s  p50 {:>7.2} ms  p99 {:>7.2} ms  (n {}, refused {})",
+            self.rate, self.p50, self.p99, self.n, self.refused
+        );
+    }
+}
+
+struct Phase {
+    bare: Stats,
+    c32: Stats,
+    c300: Stats,
+    reads: Vec<(&'static str, Stats)>,
+}
+
+struct Bench {
+    api: Arc<TestApi>,
+    http: reqwest::Client,
+    secs: Duration,
+    reads: u64,
+    next_user: Arc<AtomicU64>,
+}
+
+impl Bench {
+    /// Every measure, on the models `{prefix}-00` ...
+    async fn phase(&self, pool: &PgPool, prefix: &'static str) -> anyhow::Result<Phase> {
+        let bare = bare_inserts(pool, POOL as usize, self.secs).await?;
+        bare.print("bare one-row INSERT transactions, 32 clients");
+        let c32 = self.creates(32, prefix).await?;
+        c32.print("booking creates, 32 clients");
+        let c300 = self.creates(300, prefix).await?;
+        c300.print("booking creates, 300 clients");
+        let now = Utc::now();
+        let today = now.date_naive();
+        let url = &self.api.url;
+        let admin = self.api.token("admin@example.com", Some("admin"));
+        let service = self.api.token("webhook", Some("service"));
+        let mut reads = Vec::new();
+        let year = format!("from={today}&to={}", today + TimeDelta::days(365));
+        let availability = self
+            .read(|i| {
+                (
+                    admin.clone(),
+                    format!(
+                        "{url}/api/v1/models/{prefix}-{:02}/availability?{year}",
+                        i % MODELS
+                    ),
+                )
+            })
+            .await?;
+        reads.push(("GET /models/{m}/availability (a year)", availability));
+        // Users of the history (h000000 ...), who hold bookings in it once it is loaded.
+        let next_start = self
+            .read(|i| {
+                (
+                    self.api
+                        .token(&format!("h{:06}", (i * 7919) % 100_000), None),
+                    format!(
+                        "{url}/api/v1/me/next-start?model={prefix}-{:02}",
+                        i % MODELS
+                    ),
+                )
+            })
+            .await?;
+        reads.push(("GET /me/next-start", next_start));
+        let week_ago = rfc3339(now - TimeDelta::days(7));
+        let in_a_month = rfc3339(now + TimeDelta::days(30));
+        let list = self
+            .read(|i| {
+                (
+                    admin.clone(),
+                    format!(
+                        "{url}/api/v1/bookings?all=true&model={prefix}-{:02}&from={week_ago}&to={in_a_month}&limit=100",
+                        i % MODELS
+                    ),
+                )
+            })
+            .await?;
+        reads.push(("GET /bookings (admin, model and window)", list));
+        let list_user = self
+            .read(|i| {
+                (
+                    admin.clone(),
+                    format!(
+                        "{url}/api/v1/bookings?user=h{:06}&limit=100",
+                        (i * 7919) % 100_000
+                    ),
+                )
+            })
+            .await?;
+        reads.push(("GET /bookings (admin, one user)", list_user));
+        let schedulability = self
+            .read(|i| {
+                (
+                    service.clone(),
+                    format!(
+                        "{url}/api/v1/schedulability?user=h{:06}",
+                        (i * 7919) % 100_000
+                    ),
+                )
+            })
+            .await?;
+        reads.push(("GET /schedulability", schedulability));
+        for (name, s) in &reads {
+            s.print(name);
+        }
+        Ok(Phase {
+            bare,
+            c32,
+            c300,
+            reads,
+        })
+    }
+
+    /// Booking creates by `clients` concurrent HTTP clients for `self.secs`.
+    async fn creates(&self, clients: usize, prefix: &'static str) -> anyhow::Result<Stats> {
+        let refused = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let (api, http, refused, next_user, secs) = (
+                self.api.clone(),
+                self.http.clone(),
+                refused.clone(),
+                self.next_user.clone(),
+                self.secs,
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut ms = Vec::new();
+                while started.elapsed() < secs {
+                    let user = next_user.fetch_add(1, Ordering::Relaxed);
+                    let token = api.token(&format!("new{user}"), None);
+                    let (model, offset_h, days) = {
+                        let mut rng = rand::rng();
+                        (
+                            rng.random_range(0..MODELS),
+                            rng.random_range(1..365 * 24),
+                            rng.random_range(1..=3),
+                        )
+                    };
+                    let start = Utc::now() + TimeDelta::hours(offset_h);
+                    let t = Instant::now();
+                    let r = http
+                        .post(format!("{}/api/v1/bookings", api.url))
+                        .bearer_auth(&token)
+                        .json(&json!({"model": format!("{prefix}-{model:02}"), "start": start, "end": start + TimeDelta::days(days)}))
+                        .send()
+                        .await?;
+                    let status = r.status();
+                    let _ = r.bytes().await?;
+                    if status == 201 {
+                        ms.push(t.elapsed().as_secs_f64() * 1e3);
+                    } else {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                anyhow::Ok(ms)
+            }));
+        }
+        let mut ms = Vec::new();
+        for t in tasks {
+            ms.extend(t.await??);
+        }
+        Ok(Stats::of(
+            ms,
+            started.elapsed(),
+            refused.load(Ordering::Relaxed),
+        ))
+    }
+
+    /// `self.reads` GETs by READ_CLIENTS concurrent clients; request i is `req(i)`
+    /// (token, url). Anything but 200 counts as refused.
+    async fn read(&self, req: impl Fn(usize) -> (String, String)) -> anyhow::Result<Stats> {
+        let requests: Vec<(String, String)> = (0..self.reads as usize).map(req).collect();
+        let requests = Arc::new(std::sync::Mutex::new(requests));
+        let refused = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..READ_CLIENTS {
+            let (http, refused, requests) = (self.http.clone(), refused.clone(), requests.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut ms = Vec::new();
+                loop {
+                    let next = requests
+                        .lock()
+                        .map_err(|_| anyhow::anyhow!("poisoned"))?
+                        .pop();
+                    let Some((token, url)) = next else { break };
+                    let t = Instant::now();
+                    let r = http.get(&url).bearer_auth(&token).send().await?;
+                    let status = r.status();
+                    let _ = r.bytes().await?;
+                    if status == 200 {
+                        ms.push(t.elapsed().as_secs_f64() * 1e3);
+                    } else {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                anyhow::Ok(ms)
+            }));
+        }
+        let mut ms = Vec::new();
+        for t in tasks {
+            ms.extend(t.await??);
+        }
+        Ok(Stats::of(
+            ms,
+            started.elapsed(),
+            refused.load(Ordering::Relaxed),
+        ))
+    }
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// The baseline: what this Postgres does for the smallest write transaction.
+async fn bare_inserts(pool: &PgPool, clients: usize, secs: Duration) -> anyhow::Result<Stats> {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ms = Vec::new();
+            while started.elapsed() < secs {
+                let t = Instant::now();
+                let mut tx = pool.begin().await?;
+                sqlx::query("INSERT INTO bench_row (v, at) VALUES ($1, $2)")
+                    .bind(c as i64)
+                    .bind(Utc::now())
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                ms.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            anyhow::Ok(ms)
+        }));
+    }
+    let mut ms = Vec::new();
+    for t in tasks {
+        ms.extend(t.await??);
+    }
+    Ok(Stats::of(ms, started.elapsed(), 0))
+}
+
+async fn fresh_database(base: &str, name: &str) -> anyhow::Result<PgPool> {
+    let mut admin = PgConnection::connect(base).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await?;
+    let url = match base.rfind('/') {
+        Some(i) => format!("{}/{name}", &base[..i]),
+        None => anyhow::bail!("DATABASE_URL has no database part"),
+    };
+    Ok(PgPoolOptions::new()
+        .max_connections(POOL)
+        .acquire_timeout(Duration::from_secs(120))
+        .connect(&url)
+        .await?)
+}
