@@ -147,6 +147,8 @@ pub struct WebhookServer {
     pub ca_pem: String,
     pub ca_path: PathBuf,
     pub metrics: Arc<gpu_booking_webhook::Metrics>,
+    /// The webhook's replica of the booking service (`--decide-from replica`).
+    pub replica: Option<Arc<gpu_booking_webhook::ReplicaHandle>>,
     _certs: CertDir,
     task: Task,
 }
@@ -177,6 +179,9 @@ impl WebhookServer {
             // As the chart configures it: only the hub's pods carry a user.
             format!("--trusted-spawner={}", crate::spawner::HUB_USER),
             format!("--spawner-namespace={}", crate::spawner::NOTEBOOK_NAMESPACE),
+            // The lab's controller reports usage within a fraction of a second; the
+            // replica follows as closely (the chart's default is 1s).
+            "--replica-refresh=100ms".to_string(),
         ];
         argv.extend(options.extra_args.iter().cloned());
         let args = <WebhookCli as clap::Parser>::try_parse_from(argv)?.args;
@@ -194,6 +199,7 @@ impl WebhookServer {
             None => None,
         };
         let metrics = server.metrics.clone();
+        let replica = server.webhook.booking().replica().cloned();
         let task = Task::spawn(|rx| async move {
             let admin = admin.map(|admin| {
                 tokio::spawn(gpu_booking_webhook::serve_plain(
@@ -214,6 +220,7 @@ impl WebhookServer {
             ca_pem: certs.ca_pem,
             ca_path: paths.ca,
             metrics,
+            replica,
             _certs: options.cert_dir,
             task,
         })
