@@ -443,6 +443,15 @@ impl SimCluster {
             .and_then(|w| w.replica.clone())
     }
 
+    /// The webhook's metrics (OpenMetrics text), while it runs.
+    pub async fn webhook_metrics(&self) -> Option<String> {
+        self.webhook
+            .lock()
+            .await
+            .as_ref()
+            .map(|w| w.metrics.encode())
+    }
+
     /// The webhook's CA file, while it runs.
     pub async fn webhook_ca(&self) -> Option<PathBuf> {
         self.webhook
