@@ -17,6 +17,11 @@ use gpu_booking_sim::SimCluster;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use sqlx::PgPool;
 
+/// One storm at a time: each lab is a whole cluster in this process, and three at
+/// once on a 2-core machine make the API server's 5 s webhook timeout the thing
+/// under test.
+static ONE_STORM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const USERS: usize = 200;
 /// JupyterHub's default `concurrent_spawn_limit`.
 const CONCURRENT_SPAWNS: usize = 100;
@@ -25,15 +30,18 @@ const CONCURRENT_SPAWNS: usize = 100;
 // storm; its lend ledger subtracts what it admitted since (docs/webhook.md, "Spawn
 // storms"), and the controller recreates CPU-only a lent pod left waiting for a GPU.
 //
-// Still ignored: on the shared 2-core development machine (load 8 to 16) the booking
-// service cannot answer 100 concurrent first lookups (each a different user) within
-// the webhook's 2 s --booking-timeout in a debug build, so most pods are admitted
-// unchecked before lending is even decided: issue 17's cold path (a live replica in
-// the webhook, no call per admission). The lending itself is shown by the two
-// smaller storms below. Run with --ignored.
-#[ignore = "the booking service's cold path cannot answer 100 concurrent lookups in 2 s here (issue 17)"]
+// The webhook decides from its replica of the booking service (issue 17): no call
+// per admission, and its own admission times show it (200 decisions, 0.45 s in all,
+// each under 0.1 s, printed below). Still ignored: 100 simultaneous new TLS
+// connections to the debug-build webhook (rustls and ring unoptimised) on the shared
+// 2-core machine (load 10 to 13) outlast the API server's 5 s webhook timeout for 8
+// to 20 of the 200 pods before any of them reaches the handler (3 of 4 runs failed;
+// run alone it passed once). Run with --ignored, or optimise the TLS crates in the
+// dev profile.
+#[ignore = "100 simultaneous TLS handshakes to the debug-build webhook exceed the 5 s webhook timeout on this machine (decisions themselves take < 0.1 s)"]
 #[sqlx::test(migrations = "./migrations")]
 async fn spawn_storm_of_200_notebooks(pool: PgPool) {
+    let _one = ONE_STORM.lock().await;
     let lab = Lab::start(pool).await;
     storm(&lab, "ledger on", USERS, CONCURRENT_SPAWNS).await;
     lab.shutdown().await;
@@ -44,6 +52,7 @@ async fn spawn_storm_of_200_notebooks(pool: PgPool) {
 /// storm reads a free count of 6 without the ledger).
 #[sqlx::test(migrations = "./migrations")]
 async fn spawn_storm_of_40_notebooks(pool: PgPool) {
+    let _one = ONE_STORM.lock().await;
     let lab = Lab::start(pool).await;
     storm(&lab, "ledger on", 40, 10).await;
     lab.shutdown().await;
@@ -54,6 +63,7 @@ async fn spawn_storm_of_40_notebooks(pool: PgPool) {
 /// for a GPU into its CPU-only copy, so the same end state holds.
 #[sqlx::test(migrations = "./migrations")]
 async fn spawn_storm_without_the_ledger_is_caught_by_the_controller(pool: PgPool) {
+    let _one = ONE_STORM.lock().await;
     let lab = Lab::start_with(pool, SimCluster::builder().webhook_arg("--lend-ttl=0s")).await;
     storm(&lab, "ledger off", 40, 10).await;
     lab.shutdown().await;
@@ -108,6 +118,24 @@ async fn storm(lab: &Lab, what: &str, users: usize, at_once: usize) {
         .filter(|p| label(p, PRIORITY_LABEL).is_none() && gpus(p) > 0)
         .filter_map(|p| p.metadata.name)
         .collect();
+    // What the webhook itself took (its histogram), beside what the API server saw.
+    let took: Vec<String> = lab
+        .sim
+        .webhook_metrics()
+        .await
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.starts_with("gpu_booking_webhook_admission_duration_seconds_")
+                && !l.contains("no_gpu")
+                && !l.ends_with(" 0")
+        })
+        .map(str::to_owned)
+        .collect();
+    println!(
+        "storm ({what}): the webhook's own admission times:\n{}",
+        took.join("\n")
+    );
     assert!(
         undecided.is_empty() && failures.is_empty(),
         "{} of {users} GPU pods were admitted without the webhook's decision; failed webhook calls: {failures:#?}; warnings of the first: {:?}",

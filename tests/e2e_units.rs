@@ -78,7 +78,9 @@ async fn book_units(lab: &Lab, user: &str, model: &str, units: u32) -> i64 {
         "booking {units} x {model} for {user}: {status} {body}"
     );
     assert_eq!(body["units"], units);
-    body["id"].as_i64().unwrap()
+    let id = body["id"].as_i64().unwrap();
+    lab.webhook_sees(id, |b| b.is_some()).await;
+    id
 }
 
 /// Waits until the booking service has the controller's count of the units `user`'s
@@ -98,6 +100,7 @@ async fn wait_held(lab: &Lab, user: &str, held: i64) {
             .await
             .unwrap();
         if answer["units_held"] == held {
+            lab.webhook_refreshed().await;
             return;
         }
         assert!(
@@ -217,7 +220,15 @@ async fn the_controller_demotes_the_newest_pod_beyond_the_booking(pool: PgPool) 
     // A webhook cache that outlives the scenario: the second pod's admission is
     // answered from the first's lookup (no unit held yet), as any admission within
     // the cache's TTL (3 s by default) of another of the same user's is.
-    let lab = Lab::start_with(pool, SimCluster::builder().webhook_arg("--cache-ttl=1h")).await;
+    // Decided by lookups (the replica refreshes units held within a fraction of a
+    // second, so it could not stage this).
+    let lab = Lab::start_with(
+        pool,
+        SimCluster::builder()
+            .webhook_arg("--decide-from=lookup")
+            .webhook_arg("--cache-ttl=1h"),
+    )
+    .await;
     book_units(&lab, ALICE, "a100", 1).await;
     let (first, _) = spawn_server(&lab, ALICE, "first", 1).await;
     let (second, _) = spawn_server(&lab, ALICE, "second", 1).await;

@@ -56,6 +56,8 @@ async fn an_entry_booked_by_an_early_end_gets_its_user_the_card(pool: PgPool) {
         .unwrap();
     assert_eq!(entries[0]["state"], "booked", "{entries}");
     let booking_id = entries[0]["booking_id"].as_i64().unwrap();
+    // The promotion reaches the webhook's replica through the change stream.
+    lab.webhook_sees(booking_id, |b| b.is_some()).await;
 
     // Her notebook gets the booked card, marked as booked by that booking.
     let pod = lab

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use axum::routing::{delete, get, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use gpu_booking_core::policy::Policy;
 use gpu_booking_core::rate::TokenBucket;
@@ -15,7 +15,8 @@ use crate::clock::Clock;
 use crate::metrics::{self, Metrics};
 use crate::openapi::ApiDoc;
 use crate::routes::{
-    audit, availability, bookings, changes, health, me, models, notices, schedulability, units,
+    admission, audit, availability, bookings, changes, health, me, models, notices, schedulability,
+    units,
 };
 use crate::routes::{feeds, usage, waitlist};
 
@@ -70,7 +71,9 @@ pub fn router(state: AppState) -> Router {
         .route("/models/{name}/usage", put(models::put_usage))
         .route("/models/{name}/availability", get(models::availability))
         .route("/schedulability", get(schedulability::get))
+        .route("/admission-state", get(admission::get))
         .route("/audit", get(audit::list).post(audit::report))
+        .route("/audit/batch", post(audit::report_batch))
         .route("/policy", get(units::policy))
         .route("/held-units", put(units::put_held))
         .route("/admin/usage", get(usage::get))

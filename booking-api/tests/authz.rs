@@ -254,6 +254,24 @@ fn cases() -> Vec<Case> {
             [401, 403, 403, 201, 201],
         ),
         c(
+            "the webhook's admission state",
+            Method::GET,
+            "/api/v1/admission-state",
+            Needs::Nothing,
+            None,
+            [401, 403, 403, 200, 200],
+        ),
+        c(
+            "report audit events in a batch",
+            Method::POST,
+            "/api/v1/audit/batch",
+            Needs::Nothing,
+            Some(
+                json!({"reports": [{"action": "webhook.strip", "subject": "jhub/jupyter-x", "details": {"why": "no unit"}}]}),
+            ),
+            [401, 403, 403, 201, 201],
+        ),
+        c(
             "list the audit log",
             Method::GET,
             "/api/v1/audit",

@@ -171,6 +171,30 @@ impl BookingClient {
             .await
     }
 
+    /// What the webhook's replica decides from (`GET /api/v1/admission-state`): with
+    /// `full`, also the bookings, users and the change stream position.
+    pub async fn admission_state(
+        &self,
+        full: bool,
+    ) -> Result<gpu_booking_core::admission::AdmissionState, ClientError> {
+        let path = format!("/api/v1/admission-state?full={full}");
+        self.call(reqwest::Method::GET, &path, None).await
+    }
+
+    /// Records many actions in one call (`POST /api/v1/audit/batch`, at most 500):
+    /// all or none; returns the rows' ids.
+    pub async fn audit_batch(&self, reports: &[AuditReport]) -> Result<Vec<i64>, ClientError> {
+        let body = serde_json::json!({ "reports": reports });
+        let recorded: Value = self
+            .call(reqwest::Method::POST, "/api/v1/audit/batch", Some(&body))
+            .await?;
+        Ok(recorded
+            .get("ids")
+            .and_then(Value::as_array)
+            .map(|ids| ids.iter().filter_map(Value::as_i64).collect())
+            .unwrap_or_default())
+    }
+
     /// Records an action in the audit log; returns the row's id.
     pub async fn audit(&self, report: &AuditReport) -> Result<i64, ClientError> {
         let body = serde_json::to_value(report).map_err(|e| ClientError::Body(e.to_string()))?;

@@ -50,6 +50,19 @@ pub enum TokenSource {
     },
 }
 
+impl Clone for TokenSource {
+    /// The same source; a file is read again by the copy when it changes.
+    fn clone(&self) -> Self {
+        match self {
+            TokenSource::Static(token) => TokenSource::Static(token.clone()),
+            TokenSource::File { path, cached } => TokenSource::File {
+                path: path.clone(),
+                cached: Mutex::new(cached.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+            },
+        }
+    }
+}
+
 impl TokenSource {
     /// A token read from `path`; fails at once when the file is unreadable or empty.
     pub fn file(path: PathBuf) -> anyhow::Result<Self> {

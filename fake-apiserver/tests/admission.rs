@@ -946,6 +946,8 @@ async fn the_real_webhook_behind_the_charts_configuration() {
     // As the chart configures it: only the hub's pods in jhub carry a user.
     args.trusted_spawner = vec!["system:serviceaccount:jhub:hub".into()];
     args.spawner_namespace = vec!["jhub".into()];
+    // The stub answers schedulability lookups only (no change stream to follow).
+    args.decide_from = gpu_booking_webhook::DecideFrom::Lookup;
     let webhook = Arc::new(gpu_booking_webhook::WebhookServer::from_args(&args).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     server.register_service(

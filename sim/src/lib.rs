@@ -431,6 +431,27 @@ impl SimCluster {
         }
     }
 
+    /// The webhook's replica of the booking service, while the webhook runs (and
+    /// decides from one).
+    pub async fn webhook_replica(
+        &self,
+    ) -> Option<std::sync::Arc<gpu_booking_webhook::ReplicaHandle>> {
+        self.webhook
+            .lock()
+            .await
+            .as_ref()
+            .and_then(|w| w.replica.clone())
+    }
+
+    /// The webhook's metrics (OpenMetrics text), while it runs.
+    pub async fn webhook_metrics(&self) -> Option<String> {
+        self.webhook
+            .lock()
+            .await
+            .as_ref()
+            .map(|w| w.metrics.encode())
+    }
+
     /// The webhook's CA file, while it runs.
     pub async fn webhook_ca(&self) -> Option<PathBuf> {
         self.webhook

@@ -147,6 +147,8 @@ pub struct WebhookServer {
     pub ca_pem: String,
     pub ca_path: PathBuf,
     pub metrics: Arc<gpu_booking_webhook::Metrics>,
+    /// The webhook's replica of the booking service (`--decide-from replica`).
+    pub replica: Option<Arc<gpu_booking_webhook::ReplicaHandle>>,
     _certs: CertDir,
     task: Task,
 }
@@ -179,6 +181,9 @@ impl WebhookServer {
             format!("--spawner-namespace={}", crate::spawner::NOTEBOOK_NAMESPACE),
             // As the chart configures it: the controller's lent copies are its own.
             format!("--trusted-controller={CONTROLLER_USER}"),
+            // The lab's controller reports usage within a fraction of a second; the
+            // replica follows as closely (the chart's default is 1s).
+            "--replica-refresh=100ms".to_string(),
         ];
         argv.extend(options.extra_args.iter().cloned());
         let args = <WebhookCli as clap::Parser>::try_parse_from(argv)?.args;
@@ -196,6 +201,7 @@ impl WebhookServer {
             None => None,
         };
         let metrics = server.metrics.clone();
+        let replica = server.webhook.booking().replica().cloned();
         let task = Task::spawn(|rx| async move {
             let admin = admin.map(|admin| {
                 tokio::spawn(gpu_booking_webhook::serve_plain(
@@ -216,6 +222,7 @@ impl WebhookServer {
             ca_pem: certs.ca_pem,
             ca_path: paths.ca,
             metrics,
+            replica,
             _certs: options.cert_dir,
             task,
         })

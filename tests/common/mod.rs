@@ -152,9 +152,44 @@ impl Lab {
             status.is_success(),
             "booking {model} for {user}: {status} {body}"
         );
-        Booking {
+        let booking = Booking {
             id: body["id"].as_i64().expect("a booking id"),
             end: body["end"].as_str().unwrap().parse().unwrap(),
+        };
+        // The webhook decides from its replica, which the change stream feeds within
+        // a moment: a user who spawns right after booking waits for it, as here.
+        self.webhook_sees(booking.id, |b| b.is_some()).await;
+        booking
+    }
+
+    /// Waits until the webhook's replica has read the booking service's figures
+    /// (free units, units held) again; at once when it runs without one.
+    pub async fn webhook_refreshed(&self) {
+        if let Some(replica) = self.sim.webhook_replica().await {
+            assert!(
+                replica.refreshed(Duration::from_secs(10)).await,
+                "the webhook's replica did not refresh within 10 s"
+            );
+        }
+    }
+
+    /// Waits (at most 10 s) until the webhook's replica holds booking `id` as
+    /// `holds` says; at once when the webhook runs without one.
+    pub async fn webhook_sees(
+        &self,
+        id: i64,
+        holds: impl Fn(Option<&gpu_booking_core::admission::replica::BookingState>) -> bool,
+    ) {
+        let Some(replica) = self.sim.webhook_replica().await else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !holds(replica.booking(id).as_ref()) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "booking {id} did not reach the webhook's replica within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -173,6 +208,9 @@ impl Lab {
             booking.id,
             resp.status()
         );
+        let now = Utc::now();
+        self.webhook_sees(booking.id, |b| b.is_none_or(|b| b.end <= now))
+            .await;
     }
 
     /// Waits until the controller has told the booking service how many units of
@@ -187,6 +225,7 @@ impl Lab {
                 .find(|m| m["name"] == model)
                 .map(|m| m["in_use"].clone());
             if found.as_ref().and_then(Value::as_i64) == Some(in_use) {
+                self.webhook_refreshed().await;
                 return;
             }
             assert!(

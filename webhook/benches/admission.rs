@@ -7,11 +7,18 @@
 //! Targets:
 //! - baseline: reads the body, answers a fixed `allowed` review;
 //! - (a) the webhook, a KubeSpawner pod without GPU (no call to anyone);
-//! - (b) the webhook, a booked user's GPU pod: the booking service is a local stub HTTP
-//!   server behind the webhook's schedulability cache (TTL 3 s, so about one call every
-//!   3 s), and each admission reports an audit row to the stub on its own task, as in
-//!   production; and the same with `dryRun` (no audit call), to show what the audit
-//!   report costs.
+//! - (b) the webhook, a booked user's GPU pod, decided from its replica of the
+//!   booking service (a local stub that serves the admission state, an idle change
+//!   stream and the audit batch endpoint): the warm path, one user; and the same with
+//!   `dryRun` (no audit report);
+//! - (c) the cold path from the replica: every review a different booked user
+//!   (`COLD_USERS` of them);
+//! - (d), (e) the same warm and cold paths with `--decide-from lookup` (one
+//!   schedulability call per user, cached 3 s), for comparison.
+//!
+//! Besides: 300 distinct users spawning within one second (open loop at 300/s,
+//! every review a new user) against the replica and the lookup webhook, and the
+//! ratios the issue asks for (cold/warm throughput, warm p99 / baseline p99).
 //!
 //! - our TLS + axum stack answering a fixed review (no admission logic), for scale.
 //!
@@ -21,13 +28,13 @@
 //! latency). Latency runs from the moment a request is written to its full response.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::routing::{get, post};
-use gpu_booking_webhook::{WebhookArgs, WebhookServer};
+use gpu_booking_webhook::{DecideFrom, WebhookArgs, WebhookServer};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
@@ -37,7 +44,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 const CONNECTIONS: usize = 16;
+/// Distinct booked users of the cold path (each review another one).
+const COLD_USERS: usize = 20_000;
+/// The spawn storm: distinct users within one second.
+const STORM_USERS: usize = 300;
 
+#[derive(Clone, Copy)]
 struct Settings {
     rounds: usize,
     closed_for: Duration,
@@ -89,42 +101,62 @@ fn main() {
 
     let stub = server_rt.block_on(start_stub());
     let baseline = server_rt.block_on(start_baseline(&pki));
-    let webhook = server_rt.block_on(start_webhook(&dir, &stub));
+    let webhook = server_rt.block_on(start_webhook(&dir, &stub, "replica"));
+    let lookup = server_rt.block_on(start_webhook(&dir, &stub, "lookup"));
     let framework = server_rt.block_on(start_framework(&dir));
 
-    let nogpu = review("bench-nogpu", "7.1.0-alice-at-example.com-nogpu.json");
-    let gpu = review("bench-gpu", "7.1.0-alice-at-example.com-gpu.json");
+    let nogpu = vec![review(
+        "bench-nogpu",
+        "7.1.0-alice-at-example.com-nogpu.json",
+    )];
+    let gpu = vec![review("bench-gpu", "7.1.0-alice-at-example.com-gpu.json")];
     let gpu_dry = {
-        let mut v: Value = serde_json::from_slice(&gpu).unwrap();
+        let mut v: Value = serde_json::from_slice(&gpu[0]).unwrap();
         v["request"]["dryRun"] = json!(true);
-        Bytes::from(serde_json::to_vec(&v).unwrap())
+        vec![Bytes::from(serde_json::to_vec(&v).unwrap())]
     };
+    let cold: Vec<Bytes> = (0..COLD_USERS).map(|i| review_for(&gpu[0], i)).collect();
+    // The storm's users are none of the cold path's (a lookup cache never saw them).
+    let storm_bodies: Vec<Bytes> = (COLD_USERS..COLD_USERS + STORM_USERS)
+        .map(|i| review_for(&gpu[0], i))
+        .collect();
+    let storm_lookup: Vec<Bytes> = (COLD_USERS + STORM_USERS..COLD_USERS + 2 * STORM_USERS)
+        .map(|i| review_for(&gpu[0], i))
+        .collect();
     let client = Client::new(&pki.ca_pem);
 
     // The answers are what they should be before anything is timed.
     client_rt.block_on(async {
         let mut conn = client.connect(webhook).await;
-        let a = conn.post(&nogpu).await;
+        let a = conn.post(&nogpu[0]).await;
         assert!(
             a.contains("\"allowed\":true") && !a.contains("patch"),
             "{a}"
         );
-        let b = conn.post(&gpu).await;
-        assert!(
-            b.contains("\"allowed\":true") && b.contains("\"patch\""),
-            "{b}"
-        );
-        assert!(b.contains("booked a6000"), "{b}");
+        for target in [webhook, lookup] {
+            let mut conn = client.connect(target).await;
+            for body in [&gpu[0], &cold[7], &storm_bodies[0]] {
+                let b = conn.post(body).await;
+                assert!(
+                    b.contains("\"allowed\":true") && b.contains("\"patch\""),
+                    "{b}"
+                );
+                assert!(b.contains("booked a6000"), "{b}");
+            }
+        }
         let mut conn = client.connect(baseline).await;
-        assert!(conn.post(&nogpu).await.contains("\"allowed\":true"));
+        assert!(conn.post(&nogpu[0]).await.contains("\"allowed\":true"));
     });
 
     let targets = [
         ("baseline (fixed answer)", baseline, &nogpu),
         ("our TLS + axum stack, fixed answer", framework, &nogpu),
         ("(a) webhook, pod without GPU", webhook, &nogpu),
-        ("(b) webhook, booked GPU pod", webhook, &gpu),
-        ("(b) same, dryRun (no audit call)", webhook, &gpu_dry),
+        ("(b) webhook, booked GPU pod (warm)", webhook, &gpu),
+        ("(b) same, dryRun (no audit report)", webhook, &gpu_dry),
+        ("(c) webhook, cold: each a new user", webhook, &cold),
+        ("(d) lookup webhook, warm", lookup, &gpu),
+        ("(e) lookup webhook, cold", lookup, &cold),
     ];
     // BENCH_ONLY=<part of a target name> runs one target (for profiling).
     let only = std::env::var("BENCH_ONLY").ok();
@@ -146,12 +178,33 @@ fn main() {
         let open = client_rt.block_on(open_loop(&client, *addr, body, &settings));
         results.push((*name, closed, open));
     }
+    // The spawn storm: 300 new users within one second.
+    let storm_settings = Settings {
+        rate: STORM_USERS as f64,
+        rate_for: Duration::from_secs(1),
+        warmup: Duration::ZERO,
+        ..settings
+    };
+    let storms = if only.is_none() {
+        vec![
+            (
+                "replica",
+                client_rt.block_on(open_loop(&client, webhook, &storm_bodies, &storm_settings)),
+            ),
+            (
+                "lookup",
+                client_rt.block_on(open_loop(&client, lookup, &storm_lookup, &storm_settings)),
+            ),
+        ]
+    } else {
+        Vec::new()
+    };
 
     println!();
     println!(
         "admission benchmark: TLS 1.3, HTTP/1.1 keep-alive, {CONNECTIONS} connections, {} body bytes (a), {} (b)",
-        nogpu.len(),
-        gpu.len()
+        nogpu[0].len(),
+        gpu[0].len()
     );
     println!(
         "{:<36} {:>12} {:>9} {:>9}   {:>12} {:>9} {:>9} {:>9}",
@@ -170,13 +223,40 @@ fn main() {
             open.p(1.0)
         );
     }
-    let Some(base) = results
-        .iter()
-        .find(|r| r.0.starts_with("baseline"))
-        .map(|r| r.1.rate)
-    else {
+    for (name, m) in &storms {
+        println!(
+            "storm, {STORM_USERS} new users within 1 s, {name}: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            m.p(0.5),
+            m.p(0.99),
+            m.p(1.0)
+        );
+    }
+    let find = |prefix: &str| results.iter().find(|r| r.0.starts_with(prefix));
+    if let (Some(warm), Some(cold)) = (find("(b) webhook"), find("(c)")) {
+        println!(
+            "replica: cold/warm throughput {:.2}",
+            cold.1.rate / warm.1.rate
+        );
+    }
+    if let (Some(warm), Some(cold)) = (find("(d)"), find("(e)")) {
+        println!(
+            "lookup: cold/warm throughput {:.2}",
+            cold.1.rate / warm.1.rate
+        );
+    }
+    let Some((base, base_p99)) = find("baseline").map(|r| (r.1.rate, r.2.p(0.99))) else {
         return;
     };
+    for prefix in ["(b) webhook", "(c)", "(d)", "(e)"] {
+        if let Some((name, _, open)) = find(prefix) {
+            println!(
+                "{name}: p99 at {:.0} req/s is {:.2} x the baseline's ({:.3} ms)",
+                settings.rate,
+                open.p(0.99) / base_p99,
+                base_p99
+            );
+        }
+    }
     for (name, closed, open) in results.iter().filter(|r| !r.0.starts_with("baseline")) {
         println!(
             "{name}: {:.2} of the baseline's throughput; p99 at {:.0} req/s: {:.3} ms",
@@ -238,22 +318,98 @@ fn review(uid: &str, file: &str) -> Bytes {
     Bytes::from(serde_json::to_vec(&review).unwrap())
 }
 
-/// The booking service: alice is booked on a6000 (a unit free).
+/// The cold path's user `i`'s review: the booked review with another user's name.
+fn review_for(template: &Bytes, i: usize) -> Bytes {
+    let mut v: Value = serde_json::from_slice(template).unwrap();
+    v["request"]["uid"] = json!(format!("bench-cold-{i}"));
+    v["request"]["object"]["metadata"]["annotations"]["hub.jupyter.org/username"] =
+        json!(cold_user(i));
+    Bytes::from(serde_json::to_vec(&v).unwrap())
+}
+
+fn cold_user(i: usize) -> String {
+    format!("user{i:05}@example.com")
+}
+
+/// The booking service: alice and every cold user are booked on a6000 (units free).
+/// Lookups, the admission state (full and figures), an idle change stream (each
+/// long poll waits, then answers no change), single and batched audit reports.
 async fn start_stub() -> SocketAddr {
-    let answer = json!({"schedulable": true, "until": "2099-11-30T00:00:00Z", "model": "a6000",
-        "booking_id": 18, "user": "alice@example.com", "free": {"a100": 0, "a6000": 2},
-        "gpumem_mib": {"a100": 40960, "a6000": 49152}, "earliest_booking": null});
+    let model = |user: &str, id: usize| {
+        json!({"schedulable": true, "until": "2099-11-30T00:00:00Z", "model": "a6000",
+            "booking_id": id, "user": user, "free": {"a100": 0, "a6000": 2},
+            "gpumem_mib": {"a100": 40960, "a6000": 49152}, "earliest_booking": null})
+    };
+    let models = json!([
+        {"name": "a100", "units": 2, "free": 0, "gpumem_mib": 40960},
+        {"name": "a6000", "units": 100000, "free": 2, "gpumem_mib": 49152}
+    ]);
+    let state = |full: bool| {
+        let mut v = json!({"at": "2026-01-01T00:00:00Z", "names": "lowercase",
+            "policy": {"min_duration_secs": 86400, "max_duration_secs": 1209600,
+                       "cooldown_secs": 1209600, "no_booking_while_active": true,
+                       "max_planned": 1, "max_units_per_booking": 1},
+            "models": models.clone(), "held": {}});
+        if full {
+            let booking = |id: usize, user: &str| {
+                json!({"id": id, "user": user, "model": "a6000", "units": 1,
+                       "start": "2026-01-01T00:00:00Z", "end": "2099-11-30T00:00:00Z"})
+            };
+            let mut bookings = vec![booking(18, "alice@example.com")];
+            bookings.extend(
+                (0..COLD_USERS + 2 * STORM_USERS).map(|i| booking(1000 + i, &cold_user(i))),
+            );
+            v["position"] = json!(1);
+            v["bookings"] = json!(bookings);
+            v["users"] = json!([]);
+        }
+        v
+    };
+    let full = state(true);
+    let figures = state(false);
     let app = axum::Router::new()
         .route(
             "/api/v1/schedulability",
-            get(move || {
-                let answer = answer.clone();
-                async move { axum::Json(answer) }
+            get(
+                move |q: axum::extract::Query<std::collections::BTreeMap<String, String>>| {
+                    let user = q.get("user").cloned().unwrap_or_default();
+                    let id = if user == "alice@example.com" {
+                        18
+                    } else {
+                        1000
+                    };
+                    let answer = model(&user, id);
+                    async move { axum::Json(answer) }
+                },
+            ),
+        )
+        .route(
+            "/api/v1/admission-state",
+            get(
+                move |q: axum::extract::Query<std::collections::BTreeMap<String, String>>| {
+                    let answer = if q.get("full").map(String::as_str) == Some("false") {
+                        figures.clone()
+                    } else {
+                        full.clone()
+                    };
+                    async move { axum::Json(answer) }
+                },
+            ),
+        )
+        .route(
+            "/api/v1/booking-changes",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                axum::Json(json!({"changes": [], "next": 1}))
             }),
         )
         .route(
             "/api/v1/audit",
             post(|| async { (axum::http::StatusCode::CREATED, "{\"id\":1}") }),
+        )
+        .route(
+            "/api/v1/audit/batch",
+            post(|| async { (axum::http::StatusCode::CREATED, "{\"ids\":[]}") }),
         );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -263,7 +419,7 @@ async fn start_stub() -> SocketAddr {
     addr
 }
 
-async fn start_webhook(dir: &std::path::Path, stub: &SocketAddr) -> SocketAddr {
+async fn start_webhook(dir: &std::path::Path, stub: &SocketAddr, from: &str) -> SocketAddr {
     let mut args = WebhookArgs::with_defaults(
         dir.join("tls.crt"),
         dir.join("tls.key"),
@@ -273,6 +429,10 @@ async fn start_webhook(dir: &std::path::Path, stub: &SocketAddr) -> SocketAddr {
     // The reviews come from JupyterHub's ServiceAccount, as in a real cluster.
     args.trusted_spawner = vec!["system:serviceaccount:jhub:hub".into()];
     args.spawner_namespace = vec!["jhub".into()];
+    args.decide_from = match from {
+        "lookup" => DecideFrom::Lookup,
+        _ => DecideFrom::Replica,
+    };
     let server = Arc::new(WebhookServer::from_args(&args).unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -421,7 +581,14 @@ impl Measured {
 }
 
 /// Every connection sends back to back for the duration (after a warm-up).
-async fn closed_loop(client: &Client, addr: SocketAddr, body: &Bytes, s: &Settings) -> Measured {
+async fn closed_loop(
+    client: &Client,
+    addr: SocketAddr,
+    bodies: &[Bytes],
+    s: &Settings,
+) -> Measured {
+    let bodies: Arc<Vec<Bytes>> = Arc::new(bodies.to_vec());
+    let next = Arc::new(AtomicUsize::new(0));
     let mut conns = Vec::new();
     for _ in 0..CONNECTIONS {
         conns.push(client.connect(addr).await);
@@ -430,12 +597,14 @@ async fn closed_loop(client: &Client, addr: SocketAddr, body: &Bytes, s: &Settin
     let measuring = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     for mut conn in conns {
-        let (stop, measuring, body) = (stop.clone(), measuring.clone(), body.clone());
+        let (stop, measuring) = (stop.clone(), measuring.clone());
+        let (bodies, next) = (bodies.clone(), next.clone());
         tasks.spawn(async move {
             let mut lat = Vec::new();
             while !stop.load(Ordering::Relaxed) {
+                let body = &bodies[next.fetch_add(1, Ordering::Relaxed) % bodies.len()];
                 let t = Instant::now();
-                conn.post_bytes(&body).await;
+                conn.post_bytes(body).await;
                 if measuring.load(Ordering::Relaxed) {
                     lat.push(t.elapsed().as_secs_f64());
                 }
@@ -459,7 +628,8 @@ async fn closed_loop(client: &Client, addr: SocketAddr, body: &Bytes, s: &Settin
 
 /// Requests at a fixed rate, spread over the connections (request i goes out at
 /// start + i/rate on connection i mod N).
-async fn open_loop(client: &Client, addr: SocketAddr, body: &Bytes, s: &Settings) -> Measured {
+async fn open_loop(client: &Client, addr: SocketAddr, bodies: &[Bytes], s: &Settings) -> Measured {
+    let bodies: Arc<Vec<Bytes>> = Arc::new(bodies.to_vec());
     let mut conns = Vec::new();
     for _ in 0..CONNECTIONS {
         conns.push(client.connect(addr).await);
@@ -470,14 +640,15 @@ async fn open_loop(client: &Client, addr: SocketAddr, body: &Bytes, s: &Settings
     let start = tokio::time::Instant::now() + Duration::from_millis(20);
     let mut tasks = tokio::task::JoinSet::new();
     for (j, mut conn) in conns.into_iter().enumerate() {
-        let body = body.clone();
+        let bodies = bodies.clone();
         tasks.spawn(async move {
             let mut lat = Vec::new();
             let mut i = j;
             while i < total {
                 tokio::time::sleep_until(start + interval * i as u32).await;
+                let body = &bodies[i % bodies.len()];
                 let t = Instant::now();
-                conn.post_bytes(&body).await;
+                conn.post_bytes(body).await;
                 if i >= warm {
                     lat.push(t.elapsed().as_secs_f64());
                 }

@@ -1,7 +1,13 @@
-//! The booking service, as the webhook uses it: one schedulability lookup per GPU pod
-//! (shared by concurrent lookups for the same user and reused for a few seconds), and
-//! fire-and-forget audit reports. Nothing else: an admission review never asks for a
-//! pod to be ended (the controller preempts from the cluster's state alone).
+//! The booking service, as the webhook uses it: the answer for a GPU pod's owner, and
+//! audit reports. Nothing else: an admission review never asks for a pod to be ended
+//! (the controller preempts from the cluster's state alone).
+//!
+//! The answer comes from the live replica ([`crate::replica`], the default: no call
+//! on the admission path) or, with `--decide-from lookup`, from one schedulability
+//! lookup per GPU pod (shared by concurrent lookups for the same user and reused for a
+//! few seconds). Audit reports join a bounded queue that one task sends in batches
+//! (`POST /api/v1/audit/batch`); [`BookingClient::flush`] sends what is queued (a
+//! clean shutdown calls it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +20,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, OnceCell};
 
 use crate::metrics::{CallLabel, Metrics};
+use crate::replica::{ReplicaHandle, ReplicaOptions};
 
 /// How long a failed lookup is shared before the next admission tries again.
 const ERROR_TTL: Duration = Duration::from_secs(1);
@@ -21,8 +28,10 @@ const ERROR_TTL: Duration = Duration::from_secs(1);
 const CACHE_SWEEP_AT: usize = 4096;
 /// Audit reports waiting to be sent at most; beyond, they are dropped (and counted).
 const AUDIT_QUEUE: usize = 4096;
-/// Audit reports sent at once, each over a kept-alive connection.
-const AUDIT_SENDERS: usize = 2;
+/// Audit reports sent in one batch at most (the service takes up to 500).
+const AUDIT_BATCH: usize = 500;
+/// Tries of one batch before its reports are dropped (and counted).
+const AUDIT_TRIES: u32 = 3;
 /// Audit reports of one kind let through at once, and per second after that, unless
 /// [`BookingClient::with_audit_rate`] says otherwise.
 const AUDIT_BURST: u32 = 20;
@@ -41,6 +50,12 @@ pub enum BookingError {
     Body(String),
     #[error("no service token: {0}")]
     Token(String),
+    #[error("the admission replica has not listed the booking service's state yet")]
+    NotSynced,
+    #[error("the admission replica is {} s old, past --replica-max-staleness", .0.as_secs())]
+    Stale(Duration),
+    #[error("booking service would refuse the query: {0}")]
+    Invalid(String),
 }
 
 impl BookingError {
@@ -61,6 +76,13 @@ impl From<gpu_booking_client::TokenError> for BookingError {
 }
 
 type Answer = Result<Arc<Schedulability>, BookingError>;
+
+/// What the audit sender is sent.
+enum AuditMessage {
+    Report(gpu_booking_client::AuditReport),
+    /// Answered once every report queued before it was sent (or given up).
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
 
 struct Entry {
     cell: OnceCell<(Instant, Answer)>,
@@ -86,7 +108,11 @@ pub struct BookingClient {
     ttl: Duration,
     cache: Mutex<HashMap<(&'static str, String), Arc<Entry>>>,
     side_calls_started: AtomicU64,
-    audit_queue: OnceLock<mpsc::Sender<Value>>,
+    audit_queue: OnceLock<mpsc::Sender<AuditMessage>>,
+    /// The shared client of the booking service (replica reads, audit batches).
+    client: Arc<gpu_booking_client::BookingClient>,
+    /// Where admissions are answered from; `None`: a lookup per GPU pod.
+    replica: Option<Arc<ReplicaHandle>>,
     /// One token bucket per audit action: whoever can reach `/mutate` cannot make us
     /// write more than the rate (issue 13). Actions come from our own code, a closed set.
     audit_rate: Mutex<HashMap<String, TokenBucket>>,
@@ -112,7 +138,15 @@ impl BookingClient {
             .build()?;
         let base = base.trim_end_matches('/').to_owned();
         reqwest::Url::parse(&base).map_err(|e| anyhow::anyhow!("--booking-url {base:?}: {e}"))?;
+        let client = Arc::new(gpu_booking_client::BookingClient::new(
+            &base,
+            token.clone(),
+            timeout,
+            concat!("gpu-booking-webhook/", env!("CARGO_PKG_VERSION")),
+        )?);
         Ok(Self {
+            client,
+            replica: None,
             http,
             base,
             token,
@@ -125,6 +159,24 @@ impl BookingClient {
             audit_limits: (AUDIT_BURST, AUDIT_PER_SECOND),
             metrics,
         })
+    }
+
+    /// Answers admissions from a live replica (started here, on the current runtime)
+    /// instead of a lookup per GPU pod.
+    pub fn with_replica(mut self, options: ReplicaOptions) -> Self {
+        let replica = ReplicaHandle::new(options, self.metrics.clone());
+        replica.spawn(self.client.clone());
+        self.replica = Some(replica);
+        self
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The replica, when admissions are answered from one.
+    pub fn replica(&self) -> Option<&Arc<ReplicaHandle>> {
+        self.replica.as_ref()
     }
 
     /// Lets through at most `burst` audit reports of one kind at once and
@@ -143,6 +195,25 @@ impl BookingClient {
             Ask::Owner(who) => who.query(),
             Ask::FreeUnits => ("", ""),
         };
+        if let Some(replica) = &self.replica {
+            let answer = replica.answer(kind, value, self.timeout).await?;
+            if let Some(users) = answer.ambiguous {
+                // What the service records when it is asked about such a slug.
+                tracing::warn!(
+                    slug = value,
+                    users = users.len(),
+                    "a slug names several users; resolved to nobody"
+                );
+                self.audit(serde_json::json!({
+                    "action": "webhook.ambiguous_slug",
+                    "subject": value.chars().take(512).collect::<String>(),
+                    "user": null,
+                    "booking_id": null,
+                    "details": {"slug": value, "users": users},
+                }));
+            }
+            return Ok(Arc::new(answer.schedulability));
+        }
         let key = (kind, value.to_owned());
         let now = Instant::now();
         let (entry, hit) = {
@@ -233,39 +304,54 @@ impl BookingClient {
     }
 
     /// Reports an admission to the audit log. Returns at once: the report joins a
-    /// bounded queue that [`AUDIT_SENDERS`] tasks send in order over kept-alive
-    /// connections (a task and a connection per report would cost more than the
-    /// admission itself at a burst of spawns).
-    pub fn audit(self: &Arc<Self>, body: Value) {
+    /// bounded queue that one task sends in batches (one call for every report
+    /// waiting, up to [`AUDIT_BATCH`]), so that a burst of spawns costs a few calls
+    /// and no admission waits for one.
+    pub fn audit(&self, body: Value) {
         if !self.audit_allowed(&body) {
             tracing::debug!("audit rate exceeded; report dropped");
             self.count_side_call("audit", "rate_limited");
             return;
         }
-        self.side_calls_started.fetch_add(1, Ordering::SeqCst);
-        let queue = self.audit_queue.get_or_init(|| {
-            let (tx, rx) = mpsc::channel(AUDIT_QUEUE);
-            let rx = Arc::new(tokio::sync::Mutex::new(rx));
-            for _ in 0..AUDIT_SENDERS {
-                let (this, rx) = (Arc::downgrade(self), rx.clone());
-                tokio::spawn(async move {
-                    loop {
-                        let Some(body) = rx.lock().await.recv().await else {
-                            return;
-                        };
-                        let Some(this) = this.upgrade() else {
-                            return;
-                        };
-                        this.send_counted("audit", "/api/v1/audit", &body).await;
-                    }
-                });
+        let report: gpu_booking_client::AuditReport = match serde_json::from_value(body) {
+            Ok(report) => report,
+            Err(e) => {
+                tracing::warn!(error = %e, "audit report not well-formed; dropped");
+                self.count_side_call("audit", "dropped");
+                return;
             }
-            tx
-        });
-        if queue.try_send(body).is_err() {
+        };
+        self.side_calls_started.fetch_add(1, Ordering::SeqCst);
+        if self.queue().try_send(AuditMessage::Report(report)).is_err() {
             tracing::warn!("audit queue full; report dropped");
             self.count_side_call("audit", "dropped");
         }
+    }
+
+    /// Sends every audit report queued so far; returns when they are sent (or given
+    /// up after [`AUDIT_TRIES`]), or after `at_most`.
+    pub async fn flush(&self, at_most: Duration) {
+        let Some(queue) = self.audit_queue.get() else {
+            return;
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = async {
+            if queue.send(AuditMessage::Flush(tx)).await.is_ok() {
+                let _ = rx.await;
+            }
+        };
+        if tokio::time::timeout(at_most, sent).await.is_err() {
+            tracing::warn!("audit reports not all sent before shutdown");
+        }
+    }
+
+    /// The queue, with its sender task started on first use.
+    fn queue(&self) -> &mpsc::Sender<AuditMessage> {
+        self.audit_queue.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(AUDIT_QUEUE);
+            tokio::spawn(send_audits(rx, self.client.clone(), self.metrics.clone()));
+            tx
+        })
     }
 
     /// Takes a token from the bucket of the report's action.
@@ -286,37 +372,75 @@ impl BookingClient {
             .inc();
     }
 
-    async fn send_counted(&self, call: &'static str, path: &'static str, body: &Value) {
-        let outcome = match self.post(path, body).await {
-            Ok(()) => "ok",
-            Err(e) => {
-                tracing::warn!(call, error = %e, "booking service call failed");
-                "error"
-            }
-        };
-        self.count_side_call(call, outcome);
-    }
-
     /// Audit reports started so far (counted before they are
     /// sent, so a test can tell at once that none was started).
     pub fn side_calls_started(&self) -> u64 {
         self.side_calls_started.load(Ordering::SeqCst)
     }
+}
 
-    async fn post(&self, path: &str, body: &Value) -> Result<(), BookingError> {
-        let token = self.token.token()?;
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(token)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| self.transport_error(e))?;
-        if response.status().is_success() {
-            Ok(())
-        } else {
-            Err(BookingError::Status(response.status().as_u16()))
+/// Sends the queued reports in batches until every sender is gone.
+async fn send_audits(
+    mut rx: mpsc::Receiver<AuditMessage>,
+    client: Arc<gpu_booking_client::BookingClient>,
+    metrics: Arc<Metrics>,
+) {
+    let count = |outcome: &'static str, n: usize| {
+        metrics
+            .side_calls
+            .get_or_create(&CallLabel {
+                call: "audit",
+                outcome,
+            })
+            .inc_by(n as u64);
+    };
+    while let Some(first) = rx.recv().await {
+        let mut batch = Vec::new();
+        let mut flushes = Vec::new();
+        let mut next = Some(first);
+        while let Some(message) = next.take() {
+            match message {
+                AuditMessage::Report(report) => batch.push(report),
+                AuditMessage::Flush(done) => flushes.push(done),
+            }
+            if batch.len() < AUDIT_BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        if !batch.is_empty() {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match client.audit_batch(&batch).await {
+                    Ok(_) => {
+                        Metrics::outcome(&metrics.audit_batches, "ok");
+                        count("ok", batch.len());
+                        break;
+                    }
+                    // Refused as a whole: sending it again would not help.
+                    Err(gpu_booking_client::ClientError::Status { status, body })
+                        if (400..500).contains(&status) =>
+                    {
+                        tracing::warn!(status, body, reports = batch.len(), "audit batch refused");
+                        Metrics::outcome(&metrics.audit_batches, "refused");
+                        count("error", batch.len());
+                        break;
+                    }
+                    Err(e) if tries >= AUDIT_TRIES => {
+                        tracing::warn!(error = %e, reports = batch.len(), "audit batch not sent; dropped");
+                        Metrics::outcome(&metrics.audit_batches, "error");
+                        count("error", batch.len());
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, tries, "audit batch failed; trying again");
+                        tokio::time::sleep(Duration::from_millis(200) * tries).await;
+                    }
+                }
+            }
+        }
+        for done in flushes {
+            let _ = done.send(());
         }
     }
 }

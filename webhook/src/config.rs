@@ -55,6 +55,17 @@ impl From<Unidentified> for UnidentifiedGpuPods {
     }
 }
 
+/// `--decide-from`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum DecideFrom {
+    /// A live replica of the booking service's state, fed by its change stream and a
+    /// refresh of the per-model figures: no call on the admission path.
+    #[default]
+    Replica,
+    /// One schedulability lookup per GPU pod (cached for --cache-ttl).
+    Lookup,
+}
+
 /// Everything the webhook can be told; every option also reads an environment variable.
 #[derive(Debug, Clone, Args)]
 pub struct WebhookArgs {
@@ -123,6 +134,29 @@ pub struct WebhookArgs {
     /// 0s turns the ledger off (the free count is taken as the service answers it).
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_LEND_TTL", default_value = "60s", value_parser = parse_duration)]
     pub lend_ttl: Duration,
+
+    /// Where GPU pods are decided from: `replica` (an in-memory copy of the active and
+    /// planned bookings, users and per-model figures, kept current by the booking
+    /// service's change stream; no call on the admission path) or `lookup` (one call
+    /// per GPU pod, cached for --cache-ttl).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_DECIDE_FROM", value_enum, default_value_t = DecideFrom::Replica)]
+    pub decide_from: DecideFrom,
+
+    /// Oldest replica data the webhook decides from; past it (the booking service
+    /// unreachable that long) --on-booking-error applies. Within it, decisions stay
+    /// as the service would make them while it is down.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_REPLICA_MAX_STALENESS", default_value = "5m", value_parser = parse_duration)]
+    pub replica_max_staleness: Duration,
+
+    /// How often the replica reads the figures that do not come through the change
+    /// stream (free units from the controller's usage reports, units held, budgets).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_REPLICA_REFRESH", default_value = "1s", value_parser = parse_duration)]
+    pub replica_refresh: Duration,
+
+    /// Each long poll of the change stream (at most 30s); while all is well the
+    /// replica's staleness stays under about this.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_REPLICA_WAIT", default_value = "5s", value_parser = parse_duration)]
+    pub replica_wait: Duration,
 
     /// What to do with a GPU pod when the booking service fails or is too slow.
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_ON_BOOKING_ERROR", value_enum, default_value_t = OnBookingError::Allow)]
@@ -261,6 +295,10 @@ impl WebhookArgs {
             cache_ttl: Duration::from_secs(3),
             lend_settle: Duration::from_secs(3),
             lend_ttl: Duration::from_secs(60),
+            decide_from: DecideFrom::Replica,
+            replica_max_staleness: Duration::from_secs(300),
+            replica_refresh: Duration::from_secs(1),
+            replica_wait: Duration::from_secs(5),
             on_booking_error: OnBookingError::Allow,
             terminate_at_annotation: DEFAULT_TERMINATE_AT_ANNOTATION.into(),
             model_node_label: DEFAULT_MODEL_NODE_LABEL.into(),

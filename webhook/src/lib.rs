@@ -14,6 +14,7 @@ pub mod admit;
 pub mod booking;
 pub mod config;
 pub mod metrics;
+pub mod replica;
 pub mod review;
 pub mod server;
 pub mod tls;
@@ -30,11 +31,15 @@ use tokio::net::TcpListener;
 
 pub use admit::Webhook;
 pub use booking::{BookingClient, BookingError, TokenSource};
-pub use config::{LogFormat, OnBookingError, Unidentified, WebhookArgs};
+pub use config::{DecideFrom, LogFormat, OnBookingError, Unidentified, WebhookArgs};
 pub use metrics::Metrics;
+pub use replica::{ReplicaHandle, ReplicaOptions};
 pub use review::{ReviewOut, StatusOut};
 pub use server::{admin_router, router, serve_plain, serve_tls, WebhookLimits, MAX_BODY_BYTES};
 pub use tls::CertStore;
+
+/// Longest wait, at shutdown, for the queued audit reports to be sent.
+const AUDIT_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Everything [`run`] builds from the options, before any socket is bound.
 pub struct WebhookServer {
@@ -47,7 +52,9 @@ pub struct WebhookServer {
 }
 
 impl WebhookServer {
-    /// Checks the options, loads the certificate and the token, builds the client.
+    /// Checks the options, loads the certificate and the token, builds the client;
+    /// with `--decide-from replica` (the default) also starts the replica's tasks,
+    /// so it must be called within a Tokio runtime.
     pub fn from_args(args: &WebhookArgs) -> anyhow::Result<Self> {
         let cfg = args.admission_config()?;
         let metrics = Arc::new(Metrics::new());
@@ -59,7 +66,7 @@ impl WebhookServer {
                 .with_context(|| format!("reading --service-token-file {}", path.display()))?,
             _ => anyhow::bail!("give --service-token or --service-token-file"),
         };
-        let booking = BookingClient::new(
+        let mut booking = BookingClient::new(
             &args.booking_url,
             token,
             args.booking_timeout,
@@ -67,6 +74,17 @@ impl WebhookServer {
             metrics.clone(),
         )?
         .with_audit_rate(args.audit_burst, args.audit_per_second);
+        if args.decide_from == DecideFrom::Replica {
+            anyhow::ensure!(
+                tokio::runtime::Handle::try_current().is_ok(),
+                "the webhook's replica starts within a Tokio runtime"
+            );
+            booking = booking.with_replica(ReplicaOptions {
+                wait: args.replica_wait.min(std::time::Duration::from_secs(30)),
+                refresh: args.replica_refresh,
+                max_staleness: args.replica_max_staleness,
+            });
+        }
         let certs = CertStore::load(args.tls_cert.clone(), args.tls_key.clone(), metrics.clone())?;
         let webhook = Webhook::new(cfg, Arc::new(booking), metrics.clone())
             .with_ledger(LendLedger::new(args.lend_settle, args.lend_ttl));
@@ -106,6 +124,8 @@ impl WebhookServer {
         )
         .await;
         self.ready.store(false, Ordering::Release);
+        // A clean shutdown sends the audit reports still queued.
+        self.webhook.booking().flush(AUDIT_FLUSH).await;
         served
     }
 }

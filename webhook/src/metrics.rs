@@ -66,6 +66,14 @@ pub struct Metrics {
     /// GPU pods admitted without their VRAM budget: their model's nodes do not
     /// advertise the budget resource.
     pub budgets_withheld: Counter,
+    /// Age of the replica's data: time since the older of its last confirmed
+    /// change stream read and its last figures refresh (NaN before the first sync).
+    pub replica_staleness: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Replica reads from the booking service, by call (`full`, `figures`,
+    /// `changes`) and outcome (`ok`, `error`, `gone`).
+    pub replica_reads: Family<CallLabel, Counter>,
+    /// Audit reports sent in batches, by outcome.
+    pub audit_batches: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -89,6 +97,10 @@ impl Metrics {
         let tls_reloads = Family::<OutcomeLabel, Counter>::default();
         let tls_not_after = Gauge::default();
         let budgets_withheld = Counter::default();
+        let replica_staleness = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        replica_staleness.set(f64::NAN);
+        let replica_reads = Family::<CallLabel, Counter>::default();
+        let audit_batches = Family::<OutcomeLabel, Counter>::default();
         {
             let r = registry.sub_registry_with_prefix("webhook");
             r.register(
@@ -139,6 +151,22 @@ impl Metrics {
                 "GPU pods admitted without a VRAM budget because their model's nodes do not advertise it",
                 budgets_withheld.clone(),
             );
+            r.register_with_unit(
+                "replica_staleness",
+                "Age of the admission replica's data (NaN before its first sync)",
+                Unit::Seconds,
+                replica_staleness.clone(),
+            );
+            r.register(
+                "replica_reads",
+                "Reads of the booking service that feed the admission replica, by call and outcome",
+                replica_reads.clone(),
+            );
+            r.register(
+                "audit_batches",
+                "Batches of audit reports sent to the booking service, by outcome",
+                audit_batches.clone(),
+            );
         }
         let decision_handles = DECISIONS
             .iter()
@@ -163,6 +191,9 @@ impl Metrics {
             tls_reloads,
             tls_not_after,
             budgets_withheld,
+            replica_staleness,
+            replica_reads,
+            audit_batches,
         }
     }
 

@@ -508,8 +508,17 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         metrics.contains("gpu_booking_webhook_admissions_total{decision=\"low_priority\"} 4"),
         "{metrics}"
     );
+    // Decided from the replica: it listed once, and no admission made a call.
     assert!(
-        metrics.contains("gpu_booking_webhook_booking_requests_total{outcome=\"ok\"}"),
+        metrics.contains("gpu_booking_webhook_replica_reads_total{call=\"full\",outcome=\"ok\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("gpu_booking_webhook_booking_requests_total{"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpu_booking_webhook_replica_staleness_seconds "),
         "{metrics}"
     );
     drop(webhook.server);

@@ -1072,7 +1072,7 @@ async fn a_review_never_asks_for_a_preemption() {
     let mut seen = Vec::new();
     while seen
         .iter()
-        .filter(|s: &&Seen| s.path == "/api/v1/audit")
+        .filter(|s: &&Seen| s.path == "/api/v1/audit/batch")
         .count()
         < 20
     {
@@ -1084,10 +1084,13 @@ async fn a_review_never_asks_for_a_preemption() {
     assert!(
         paths
             .iter()
-            .all(|p| *p == "/api/v1/audit" || *p == "/api/v1/schedulability"),
+            .all(|p| *p == "/api/v1/audit/batch" || *p == "/api/v1/schedulability"),
         "{paths:?}"
     );
-    let audit = seen.iter().find(|s| s.path == "/api/v1/audit").unwrap();
+    let audit = seen
+        .iter()
+        .find(|s| s.path == "/api/v1/audit/batch")
+        .unwrap();
     assert_eq!(audit.auth.as_deref(), Some(SERVICE_TOKEN));
     assert_eq!(audit.body["action"], "webhook.booked");
     assert_eq!(

@@ -76,6 +76,13 @@ pub async fn report(
     Json(body): Json<ReportAction>,
 ) -> Result<(StatusCode, axum::Json<Recorded>), ApiError> {
     caller.require_service()?;
+    let body = checked(body)?;
+    let id = audit::record(&state.pool, new_event(&state, &caller, &body)).await?;
+    Ok((StatusCode::CREATED, axum::Json(Recorded { id })))
+}
+
+/// A report checked, its `details` an object.
+fn checked(mut body: ReportAction) -> Result<ReportAction, ApiError> {
     bounded("action", Some(&body.action), 64)?;
     bounded("subject", body.subject.as_deref(), 512)?;
     bounded("user", body.user.as_deref(), 256)?;
@@ -87,25 +94,72 @@ pub async fn report(
             "details must nest at most {MAX_DETAILS_DEPTH} arrays or objects deep"
         )));
     }
-    let details = if body.details.is_null() {
-        Value::Object(Default::default())
-    } else {
-        body.details
-    };
-    let id = audit::record(
-        &state.pool,
-        audit::NewEvent {
-            at: state.clock.now(),
-            actor: caller.user.as_str(),
-            action: &body.action,
-            subject: body.subject.as_deref(),
-            user: body.user.as_deref(),
-            booking_id: body.booking_id,
-            details,
-        },
-    )
-    .await?;
-    Ok((StatusCode::CREATED, axum::Json(Recorded { id })))
+    if body.details.is_null() {
+        body.details = Value::Object(Default::default());
+    }
+    Ok(body)
+}
+
+fn new_event<'a>(
+    state: &AppState,
+    caller: &'a Caller,
+    body: &'a ReportAction,
+) -> audit::NewEvent<'a> {
+    audit::NewEvent {
+        at: state.clock.now(),
+        actor: caller.user.as_str(),
+        action: &body.action,
+        subject: body.subject.as_deref(),
+        user: body.user.as_deref(),
+        booking_id: body.booking_id,
+        details: body.details.clone(),
+    }
+}
+
+/// Reports in one batch at most.
+pub const MAX_BATCH: usize = 500;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportBatch {
+    /// At most 500 reports, each checked as `POST /api/v1/audit` checks one.
+    pub reports: Vec<ReportAction>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RecordedBatch {
+    /// The rows written, in the order of the reports.
+    pub ids: Vec<i64>,
+}
+
+#[utoipa::path(post, path = "/api/v1/audit/batch", tag = "audit", request_body = ReportBatch,
+    description = "Many reports in one call and one transaction (the webhook batches its admissions' reports): \
+                   all are written or, when one is invalid, none.",
+    responses((status = 201, body = RecordedBatch), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn report_batch(
+    State(state): State<AppState>,
+    caller: Caller,
+    Json(batch): Json<ReportBatch>,
+) -> Result<(StatusCode, axum::Json<RecordedBatch>), ApiError> {
+    caller.require_service()?;
+    if batch.reports.len() > MAX_BATCH {
+        return Err(ApiError::Invalid(format!(
+            "at most {MAX_BATCH} reports in one batch"
+        )));
+    }
+    let reports = batch
+        .reports
+        .into_iter()
+        .map(checked)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut tx = state.pool.begin().await?;
+    let mut ids = Vec::with_capacity(reports.len());
+    for body in &reports {
+        ids.push(audit::record(&mut *tx, new_event(&state, &caller, body)).await?);
+    }
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, axum::Json(RecordedBatch { ids })))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

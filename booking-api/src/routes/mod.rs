@@ -1,5 +1,6 @@
 //! HTTP handlers, one module per resource.
 
+pub mod admission;
 pub mod audit;
 pub mod availability;
 pub mod bookings;

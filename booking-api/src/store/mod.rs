@@ -1,5 +1,6 @@
 //! Everything that talks to Postgres. Handlers call these; rules come from `core`.
 
+pub mod admission;
 pub mod audit;
 pub mod bookings;
 pub mod changes;

@@ -37,6 +37,7 @@ mod ledger;
 mod marks;
 mod patch;
 mod quantity;
+pub mod replica;
 mod trust;
 
 pub use decision::{
@@ -52,6 +53,7 @@ pub use marks::{
 };
 pub use patch::{plan, plan_cpu_only, plan_cpu_only_because, plan_node_resource, plan_unmarked};
 pub use quantity::parse_quantity;
+pub use replica::{AdmissionState, Replica};
 pub use trust::{controller_copy, trusted_identity, SpawnerTrust, UserInfo};
 
 /// Label: `high` for a pod of a booked user, `low` for a pod that got a free GPU without

@@ -312,6 +312,25 @@ async fn stub_post(
     }
 }
 
+/// A batch of audit reports: each is seen on its own, at the batch's path.
+async fn stub_batch(
+    State(state): State<StubState>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let reports = body["reports"].as_array().cloned().unwrap_or_default();
+    let ids: Vec<usize> = (1..=reports.len()).collect();
+    for report in reports {
+        let _ = state.tx.send(Seen {
+            path: uri.path().to_owned(),
+            body: report,
+            auth: bearer(&headers),
+        });
+    }
+    (StatusCode::CREATED, Json(serde_json::json!({ "ids": ids })))
+}
+
 impl StubBooking {
     pub async fn start() -> Self {
         let (tx, seen) = mpsc::unbounded_channel();
@@ -325,6 +344,7 @@ impl StubBooking {
             // Still served, so that a call to it would be seen (none must come).
             .route("/api/v1/preemptions", post(stub_post))
             .route("/api/v1/audit", post(stub_post))
+            .route("/api/v1/audit/batch", post(stub_batch))
             .with_state(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

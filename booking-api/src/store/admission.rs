@@ -1,0 +1,112 @@
+//! What the webhook's replica needs (`GET /api/v1/admission-state`): the per-model
+//! figures and units held, and in a full read also the bookings that can matter to
+//! an admission, the known users with their slugs, and the change stream's position
+//! from which to follow, all from one snapshot.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use gpu_booking_core::admission::replica::{BookingState, KnownUser, ModelState};
+use gpu_booking_core::gpu_model::ModelName;
+use sqlx::{PgConnection, PgPool};
+
+use super::models;
+
+/// The full part of a read.
+pub struct Full {
+    pub position: i64,
+    pub bookings: Vec<BookingState>,
+    pub users: Vec<KnownUser>,
+}
+
+/// The figures of every model, in the service's order (models whose name the
+/// webhook could not read are left out: it could not have read their answer either).
+pub async fn figures(db: &mut PgConnection) -> sqlx::Result<(Vec<ModelState>, BTreeMap<i64, u64>)> {
+    let models = models::list(&mut *db)
+        .await?
+        .into_iter()
+        .filter_map(|m| {
+            Some(ModelState {
+                name: ModelName::parse(&m.name).ok()?,
+                units: u32::try_from(m.units).unwrap_or(0),
+                free: i64::from(m.free_now()),
+                gpumem_mib: u64::try_from(m.gpumem_mib).ok()?,
+                gpumem_advertised_mib: m
+                    .advertised_unit_mib()
+                    .and_then(|mib| u64::try_from(mib).ok()),
+                usage_reported_at: m.usage_reported_at,
+            })
+        })
+        .collect();
+    let held: Vec<(i64, i32)> = sqlx::query_as("SELECT booking_id, units FROM booking_held")
+        .fetch_all(&mut *db)
+        .await?;
+    let held = held
+        .into_iter()
+        .map(|(id, n)| (id, u64::try_from(n).unwrap_or(0)))
+        .collect();
+    Ok((models, held))
+}
+
+/// Everything, from one snapshot: the figures, and the bookings not cancelled that
+/// end after `now` with each user's last ended one, the users, and the position
+/// (as a listing of the change stream gives it: every transaction below it is over
+/// and visible here).
+pub async fn full(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+) -> sqlx::Result<(Vec<ModelState>, BTreeMap<i64, u64>, Full)> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let (xmin,): (i64,) =
+        sqlx::query_as("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+            .fetch_one(&mut *tx)
+            .await?;
+    type Row = (i64, String, String, i32, DateTime<Utc>, DateTime<Utc>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "(SELECT id, user_name, model, units, start_at, end_at FROM booking
+           WHERE cancelled_at IS NULL AND end_at > $1)
+         UNION ALL
+         (SELECT DISTINCT ON (user_name) id, user_name, model, units, start_at, end_at FROM booking
+           WHERE cancelled_at IS NULL AND end_at <= $1 ORDER BY user_name, end_at DESC, id DESC)",
+    )
+    .bind(now)
+    .fetch_all(&mut *tx)
+    .await?;
+    let bookings = rows
+        .into_iter()
+        .map(|(id, user, model, units, start, end)| BookingState {
+            id,
+            user,
+            model,
+            units: u32::try_from(units).unwrap_or(0),
+            start,
+            end,
+        })
+        .collect();
+    let users: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT name, escape_slug, safe_slug FROM app_user")
+            .fetch_all(&mut *tx)
+            .await?;
+    let users = users
+        .into_iter()
+        .map(|(name, escape_slug, safe_slug)| KnownUser {
+            name,
+            escape_slug,
+            safe_slug,
+        })
+        .collect();
+    let (models, held) = figures(&mut *tx).await?;
+    tx.commit().await?;
+    Ok((
+        models,
+        held,
+        Full {
+            position: xmin - 1,
+            bookings,
+            users,
+        },
+    ))
+}
