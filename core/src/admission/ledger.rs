@@ -45,6 +45,44 @@ struct ModelLedger {
     report: Option<(Option<DateTime<Utc>>, i64)>,
     /// GPU units admitted and not yet counted by a report, oldest first.
     admitted: VecDeque<(DateTime<Utc>, u64)>,
+    /// The sum of `admitted`'s units, kept as they come and go: a decision reads it
+    /// without walking the queue (at 2,000 admissions a second the queue holds
+    /// thousands).
+    outstanding: u64,
+}
+
+impl ModelLedger {
+    fn push(&mut self, at: DateTime<Utc>, units: u64) {
+        self.admitted.push_back((at, units));
+        self.outstanding = self.outstanding.saturating_add(units);
+    }
+
+    /// Forgets the admissions that a report taken at `counted_by` counts or that are
+    /// older than `ttl`. Both hold for a prefix of the queue (admissions are pushed
+    /// in time order), so this stops at the first one kept: the cost is what leaves,
+    /// not what stays. (Should the clock step back, an admission behind a newer one
+    /// waits for it: the ledger then lends less for a while, never more.) Returns how
+    /// many left.
+    fn forget(
+        &mut self,
+        counted_by: Option<DateTime<Utc>>,
+        settle: TimeDelta,
+        ttl: TimeDelta,
+        now: DateTime<Utc>,
+    ) -> usize {
+        let mut gone = 0;
+        while let Some(&(at, units)) = self.admitted.front() {
+            let counted = counted_by.is_some_and(|r| at + settle <= r);
+            let expired = at + ttl <= now;
+            if !counted && !expired {
+                break;
+            }
+            self.admitted.pop_front();
+            self.outstanding = self.outstanding.saturating_sub(units);
+            gone += 1;
+        }
+        gone
+    }
 }
 
 /// See the module documentation.
@@ -75,9 +113,7 @@ impl LendLedger {
 
     /// GPU units admitted on `model` that no report has counted yet.
     pub fn outstanding(&self, model: &ModelName) -> u64 {
-        self.models
-            .get(model)
-            .map_or(0, |m| m.admitted.iter().map(|(_, n)| *n).sum())
+        self.models.get(model).map_or(0, |m| m.outstanding)
     }
 
     /// Admissions held, over all models.
@@ -113,13 +149,7 @@ impl LendLedger {
         let mut dropped = 0;
         for entry in self.models.values_mut() {
             let counted_by = entry.report.and_then(|(at, _)| at);
-            let before = entry.admitted.len();
-            entry.admitted.retain(|(at, _)| {
-                let counted = counted_by.is_some_and(|r| *at + settle <= r);
-                let expired = *at + ttl <= now;
-                !counted && !expired
-            });
-            dropped += before - entry.admitted.len();
+            dropped += entry.forget(counted_by, settle, ttl, now);
         }
         self.entries -= dropped;
     }
@@ -159,7 +189,7 @@ impl LendLedger {
             return;
         }
         let entry = self.models.entry(model.clone()).or_default();
-        entry.admitted.push_back((now, units.max(1)));
+        entry.push(now, units.max(1));
         self.entries += 1;
     }
 
@@ -183,7 +213,7 @@ impl LendLedger {
         if let (true, Some(model)) = (record, decision.model()) {
             if self.entries < MAX_ENTRIES {
                 if let Some(entry) = self.models.get_mut(model) {
-                    entry.admitted.push_back((now, gpu.units.max(1)));
+                    entry.push(now, gpu.units.max(1));
                     self.entries += 1;
                 }
             }
@@ -276,6 +306,31 @@ mod tests {
         // A cached answer with an older report does not undo the newer one.
         let d = l.decide(&one(), &answer(5, Some(0)), &cfg, t(15), true);
         assert_eq!(d.kind(), "strip");
+    }
+
+    #[test]
+    fn a_report_releases_the_admissions_before_it_and_keeps_the_sum_of_the_rest() {
+        let cfg = AdmissionConfig::default();
+        let mut l = ledger();
+        // Lent admissions, one per second from t=0 to t=9, 1 or 2 units each, on a
+        // model with more free than they take.
+        let request = |units: u64| GpuRequest { units, ..one() };
+        let a = answer(100, Some(0));
+        for s in 0..10 {
+            l.decide(&request(1 + (s as u64 % 2)), &a, &cfg, t(s), true);
+        }
+        assert_eq!(l.outstanding(&model("a100")), 15);
+        // A report taken at t=7 counts the admissions of t=0..=4 (settle 3 s): they
+        // leave, the sum is of those of t=5..=9 (and the one recorded now, t=10).
+        let mut reported = a.clone();
+        reported.usage_reported_at = [(model("a100"), t(7))].into_iter().collect();
+        l.decide(&request(1), &reported, &cfg, t(10), true);
+        assert_eq!(l.len(), 6);
+        assert_eq!(l.outstanding(&model("a100")), (2 + 1 + 2 + 1 + 2) + 1);
+        // Past the time to live, everything goes but what is recorded then.
+        l.decide(&request(2), &reported, &cfg, t(100), true);
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.outstanding(&model("a100")), 2);
     }
 
     #[test]
