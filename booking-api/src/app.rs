@@ -36,7 +36,7 @@ pub struct AppState {
     pub ambiguity_audit: Arc<Mutex<TokenBucket>>,
     /// The channels notices go out on (`crate::notices::enqueue` takes them).
     pub notices: crate::notices::Channels,
-    /// Wakes long polls of `/api/v1/booking-changes` (one LISTEN per process).
+    /// Wakes long polls of `/api/v1/booking-changes` (one watch per process).
     pub changes: crate::store::changes::ChangeFeed,
 }
 

@@ -276,6 +276,28 @@ async fn a_long_poll_wakes_on_a_change(pool: PgPool) {
     assert_eq!(body["changes"][0]["booking"]["id"], id, "{body}");
 }
 
+/// The watch behind long polls wakes a waiter when a change is committed, with no
+/// recheck: a waiter asked to wait an hour returns on the change (the guard only
+/// turns a missing wake into a failure instead of a hang).
+#[sqlx::test(migrations = "../migrations")]
+async fn the_watch_wakes_a_waiter_on_a_commit(pool: PgPool) {
+    use gpu_booking_api::store::changes::ChangeFeed;
+    const AN_HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+    const GUARD: std::time::Duration = std::time::Duration::from_secs(60);
+    let api = Api::start(pool.clone(), Arc::new(SystemClock)).await;
+    let feed = ChangeFeed::default();
+    let mut waiter = feed.waiter(&pool).expect("a place among the waiters");
+    // The watch's first look wakes once (it cannot know what was missed before it).
+    tokio::time::timeout(GUARD, waiter.changed(AN_HOUR))
+        .await
+        .expect("the first look wakes");
+    let t = hour();
+    api.book("alice", "a100", t, t + TimeDelta::days(1)).await;
+    tokio::time::timeout(GUARD, waiter.changed(AN_HOUR))
+        .await
+        .expect("a committed change wakes the waiter");
+}
+
 /// Many writers commit out of order (each sleeps inside its transaction after its
 /// change took a `seq`; some roll back) while a follower polls: it must see every
 /// committed change exactly once, and none that rolled back.
