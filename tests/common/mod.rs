@@ -92,6 +92,9 @@ impl Lab {
             .unwrap();
         let lab = Lab { admin, ..lab };
         lab.wait_reported().await;
+        // ... and until the webhook's replica has read those reports (it refreshes
+        // its figures on its own clock): a first spawn would find no budget otherwise.
+        lab.webhook_refreshed().await;
         lab
     }
 
