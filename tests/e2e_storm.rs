@@ -32,13 +32,11 @@ const CONCURRENT_SPAWNS: usize = 100;
 //
 // The webhook decides from its replica of the booking service (issue 17): no call
 // per admission, and its own admission times show it (200 decisions, 0.45 s in all,
-// each under 0.1 s, printed below). Still ignored: 100 simultaneous new TLS
-// connections to the debug-build webhook (rustls and ring unoptimised) on the shared
-// 2-core machine (load 10 to 13) outlast the API server's 5 s webhook timeout for 8
-// to 20 of the 200 pods before any of them reaches the handler (3 of 4 runs failed;
-// run alone it passed once). Run with --ignored, or optimise the TLS crates in the
-// dev profile.
-#[ignore = "100 simultaneous TLS handshakes to the debug-build webhook exceed the 5 s webhook timeout on this machine (decisions themselves take < 0.1 s)"]
+// each under 0.1 s, printed below). On the 2-core machine with nothing else running
+// the storm takes about 3 s and all 200 pods run after 3.1 s (3 runs of 3). On a machine
+// busy with other builds (load 10 to 13) 100 simultaneous new TLS connections to
+// the debug-build webhook have outlasted the API server's 5 s webhook timeout for
+// some pods: a failure here under such load is that, not a decision.
 #[sqlx::test(migrations = "./migrations")]
 async fn spawn_storm_of_200_notebooks(pool: PgPool) {
     let _one = ONE_STORM.lock().await;
