@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use gpu_booking_client::{AuditReport, BookingState, Followed, Follower};
+use gpu_booking_core::booking_end::{self, Seen};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -79,14 +80,7 @@ pub struct Retime {
     pub ends_now: bool,
 }
 
-/// Ends closer than this are the same (the webhook may write whole seconds).
-const SAME_END: TimeDelta = TimeDelta::seconds(1);
-
-/// A pod this much older than a listing was admitted against a booking that the
-/// listing would hold if it were still current (the webhook read it committed before
-/// the pod existed); younger pods are not judged by their absence (clock skew, and
-/// the listing's request is older than its answer).
-pub const LISTING_MARGIN: TimeDelta = TimeDelta::seconds(30);
+pub use gpu_booking_core::booking_end::LISTING_MARGIN;
 
 /// The booked pods whose `terminate-at` no longer matches their booking.
 /// `bookings` are the changed bookings, or, with `listed_at`, every current one
@@ -104,18 +98,17 @@ pub fn plan<'a>(
         let (Some(booking_id), Some(current)) = (pod.booking_id, pod.expiry()) else {
             continue;
         };
-        let (to, ends_now) = match by_id.get(&booking_id) {
-            Some(b) if b.is_over() => (b.pods_end().min(now), true),
-            Some(b) => (b.pods_end(), b.pods_end() <= now),
-            None => match listed_at {
-                Some(at) if pod.started.is_some_and(|s| s < at - LISTING_MARGIN) => (now, true),
-                _ => continue,
+        // The decision is core's; here only what the controller read.
+        let seen = match by_id.get(&booking_id) {
+            Some(b) => Seen::Booking {
+                over: b.is_over(),
+                pods_end: b.pods_end(),
             },
+            None => listed_at.map_or(Seen::Unchanged, |listed_at| Seen::NotListed { listed_at }),
         };
-        // A pod already due is the expiry timer's.
-        if current <= now || (current - to).abs() < SAME_END {
+        let Some((to, ends_now)) = booking_end::new_end(current, pod.started, seen, now) else {
             continue;
-        }
+        };
         out.push(Retime {
             uid: pod.uid.clone(),
             namespace: pod.namespace.clone(),

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod booking_end;
 pub mod booking_units;
 pub mod capacity;
 pub mod declared_models;
