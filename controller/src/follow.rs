@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_booking_client::{AuditReport, BookingState, Followed, Follower};
 use gpu_booking_core::booking_end::{self, Seen};
 use kube::api::{Patch, PatchParams};
@@ -261,7 +261,7 @@ pub async fn tell_restart(ctx: &Ctx, pod: &PodInfo, booking: &BookingState) {
 mod tests {
     use super::*;
     use crate::pods::{GpuUse, Placement};
-    use chrono::TimeZone;
+    use chrono::{TimeDelta, TimeZone};
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2030, 1, 7, 12, 0, 0).unwrap()
