@@ -8,6 +8,8 @@
 //! GPU_BOOKING_BENCH_ROUNDS rounds (default 5) that alternate, so that a change in the
 //! machine's load hits both alike; the medians of the rounds are reported.
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,8 +18,7 @@ use chrono::{TimeDelta, Utc};
 use gpu_booking_api::testing::TestApi;
 use rand::Rng;
 use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 
 const CLIENTS: usize = 32;
 const MODELS: usize = 8;
@@ -38,7 +39,7 @@ async fn main() -> anyhow::Result<()> {
         env("GPU_BOOKING_BENCH_ROUNDS", 5),
     );
     let phase = Duration::from_secs_f64(secs as f64 / rounds as f64);
-    let pool = fresh_database(&base, "gpu_booking_bench").await?;
+    let pool = common::fresh_database(&base, "gpu_booking_bench", 32).await?;
     gpu_booking_api::MIGRATOR.run(&pool).await?;
     sqlx::query("CREATE TABLE bench_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL, at timestamptz NOT NULL)")
         .execute(&pool)
@@ -148,24 +149,6 @@ impl CpuTicks {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-async fn fresh_database(base: &str, name: &str) -> anyhow::Result<PgPool> {
-    let mut admin = PgConnection::connect(base).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await?;
-    let url = match base.rfind('/') {
-        Some(i) => format!("{}/{name}", &base[..i]),
-        None => anyhow::bail!("DATABASE_URL has no database part"),
-    };
-    Ok(PgPoolOptions::new()
-        .max_connections(32)
-        .connect(&url)
-        .await?)
 }
 
 /// The baseline: what this Postgres does for the smallest write transaction.

@@ -16,6 +16,8 @@
 //! runs in this process with a pool of 32 Postgres connections, as one replica would;
 //! at 300 clients requests queue for them, and the latencies include that wait.
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,8 +26,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_api::testing::TestApi;
 use rand::Rng;
 use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 
 const MODELS: usize = 40;
 const POOL: u32 = 32;
@@ -48,7 +49,7 @@ async fn main() -> anyhow::Result<()> {
     let bookings = env("GPU_BOOKING_HISTORY_BOOKINGS", 1_000_000);
     let users = env("GPU_BOOKING_HISTORY_USERS", 100_000);
 
-    let pool = fresh_database(&base, "gpu_booking_bench_history").await?;
+    let pool = common::fresh_database(&base, "gpu_booking_bench_history", POOL).await?;
     gpu_booking_api::MIGRATOR.run(&pool).await?;
     sqlx::query("CREATE TABLE bench_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL, at timestamptz NOT NULL)")
         .execute(&pool)
@@ -404,23 +405,4 @@ async fn bare_inserts(pool: &PgPool, clients: usize, secs: Duration) -> anyhow::
         ms.extend(t.await??);
     }
     Ok(Stats::of(ms, started.elapsed(), 0))
-}
-
-async fn fresh_database(base: &str, name: &str) -> anyhow::Result<PgPool> {
-    let mut admin = PgConnection::connect(base).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await?;
-    let url = match base.rfind('/') {
-        Some(i) => format!("{}/{name}", &base[..i]),
-        None => anyhow::bail!("DATABASE_URL has no database part"),
-    };
-    Ok(PgPoolOptions::new()
-        .max_connections(POOL)
-        .acquire_timeout(Duration::from_secs(120))
-        .connect(&url)
-        .await?)
 }
