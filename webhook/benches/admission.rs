@@ -25,7 +25,8 @@
 //! Two measurements per target: closed loop (16 connections sending back to back:
 //! throughput; three rounds in which the targets take turns, the median round is
 //! reported) and open loop at a fixed rate (2,000 requests/s over 16 connections:
-//! latency). Latency runs from the moment a request is written to its full response.
+//! latency; the targets take turns over three rounds too). Latency runs from the
+//! moment a request is written to its full response.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -125,7 +126,18 @@ fn main() {
         .collect();
     let client = Client::new(&pki.ca_pem);
 
-    // The answers are what they should be before anything is timed.
+    // The answers are what they should be before anything is timed. The replica lists
+    // its state first; under a profiler that can take longer than the webhook waits
+    // for it (--booking-timeout), so wait until it answers booked.
+    client_rt.block_on(async {
+        let mut conn = client.connect(webhook).await;
+        let listed = Instant::now();
+        while !conn.post(&gpu[0]).await.contains("booked a6000")
+            && listed.elapsed() < Duration::from_secs(120)
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
     client_rt.block_on(async {
         let mut conn = client.connect(webhook).await;
         let a = conn.post(&nogpu[0]).await;
@@ -164,6 +176,28 @@ fn main() {
         .into_iter()
         .filter(|(name, _, _)| only.as_deref().is_none_or(|o| name.contains(o)))
         .collect();
+    // BENCH_SEQUENTIAL=<n>: instead of timing, send n requests one after the other on
+    // one connection to each target and stop. For instruction counts, which do not
+    // depend on the machine's load: run it under `valgrind --tool=callgrind` with two
+    // values of n; the difference of the totals over the difference of n is what one
+    // request costs (client and server; the client's share is the same for every
+    // target). See docs/webhook.md, "Performance".
+    if let Some(n) = std::env::var("BENCH_SEQUENTIAL")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        client_rt.block_on(async {
+            for (name, addr, bodies) in &targets {
+                let mut conn = client.connect(*addr).await;
+                for i in 0..n {
+                    conn.post_bytes(&bodies[i % bodies.len()]).await;
+                }
+                println!("{name}: {n} sequential requests");
+            }
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     // Throughput: the targets take turns, round after round, so that a drift of the
     // machine's speed hits them alike; each target's rate is its median round.
     let mut rounds: Vec<Vec<Measured>> = targets.iter().map(|_| Vec::new()).collect();
@@ -172,12 +206,30 @@ fn main() {
             rounds[i].push(client_rt.block_on(closed_loop(&client, *addr, body, &settings)));
         }
     }
-    let mut results = Vec::new();
-    for ((name, addr, body), rounds) in targets.iter().zip(rounds) {
-        let closed = Measured::merge(rounds);
-        let open = client_rt.block_on(open_loop(&client, *addr, body, &settings));
-        results.push((*name, closed, open));
+    // Latency at a fixed rate: the targets take turns too, each round a share of the
+    // time, so that what the machine does meanwhile (other processes, the webhooks'
+    // own background work such as the audit batches left by the closed loops) falls
+    // on every target alike instead of on whichever runs first; each target's
+    // latencies are those of all its rounds.
+    let open_settings = Settings {
+        rate_for: settings.rate_for / settings.rounds as u32,
+        ..settings
+    };
+    let mut open_rounds: Vec<Vec<Measured>> = targets.iter().map(|_| Vec::new()).collect();
+    for _ in 0..settings.rounds {
+        for (i, (_, addr, body)) in targets.iter().enumerate() {
+            let open = client_rt.block_on(open_loop(&client, *addr, body, &open_settings));
+            open_rounds[i].push(open);
+        }
     }
+    let results: Vec<_> = targets
+        .iter()
+        .zip(rounds)
+        .zip(open_rounds)
+        .map(|(((name, _, _), closed), open)| {
+            (*name, Measured::merge(closed), Measured::merge(open))
+        })
+        .collect();
     // The spawn storm: 300 new users within one second.
     let storm_settings = Settings {
         rate: STORM_USERS as f64,
