@@ -6,6 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 
+# The offline data of sqlx's checked queries (.sqlx/) against the queries and the
+# migrations as they are: stale data fails here. (Builds never read DATABASE_URL's
+# database: .cargo/config.toml sets SQLX_OFFLINE, so a query whose text changed
+# without .sqlx/ fails to compile anywhere.)
+./scripts/sqlx-prepare.sh --check
+
 cargo test --workspace
 # The API's tokens against a real OIDC provider (npm oidc-provider, installed into
 # tests/oidc/node_modules on first use; skipped with a message without node).

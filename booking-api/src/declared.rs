@@ -36,7 +36,7 @@ pub async fn reconcile(
 ) -> anyhow::Result<Vec<String>> {
     let mut tx = pool.begin().await?;
     // Replicas starting together take turns (the key is arbitrary but fixed).
-    sqlx::query("SELECT pg_advisory_xact_lock(7141400004)")
+    sqlx::query!("SELECT pg_advisory_xact_lock(7141400004)")
         .execute(&mut *tx)
         .await?;
     let stored: BTreeMap<String, DeclaredModel> = models::list(&mut *tx)

@@ -60,20 +60,20 @@ pub async fn enqueue(
     notice: NewNotice<'_>,
     now: DateTime<Utc>,
 ) -> sqlx::Result<Option<i64>> {
-    let id: Option<i64> = sqlx::query_scalar(
+    let id: Option<i64> = sqlx::query_scalar!(
         "INSERT INTO notice (key, user_name, kind, booking_id, audit_id, title, body, details, created_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (key) DO NOTHING RETURNING id",
+        notice.key,
+        notice.user,
+        notice.kind.as_str(),
+        notice.booking_id,
+        notice.audit_id,
+        &notice.message.title,
+        &notice.message.text,
+        &notice.details,
+        now
     )
-    .bind(notice.key)
-    .bind(notice.user)
-    .bind(notice.kind.as_str())
-    .bind(notice.booking_id)
-    .bind(notice.audit_id)
-    .bind(&notice.message.title)
-    .bind(&notice.message.text)
-    .bind(&notice.details)
-    .bind(now)
     .fetch_optional(&mut *conn)
     .await?;
     let Some(id) = id else { return Ok(None) };
@@ -85,13 +85,13 @@ pub async fn enqueue(
         channels.email,
         channels.webhook,
     ) {
-        sqlx::query(
+        sqlx::query!(
             "INSERT INTO notice_delivery (notice_id, channel, address, next_at) VALUES ($1, $2, $3, $4)",
+            id,
+            d.channel.as_str(),
+            d.address,
+            now
         )
-        .bind(id)
-        .bind(d.channel.as_str())
-        .bind(d.address)
-        .bind(now)
         .execute(&mut *conn)
         .await?;
     }
@@ -100,19 +100,23 @@ pub async fn enqueue(
 
 /// A user's preferences (the defaults when they never chose).
 pub async fn prefs(conn: &mut PgConnection, user: &str) -> sqlx::Result<Prefs> {
-    let row: Option<(Option<String>, bool, bool, Vec<String>)> = sqlx::query_as(
+    let row = sqlx::query!(
         "SELECT email, email_enabled, webhook_enabled, muted FROM notice_pref WHERE user_name = $1",
+        user
     )
-    .bind(user)
     .fetch_optional(conn)
     .await?;
     Ok(match row {
         None => Prefs::default(),
-        Some((email, email_enabled, webhook_enabled, muted)) => Prefs {
-            email,
-            email_enabled,
-            webhook_enabled,
-            muted: muted.iter().filter_map(|k| NoticeKind::parse(k)).collect(),
+        Some(p) => Prefs {
+            email: p.email,
+            email_enabled: p.email_enabled,
+            webhook_enabled: p.webhook_enabled,
+            muted: p
+                .muted
+                .iter()
+                .filter_map(|k| NoticeKind::parse(k))
+                .collect(),
         },
     })
 }
@@ -124,25 +128,27 @@ pub async fn set_prefs(
     now: DateTime<Utc>,
 ) -> sqlx::Result<()> {
     let muted: Vec<&str> = p.muted.iter().map(|k| k.as_str()).collect();
-    sqlx::query(
+    // `as _`: sqlx's macros take a text[] only as `String`s, so an array of `&str`
+    // goes unchecked (here and in the two reads below).
+    sqlx::query!(
         "INSERT INTO notice_pref (user_name, email, email_enabled, webhook_enabled, muted, updated_at)
          VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (user_name) DO UPDATE SET email = $2, email_enabled = $3,
              webhook_enabled = $4, muted = $5, updated_at = $6",
+        user,
+        p.email.as_deref(),
+        p.email_enabled,
+        p.webhook_enabled,
+        &muted as _,
+        now
     )
-    .bind(user)
-    .bind(&p.email)
-    .bind(p.email_enabled)
-    .bind(p.webhook_enabled)
-    .bind(&muted)
-    .bind(now)
     .execute(conn)
     .await?;
     Ok(())
 }
 
 /// One of a user's notices, as the page lists them.
-#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct SentNotice {
     pub id: i64,
     pub kind: String,
@@ -156,15 +162,16 @@ pub struct SentNotice {
 
 /// The user's newest notices.
 pub async fn recent(pool: &PgPool, user: &str, limit: i64) -> sqlx::Result<Vec<SentNotice>> {
-    sqlx::query_as(
-        "SELECT n.id, n.kind, n.title, n.body AS text, n.booking_id, n.created_at,
+    sqlx::query_as!(
+        SentNotice,
+        r#"SELECT n.id, n.kind, n.title, n.body AS text, n.booking_id, n.created_at,
                 coalesce(array_agg(d.channel || ':' || d.state ORDER BY d.channel)
-                         FILTER (WHERE d.channel IS NOT NULL), '{}') AS deliveries
+                         FILTER (WHERE d.channel IS NOT NULL), '{}') AS "deliveries!"
          FROM notice n LEFT JOIN notice_delivery d ON d.notice_id = n.id
-         WHERE n.user_name = $1 GROUP BY n.id ORDER BY n.id DESC LIMIT $2",
+         WHERE n.user_name = $1 GROUP BY n.id ORDER BY n.id DESC LIMIT $2"#,
+        user,
+        limit
     )
-    .bind(user)
-    .bind(limit)
     .fetch_all(pool)
     .await
 }
@@ -301,10 +308,12 @@ impl Worker {
             ..Round::default()
         };
         self.dispatch(&mut round).await?;
-        sqlx::query("DELETE FROM notice WHERE created_at < $1")
-            .bind(self.clock.now() - self.settings.retention)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query!(
+            "DELETE FROM notice WHERE created_at < $1",
+            self.clock.now() - self.settings.retention
+        )
+        .execute(&self.pool)
+        .await?;
         crate::store::usage::prune(&self.pool, self.clock.now() - self.settings.usage_retention)
             .await?;
         Ok(round)
@@ -317,19 +326,31 @@ impl Worker {
     /// Notices from new audit rows; the cursor row's lock makes replicas take turns.
     async fn from_audit(&self) -> sqlx::Result<usize> {
         let mut tx = self.pool.begin().await?;
-        let cursor: i64 = sqlx::query_scalar("SELECT audit_id FROM notice_cursor FOR UPDATE")
+        let cursor: i64 = sqlx::query_scalar!("SELECT audit_id FROM notice_cursor FOR UPDATE")
             .fetch_one(&mut *tx)
             .await?;
-        let rows: Vec<(i64, String, Option<String>, String, Option<i64>, String)> = sqlx::query_as(
-            "SELECT a.id, a.action, a.subject, a.user_name, a.booking_id, a.details::text
+        // `user_name` and the details' text are not null here.
+        let rows: Vec<(i64, String, Option<String>, String, Option<i64>, String)> = sqlx::query!(
+            r#"SELECT a.id, a.action, a.subject, a.user_name AS "user_name!", a.booking_id,
+                      a.details::text AS "details!"
                  FROM audit_event a
                  WHERE a.id > $1 AND a.action = ANY($2) AND a.user_name IS NOT NULL
                    AND NOT EXISTS (SELECT 1 FROM notice n WHERE n.key = 'audit:' || a.id)
-                 ORDER BY a.id LIMIT $3",
+                 ORDER BY a.id LIMIT $3"#,
+            cursor - AUDIT_LOOKBACK,
+            rules::SOURCE_ACTIONS.as_slice() as _,
+            AUDIT_BATCH
         )
-        .bind(cursor - AUDIT_LOOKBACK)
-        .bind(rules::SOURCE_ACTIONS.as_slice())
-        .bind(AUDIT_BATCH)
+        .map(|a| {
+            (
+                a.id,
+                a.action,
+                a.subject,
+                a.user_name,
+                a.booking_id,
+                a.details,
+            )
+        })
         .fetch_all(&mut *tx)
         .await?;
         let now = self.clock.now();
@@ -373,13 +394,12 @@ impl Worker {
         let cursor_to = if read as i64 >= AUDIT_BATCH {
             last
         } else {
-            sqlx::query_scalar::<_, i64>("SELECT coalesce(max(id), 0) FROM audit_event")
+            sqlx::query_scalar!(r#"SELECT coalesce(max(id), 0) AS "newest!" FROM audit_event"#)
                 .fetch_one(&mut *tx)
                 .await?
                 .max(cursor)
         };
-        sqlx::query("UPDATE notice_cursor SET audit_id = $1")
-            .bind(cursor_to)
+        sqlx::query!("UPDATE notice_cursor SET audit_id = $1", cursor_to)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -392,13 +412,14 @@ impl Worker {
             return Ok(0);
         };
         let now = self.clock.now();
-        let rows: Vec<(i64, String, String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+        let rows: Vec<(i64, String, String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query!(
             "SELECT id, user_name, model, start_at, end_at FROM booking
              WHERE cancelled_at IS NULL
                AND ((start_at > $1 AND start_at <= $2) OR (end_at > $1 AND end_at <= $2))",
+            now,
+            now + longest
         )
-        .bind(now)
-        .bind(now + longest)
+        .map(|b| (b.id, b.user_name, b.model, b.start_at, b.end_at))
         .fetch_all(&self.pool)
         .await?;
         let mut queued = 0;
@@ -500,8 +521,9 @@ impl Worker {
         }
         let now = self.clock.now();
         let lease_until = now + self.settings.lease;
-        let claimed: Vec<Claimed> = sqlx::query_as(
-            "UPDATE notice_delivery d SET claimed_until = $2, attempts = d.attempts + 1
+        let claimed: Vec<Claimed> = sqlx::query_as!(
+            Claimed,
+            r#"UPDATE notice_delivery d SET claimed_until = $2, attempts = d.attempts + 1
              FROM (SELECT notice_id, channel FROM notice_delivery
                    WHERE state = 'pending' AND channel = ANY($3) AND next_at <= $1
                      AND (claimed_until IS NULL OR claimed_until <= $1)
@@ -509,12 +531,12 @@ impl Worker {
                   notice n
              WHERE d.notice_id = c.notice_id AND d.channel = c.channel AND n.id = d.notice_id
              RETURNING d.notice_id, d.channel, d.address, d.attempts, n.user_name, n.kind,
-                       n.booking_id, n.title, n.body, n.details::text AS details, n.created_at",
+                       n.booking_id, n.title, n.body, n.details::text AS "details!", n.created_at"#,
+            now,
+            lease_until,
+            &channels as _,
+            self.settings.batch
         )
-        .bind(now)
-        .bind(lease_until)
-        .bind(&channels)
-        .bind(self.settings.batch)
         .fetch_all(&self.pool)
         .await?;
         // Sending stops while the claims are safely within their lease: the rest are
@@ -561,13 +583,13 @@ impl Worker {
 
     /// Hands an untried claim back (its try is not counted).
     async fn release(&self, c: &Claimed, lease_until: DateTime<Utc>) -> sqlx::Result<()> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE notice_delivery SET claimed_until = NULL, attempts = attempts - 1
              WHERE notice_id = $1 AND channel = $2 AND claimed_until = $3 AND state = 'pending'",
+            c.notice_id,
+            &c.channel,
+            lease_until
         )
-        .bind(c.notice_id)
-        .bind(&c.channel)
-        .bind(lease_until)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -602,18 +624,18 @@ impl Worker {
                 self.settings.backoff_base,
                 self.settings.backoff_max,
             );
-        let updated = sqlx::query(
+        let updated = sqlx::query!(
             "UPDATE notice_delivery SET state = $3, claimed_until = NULL, last_error = $4,
-                 sent_at = CASE WHEN $3 = 'sent' THEN $5 END, next_at = $6
+                 sent_at = CASE WHEN $3 = 'sent' THEN $5::timestamptz END, next_at = $6
              WHERE notice_id = $1 AND channel = $2 AND claimed_until = $7 AND state = 'pending'",
+            c.notice_id,
+            &c.channel,
+            state,
+            error.as_deref(),
+            now,
+            next_at,
+            lease_until
         )
-        .bind(c.notice_id)
-        .bind(&c.channel)
-        .bind(state)
-        .bind(&error)
-        .bind(now)
-        .bind(next_at)
-        .bind(lease_until)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -657,7 +679,6 @@ impl Worker {
     }
 }
 
-#[derive(sqlx::FromRow)]
 struct Claimed {
     notice_id: i64,
     channel: String,

@@ -29,7 +29,7 @@ pub async fn figures(db: &mut PgConnection) -> sqlx::Result<(Vec<ModelState>, BT
             Some(ModelState {
                 name: ModelName::parse(&m.name).ok()?,
                 units: u32::try_from(m.units).unwrap_or(0),
-                free: i64::from(m.free_now()),
+                free: gpu_booking_core::wire::count(m.free_now()),
                 gpumem_mib: u64::try_from(m.gpumem_mib).ok()?,
                 gpumem_advertised_mib: m
                     .advertised_unit_mib()
@@ -38,12 +38,12 @@ pub async fn figures(db: &mut PgConnection) -> sqlx::Result<(Vec<ModelState>, BT
             })
         })
         .collect();
-    let held: Vec<(i64, i32)> = sqlx::query_as("SELECT booking_id, units FROM booking_held")
+    let held = sqlx::query!("SELECT booking_id, units FROM booking_held")
         .fetch_all(&mut *db)
         .await?;
     let held = held
         .into_iter()
-        .map(|(id, n)| (id, u64::try_from(n).unwrap_or(0)))
+        .map(|h| (h.booking_id, u64::try_from(h.units).unwrap_or(0)))
         .collect();
     Ok((models, held))
 }
@@ -57,47 +57,44 @@ pub async fn full(
     now: DateTime<Utc>,
 ) -> sqlx::Result<(Vec<ModelState>, BTreeMap<i64, u64>, Full)> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
-    let (xmin,): (i64,) =
-        sqlx::query_as("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-            .fetch_one(&mut *tx)
-            .await?;
-    type Row = (i64, String, String, i32, DateTime<Utc>, DateTime<Utc>);
-    let rows: Vec<Row> = sqlx::query_as(
-        "(SELECT id, user_name, model, units, start_at, end_at FROM booking
+    let xmin = sqlx::query_scalar!(
+        r#"SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS "xmin!""#
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    // A union's columns may be null as far as sqlx can tell: each is a booking's
+    // column, none of them null.
+    let rows = sqlx::query!(
+        r#"(SELECT id AS "id!", user_name AS "user_name!", model AS "model!", units AS "units!",
+                   start_at AS "start_at!", end_at AS "end_at!" FROM booking
            WHERE cancelled_at IS NULL AND end_at > $1)
          UNION ALL
          (SELECT DISTINCT ON (user_name) id, user_name, model, units, start_at, end_at FROM booking
-           WHERE cancelled_at IS NULL AND end_at <= $1 ORDER BY user_name, end_at DESC, id DESC)",
+           WHERE cancelled_at IS NULL AND end_at <= $1 ORDER BY user_name, end_at DESC, id DESC)"#,
+        now
     )
-    .bind(now)
     .fetch_all(&mut *tx)
     .await?;
     let bookings = rows
         .into_iter()
-        .map(|(id, user, model, units, start, end)| BookingState {
-            id,
-            user,
-            model,
-            units: u32::try_from(units).unwrap_or(0),
-            start,
-            end,
+        .map(|b| BookingState {
+            id: b.id,
+            user: b.user_name,
+            model: b.model,
+            units: u32::try_from(b.units).unwrap_or(0),
+            start: b.start_at,
+            end: b.end_at,
         })
         .collect();
-    let users: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT name, escape_slug, safe_slug FROM app_user")
-            .fetch_all(&mut *tx)
-            .await?;
-    let users = users
-        .into_iter()
-        .map(|(name, escape_slug, safe_slug)| KnownUser {
-            name,
-            escape_slug,
-            safe_slug,
-        })
-        .collect();
+    let users = sqlx::query_as!(
+        KnownUser,
+        "SELECT name, escape_slug, safe_slug FROM app_user"
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     let (models, held) = figures(&mut *tx).await?;
     tx.commit().await?;
     Ok((

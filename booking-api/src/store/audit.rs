@@ -19,17 +19,17 @@ pub struct NewEvent<'a> {
 }
 
 pub async fn record(db: impl PgExecutor<'_>, e: NewEvent<'_>) -> sqlx::Result<i64> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "INSERT INTO audit_event (at, actor, action, subject, user_name, booking_id, details)
          VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+        e.at,
+        e.actor,
+        e.action,
+        e.subject,
+        e.user,
+        e.booking_id,
+        e.details
     )
-    .bind(e.at)
-    .bind(e.actor)
-    .bind(e.action)
-    .bind(e.subject)
-    .bind(e.user)
-    .bind(e.booking_id)
-    .bind(e.details)
     .fetch_one(db)
     .await
 }
@@ -48,7 +48,6 @@ pub struct AuditEvent {
 }
 
 /// A row as Postgres gives it, `details` as jsonb's text rendering.
-#[derive(sqlx::FromRow)]
 struct AuditRow {
     id: i64,
     at: DateTime<Utc>,
@@ -102,17 +101,18 @@ pub async fn list(
     before: Option<i64>,
     limit: i64,
 ) -> sqlx::Result<Vec<AuditEvent>> {
-    let rows: Vec<AuditRow> = sqlx::query_as(
-        "SELECT id, at, actor, action, subject, user_name, booking_id, details::text AS details
+    let rows: Vec<AuditRow> = sqlx::query_as!(
+        AuditRow,
+        r#"SELECT id, at, actor, action, subject, user_name, booking_id, details::text AS "details!"
          FROM audit_event
          WHERE ($1::text IS NULL OR action = $1) AND ($2::text IS NULL OR user_name = $2)
            AND ($3::bigint IS NULL OR id < $3)
-         ORDER BY id DESC LIMIT $4",
+         ORDER BY id DESC LIMIT $4"#,
+        action,
+        user,
+        before,
+        limit
     )
-    .bind(action)
-    .bind(user)
-    .bind(before)
-    .bind(limit)
     .fetch_all(db)
     .await?;
     Ok(rows.into_iter().map(AuditEvent::from).collect())

@@ -1,9 +1,10 @@
 //! Bookings: the create transaction (rules under locks), cancel / end early, reads.
 
 use chrono::{DateTime, TimeDelta, Utc};
-use gpu_booking_core::capacity::{self, Held};
+use gpu_booking_core::cancel::{self, CancelOutcome};
+use gpu_booking_core::capacity::{self, CapacityRefusal, Held};
 use gpu_booking_core::policy::Policy;
-use gpu_booking_core::rules::{self, Refusal, RuleCode};
+use gpu_booking_core::rules;
 use gpu_booking_core::username::Username;
 use gpu_booking_core::window::{BookingStatus, Window};
 use serde::Serialize;
@@ -13,8 +14,8 @@ use utoipa::ToSchema;
 
 use gpu_booking_core::username::slugs;
 
+use super::error::{Conflict, Record, StoreError};
 use super::{audit, lock_user_and_model};
-use crate::error::ApiError;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct BookingRow {
@@ -99,13 +100,13 @@ impl BookingRow {
 
 /// A row of `booking_lock_and_read` (migrations): `m` with the model's units in
 /// `o_slot`, `u` a booking of the user, `o` a booking of the model over the window.
-#[derive(sqlx::FromRow)]
+/// Every column of a function may be null as far as sqlx can tell.
 struct LockedRead {
-    o_kind: String,
+    o_kind: Option<String>,
     o_id: Option<i64>,
     o_start: Option<DateTime<Utc>>,
     o_end: Option<DateTime<Utc>>,
-    o_slot: i32,
+    o_slot: Option<i32>,
     o_slots: Option<Vec<i32>>,
 }
 
@@ -141,7 +142,7 @@ pub async fn create(
     policy: &Policy,
     now: DateTime<Utc>,
     req: NewBooking<'_>,
-) -> Result<BookingRow, ApiError> {
+) -> Result<BookingRow, StoreError> {
     let mut tx = pool.begin().await?;
     if let Some(row) = create_locked(&mut tx, policy, now, &req, Scope::Days).await? {
         tx.commit().await.map_err(constraint_refusal)?;
@@ -163,19 +164,14 @@ pub async fn create_in(
     policy: &Policy,
     now: DateTime<Utc>,
     req: NewBooking<'_>,
-) -> Result<BookingRow, ApiError> {
+) -> Result<BookingRow, StoreError> {
     // Checked before any lock, as under the day locks.
     rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
     rules::check_units(policy, req.units, req.override_rules)?;
     lock_user_and_model(tx, req.user.as_str(), req.model).await?;
     create_locked(tx, policy, now, &req, Scope::Model)
         .await?
-        .ok_or_else(|| {
-            ApiError::from(Refusal::new(
-                RuleCode::Capacity,
-                "No unit of this model can be assigned over that window.",
-            ))
-        })
+        .ok_or(StoreError::Capacity(CapacityRefusal::NoUnitAssignable))
 }
 
 /// The create under `scope`'s locks (which it takes with its reads); `None` when the
@@ -186,19 +182,21 @@ async fn create_locked(
     now: DateTime<Utc>,
     req: &NewBooking<'_>,
     scope: Scope,
-) -> Result<Option<BookingRow>, ApiError> {
+) -> Result<Option<BookingRow>, StoreError> {
     let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
     let need = rules::check_units(policy, req.units, req.override_rules)?;
     // The locks, then the user's bookings and the model's bookings over the window:
     // one round trip, so the model stays locked for as little as possible.
-    let rows: Vec<LockedRead> =
-        sqlx::query_as("SELECT * FROM booking_lock_and_read($1, $2, $3, $4)")
-            .bind(req.user.as_str())
-            .bind(req.model)
-            .bind(window.start())
-            .bind(window.end())
-            .fetch_all(&mut **tx)
-            .await?;
+    let rows: Vec<LockedRead> = sqlx::query_as!(
+        LockedRead,
+        "SELECT * FROM booking_lock_and_read($1, $2, $3, $4)",
+        req.user.as_str(),
+        req.model,
+        window.start(),
+        window.end()
+    )
+    .fetch_all(&mut **tx)
+    .await?;
     let mut units = None;
     let mut own = Vec::new();
     let mut overlapping = Vec::new();
@@ -209,14 +207,14 @@ async fn create_locked(
                 .map(|window| Held { id, window, slots }),
             _ => None,
         };
-        match (row.o_kind.as_str(), held) {
-            ("m", _) => units = Some(u32::try_from(row.o_slot).unwrap_or(0)),
-            ("u", Some(h)) => own.push(h.window),
-            ("o", Some(h)) => overlapping.push(h),
+        match (row.o_kind.as_deref(), held) {
+            (Some("m"), _) => units = Some(u32::try_from(row.o_slot.unwrap_or(0)).unwrap_or(0)),
+            (Some("u"), Some(h)) => own.push(h.window),
+            (Some("o"), Some(h)) => overlapping.push(h),
             _ => {}
         }
     }
-    let units = units.ok_or_else(|| ApiError::unknown_model(req.model))?;
+    let units = units.ok_or_else(|| StoreError::UnknownModel(req.model.to_owned()))?;
 
     rules::check_user(policy, now, &window, &own, req.override_rules)?;
     let overlapping_windows =
@@ -242,8 +240,9 @@ async fn create_locked(
     // A new user's label keys (name and both slugs) go with it; one that another user
     // holds fails `user_key_pkey` (migration 20261123000010): username_collision.
     let keys: Vec<String> = req.user.lookup_keys().into_iter().collect();
-    let row: BookingRow = sqlx::query_as(&format!(
-        "WITH known AS (
+    let row: BookingRow = sqlx::query_as!(
+        BookingRow,
+        r#"WITH known AS (
             INSERT INTO app_user (name, escape_slug, safe_slug) VALUES ($1, $9, $10) ON CONFLICT (name) DO NOTHING
             RETURNING name
          ), keys AS (
@@ -255,20 +254,22 @@ async fn create_locked(
             INSERT INTO audit_event (at, actor, action, subject, user_name, booking_id, details)
             SELECT $8, $7, $11, $2, $1, id, jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot, 'units', units, 'slots', slots) FROM created
          )
-         SELECT {COLUMNS} FROM created"
-    ))
-    .bind(req.user.as_str())
-    .bind(req.model)
-    .bind(&slots)
-    .bind(window.start())
-    .bind(window.end())
-    .bind(req.override_rules)
-    .bind(req.created_by)
-    .bind(now)
-    .bind(&user_slugs.escape)
-    .bind(&user_slugs.safe)
-    .bind(action)
-    .bind(&keys)
+         SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
+                cancelled_at, ended_early_at, override AS override_rules, created_at
+         FROM created"#,
+        req.user.as_str(),
+        req.model,
+        &slots,
+        window.start(),
+        window.end(),
+        req.override_rules,
+        req.created_by,
+        now,
+        &user_slugs.escape,
+        &user_slugs.safe,
+        action,
+        &keys
+    )
     .fetch_one(&mut **tx)
     .await
     .map_err(constraint_refusal)?;
@@ -277,15 +278,15 @@ async fn create_locked(
 
 /// The user's bookings that are not cancelled, by their effective windows.
 async fn own_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Vec<Window>> {
-    let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+    let rows = sqlx::query!(
         "SELECT start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL",
+        user
     )
-    .bind(user)
     .fetch_all(db)
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(s, e)| Window::new(s, e).ok())
+        .filter_map(|b| Window::new(b.start_at, b.end_at).ok())
         .collect())
 }
 
@@ -296,21 +297,23 @@ async fn held(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> sqlx::Result<Vec<Held>> {
-    let rows: Vec<(i64, DateTime<Utc>, DateTime<Utc>, Vec<i32>)> = sqlx::query_as(
+    let rows = sqlx::query!(
         "SELECT id, start_at, end_at, slots FROM booking
          WHERE model = $1 AND cancelled_at IS NULL AND period && tstzrange($2, $3, '[)')",
+        model,
+        from,
+        to
     )
-    .bind(model)
-    .bind(from)
-    .bind(to)
     .fetch_all(db)
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(id, s, e, slots)| {
-            Window::new(s, e)
-                .ok()
-                .map(|window| Held { id, window, slots })
+        .filter_map(|b| {
+            Window::new(b.start_at, b.end_at).ok().map(|window| Held {
+                id: b.id,
+                window,
+                slots: b.slots,
+            })
         })
         .collect())
 }
@@ -325,92 +328,47 @@ async fn reassign_slots(
     window: &Window,
     need: u32,
     changing: Option<i64>,
-) -> Result<Vec<i32>, ApiError> {
+) -> Result<Vec<i32>, StoreError> {
     // Only planned bookings move, unless an admin books the past.
     let keep_before = (now + TimeDelta::microseconds(1)).min(window.start());
     let mut future = held(&mut **tx, model, keep_before, DateTime::<Utc>::MAX_UTC).await?;
     // A booking whose window changes is placed anew: it does not stand in its own way.
     future.retain(|h| Some(h.id) != changing);
-    let plan = capacity::replan(units, keep_before, &future, window, need).ok_or_else(|| {
-        Refusal::new(
-            RuleCode::Capacity,
-            "No unit of this model can be assigned over that window.",
-        )
-    })?;
-    sqlx::query("SET CONSTRAINTS booking_slot_excl DEFERRED")
+    let plan = capacity::replan(units, keep_before, &future, window, need)
+        .ok_or(CapacityRefusal::NoUnitAssignable)?;
+    sqlx::query!("SET CONSTRAINTS booking_slot_excl DEFERRED")
         .execute(&mut **tx)
         .await?;
     for (id, slots) in &plan.moves {
-        sqlx::query("UPDATE booking SET slots = $2 WHERE id = $1")
-            .bind(id)
-            .bind(slots)
+        sqlx::query!("UPDATE booking SET slots = $2 WHERE id = $1", id, slots)
             .execute(&mut **tx)
             .await?;
     }
     Ok(plan.slots)
 }
 
+/// The refusal of a booking that does not fit: with the earliest start from which
+/// one of the same length and units would (`capacity::refuse_full`).
 async fn capacity_refusal(
     tx: &mut Transaction<'_, Postgres>,
     model: &str,
     units: u32,
     window: &Window,
     need: u32,
-) -> Result<Refusal, ApiError> {
+) -> Result<CapacityRefusal, StoreError> {
     let later = held(&mut **tx, model, window.start(), DateTime::<Utc>::MAX_UTC).await?;
     let windows = capacity::unit_windows(later.iter().map(|h| (h.window, h.units())));
-    let message = if need <= 1 {
-        format!(
-            "All {units} units of {model} are booked at some point between {} and {}.",
-            rules::rfc3339(window.start()),
-            rules::rfc3339(window.end())
-        )
-    } else {
-        format!(
-            "Fewer than {need} of the {units} units of {model} are free at some point between {} and {}.",
-            rules::rfc3339(window.start()),
-            rules::rfc3339(window.end())
-        )
-    };
-    let refusal = Refusal::new(RuleCode::Capacity, message);
-    Ok(
-        match capacity::earliest_fit_units(units, &windows, window.start(), window.duration(), need)
-        {
-            Some(t) => refusal.with_earliest(t),
-            None => refusal,
-        },
-    )
+    Ok(capacity::refuse_full(model, units, need, window, &windows))
 }
 
 /// The exclusion constraints are the backstop: if one fires, the answer is still
 /// the rule it protects, not a 500.
-pub(crate) fn constraint_refusal(e: sqlx::Error) -> ApiError {
+pub(crate) fn constraint_refusal(e: sqlx::Error) -> StoreError {
     if let sqlx::Error::Database(db) = &e {
         match db.constraint() {
-            Some("booking_slot_excl") => {
-                return Refusal::new(
-                    RuleCode::Capacity,
-                    "Every unit of this model is booked in that window.",
-                )
-                .into()
-            }
-            Some("booking_user_excl") => {
-                return Refusal::new(
-                    RuleCode::Overlap,
-                    "The user already holds a booking in that window.",
-                )
-                .into()
-            }
-            Some("user_key_pkey") => {
-                return ApiError::Conflict(
-                    "username_collision",
-                    "This user name cannot be told apart from another user's in the \
-                     labels JupyterHub puts on pods (its KubeSpawner slug, or the name \
-                     itself, is the other user's), so its pods could get the other \
-                     user's booking. Ask an admin to rename one of the two users."
-                        .into(),
-                )
-            }
+            Some("booking_slot_excl") => return CapacityRefusal::UnitTaken.into(),
+            Some("booking_user_excl") => return rules::overlap_backstop().into(),
+            Some("user_key_pkey") => return StoreError::Conflict(Conflict::UsernameCollision),
             _ => {}
         }
     }
@@ -418,10 +376,15 @@ pub(crate) fn constraint_refusal(e: sqlx::Error) -> ApiError {
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<BookingRow>> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM booking WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(db)
-        .await
+    sqlx::query_as!(
+        BookingRow,
+        r#"SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
+                cancelled_at, ended_early_at, override AS override_rules, created_at
+         FROM booking WHERE id = $1"#,
+        id
+    )
+    .fetch_optional(db)
+    .await
 }
 
 pub struct Filter<'a> {
@@ -436,6 +399,8 @@ pub struct Filter<'a> {
 /// the statement, so that Postgres plans each shape for its own index (a user's by
 /// `booking_user_start_idx`, a model's over a window by `booking_model_end_idx`)
 /// instead of one generic plan for `($1 IS NULL OR ...)` that reads every booking.
+/// Built at run time, so the one read of bookings that sqlx cannot check when it
+/// compiles: the tests of `GET /api/v1/bookings` run every filter.
 pub async fn list(db: impl PgExecutor<'_>, f: Filter<'_>) -> sqlx::Result<Vec<BookingRow>> {
     let mut q = sqlx::QueryBuilder::<Postgres>::new("SELECT ");
     q.push(COLUMNS).push(" FROM booking WHERE true");
@@ -464,49 +429,47 @@ pub async fn cancel_or_end(
     id: i64,
     now: DateTime<Utc>,
     actor: &str,
-) -> Result<BookingRow, ApiError> {
-    let not_found = || ApiError::NotFound(format!("no booking {id}"));
+) -> Result<BookingRow, StoreError> {
+    let not_found = || StoreError::NotFound(Record::Booking, id);
     let first = get(pool, id).await?.ok_or_else(not_found)?;
     let mut tx = pool.begin().await?;
     // Only frees units: the user's lock and the model's shared (migration
     // 20261125000200, booking_lock_release).
-    sqlx::query("SELECT booking_lock_release($1, $2)")
-        .bind(&first.user_name)
-        .bind(&first.model)
-        .execute(&mut *tx)
-        .await?;
-    let row: BookingRow = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM booking WHERE id = $1 FOR UPDATE"
-    ))
-    .bind(id)
+    sqlx::query!(
+        "SELECT booking_lock_release($1, $2)",
+        &first.user_name,
+        &first.model
+    )
+    .execute(&mut *tx)
+    .await?;
+    let row: BookingRow = sqlx::query_as!(
+        BookingRow,
+        r#"SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
+                cancelled_at, ended_early_at, override AS override_rules, created_at
+         FROM booking WHERE id = $1 FOR UPDATE"#,
+        id
+    )
     .fetch_optional(&mut *tx)
     .await?
     .ok_or_else(not_found)?;
-    // Ending at the very instant it started would leave an empty window: that is
-    // a cancellation.
-    let (action, sql) = match row.status(now) {
-        BookingStatus::Planned => (
+    let (action, sql) = match cancel::cancel_or_end(row.status(now), row.start_at, now) {
+        CancelOutcome::Cancel => (
             "booking.cancel",
             "UPDATE booking SET cancelled_at = $2, updated_at = $2 WHERE id = $1",
         ),
-        BookingStatus::Active if now <= row.start_at + TimeDelta::microseconds(1) => (
-            "booking.cancel",
-            "UPDATE booking SET cancelled_at = $2, updated_at = $2 WHERE id = $1",
-        ),
-        BookingStatus::Active => (
+        CancelOutcome::EndEarly => (
             "booking.end_early",
             "UPDATE booking SET end_at = $2, ended_early_at = $2, updated_at = $2 WHERE id = $1",
         ),
-        status @ (BookingStatus::Ended | BookingStatus::Cancelled) => {
-            return Err(ApiError::Conflict(
-                "not_cancellable",
-                format!(
-                    "booking {id} is {} and cannot be cancelled or ended",
-                    status.as_str()
-                ),
-            ))
+        CancelOutcome::NotCancellable(status) => {
+            return Err(StoreError::Conflict(Conflict::BookingNotCancellable {
+                id,
+                status,
+            }))
         }
     };
+    // One of two statements picked at run time: sqlx cannot check it when it compiles
+    // (the cancel and end-early tests run both).
     sqlx::query(sql)
         .bind(id)
         .bind(now)
@@ -525,11 +488,15 @@ pub async fn cancel_or_end(
         },
     )
     .await?;
-    let updated: BookingRow =
-        sqlx::query_as(&format!("SELECT {COLUMNS} FROM booking WHERE id = $1"))
-            .bind(id)
-            .fetch_one(&mut *tx)
-            .await?;
+    let updated: BookingRow = sqlx::query_as!(
+        BookingRow,
+        r#"SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
+                cancelled_at, ended_early_at, override AS override_rules, created_at
+         FROM booking WHERE id = $1"#,
+        id
+    )
+    .fetch_one(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(updated)
 }
@@ -547,17 +514,20 @@ pub async fn change_window(
     now: DateTime<Utc>,
     change: WindowRequest,
     actor: &str,
-) -> Result<BookingRow, ApiError> {
-    let not_found = || ApiError::NotFound(format!("no booking {id}"));
+) -> Result<BookingRow, StoreError> {
+    let not_found = || StoreError::NotFound(Record::Booking, id);
     let first = get(pool, id).await?.ok_or_else(not_found)?;
     let mut tx = pool.begin().await?;
     let units = lock_user_and_model(&mut tx, &first.user_name, &first.model)
         .await?
-        .ok_or_else(|| ApiError::unknown_model(&first.model))?;
-    let row: BookingRow = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM booking WHERE id = $1 FOR UPDATE"
-    ))
-    .bind(id)
+        .ok_or_else(|| StoreError::UnknownModel(first.model.clone()))?;
+    let row: BookingRow = sqlx::query_as!(
+        BookingRow,
+        r#"SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
+                cancelled_at, ended_early_at, override AS override_rules, created_at
+         FROM booking WHERE id = $1 FOR UPDATE"#,
+        id
+    )
     .fetch_optional(&mut *tx)
     .await?
     .ok_or_else(not_found)?;
@@ -569,21 +539,21 @@ pub async fn change_window(
             w
         }
         _ => {
-            return Err(ApiError::Conflict(
-                "not_changeable",
-                format!("booking {id} is {} and cannot be changed", status.as_str()),
-            ))
+            return Err(StoreError::Conflict(Conflict::BookingNotChangeable {
+                id,
+                status,
+            }))
         }
     };
-    let others: Vec<Window> = sqlx::query_as::<_, (i64, DateTime<Utc>, DateTime<Utc>)>(
+    let others: Vec<Window> = sqlx::query!(
         "SELECT id, start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL AND id <> $2",
+        &row.user_name,
+        id
     )
-    .bind(&row.user_name)
-    .bind(id)
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
-    .filter_map(|(_, s, e)| Window::new(s, e).ok())
+    .filter_map(|b| Window::new(b.start_at, b.end_at).ok())
     .collect();
     let window = rules::check_change(
         policy,
@@ -638,15 +608,17 @@ pub async fn change_window(
     } else {
         "booking.move"
     };
-    let updated: BookingRow = sqlx::query_as(&format!(
-        "UPDATE booking SET start_at = $2, end_at = $3, booked_end_at = $3, slots = $4, updated_at = $5
-         WHERE id = $1 RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(window.start())
-    .bind(window.end())
-    .bind(&slots)
-    .bind(now)
+    let updated: BookingRow = sqlx::query_as!(
+        BookingRow,
+        r#"UPDATE booking SET start_at = $2, end_at = $3, booked_end_at = $3, slots = $4, updated_at = $5
+         WHERE id = $1 RETURNING id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
+                cancelled_at, ended_early_at, override AS override_rules, created_at"#,
+        id,
+        window.start(),
+        window.end(),
+        &slots,
+        now
+    )
     .fetch_one(&mut *tx)
     .await
     .map_err(constraint_refusal)?;
@@ -693,13 +665,16 @@ pub async fn active_for(
     users: &[String],
     now: DateTime<Utc>,
 ) -> sqlx::Result<Option<BookingRow>> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM booking
+    sqlx::query_as!(
+        BookingRow,
+        r#"SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
+                cancelled_at, ended_early_at, override AS override_rules, created_at
+         FROM booking
          WHERE user_name = ANY($1) AND cancelled_at IS NULL AND start_at <= $2 AND end_at > $2
-         ORDER BY start_at LIMIT 1"
-    ))
-    .bind(users)
-    .bind(now)
+         ORDER BY start_at LIMIT 1"#,
+        users,
+        now
+    )
     .fetch_optional(db)
     .await
 }

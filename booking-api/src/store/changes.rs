@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::{watch, Semaphore};
 
-use super::bookings::{BookingRow, COLUMNS};
+use super::bookings::BookingRow;
 
 /// How often each process looks whether changes became servable, while anyone
 /// waits. (The trigger used to `NOTIFY`; a notifying transaction takes a lock held
@@ -26,9 +26,16 @@ pub const WATCH_EVERY: Duration = Duration::from_millis(100);
 /// are not servable yet. Changes become servable in transaction order (below
 /// `pg_snapshot_xmin`), so the ones not servable yet are those from that transaction
 /// on: the pair changes exactly when a change is written or becomes servable.
-const LOOK: &str = "SELECT (SELECT max(seq) FROM booking_change),
+async fn look(pool: &PgPool) -> sqlx::Result<(Option<i64>, Option<i64>)> {
+    let found = sqlx::query!(
+        "SELECT (SELECT max(seq) FROM booking_change) AS newest,
         (SELECT min(txid) FROM booking_change
-          WHERE txid >= pg_snapshot_xmin(pg_current_snapshot())::text::bigint)";
+          WHERE txid >= pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AS oldest_pending"
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((found.newest, found.oldest_pending))
+}
 
 /// At most this many transactions' changes per answer (each transaction's changes
 /// come whole, so an answer may hold more changes than this).
@@ -53,7 +60,6 @@ pub enum Read {
     Gone { oldest: i64 },
 }
 
-#[derive(sqlx::FromRow)]
 struct ChangeMeta {
     c_seq: i64,
     c_txid: i64,
@@ -69,22 +75,26 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
     let mut tx = pool.begin().await?;
     // One snapshot for the position and the rows: every transaction below its
     // xmin has finished, and those that committed are visible in it.
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
-    let (xmin, horizon): (i64, i64) = sqlx::query_as(
-        "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, txid FROM booking_change_horizon",
+    let position = sqlx::query!(
+        r#"SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS "xmin!", txid AS horizon FROM booking_change_horizon"#
     )
     .fetch_one(&mut *tx)
     .await?;
+    let (xmin, horizon) = (position.xmin, position.horizon);
     // Everything below xmin is settled: the position to resume from when this
     // answer holds all that is settled.
     let settled = xmin - 1;
     let Some(after) = after else {
-        let rows: Vec<BookingRow> = sqlx::query_as(&format!(
-            "SELECT {COLUMNS} FROM booking WHERE cancelled_at IS NULL AND end_at > $1 ORDER BY id"
-        ))
-        .bind(now)
+        let rows: Vec<BookingRow> = sqlx::query_as!(
+            BookingRow,
+            r#"SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
+                      cancelled_at, ended_early_at, override AS override_rules, created_at
+             FROM booking WHERE cancelled_at IS NULL AND end_at > $1 ORDER BY id"#,
+            now
+        )
         .fetch_all(&mut *tx)
         .await?;
         let changes = rows
@@ -106,21 +116,43 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
         tx.commit().await?;
         return Ok(Read::Gone { oldest: horizon });
     }
-    let rows: Vec<(ChangeMeta, BookingRow)> = sqlx::query(&format!(
-        "WITH t AS (
+    let rows: Vec<(ChangeMeta, BookingRow)> = sqlx::query!(
+        r#"WITH t AS (
             SELECT DISTINCT txid FROM booking_change WHERE txid > $1 AND txid < $2 ORDER BY txid LIMIT $3
          )
-         SELECT c.seq AS c_seq, c.txid AS c_txid, c.kind AS c_kind, c.at AS c_at, b.{cols}
+         SELECT c.seq AS c_seq, c.txid AS c_txid, c.kind AS c_kind, c.at AS c_at,
+                b.id, b.user_name, b.model, b.slot AS "slot!", b.units, b.slots, b.start_at, b.end_at,
+                b.booked_end_at, b.cancelled_at, b.ended_early_at, b.override AS override_rules,
+                b.created_at
          FROM booking_change c JOIN t USING (txid) JOIN booking b ON b.id = c.booking_id
-         ORDER BY c.txid, c.seq",
-        cols = COLUMNS.replace(", ", ", b.")
-    ))
-    .bind(after)
-    .bind(xmin)
-    .bind(MAX_TRANSACTIONS)
-    .try_map(|row: sqlx::postgres::PgRow| {
-        use sqlx::FromRow;
-        Ok((ChangeMeta::from_row(&row)?, BookingRow::from_row(&row)?))
+         ORDER BY c.txid, c.seq"#,
+        after,
+        xmin,
+        MAX_TRANSACTIONS
+    )
+    .map(|row| {
+        let meta = ChangeMeta {
+            c_seq: row.c_seq,
+            c_txid: row.c_txid,
+            c_kind: row.c_kind,
+            c_at: row.c_at,
+        };
+        let booking = BookingRow {
+            id: row.id,
+            user_name: row.user_name,
+            model: row.model,
+            slot: row.slot,
+            units: row.units,
+            slots: row.slots,
+            start_at: row.start_at,
+            end_at: row.end_at,
+            booked_end_at: row.booked_end_at,
+            cancelled_at: row.cancelled_at,
+            ended_early_at: row.ended_early_at,
+            override_rules: row.override_rules,
+            created_at: row.created_at,
+        };
+        (meta, booking)
     })
     .fetch_all(&mut *tx)
     .await?;
@@ -154,15 +186,15 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
 /// Deletes the changes recorded before `before` and moves the horizon past them;
 /// the number deleted.
 pub async fn prune(pool: &PgPool, before: DateTime<Utc>) -> sqlx::Result<u64> {
-    let (deleted,): (i64,) = sqlx::query_as(
-        "WITH gone AS (DELETE FROM booking_change WHERE at < $1 RETURNING txid),
+    let deleted = sqlx::query_scalar!(
+        r#"WITH gone AS (DELETE FROM booking_change WHERE at < $1 RETURNING txid),
               moved AS (
                 UPDATE booking_change_horizon SET txid = GREATEST(txid, (SELECT max(txid) FROM gone))
                 WHERE EXISTS (SELECT 1 FROM gone)
               )
-         SELECT count(*) FROM gone",
+         SELECT count(*) AS "deleted!" FROM gone"#,
+        before
     )
-    .bind(before)
     .fetch_one(pool)
     .await?;
     Ok(u64::try_from(deleted).unwrap_or_default())
@@ -284,10 +316,7 @@ async fn watch_loop(pool: PgPool, feed: Weak<Inner>) {
         } else {
             idle_since = None;
         }
-        match sqlx::query_as::<_, (Option<i64>, Option<i64>)>(LOOK)
-            .fetch_one(&pool)
-            .await
-        {
+        match look(&pool).await {
             Ok(now) => {
                 failing = false;
                 if seen != Some(now) {

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{PgExecutor, PgPool};
 
 use super::audit;
-use crate::error::ApiError;
+use super::StoreError;
 
 /// Hex characters of a token.
 const TOKEN_HEX_LEN: usize = 64;
@@ -28,18 +28,18 @@ fn digest(token: &str) -> Vec<u8> {
 }
 
 /// A new token for `user`, replacing any old one.
-pub async fn issue(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<String, ApiError> {
+pub async fn issue(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<String, StoreError> {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
     let token = hex::encode(bytes);
     let mut tx = pool.begin().await?;
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO feed_token (user_name, token_sha256, created_at) VALUES ($1, $2, $3)
          ON CONFLICT (user_name) DO UPDATE SET token_sha256 = $2, created_at = $3",
+        user,
+        digest(&token),
+        now
     )
-    .bind(user)
-    .bind(digest(&token))
-    .bind(now)
     .execute(&mut *tx)
     .await?;
     audit::record(
@@ -60,10 +60,9 @@ pub async fn issue(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<Stri
 }
 
 /// Revokes the user's token; `false` if there was none.
-pub async fn revoke(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<bool, ApiError> {
+pub async fn revoke(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<bool, StoreError> {
     let mut tx = pool.begin().await?;
-    let gone = sqlx::query("DELETE FROM feed_token WHERE user_name = $1")
-        .bind(user)
+    let gone = sqlx::query!("DELETE FROM feed_token WHERE user_name = $1", user)
         .execute(&mut *tx)
         .await?
         .rows_affected()
@@ -89,10 +88,12 @@ pub async fn revoke(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<boo
 
 /// When the user's current token was issued, if they have one.
 pub async fn issued_at(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Option<DateTime<Utc>>> {
-    sqlx::query_scalar("SELECT created_at FROM feed_token WHERE user_name = $1")
-        .bind(user)
-        .fetch_optional(db)
-        .await
+    sqlx::query_scalar!(
+        "SELECT created_at FROM feed_token WHERE user_name = $1",
+        user
+    )
+    .fetch_optional(db)
+    .await
 }
 
 /// The user a token belongs to; `None` for anything that is not a current token
@@ -101,14 +102,16 @@ pub async fn user_of(db: impl PgExecutor<'_>, token: &str) -> sqlx::Result<Optio
     if token.len() != TOKEN_HEX_LEN || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Ok(None);
     }
-    sqlx::query_scalar("SELECT user_name FROM feed_token WHERE token_sha256 = $1")
-        .bind(digest(&token.to_ascii_lowercase()))
-        .fetch_optional(db)
-        .await
+    sqlx::query_scalar!(
+        "SELECT user_name FROM feed_token WHERE token_sha256 = $1",
+        digest(&token.to_ascii_lowercase())
+    )
+    .fetch_optional(db)
+    .await
 }
 
 /// A booking as a feed shows it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct FeedBooking {
     pub id: i64,
     pub user_name: String,
@@ -128,15 +131,17 @@ pub async fn own(
     user: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<Vec<FeedBooking>> {
-    sqlx::query_as(
-        "SELECT id, user_name, model, slot, start_at, end_at, cancelled_at, created_at, updated_at
+    // `slot` is generated (the first of `slots`), never null.
+    sqlx::query_as!(
+        FeedBooking,
+        r#"SELECT id, user_name, model, slot AS "slot!", start_at, end_at, cancelled_at, created_at, updated_at
          FROM booking WHERE user_name = $1 AND end_at > $2 AND start_at < $3
-         ORDER BY start_at, id LIMIT $4",
+         ORDER BY start_at, id LIMIT $4"#,
+        user,
+        now - PAST,
+        now + AHEAD,
+        MAX_EVENTS
     )
-    .bind(user)
-    .bind(now - PAST)
-    .bind(now + AHEAD)
-    .bind(MAX_EVENTS)
     .fetch_all(db)
     .await
 }
@@ -147,16 +152,17 @@ pub async fn occupancy(
     model: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<Vec<FeedBooking>> {
-    sqlx::query_as(
-        "SELECT id, user_name, model, slot, start_at, end_at, cancelled_at, created_at, updated_at
+    sqlx::query_as!(
+        FeedBooking,
+        r#"SELECT id, user_name, model, slot AS "slot!", start_at, end_at, cancelled_at, created_at, updated_at
          FROM booking WHERE model = $1 AND cancelled_at IS NULL
            AND period && tstzrange($2, $3, '[)')
-         ORDER BY start_at, id LIMIT $4",
+         ORDER BY start_at, id LIMIT $4"#,
+        model,
+        now - PAST,
+        now + AHEAD,
+        MAX_EVENTS
     )
-    .bind(model)
-    .bind(now - PAST)
-    .bind(now + AHEAD)
-    .bind(MAX_EVENTS)
     .fetch_all(db)
     .await
 }

@@ -15,19 +15,18 @@ pub async fn replace(
 ) -> sqlx::Result<()> {
     let (ids, units): (Vec<i64>, Vec<i32>) = held.iter().map(|(id, n)| (*id, *n)).unzip();
     let mut tx = pool.begin().await?;
-    sqlx::query("DELETE FROM booking_held WHERE booking_id <> ALL($1)")
-        .bind(&ids)
+    sqlx::query!("DELETE FROM booking_held WHERE booking_id <> ALL($1)", &ids)
         .execute(&mut *tx)
         .await?;
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO booking_held (booking_id, units, reported_at)
          SELECT h.id, h.units, $3 FROM unnest($1::bigint[], $2::integer[]) AS h(id, units)
          JOIN booking b ON b.id = h.id
          ON CONFLICT (booking_id) DO UPDATE SET units = excluded.units, reported_at = excluded.reported_at",
+        &ids,
+        &units,
+        now
     )
-    .bind(&ids)
-    .bind(&units)
-    .bind(now)
     .execute(&mut *tx)
     .await?;
     tx.commit().await
@@ -35,9 +34,11 @@ pub async fn replace(
 
 /// The units `booking`'s pods hold, by the last count (0 when none was counted).
 pub async fn units_held(db: impl PgExecutor<'_>, booking: i64) -> sqlx::Result<i32> {
-    let n: Option<i32> = sqlx::query_scalar("SELECT units FROM booking_held WHERE booking_id = $1")
-        .bind(booking)
-        .fetch_optional(db)
-        .await?;
+    let n: Option<i32> = sqlx::query_scalar!(
+        "SELECT units FROM booking_held WHERE booking_id = $1",
+        booking
+    )
+    .fetch_optional(db)
+    .await?;
     Ok(n.unwrap_or(0))
 }

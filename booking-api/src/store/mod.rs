@@ -4,12 +4,15 @@ pub mod admission;
 pub mod audit;
 pub mod bookings;
 pub mod changes;
+pub mod error;
 pub mod feeds;
 pub mod held;
 pub mod models;
 pub mod usage;
 pub mod users;
 pub mod waitlist;
+
+pub use error::StoreError;
 
 use sqlx::{Postgres, Transaction};
 
@@ -25,9 +28,7 @@ pub async fn lock_user_and_model(
     user: &str,
     model: &str,
 ) -> sqlx::Result<Option<i32>> {
-    sqlx::query_scalar("SELECT booking_lock($1, $2)")
-        .bind(user)
-        .bind(model)
+    sqlx::query_scalar!("SELECT booking_lock($1, $2)", user, model)
         .fetch_one(&mut **tx)
         .await
 }

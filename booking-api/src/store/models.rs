@@ -9,7 +9,7 @@ use serde::Serialize;
 use sqlx::PgExecutor;
 use utoipa::ToSchema;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, ToSchema)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Model {
     pub name: String,
     /// Order among models when matching product names (first match wins).
@@ -57,22 +57,29 @@ impl Model {
     }
 }
 
-const COLUMNS: &str = "name, position, units, patterns, resource, gpumem_mib, in_use, \
-    usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib";
+// Each query names the columns of `Model` itself: sqlx checks only a literal.
 
 pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Model>> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM gpu_model ORDER BY position, name"
-    ))
+    sqlx::query_as!(
+        Model,
+        "SELECT name, position, units, patterns, resource, gpumem_mib, in_use,
+             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib
+         FROM gpu_model ORDER BY position, name"
+    )
     .fetch_all(db)
     .await
 }
 
 pub async fn get(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<Option<Model>> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM gpu_model WHERE name = $1"))
-        .bind(name)
-        .fetch_optional(db)
-        .await
+    sqlx::query_as!(
+        Model,
+        "SELECT name, position, units, patterns, resource, gpumem_mib, in_use,
+             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib
+         FROM gpu_model WHERE name = $1",
+        name
+    )
+    .fetch_optional(db)
+    .await
 }
 
 pub struct ModelSpec<'a> {
@@ -92,7 +99,8 @@ pub async fn upsert(
     m: ModelSpec<'_>,
     at: DateTime<Utc>,
 ) -> sqlx::Result<Model> {
-    sqlx::query_as(&format!(
+    sqlx::query_as!(
+        Model,
         "WITH locked AS MATERIALIZED (SELECT pg_advisory_xact_lock(7264, hashtext($1)))
          INSERT INTO gpu_model (name, position, units, patterns, resource, gpumem_mib, created_at, updated_at)
          SELECT $1, COALESCE($2, (SELECT COALESCE(max(position) + 1, 0) FROM gpu_model)), $3, $4, $5, $6, $7, $7
@@ -100,28 +108,23 @@ pub async fn upsert(
          ON CONFLICT (name) DO UPDATE SET
             position = COALESCE($2, gpu_model.position), units = $3, patterns = $4, resource = $5,
             gpumem_mib = $6, updated_at = $7
-         RETURNING {COLUMNS}"
-    ))
-    .bind(m.name)
-    .bind(m.position)
-    .bind(m.units)
-    .bind(m.patterns)
-    .bind(m.resource)
-    .bind(m.gpumem_mib)
-    .bind(at)
+         RETURNING name, position, units, patterns, resource, gpumem_mib, in_use,
+             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib",
+        m.name,
+        m.position,
+        m.units,
+        m.patterns,
+        m.resource,
+        m.gpumem_mib,
+        at
+    )
     .fetch_one(db)
     .await
 }
 
-/// What the controller reports of a model: beside the declared units, never them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UsageReport {
-    pub in_use: i32,
-    pub cards: Option<i32>,
-    /// `None`: not reported (the last report's values stay).
-    pub gpumem_advertised: Option<bool>,
-    pub gpumem_unit_mib: Option<i32>,
-}
+/// What the controller reports of a model: beside the declared units, never them
+/// (`gpumem_advertised: None`: not reported, the last report's values stay).
+pub use gpu_booking_core::wire::UsageReport;
 
 /// Records what the controller counted. The declared `units` are the admin's: a
 /// report never changes them (a node away for maintenance must not shrink what can
@@ -132,19 +135,21 @@ pub async fn set_usage(
     report: &UsageReport,
     at: DateTime<Utc>,
 ) -> sqlx::Result<Option<Model>> {
-    sqlx::query_as(&format!(
+    sqlx::query_as!(
+        Model,
         "UPDATE gpu_model SET in_use = $2, cards = COALESCE($3, cards),
             gpumem_advertised = COALESCE($4, gpumem_advertised),
             gpumem_unit_mib = CASE WHEN $4 IS NULL THEN gpumem_unit_mib ELSE $5 END,
             usage_reported_at = $6, updated_at = $6
-         WHERE name = $1 RETURNING {COLUMNS}"
-    ))
-    .bind(name)
-    .bind(report.in_use)
-    .bind(report.cards)
-    .bind(report.gpumem_advertised)
-    .bind(report.gpumem_unit_mib)
-    .bind(at)
+         WHERE name = $1 RETURNING name, position, units, patterns, resource, gpumem_mib, in_use,
+             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib",
+        name,
+        report.in_use,
+        report.cards,
+        report.gpumem_advertised,
+        report.gpumem_unit_mib,
+        at
+    )
     .fetch_optional(db)
     .await
 }
@@ -160,20 +165,23 @@ pub async fn booked_windows(
     // Each window once per unit here, not with `generate_series` in SQL: the planner
     // guesses 1,000 rows per call, and the inflated cost switched JIT compilation on
     // (tens of milliseconds per read with the history loaded).
-    let rows: Vec<(DateTime<Utc>, DateTime<Utc>, i32)> = sqlx::query_as(
+    let rows = sqlx::query!(
         "SELECT start_at, end_at, units FROM booking
          WHERE model = $1 AND cancelled_at IS NULL AND period && tstzrange($2, $3, '[)')",
+        model,
+        from,
+        to
     )
-    .bind(model)
-    .bind(from)
-    .bind(to)
     .fetch_all(db)
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|(s, e, units)| {
-            let w = Window::new(s, e).ok()?;
-            Some(std::iter::repeat_n(w, usize::try_from(units).unwrap_or(0)))
+        .filter_map(|b| {
+            let w = Window::new(b.start_at, b.end_at).ok()?;
+            Some(std::iter::repeat_n(
+                w,
+                usize::try_from(b.units).unwrap_or(0),
+            ))
         })
         .flatten()
         .collect())

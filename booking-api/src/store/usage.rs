@@ -33,38 +33,42 @@ pub async fn record(
     let mut tx = pool.begin().await?;
     // One report at a time (two API replicas may each take one): the spans are
     // read and then written.
-    sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
-        .bind(REPORT_LOCK.0)
-        .bind(REPORT_LOCK.1)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock($1, $2)",
+        REPORT_LOCK.0,
+        REPORT_LOCK.1
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
         "UPDATE booking_use u SET until = greatest(u.since, $3)
          WHERE u.kind = 'held' AND u.until IS NULL
            AND NOT EXISTS (SELECT 1 FROM unnest($1::bigint[], $2::integer[]) AS h(id, units)
                            WHERE h.id = u.booking_id AND h.units = u.units)",
+        &ids,
+        &units,
+        now
     )
-    .bind(&ids)
-    .bind(&units)
-    .bind(now)
     .execute(&mut *tx)
     .await?;
     // A span closed as it opened (units changed twice at one instant) held nothing.
-    sqlx::query("DELETE FROM booking_use WHERE kind = 'held' AND until = since AND since = $1")
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(
+    sqlx::query!(
+        "DELETE FROM booking_use WHERE kind = 'held' AND until = since AND since = $1",
+        now
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
         "INSERT INTO booking_use (booking_id, kind, units, since)
          SELECT h.id, 'held', h.units, $3 FROM unnest($1::bigint[], $2::integer[]) AS h(id, units)
          JOIN booking b ON b.id = h.id
          WHERE NOT EXISTS (SELECT 1 FROM booking_use u
                            WHERE u.booking_id = h.id AND u.kind = 'held' AND u.until IS NULL)
          ON CONFLICT DO NOTHING",
+        &ids,
+        &units,
+        now
     )
-    .bind(&ids)
-    .bind(&units)
-    .bind(now)
     .execute(&mut *tx)
     .await?;
     let mut a_ids = Vec::with_capacity(active.len());
@@ -75,31 +79,33 @@ pub async fn record(
         a_at.push((*at).min(now));
         a_units.push(held.get(id).copied().filter(|n| *n > 0).unwrap_or(1));
     }
-    let extended: Vec<i64> = sqlx::query_scalar(
+    // `as _` on the intervals: sqlx's macros map an interval to their own PgInterval,
+    // and chrono's TimeDelta (which encodes as one) is bound unchecked.
+    let extended: Vec<i64> = sqlx::query_scalar!(
         "UPDATE booking_use u SET until = greatest(u.until, a.at + $4), units = greatest(u.units, a.units)
          FROM unnest($1::bigint[], $2::timestamptz[], $3::integer[]) AS a(id, at, units)
          WHERE u.booking_id = a.id AND u.kind = 'active' AND u.since <= a.at AND u.until >= a.at
          RETURNING u.booking_id",
+        &a_ids,
+        &a_at,
+        &a_units,
+        ACTIVITY_RESOLUTION as _
     )
-    .bind(&a_ids)
-    .bind(&a_at)
-    .bind(&a_units)
-    .bind(ACTIVITY_RESOLUTION)
     .fetch_all(&mut *tx)
     .await?;
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO booking_use (booking_id, kind, units, since, until)
          SELECT a.id, 'active', a.units, a.at, a.at + $4
          FROM unnest($1::bigint[], $2::timestamptz[], $3::integer[]) AS a(id, at, units)
          JOIN booking b ON b.id = a.id
          WHERE a.id <> ALL($5)
          ON CONFLICT (booking_id, kind, since) DO NOTHING",
+        &a_ids,
+        &a_at,
+        &a_units,
+        ACTIVITY_RESOLUTION as _,
+        &extended
     )
-    .bind(&a_ids)
-    .bind(&a_at)
-    .bind(&a_units)
-    .bind(ACTIVITY_RESOLUTION)
-    .bind(&extended)
     .execute(&mut *tx)
     .await?;
     tx.commit().await
@@ -107,15 +113,16 @@ pub async fn record(
 
 /// Deletes spans that ended before `before` (the retention).
 pub async fn prune(db: impl PgExecutor<'_>, before: DateTime<Utc>) -> sqlx::Result<u64> {
-    Ok(sqlx::query("DELETE FROM booking_use WHERE until < $1")
-        .bind(before)
-        .execute(db)
-        .await?
-        .rows_affected())
+    Ok(
+        sqlx::query!("DELETE FROM booking_use WHERE until < $1", before)
+            .execute(db)
+            .await?
+            .rows_affected(),
+    )
 }
 
 /// One booking's figures over a period.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BookingUse {
     pub id: i64,
     pub user_name: String,
@@ -145,37 +152,39 @@ pub async fn bookings(
 ) -> sqlx::Result<Vec<BookingUse>> {
     // Used time is counted up to now only; an empty range past it.
     let past_end = to.min(now).max(from);
-    sqlx::query_as(
-        "SELECT b.id, b.user_name, b.model, b.units, b.start_at, b.end_at,
-                b.units * booking_use_hours(b.period * tstzrange($1, $2)) AS booked_gpu_hours,
+    // The computed columns are never null (`!`), except the last activity.
+    sqlx::query_as!(
+        BookingUse,
+        r#"SELECT b.id, b.user_name, b.model, b.units, b.start_at, b.end_at,
+                b.units * booking_use_hours(b.period * tstzrange($1, $2)) AS "booked_gpu_hours!",
                 coalesce((SELECT sum(u.units * booking_use_hours(
                               tstzrange(u.since, greatest(u.since, coalesce(u.until, $4)))
                               * b.period * tstzrange($1, $3)))
                           FROM booking_use u WHERE u.booking_id = b.id AND u.kind = 'held'), 0)
-                    AS held_gpu_hours,
+                    AS "held_gpu_hours!",
                 coalesce((SELECT sum(u.units * booking_use_hours(
                               tstzrange(u.since, u.until) * b.period * tstzrange($1, $3)))
                           FROM booking_use u WHERE u.booking_id = b.id AND u.kind = 'active'), 0)
-                    AS active_gpu_hours,
+                    AS "active_gpu_hours!",
                 EXISTS (SELECT 1 FROM booking_use u WHERE u.booking_id = b.id AND u.kind = 'held')
-                    AS ever_held,
-                (SELECT max(u.until) - $5 FROM booking_use u
+                    AS "ever_held!",
+                (SELECT max(u.until) - $5::interval FROM booking_use u
                  WHERE u.booking_id = b.id AND u.kind = 'active') AS last_active
          FROM booking b
          WHERE b.cancelled_at IS NULL AND b.period && tstzrange($1, $2)
-         ORDER BY b.id",
+         ORDER BY b.id"#,
+        from,
+        to,
+        past_end,
+        now,
+        ACTIVITY_RESOLUTION as _
     )
-    .bind(from)
-    .bind(to)
-    .bind(past_end)
-    .bind(now)
-    .bind(ACTIVITY_RESOLUTION)
     .fetch_all(db)
     .await
 }
 
 /// A running booking with no GPU activity for a while.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct IdleBooking {
     pub id: i64,
     pub user_name: String,
@@ -196,21 +205,25 @@ pub async fn idle(
     now: DateTime<Utc>,
     idle_for: TimeDelta,
 ) -> sqlx::Result<Vec<IdleBooking>> {
-    sqlx::query_as(
-        "SELECT * FROM (
+    // `idle_since` (the later of the start and the last activity) is never null,
+    // which sqlx cannot tell.
+    sqlx::query_as!(
+        IdleBooking,
+        r#"SELECT i.id, i.user_name, i.model, i.units, i.start_at, i.end_at, i.last_active,
+                  i.idle_since AS "idle_since!" FROM (
              SELECT b.id, b.user_name, b.model, b.units, b.start_at, b.end_at, a.last_active,
                     greatest(b.start_at, coalesce(a.last_active, b.start_at)) AS idle_since
              FROM booking b
-             LEFT JOIN LATERAL (SELECT max(u.until) - $3 AS last_active FROM booking_use u
+             LEFT JOIN LATERAL (SELECT max(u.until) - $3::interval AS last_active FROM booking_use u
                                 WHERE u.booking_id = b.id AND u.kind = 'active') a ON true
              WHERE b.cancelled_at IS NULL AND b.start_at <= $1 AND b.end_at > $1
          ) i
-         WHERE i.idle_since <= $1 - $2
-         ORDER BY i.id",
+         WHERE i.idle_since <= $1 - $2::interval
+         ORDER BY i.id"#,
+        now,
+        idle_for as _,
+        ACTIVITY_RESOLUTION as _
     )
-    .bind(now)
-    .bind(idle_for)
-    .bind(ACTIVITY_RESOLUTION)
     .fetch_all(db)
     .await
 }

@@ -6,10 +6,10 @@ use sqlx::PgExecutor;
 /// Users whose name, escape slug or safe slug is `slug`. Usually one; a slug
 /// collision between two users can give more.
 pub async fn by_slug(db: impl PgExecutor<'_>, slug: &str) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "SELECT name FROM app_user WHERE name = $1 OR escape_slug = $1 OR safe_slug = $1 ORDER BY name",
+        slug
     )
-    .bind(slug)
     .fetch_all(db)
     .await
 }

@@ -2,7 +2,7 @@
 //!
 //! Where the promotion runs: after the change that frees a unit has committed (a
 //! cancellation, an early end, more units), in transactions of its own, and on a timer
-//! as a backstop ([`spawn_sweep`]). Not inside the freeing change's transaction: that
+//! as a backstop (server's sweep). Not inside the freeing change's transaction: that
 //! one holds its own user's lock and then the model's, and booking for the waiting
 //! users would take their locks after the model's, the reverse of the order every
 //! create takes them in (`booking_lock`), so a create by a waiting user would deadlock
@@ -17,8 +17,6 @@
 //! entry always has the first choice of what is free; a later one is booked only with
 //! what the earlier ones cannot use (backfill).
 
-use std::time::Duration;
-
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::policy::Policy;
 use gpu_booking_core::username::Username;
@@ -31,7 +29,7 @@ use utoipa::ToSchema;
 
 use super::audit;
 use super::bookings::{self, NewBooking};
-use crate::error::ApiError;
+use super::error::{Conflict, Record, StoreError};
 
 /// Entries looked at in one pass of a model: the queue is bounded by one waiting
 /// entry per user and model anyway; this bounds a pass's transaction.
@@ -40,7 +38,7 @@ const PASS_LIMIT: i64 = 500;
 /// The actor of the audit rows the promotion writes.
 const ACTOR: &str = "waitlist";
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 struct EntryRow {
     id: i64,
     user_name: String,
@@ -55,10 +53,8 @@ struct EntryRow {
     position: Option<i64>,
 }
 
-const COLUMNS: &str = "e.id, e.user_name, e.model, e.not_before, e.latest_start, e.duration_s, \
-     e.state, e.booking_id, e.created_at, e.resolved_at, \
-     CASE WHEN e.state = 'waiting' THEN (SELECT count(*) FROM waitlist_entry o \
-          WHERE o.model = e.model AND o.state = 'waiting' AND o.id <= e.id) END AS position";
+// The reads of `EntryRow` each name its columns (sqlx checks only a literal):
+// `position` is 1 for the first waiting entry of a model, null for entries not waiting.
 
 /// A waitlist entry as the API shows it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -127,38 +123,34 @@ pub async fn join(
     policy: &Policy,
     now: DateTime<Utc>,
     req: NewEntry<'_>,
-) -> Result<Entry, ApiError> {
+) -> Result<Entry, StoreError> {
     waitlist::check_wish(policy, now, &req.wish)?;
     let mut tx = pool.begin().await?;
-    let known: Option<String> = sqlx::query_scalar("SELECT name FROM gpu_model WHERE name = $1")
-        .bind(req.model)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let known: Option<String> =
+        sqlx::query_scalar!("SELECT name FROM gpu_model WHERE name = $1", req.model)
+            .fetch_optional(&mut *tx)
+            .await?;
     if known.is_none() {
-        return Err(ApiError::unknown_model(req.model));
+        return Err(StoreError::UnknownModel(req.model.to_owned()));
     }
-    let id: i64 = sqlx::query_scalar(
+    let id: i64 = sqlx::query_scalar!(
         "INSERT INTO waitlist_entry (user_name, model, not_before, latest_start, duration_s, created_by, created_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+        req.user.as_str(),
+        req.model,
+        req.wish.not_before.max(now),
+        req.wish.latest_start,
+        req.wish.duration.num_seconds(),
+        req.created_by,
+        now
     )
-    .bind(req.user.as_str())
-    .bind(req.model)
-    .bind(req.wish.not_before.max(now))
-    .bind(req.wish.latest_start)
-    .bind(req.wish.duration.num_seconds())
-    .bind(req.created_by)
-    .bind(now)
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| match &e {
         sqlx::Error::Database(db) if db.constraint() == Some("waitlist_entry_one_waiting") => {
-            ApiError::Conflict(
-                "already_waiting",
-                format!(
-                    "You are already on the waitlist of {}; cancel that entry to change it.",
-                    req.model
-                ),
-            )
+            StoreError::Conflict(Conflict::AlreadyWaiting {
+                model: req.model.to_owned(),
+            })
         }
         _ => e.into(),
     })?;
@@ -185,14 +177,19 @@ pub async fn join(
     after_freeing(pool, policy, now, req.model).await;
     get(pool, id)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no waitlist entry {id}")))
+        .ok_or(StoreError::NotFound(Record::WaitlistEntry, id))
 }
 
 pub async fn get(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<Option<Entry>> {
-    let row: Option<EntryRow> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM waitlist_entry e WHERE e.id = $1"
-    ))
-    .bind(id)
+    let row: Option<EntryRow> = sqlx::query_as!(
+        EntryRow,
+        "SELECT e.id, e.user_name, e.model, e.not_before, e.latest_start, e.duration_s,
+                e.state, e.booking_id, e.created_at, e.resolved_at,
+                CASE WHEN e.state = 'waiting' THEN (SELECT count(*) FROM waitlist_entry o
+                     WHERE o.model = e.model AND o.state = 'waiting' AND o.id <= e.id) END AS position
+         FROM waitlist_entry e WHERE e.id = $1",
+        id
+    )
     .fetch_optional(db)
     .await?;
     Ok(row.map(EntryRow::view))
@@ -206,17 +203,22 @@ pub async fn list(
     model: Option<&str>,
     limit: i64,
 ) -> sqlx::Result<Vec<Entry>> {
-    let rows: Vec<EntryRow> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM waitlist_entry e
+    let rows: Vec<EntryRow> = sqlx::query_as!(
+        EntryRow,
+        "SELECT e.id, e.user_name, e.model, e.not_before, e.latest_start, e.duration_s,
+                e.state, e.booking_id, e.created_at, e.resolved_at,
+                CASE WHEN e.state = 'waiting' THEN (SELECT count(*) FROM waitlist_entry o
+                     WHERE o.model = e.model AND o.state = 'waiting' AND o.id <= e.id) END AS position
+         FROM waitlist_entry e
          WHERE ($1::text IS NULL OR e.user_name = $1) AND ($2::text IS NULL OR e.model = $2)
          ORDER BY (e.state = 'waiting') DESC,
                   CASE WHEN e.state = 'waiting' THEN e.id END ASC,
                   e.id DESC
-         LIMIT $3"
-    ))
-    .bind(user)
-    .bind(model)
-    .bind(limit)
+         LIMIT $3",
+        user,
+        model,
+        limit
+    )
     .fetch_all(db)
     .await?;
     Ok(rows.into_iter().map(EntryRow::view).collect())
@@ -230,27 +232,28 @@ pub async fn cancel(
     id: i64,
     now: DateTime<Utc>,
     actor: &str,
-) -> Result<Entry, ApiError> {
+) -> Result<Entry, StoreError> {
     let mut tx = pool.begin().await?;
-    let row: Option<(String, String, String)> = sqlx::query_as(
+    let row = sqlx::query!(
         "SELECT user_name, model, state FROM waitlist_entry WHERE id = $1 FOR UPDATE",
+        id
     )
-    .bind(id)
     .fetch_optional(&mut *tx)
-    .await?;
-    let (user, model, state) =
-        row.ok_or_else(|| ApiError::NotFound(format!("no waitlist entry {id}")))?;
+    .await?
+    .map(|e| (e.user_name, e.model, e.state));
+    let (user, model, state) = row.ok_or(StoreError::NotFound(Record::WaitlistEntry, id))?;
     if state != "waiting" {
-        return Err(ApiError::Conflict(
-            "not_cancellable",
-            format!("waitlist entry {id} is {state} and cannot be cancelled"),
+        return Err(StoreError::Conflict(
+            Conflict::WaitlistEntryNotCancellable { id, state },
         ));
     }
-    sqlx::query("UPDATE waitlist_entry SET state = 'cancelled', resolved_at = $2 WHERE id = $1")
-        .bind(id)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query!(
+        "UPDATE waitlist_entry SET state = 'cancelled', resolved_at = $2 WHERE id = $1",
+        id,
+        now
+    )
+    .execute(&mut *tx)
+    .await?;
     audit::record(
         &mut *tx,
         audit::NewEvent {
@@ -267,7 +270,7 @@ pub async fn cancel(
     tx.commit().await?;
     get(pool, id)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no waitlist entry {id}")))
+        .ok_or(StoreError::NotFound(Record::WaitlistEntry, id))
 }
 
 /// What a pass did.
@@ -285,13 +288,13 @@ pub async fn promote(
     policy: &Policy,
     now: DateTime<Utc>,
     model: &str,
-) -> Result<Pass, ApiError> {
+) -> Result<Pass, StoreError> {
     let mut pass = Pass::default();
     // Most passes find nobody waiting: answer those without a lock.
-    let waiting: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM waitlist_entry WHERE model = $1 AND state = 'waiting')",
+    let waiting: bool = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM waitlist_entry WHERE model = $1 AND state = 'waiting') AS "waiting!""#,
+        model
     )
-    .bind(model)
     .fetch_one(pool)
     .await?;
     if !waiting {
@@ -301,11 +304,15 @@ pub async fn promote(
     // The promotion lock, the waiting users' locks, the model's: one function, so
     // that each step reads what the previous holder of a lock committed (see
     // `booking_lock` in the migrations).
-    let locked: Vec<(String, i32)> = sqlx::query_as("SELECT * FROM waitlist_lock($1, $2)")
-        .bind(model)
-        .bind(PASS_LIMIT as i32)
-        .fetch_all(&mut *tx)
-        .await?;
+    // A function's columns may be null as far as sqlx can tell; these never are.
+    let locked: Vec<(String, i32)> = sqlx::query!(
+        r#"SELECT o_user AS "o_user!", o_units AS "o_units!" FROM waitlist_lock($1, $2)"#,
+        model,
+        PASS_LIMIT as i32
+    )
+    .map(|l| (l.o_user, l.o_units))
+    .fetch_all(&mut *tx)
+    .await?;
     let Some(units) = locked
         .first()
         .map(|(_, units)| u32::try_from(*units).unwrap_or(0))
@@ -315,14 +322,19 @@ pub async fn promote(
     let users: Vec<String> = locked.into_iter().map(|(user, _)| user).collect();
     // Users who joined after the locks were taken are not among them: their own
     // join runs a pass after this one.
-    let entries: Vec<EntryRow> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM waitlist_entry e
+    let entries: Vec<EntryRow> = sqlx::query_as!(
+        EntryRow,
+        "SELECT e.id, e.user_name, e.model, e.not_before, e.latest_start, e.duration_s,
+                e.state, e.booking_id, e.created_at, e.resolved_at,
+                CASE WHEN e.state = 'waiting' THEN (SELECT count(*) FROM waitlist_entry o
+                     WHERE o.model = e.model AND o.state = 'waiting' AND o.id <= e.id) END AS position
+         FROM waitlist_entry e
          WHERE e.model = $1 AND e.state = 'waiting' AND e.user_name = ANY($2)
-         ORDER BY e.id LIMIT $3"
-    ))
-    .bind(model)
-    .bind(&users)
-    .bind(PASS_LIMIT)
+         ORDER BY e.id LIMIT $3",
+        model,
+        &users,
+        PASS_LIMIT
+    )
     .fetch_all(&mut *tx)
     .await?;
     // The model's bookings, read once under its lock: only this pass changes them
@@ -357,7 +369,7 @@ async fn book(
     now: DateTime<Utc>,
     entry: &EntryRow,
     window: Window,
-) -> Result<Option<i64>, ApiError> {
+) -> Result<Option<i64>, StoreError> {
     let user = match Username::parse(&entry.user_name) {
         Ok(u) => u,
         Err(_) => return Ok(None),
@@ -381,20 +393,25 @@ async fn book(
     .await;
     let row = match created {
         Ok(row) => row,
-        Err(ApiError::Rule(_) | ApiError::Conflict(..)) => {
+        Err(
+            StoreError::Rule(_)
+            | StoreError::Capacity(_)
+            | StoreError::UnknownModel(_)
+            | StoreError::Conflict(_),
+        ) => {
             sp.rollback().await?;
             return Ok(None);
         }
         Err(e) => return Err(e),
     };
     // Exactly once: only a waiting entry turns into a booking.
-    let updated = sqlx::query(
+    let updated = sqlx::query!(
         "UPDATE waitlist_entry SET state = 'booked', booking_id = $2, resolved_at = $3
          WHERE id = $1 AND state = 'waiting'",
+        entry.id,
+        row.id,
+        now
     )
-    .bind(entry.id)
-    .bind(row.id)
-    .bind(now)
     .execute(&mut *sp)
     .await?;
     if updated.rows_affected() != 1 {
@@ -421,12 +438,12 @@ async fn expire(
     tx: &mut Transaction<'_, Postgres>,
     entry: &EntryRow,
     now: DateTime<Utc>,
-) -> Result<(), ApiError> {
-    sqlx::query(
+) -> Result<(), StoreError> {
+    sqlx::query!(
         "UPDATE waitlist_entry SET state = 'expired', resolved_at = $2 WHERE id = $1 AND state = 'waiting'",
+        entry.id,
+        now
     )
-    .bind(entry.id)
-    .bind(now)
     .execute(&mut **tx)
     .await?;
     notify(
@@ -470,7 +487,7 @@ pub async fn notify(
     tx: &mut Transaction<'_, Postgres>,
     notice: Notice<'_>,
     now: DateTime<Utc>,
-) -> Result<(), ApiError> {
+) -> Result<(), StoreError> {
     let (action, user, model, booking_id, details) = match notice {
         Notice::Booked {
             entry,
@@ -519,9 +536,9 @@ pub async fn promote_all(
     pool: &PgPool,
     policy: &Policy,
     now: DateTime<Utc>,
-) -> Result<Pass, ApiError> {
-    let models: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT model FROM waitlist_entry WHERE state = 'waiting' ORDER BY model",
+) -> Result<Pass, StoreError> {
+    let models: Vec<String> = sqlx::query_scalar!(
+        "SELECT DISTINCT model FROM waitlist_entry WHERE state = 'waiting' ORDER BY model"
     )
     .fetch_all(pool)
     .await?;
@@ -532,23 +549,6 @@ pub async fn promote_all(
         all.expired.extend(pass.expired);
     }
     Ok(all)
-}
-
-/// The backstop of the passes that follow each freeing change: a pass over every
-/// model each `interval`, so that a change made elsewhere (or one whose process died
-/// between its commit and its pass) still serves the waitlist, and entries expire.
-pub fn spawn_sweep(state: crate::app::AppState, interval: Duration) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let now = state.clock.now();
-            if let Err(e) = promote_all(&state.pool, &state.policy, now).await {
-                tracing::warn!(error = %e, "waitlist sweep failed");
-            }
-        }
-    })
 }
 
 /// A pass over `model` after a change that may have freed a unit of it, once that
