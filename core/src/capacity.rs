@@ -13,6 +13,7 @@
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+use crate::rules::{rfc3339, Refusal, RuleCode};
 use crate::window::Window;
 
 /// A booking of the model as the slot planner sees it: its window and the slots
@@ -103,6 +104,83 @@ pub fn earliest_fit_units(
             .map(|w| fits_units(units, bookings, &w, need))
             .unwrap_or(false)
     })
+}
+
+/// Why a model cannot take a booking: a value the booking store returns, worded for
+/// the user by its [`Refusal`] (rule `capacity`), so that the store writes no text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CapacityRefusal {
+    /// Fewer than `need` of the model's `units` are free at some instant of
+    /// `window`; `earliest_start` is the first start from which a booking of the same
+    /// length and units fits ([`refuse_full`]).
+    Full {
+        model: String,
+        units: u32,
+        need: u32,
+        window: Window,
+        earliest_start: Option<DateTime<Utc>>,
+    },
+    /// It fits by count, but no assignment of units holds it (bookings that have
+    /// started keep theirs).
+    NoUnitAssignable,
+    /// The database's exclusion constraint on units refused (the backstop of the
+    /// count): a unit is taken in that window.
+    UnitTaken,
+}
+
+/// The refusal of a booking of `need` units over `window` on `model` (`units` units)
+/// that does not fit; `later` are the model's bookings from the window's start on
+/// (per unit, see [`unit_windows`]), where the earliest fit is looked for.
+pub fn refuse_full(
+    model: &str,
+    units: u32,
+    need: u32,
+    window: &Window,
+    later: &[Window],
+) -> CapacityRefusal {
+    CapacityRefusal::Full {
+        model: model.to_owned(),
+        units,
+        need,
+        window: *window,
+        earliest_start: earliest_fit_units(units, later, window.start(), window.duration(), need),
+    }
+}
+
+impl From<CapacityRefusal> for Refusal {
+    fn from(refused: CapacityRefusal) -> Refusal {
+        match refused {
+            CapacityRefusal::Full {
+                model,
+                units,
+                need,
+                window,
+                earliest_start,
+            } => {
+                let (start, end) = (rfc3339(window.start()), rfc3339(window.end()));
+                let message = if need <= 1 {
+                    format!("All {units} units of {model} are booked at some point between {start} and {end}.")
+                } else {
+                    format!(
+                        "Fewer than {need} of the {units} units of {model} are free at some point between {start} and {end}."
+                    )
+                };
+                let refusal = Refusal::new(RuleCode::Capacity, message);
+                match earliest_start {
+                    Some(t) => refusal.with_earliest(t),
+                    None => refusal,
+                }
+            }
+            CapacityRefusal::NoUnitAssignable => Refusal::new(
+                RuleCode::Capacity,
+                "No unit of this model can be assigned over that window.",
+            ),
+            CapacityRefusal::UnitTaken => Refusal::new(
+                RuleCode::Capacity,
+                "Every unit of this model is booked in that window.",
+            ),
+        }
+    }
 }
 
 /// Free units of the model over `window` (the worst instant counts).

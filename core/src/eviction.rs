@@ -1,7 +1,7 @@
 //! Eviction order (seed 004: least recently used first, never a tenant that may
 //! coexist with the one that needs room, a VRAM cushion). One module for both
 //! evictions in gpu-booking: the controller's preemption for a booked pod
-//! ([`plan`]) and the node agent's VRAM watchdog ([`biggest_over_budget`]). Pure.
+//! ([`plan`]) and the node agent's VRAM watchdog ([`watchdog_pick`]). Pure.
 //!
 //! Terms, as [`plan`] uses them:
 //!
@@ -340,9 +340,74 @@ pub fn biggest_over_budget(tenants: &[VramTenant]) -> Option<OverBudget> {
         })
 }
 
+/// Whether a GPU with `free_bytes` free is under the watchdog's floor.
+pub fn under_vram_floor(free_bytes: u64, floor_mib: u64) -> bool {
+    free_bytes < floor_mib.saturating_mul(MIB)
+}
+
+/// The VRAM watchdog's choice on one GPU (ADR "VRAM budget"): only when its free
+/// memory is under the floor, [`biggest_over_budget`] of its tenants; else nobody.
+pub fn watchdog_pick(
+    free_bytes: u64,
+    floor_mib: u64,
+    tenants: &[VramTenant],
+) -> Option<OverBudget> {
+    if !under_vram_floor(free_bytes, floor_mib) {
+        return None;
+    }
+    biggest_over_budget(tenants)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn vram_tenant(id: &str, used_mib: u64, budget: Option<u64>) -> VramTenant {
+        VramTenant {
+            id: id.into(),
+            used_bytes: used_mib * MIB,
+            budget_mib: budget,
+        }
+    }
+
+    #[test]
+    fn watchdog_acts_only_under_the_floor() {
+        let tenants = [vram_tenant("a", 9000, Some(3000))];
+        assert_eq!(watchdog_pick(1536 * MIB, 1536, &tenants), None);
+        assert_eq!(watchdog_pick(1535 * MIB, 1536, &tenants).unwrap().id, "a");
+    }
+
+    #[test]
+    fn watchdog_picks_the_biggest_over_budget_tenant() {
+        let tenants = [
+            vram_tenant("within", 12_000, Some(12_000)),
+            vram_tenant("small-over", 2_500, Some(2_000)),
+            vram_tenant("big-over", 6_000, Some(3_000)),
+            vram_tenant("no-budget", 20_000, None),
+        ];
+        let c = watchdog_pick(100 * MIB, 1536, &tenants).unwrap();
+        assert_eq!(
+            c,
+            OverBudget {
+                id: "big-over".into(),
+                used_mib: 6000,
+                budget_mib: 3000,
+                over_mib: 3000
+            }
+        );
+        assert_eq!(watchdog_pick(0, 1536, &tenants[..1]), None);
+        assert_eq!(watchdog_pick(0, 1536, &[]), None);
+    }
+
+    #[test]
+    fn watchdog_ties_are_deterministic() {
+        let tenants = [
+            vram_tenant("b", 5000, Some(1000)),
+            vram_tenant("a", 5000, Some(1000)),
+            vram_tenant("c", 5000, Some(2000)),
+        ];
+        assert_eq!(watchdog_pick(0, 1536, &tenants).unwrap().id, "a");
+    }
     use proptest::prelude::*;
 
     fn at(hour: i64) -> Option<DateTime<Utc>> {

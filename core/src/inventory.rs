@@ -40,10 +40,8 @@ pub const SHARED_SUFFIX: &str = "-SHARED";
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 /// Label prefix of the node facts the inventory reads (all of GFD's labels).
 pub const NVIDIA_LABEL_PREFIX: &str = "nvidia.com/";
-/// Memory per whole card in MiB as NVML reports it, when the node carries it (written
-/// by a node agent, or by an admin on a node without GFD); preferred over GFD's
-/// `nvidia.com/gpu.memory` for whole cards.
-pub const NVML_MEMORY_LABEL: &str = "gpu-booking.io/gpu-memory-mib";
+/// Our node label of NVML's memory per card (defined with every key of ours).
+pub use crate::admission::NVML_MEMORY_LABEL;
 
 /// How a node's cards are named and counted; one value for the whole controller.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod booking_end;
 pub mod booking_units;
+pub mod cancel;
 pub mod capacity;
 pub mod declared_models;
 pub mod eviction;
@@ -23,3 +24,4 @@ pub mod usage;
 pub mod username;
 pub mod waitlist;
 pub mod window;
+pub mod wire;

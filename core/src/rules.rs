@@ -198,21 +198,17 @@ pub fn check_user(
         // two GPUs, which the database forbids anyway.
         return overlap(window, own);
     }
-    if policy.no_booking_while_active {
-        if let Some(active) = own.iter().find(|b| b.contains(now)) {
-            return Err(Refusal::new(
-                RuleCode::ActiveBookingExists,
-                format!(
-                    "You have a booking running until {}; book again once it has ended.",
-                    rfc3339(active.end())
-                ),
-            )
-            .with_earliest(active.end() + policy.cooldown));
-        }
+    if let Some(active) = blocking_active(policy, now, own) {
+        return Err(Refusal::new(
+            RuleCode::ActiveBookingExists,
+            format!(
+                "You have a booking running until {}; book again once it has ended.",
+                rfc3339(active.end())
+            ),
+        )
+        .with_earliest(cooldown_end(policy, active.end())));
     }
-    let planned: Vec<&Window> = own.iter().filter(|b| b.start() > now).collect();
-    if planned.len() as u64 >= u64::from(policy.max_planned) {
-        let last_end = planned.iter().map(|b| b.end()).max().unwrap_or(now);
+    if let Some(planned) = planned_at_limit(policy, now, own) {
         let message = match planned.first() {
             Some(first) if planned.len() == 1 => format!(
                 "You already have a planned booking from {}; cancel it or wait until it has ended.",
@@ -223,10 +219,40 @@ pub fn check_user(
                 planned.len()
             ),
         };
+        let last_end = planned.iter().map(|b| b.end()).max().unwrap_or(now);
         return Err(Refusal::new(RuleCode::FutureBookingExists, message)
-            .with_earliest(last_end + policy.cooldown));
+            .with_earliest(cooldown_end(policy, last_end)));
     }
     cooldown(policy, window, own)
+}
+
+/// The user's running booking, when the policy allows no new booking while one runs.
+fn blocking_active<'a>(
+    policy: &Policy,
+    now: DateTime<Utc>,
+    own: &'a [Window],
+) -> Option<&'a Window> {
+    if !policy.no_booking_while_active {
+        return None;
+    }
+    own.iter().find(|b| b.contains(now))
+}
+
+/// The user's planned bookings, when they are as many as the policy allows (so no
+/// other can be added).
+fn planned_at_limit<'a>(
+    policy: &Policy,
+    now: DateTime<Utc>,
+    own: &'a [Window],
+) -> Option<Vec<&'a Window>> {
+    let planned: Vec<&Window> = own.iter().filter(|b| b.start() > now).collect();
+    (planned.len() as u64 >= u64::from(policy.max_planned)).then_some(planned)
+}
+
+/// When the cooldown after a booking that ends at `end` is over: the one place the
+/// cooldown is counted, for the refusals and for the earliest start alike.
+fn cooldown_end(policy: &Policy, end: DateTime<Utc>) -> DateTime<Utc> {
+    end + policy.cooldown
 }
 
 /// The user already holds one of `own` in `window`.
@@ -244,18 +270,28 @@ fn overlap(window: &Window, own: &[Window]) -> Result<(), Refusal> {
     }
 }
 
+/// The database's exclusion constraint on one user's bookings refused: the
+/// backstop of [`check_user`]'s overlap (and cooldown), in the same rule's words.
+pub fn overlap_backstop() -> Refusal {
+    Refusal::new(
+        RuleCode::Overlap,
+        "The user already holds a booking in that window.",
+    )
+}
+
 /// Cooldown around every other booking of the user, in both directions, so that no
 /// configuration of the other settings lets two bookings come closer.
 fn cooldown(policy: &Policy, window: &Window, own: &[Window]) -> Result<(), Refusal> {
     let blocking_end = own
         .iter()
         .filter(|b| {
-            window.start() < b.end() + policy.cooldown && b.start() < window.end() + policy.cooldown
+            window.start() < cooldown_end(policy, b.end())
+                && b.start() < cooldown_end(policy, window.end())
         })
         .map(|b| b.end())
         .max();
     if let Some(end) = blocking_end {
-        let earliest = end + policy.cooldown;
+        let earliest = cooldown_end(policy, end);
         return Err(Refusal::new(
             RuleCode::Cooldown,
             format!(
@@ -376,33 +412,30 @@ pub fn earliest_start_for_user(
 ) -> (DateTime<Utc>, Vec<Reason>) {
     let mut earliest = now;
     let mut reasons = Vec::new();
-    if policy.no_booking_while_active {
-        if let Some(active) = own.iter().find(|b| b.contains(now)) {
-            reasons.push(Reason {
-                code: RuleCode::ActiveBookingExists,
-                message: format!("booking running until {}", rfc3339(active.end())),
-                until: active.end(),
-            });
-        }
+    if let Some(active) = blocking_active(policy, now, own) {
+        reasons.push(Reason {
+            code: RuleCode::ActiveBookingExists,
+            message: format!("booking running until {}", rfc3339(active.end())),
+            until: active.end(),
+        });
     }
-    let planned: Vec<&Window> = own.iter().filter(|b| b.start() > now).collect();
-    if planned.len() as u64 >= u64::from(policy.max_planned) {
-        if let Some(last) = planned.iter().map(|b| b.end()).max() {
-            reasons.push(Reason {
-                code: RuleCode::FutureBookingExists,
-                message: format!("planned booking until {}", rfc3339(last)),
-                until: last,
-            });
-        }
+    if let Some(last) =
+        planned_at_limit(policy, now, own).and_then(|p| p.iter().map(|b| b.end()).max())
+    {
+        reasons.push(Reason {
+            code: RuleCode::FutureBookingExists,
+            message: format!("planned booking until {}", rfc3339(last)),
+            until: last,
+        });
     }
     if let Some(last_end) = own.iter().map(|b| b.end()).max() {
-        let cooldown_end = last_end + policy.cooldown;
-        if cooldown_end > now {
-            earliest = earliest.max(cooldown_end);
+        let until = cooldown_end(policy, last_end);
+        if until > now {
+            earliest = earliest.max(until);
             reasons.push(Reason {
                 code: RuleCode::Cooldown,
-                message: format!("cooldown until {}", rfc3339(cooldown_end)),
-                until: cooldown_end,
+                message: format!("cooldown until {}", rfc3339(until)),
+                until,
             });
         }
     }

@@ -295,6 +295,7 @@ pub fn slugs(name: &str) -> UserSlugs {
 /// place that applies it, on the booking side and on the webhook side.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum NameCase {
     /// Lowercase (Unicode, as Python's `str.lower()`): JupyterHub's default.
     #[default]

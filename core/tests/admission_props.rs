@@ -379,7 +379,7 @@ proptest! {
 
     /// The pipeline as the webhook runs it, on any pod and any answer.
     #[test]
-    fn decide_then_plan(pod in pod(), free_a100 in -1i64..3, free_a6000 in -1i64..3, booked in any::<bool>(),
+    fn decide_then_plan(pod in pod(), free_a100 in 0u64..3, free_a6000 in 0u64..3, booked in any::<bool>(),
                         units in any::<Option<(u8, u8)>>()) {
         let cfg = cfg(true);
         let Some(gpu) = detect_gpu(&pod, &cfg) else { return Ok(()) };

@@ -9,15 +9,18 @@
 //!   the window and earliest times found by trying every hour; and
 //! - (b) [`Real`]: the `core` functions composed exactly as
 //!   `booking-api/src/store/bookings.rs` composes them (`rules::check_request`,
-//!   `rules::check_user`, `capacity::fits`, `capacity::earliest_fit`,
-//!   `capacity::free_slots`, `capacity::replan`), slots included.
+//!   `rules::check_units`, `rules::check_user`, `capacity::fits_units`,
+//!   `capacity::refuse_full`, `capacity::free_slots`, `capacity::replan`), slots
+//!   included, and cancelled or ended early by the store's own decision
+//!   (`cancel::cancel_or_end`).
 //!
 //! Every step must give the same decision, refusal code and earliest start, and
 //! after every step the real state must keep the invariants the database
 //! enforces or relies on.
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
-use gpu_booking_core::capacity::{self, Held};
+use gpu_booking_core::cancel::{self, CancelOutcome};
+use gpu_booking_core::capacity::{self, CapacityRefusal, Held};
 use gpu_booking_core::policy::Policy;
 use gpu_booking_core::rules::{self, RuleCode};
 use gpu_booking_core::window::{BookingStatus, Window};
@@ -283,6 +286,7 @@ impl Real {
     ) -> Result<(), rules::Refusal> {
         use rules::Refusal;
         let window = rules::check_request(&self.policy, self.now, start, end, over)?;
+        let need = rules::check_units(&self.policy, 1, over)?;
         // Under the user's lock and the model's row lock, in the store:
         let own: Vec<Window> = self
             .live()
@@ -291,32 +295,23 @@ impl Real {
             .collect();
         rules::check_user(&self.policy, self.now, &window, &own, over)?;
         let overlapping = self.held(window.start(), Some(window.end()));
-        let overlapping_windows: Vec<Window> = overlapping.iter().map(|h| h.window).collect();
-        if !capacity::fits(self.units, &overlapping_windows, &window) {
-            // capacity_refusal
-            let later: Vec<Window> = self
-                .held(window.start(), None)
-                .iter()
-                .map(|h| h.window)
-                .collect();
-            let refusal = Refusal::new(RuleCode::Capacity, "full");
-            return Err(
-                match capacity::earliest_fit(self.units, &later, window.start(), window.duration())
-                {
-                    Some(t) => refusal.with_earliest(t),
-                    None => refusal,
-                },
-            );
+        let overlapping_windows =
+            capacity::unit_windows(overlapping.iter().map(|h| (h.window, h.units())));
+        if !capacity::fits_units(self.units, &overlapping_windows, &window, need) {
+            let later = self.held(window.start(), None);
+            let later = capacity::unit_windows(later.iter().map(|h| (h.window, h.units())));
+            let refused = capacity::refuse_full("m", self.units, need, &window, &later);
+            return Err(Refusal::from(refused));
         }
-        let slot = match capacity::free_slots(self.units, &overlapping, &window, 1) {
+        let slot = match capacity::free_slots(self.units, &overlapping, &window, need) {
             Some(slots) => slots[0],
             None => {
                 // reassign_slots: only planned bookings move, unless an admin
                 // books the past; then everything from its start may.
                 let keep_before = (self.now + TimeDelta::microseconds(1)).min(window.start());
                 let future = self.held(keep_before, None);
-                let plan = capacity::replan(self.units, keep_before, &future, &window, 1)
-                    .ok_or_else(|| Refusal::new(RuleCode::Capacity, "no slot"))?;
+                let plan = capacity::replan(self.units, keep_before, &future, &window, need)
+                    .ok_or_else(|| Refusal::from(CapacityRefusal::NoUnitAssignable))?;
                 for (id, slots) in &plan.moves {
                     self.bookings[*id as usize].slot = slots[0];
                 }
@@ -333,24 +328,21 @@ impl Real {
         Ok(())
     }
 
-    /// `cancel_or_end`.
+    /// The store's `cancel_or_end`: its decision is `cancel::cancel_or_end`.
     fn delete(&mut self, i: usize) -> Outcome {
         let now = self.now;
         let b = &mut self.bookings[i];
-        match BookingStatus::at(now, &b.window, b.cancelled) {
-            BookingStatus::Planned => {
+        let status = BookingStatus::at(now, &b.window, b.cancelled);
+        match cancel::cancel_or_end(status, b.window.start(), now) {
+            CancelOutcome::Cancel => {
                 b.cancelled = true;
                 Outcome::Cancelled
             }
-            BookingStatus::Active if now <= b.window.start() + TimeDelta::microseconds(1) => {
-                b.cancelled = true;
-                Outcome::Cancelled
-            }
-            BookingStatus::Active => {
+            CancelOutcome::EndEarly => {
                 b.window = Window::new(b.window.start(), now).expect("now is inside the window");
                 Outcome::EndedEarly
             }
-            BookingStatus::Ended | BookingStatus::Cancelled => Outcome::NotCancellable,
+            CancelOutcome::NotCancellable(_) => Outcome::NotCancellable,
         }
     }
 

@@ -1,6 +1,5 @@
 //! The admission decision for a GPU pod, from the booking service's answer.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -9,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{AdmissionConfig, GpuRequest, Identity};
 use crate::gpu_model::ModelName;
+pub use crate::wire::Schedulability;
 
 /// Kubernetes shows warnings to the user; it asks for at most 120 characters.
 pub const MAX_WARNING_CHARS: usize = 120;
@@ -97,58 +97,6 @@ pub fn what_to_ask<'a>(identity: Option<&'a Identity>, cfg: &AdmissionConfig) ->
         (None, UnidentifiedGpuPods::Lent) => Some(Ask::FreeUnits),
         (None, UnidentifiedGpuPods::Strip) => None,
     }
-}
-
-/// The booking service's answer to `GET /api/v1/schedulability?user=|slug=`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Schedulability {
-    /// Whether the user has an active booking now.
-    pub schedulable: bool,
-    /// End of the active booking.
-    #[serde(default)]
-    pub until: Option<DateTime<Utc>>,
-    /// Model of the active booking.
-    #[serde(default)]
-    pub model: Option<ModelName>,
-    /// Id of the active booking.
-    #[serde(default)]
-    pub booking_id: Option<i64>,
-    /// The user the service resolved (from a name or a slug), if any.
-    #[serde(default)]
-    pub user: Option<String>,
-    /// Units of each model not in use right now.
-    #[serde(default)]
-    pub free: BTreeMap<ModelName, i64>,
-    /// Declared VRAM budget per unit of each model, in MiB.
-    #[serde(default)]
-    pub gpumem_mib: BTreeMap<ModelName, u64>,
-    /// When this user could start a booking on any model, if the service knows: the
-    /// earliest of [`Self::earliest_booking_by_model`].
-    #[serde(default)]
-    pub earliest_booking: Option<DateTime<Utc>>,
-    /// Per model, the VRAM budget (MiB) one unit can hold, for the models whose every
-    /// node advertises the budget resource (the controller's inventory report). A
-    /// model missing here gets no budget: a pod asking for a resource no node has
-    /// would stay Pending (seed 000's apply order). Absent altogether (a service that
-    /// predates the report): budgets are not checked against the nodes.
-    #[serde(default)]
-    pub gpumem_advertised_mib: Option<BTreeMap<ModelName, u64>>,
-    /// When this user could start a booking of each model, as `GET /me/next-start`
-    /// answers it (the user's rules and the model's capacity).
-    #[serde(default)]
-    pub earliest_booking_by_model: BTreeMap<ModelName, DateTime<Utc>>,
-    /// With an active booking: the GPUs it is for. Absent (a service that predates
-    /// multi-GPU bookings): the booking covers whatever the pod asks.
-    #[serde(default)]
-    pub units: Option<u64>,
-    /// With an active booking: the units its user's high-priority pods held at the
-    /// controller's last count (absent: none).
-    #[serde(default)]
-    pub units_held: Option<u64>,
-    /// Per model, when the booking service received the usage report its free count
-    /// comes from (the webhook's [`super::LendLedger`] keeps what was admitted since).
-    #[serde(default)]
-    pub usage_reported_at: BTreeMap<ModelName, DateTime<Utc>>,
 }
 
 impl Schedulability {
@@ -330,7 +278,7 @@ pub fn decide(
                     model: model.clone(),
                     until,
                     gpumem_mib: budget(model),
-                    preempt: answer.free.get(model).is_none_or(|&free| free <= 0),
+                    preempt: answer.free.get(model).is_none_or(|&free| free == 0),
                     booking_units: answer.units,
                 };
             }
@@ -536,7 +484,7 @@ fn truncate_chars(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn model(name: &str) -> ModelName {
         ModelName::parse(name).unwrap()
@@ -553,7 +501,7 @@ mod tests {
         }
     }
 
-    fn answer(booked: Option<&str>, free: &[(&str, i64)]) -> Schedulability {
+    fn answer(booked: Option<&str>, free: &[(&str, u64)]) -> Schedulability {
         Schedulability {
             schedulable: booked.is_some(),
             until: booked.map(|_| "2026-11-30T00:00:00Z".parse().unwrap()),

@@ -42,7 +42,7 @@ pub const MAX_ENTRIES: usize = 16_384;
 struct ModelLedger {
     /// The newest usage report seen: when the service received it (`None`: the
     /// service does not say) and the free units it left.
-    report: Option<(Option<DateTime<Utc>>, i64)>,
+    report: Option<(Option<DateTime<Utc>>, u64)>,
     /// GPU units admitted and not yet counted by a report, oldest first.
     admitted: VecDeque<(DateTime<Utc>, u64)>,
     /// The sum of `admitted`'s units, kept as they come and go: a decision reads it
@@ -167,11 +167,10 @@ impl LendLedger {
                 continue;
             };
             let reported = entry.report.map_or(*free, |(_, f)| f);
-            let admitted = i64::try_from(self.outstanding(model)).unwrap_or(i64::MAX);
             *free = if full {
                 0
             } else {
-                reported.saturating_sub(admitted).max(0)
+                reported.saturating_sub(self.outstanding(model))
             };
         }
         seen
@@ -244,7 +243,7 @@ mod tests {
     }
 
     /// An unbooked user's answer: `free` units of a100, reported at `reported`.
-    fn answer(free: i64, reported: Option<i64>) -> Schedulability {
+    fn answer(free: u64, reported: Option<i64>) -> Schedulability {
         Schedulability {
             schedulable: false,
             until: None,
@@ -381,7 +380,7 @@ mod tests {
     fn memory_is_bounded() {
         let cfg = AdmissionConfig::default();
         let mut l = ledger();
-        let mut a = answer(i64::MAX, Some(0));
+        let mut a = answer(u64::MAX, Some(0));
         for i in 0..(MAX_MODELS + 10) {
             a.free.insert(model(&format!("m{i}")), 1);
         }

@@ -15,10 +15,16 @@
 
 use std::time::Duration;
 
-use super::{AdmissionConfig, GPU_REMOVED_ANNOTATION};
+use super::{AdmissionConfig, GPU_REMOVED_ANNOTATION, KEY_DOMAIN, LEGACY_LABEL_PREFIX};
 
-/// Prefixes of our label and annotation keys.
-pub const OUR_PREFIXES: [&str; 2] = ["gpu-booking/", "gpu-booking.io/"];
+/// Prefixes of our label and annotation keys: the one we write, and the legacy one
+/// that pods created before the upgrade carry. Both are ours to strip from what a
+/// creator wrote, and to drop from a pod's copies.
+pub const OUR_PREFIXES: [&str; 2] = [KEY_DOMAIN, LEGACY_LABEL_PREFIX];
+
+/// What every key in [`OUR_PREFIXES`] starts with (and our default priority classes):
+/// a pod whose JSON lacks it carries no mark of ours (the webhook's quick scan).
+pub const OUR_KEY_STEM: &str = "gpu-booking";
 
 /// Whether `key` (a label or annotation key) is ours: one of our prefixes, or the
 /// configured `terminate-at` annotation.
@@ -111,6 +117,7 @@ mod tests {
         for ours in [
             "gpu-booking/priority",
             "gpu-booking/anything",
+            "gpu-booking.io/priority",
             "gpu-booking.io/last-gpu-activity",
             "terminate-at",
         ] {
@@ -125,6 +132,59 @@ mod tests {
             assert!(!is_our_key(theirs, &cfg), "{theirs}");
         }
         assert!(is_harmless_key(GPU_REMOVED_ANNOTATION));
+        assert!(OUR_PREFIXES.iter().all(|p| p.starts_with(OUR_KEY_STEM)));
+    }
+
+    #[test]
+    fn every_key_is_under_one_domain_and_legacy_labels_are_ours() {
+        use crate::admission::*;
+        for key in [
+            PRIORITY_LABEL,
+            BOOKING_LABEL,
+            MODEL_LABEL,
+            BOOKING_UNITS_ANNOTATION,
+            GPU_REMOVED_ANNOTATION,
+            LAST_GPU_ACTIVITY_ANNOTATION,
+            PREEMPTION_ROUNDS_ANNOTATION,
+            INTENT_LABEL,
+            WEBHOOK_OPT_OUT_LABEL,
+            NVML_MEMORY_LABEL,
+            DEFAULT_GPUMEM_RESOURCE,
+            DEFAULT_MODEL_NODE_LABEL,
+        ] {
+            assert!(key.starts_with("gpu-booking.io/"), "{key}");
+            assert!(super::super::is_qualified_name(key), "{key}");
+        }
+        let cfg = AdmissionConfig::default();
+        for (current, legacy) in LEGACY_LABELS {
+            assert_eq!(
+                current.strip_prefix(KEY_DOMAIN),
+                legacy.strip_prefix(LEGACY_LABEL_PREFIX)
+            );
+            assert!(is_our_key(legacy, &cfg), "{legacy}");
+        }
+    }
+
+    #[test]
+    fn labels_are_read_under_either_key_the_new_one_first() {
+        use crate::admission::{our_label, pod_label, BOOKING_LABEL, PRIORITY_LABEL};
+        use serde_json::json;
+        let old = json!({"metadata": {"labels": {"gpu-booking/priority": "high"}}});
+        assert_eq!(pod_label(&old, PRIORITY_LABEL), Some("high"));
+        assert_eq!(pod_label(&old, BOOKING_LABEL), None);
+        let both = json!({"metadata": {"labels": {
+            "gpu-booking/priority": "high", "gpu-booking.io/priority": "low"}}});
+        assert_eq!(pod_label(&both, PRIORITY_LABEL), Some("low"));
+        assert_eq!(pod_label(&json!({}), PRIORITY_LABEL), None);
+        // Only our moved labels have a legacy key.
+        let other = json!({"metadata": {"labels": {"gpu-booking/other": "x"}}});
+        assert_eq!(
+            our_label(
+                |k| other["metadata"]["labels"][k].as_str(),
+                "gpu-booking.io/other"
+            ),
+            None
+        );
     }
 
     #[test]

@@ -35,6 +35,8 @@ mod detect;
 mod identity;
 mod ledger;
 mod marks;
+#[cfg(feature = "clap")]
+mod options;
 mod patch;
 mod quantity;
 pub mod replica;
@@ -49,30 +51,96 @@ pub use identity::{identify, Identity};
 pub use ledger::LendLedger;
 pub use marks::{
     is_harmless_key, is_our_key, pending_lent, trusted_priority, PendingLent, PodStanding,
-    OUR_PREFIXES,
+    OUR_KEY_STEM, OUR_PREFIXES,
 };
-pub use patch::{plan, plan_cpu_only, plan_cpu_only_because, plan_node_resource, plan_unmarked};
+#[cfg(feature = "clap")]
+pub use options::AdmissionArgs;
+pub use patch::{
+    plan, plan_cpu_only, plan_cpu_only_because, plan_demoted, plan_node_resource, plan_unmarked,
+};
 pub use quantity::parse_quantity;
 pub use replica::{AdmissionState, Replica};
 pub use trust::{controller_copy, trusted_identity, SpawnerTrust, UserInfo};
 
+/// Every label and annotation key of ours is `gpu-booking.io/<name>`, written here
+/// and nowhere else (a literal elsewhere would drift from it).
+macro_rules! our_key {
+    ($name:literal) => {
+        concat!("gpu-booking.io/", $name)
+    };
+}
+
+/// The one domain of our label and annotation keys.
+pub const KEY_DOMAIN: &str = our_key!("");
+/// The prefix our labels had before they moved under [`KEY_DOMAIN`]. Pods created
+/// before the upgrade carry it: readers accept it for one release
+/// ([`LEGACY_LABELS`], [`our_label`]), nothing writes it, and the webhook strips it
+/// from what a creator wrote like any key of ours ([`OUR_PREFIXES`]).
+pub const LEGACY_LABEL_PREFIX: &str = "gpu-booking/";
+
 /// Label: `high` for a pod of a booked user, `low` for a pod that got a free GPU without
 /// a booking (the controller may preempt it for a booked user).
-pub const PRIORITY_LABEL: &str = "gpu-booking/priority";
+pub const PRIORITY_LABEL: &str = our_key!("priority");
 /// Label: the id of the booking a high-priority pod runs under.
-pub const BOOKING_LABEL: &str = "gpu-booking/booking";
+pub const BOOKING_LABEL: &str = our_key!("booking");
 /// Label: the model a GPU pod was admitted on (so the controller can find low-priority
 /// pods on the model a booked user needs without reading nodes).
-pub const MODEL_LABEL: &str = "gpu-booking/model";
+pub const MODEL_LABEL: &str = our_key!("model");
+/// Our labels and the key each had before the move to [`KEY_DOMAIN`]
+/// (`gpu-booking/priority` and so on). Read for one release, never written.
+pub const LEGACY_LABELS: [(&str, &str); 3] = [
+    (PRIORITY_LABEL, "gpu-booking/priority"),
+    (BOOKING_LABEL, "gpu-booking/booking"),
+    (MODEL_LABEL, "gpu-booking/model"),
+];
 /// Annotation: the GPUs the booking of a high-priority pod is for; the controller
 /// demotes a booking's pods beyond them (newest first).
-pub const BOOKING_UNITS_ANNOTATION: &str = "gpu-booking.io/booking-units";
+pub const BOOKING_UNITS_ANNOTATION: &str = our_key!("booking-units");
 /// Annotation: why the GPU was removed from a pod.
-pub const GPU_REMOVED_ANNOTATION: &str = "gpu-booking.io/gpu-removed";
+pub const GPU_REMOVED_ANNOTATION: &str = our_key!("gpu-removed");
 /// Annotation: a pod's last GPU activity (RFC 3339), written by the node agent (its
 /// `--last-activity-annotation` default) and read by the controller (least recently
 /// used lent pods are preempted first).
-pub const LAST_GPU_ACTIVITY_ANNOTATION: &str = "gpu-booking.io/last-gpu-activity";
+pub const LAST_GPU_ACTIVITY_ANNOTATION: &str = our_key!("last-gpu-activity");
+/// Annotation: how many preemption rounds the controller has run for a booked pod
+/// that is still Pending (it gives up after its limit).
+pub const PREEMPTION_ROUNDS_ANNOTATION: &str = our_key!("preemption-rounds");
+/// Label of the controller's intent ConfigMaps (`copy` or `hub`): what it was about to
+/// do when it deleted a pod, so that a successor finishes it.
+pub const INTENT_LABEL: &str = our_key!("intent");
+/// Namespace label: `disabled` opts a namespace out of the webhook (the chart's
+/// default `webhook.optOutLabel`).
+pub const WEBHOOK_OPT_OUT_LABEL: &str = our_key!("webhook");
+/// Node label: memory per whole card in MiB as NVML reports it, when the node carries
+/// it (written by a node agent, or by an admin on a node without GFD); preferred over
+/// GFD's `nvidia.com/gpu.memory` for whole cards ([`crate::inventory`]).
+pub const NVML_MEMORY_LABEL: &str = our_key!("gpu-memory-mib");
+
+/// Our label `key` as `get` reads it from a pod's labels, else (pods created before
+/// the upgrade) its legacy key in [`LEGACY_LABELS`]. Every reader of our labels goes
+/// through here, so dropping the legacy keys is one change.
+pub fn our_label<'a>(get: impl Fn(&str) -> Option<&'a str>, key: &str) -> Option<&'a str> {
+    get(key).or_else(|| {
+        LEGACY_LABELS
+            .iter()
+            .find(|(current, _)| *current == key)
+            .and_then(|(_, legacy)| get(legacy))
+    })
+}
+
+/// [`our_label`] of a pod as JSON (`/metadata/labels`).
+pub fn pod_label<'a>(pod: &'a serde_json::Value, key: &str) -> Option<&'a str> {
+    let labels = pod.pointer("/metadata/labels");
+    our_label(
+        |k| {
+            labels
+                .and_then(|l| l.get(k))
+                .and_then(serde_json::Value::as_str)
+        },
+        key,
+    )
+}
+
 /// KubeSpawner's key, used both as an annotation (raw name) and as a label (slug).
 pub const USERNAME_KEY: &str = "hub.jupyter.org/username";
 /// The variable the NVIDIA container runtime reads; `none` hides every device.
@@ -81,12 +149,12 @@ pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// The default generic GPU resource of the NVIDIA device plugin.
 pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// The default extended resource that carries a pod's VRAM budget, in MiB.
-pub const DEFAULT_GPUMEM_RESOURCE: &str = "gpu-booking.io/gpumem";
+pub const DEFAULT_GPUMEM_RESOURCE: &str = our_key!("gpumem");
 /// The default annotation that tells the controller when to end a booked pod.
 pub const DEFAULT_TERMINATE_AT_ANNOTATION: &str = "terminate-at";
 /// The default node label that selects a model: the controller labels every GPU node
 /// with the model its product name maps to.
-pub const DEFAULT_MODEL_NODE_LABEL: &str = "gpu-booking.io/model";
+pub const DEFAULT_MODEL_NODE_LABEL: &str = our_key!("model");
 /// The default priority class of booked pods.
 pub const DEFAULT_HIGH_PRIORITY_CLASS: &str = "gpu-booking-high";
 /// The default priority class of pods that got a GPU without a booking.

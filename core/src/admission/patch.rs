@@ -135,6 +135,23 @@ pub fn plan_cpu_only_because(pod: &Value, cfg: &AdmissionConfig, reason: &str) -
     ed.finish()
 }
 
+/// The demotion of a booked pod (the controller's `--on-expiry demote`): a pod's
+/// priority cannot change once it exists, so its copy is made a lent pod as the
+/// webhook admits one ([`plan`] with [`Decision::LowPriority`] for the model its
+/// `gpu-booking/model` label names): the low priority class, no booking label, no
+/// `terminate-at`, its GPU, VRAM budget and model node selector kept. `None` when the
+/// pod names no valid model (the caller then makes it CPU-only instead).
+pub fn plan_demoted(pod: &Value, cfg: &AdmissionConfig) -> Option<Patch> {
+    // A pod admitted before the upgrade names its model under the legacy key.
+    let model = super::pod_label(pod, MODEL_LABEL).and_then(|m| ModelName::parse(m).ok())?;
+    let decision = Decision::LowPriority {
+        model,
+        gpumem_mib: None,
+        beyond_booking: None,
+    };
+    Some(plan(pod, &decision, cfg))
+}
+
 /// The JSON Patch of a node's `status` subresource that makes it advertise `amount`
 /// of the extended resource `resource` in `capacity` and `allocatable`, or no longer
 /// advertise it (`None`), as "Advertise Extended Resources for a Node" does it by
@@ -494,8 +511,8 @@ mod tests {
             out["metadata"]["annotations"]["terminate-at"],
             "2026-11-30T00:00:00Z"
         );
-        assert_eq!(out["metadata"]["labels"]["gpu-booking/priority"], "high");
-        assert_eq!(out["metadata"]["labels"]["gpu-booking/booking"], "17");
+        assert_eq!(out["metadata"]["labels"]["gpu-booking.io/priority"], "high");
+        assert_eq!(out["metadata"]["labels"]["gpu-booking.io/booking"], "17");
         assert_eq!(
             out["metadata"]["annotations"][BOOKING_UNITS_ANNOTATION], "2",
             "the controller reads the booking's units from the pod"
@@ -527,7 +544,7 @@ mod tests {
         // Keys with '/' are escaped in the pointers.
         let text = serde_json::to_string(&patch).unwrap();
         assert!(
-            text.contains("/metadata/labels/gpu-booking~1booking"),
+            text.contains("/metadata/labels/gpu-booking.io~1booking"),
             "{text}"
         );
     }
@@ -543,7 +560,7 @@ mod tests {
 
     #[test]
     fn strip_replaces_the_device_variable_everywhere() {
-        let pod = json!({"metadata": {"labels": {"gpu-booking/priority": "high"}}, "spec": {
+        let pod = json!({"metadata": {"labels": {"gpu-booking.io/priority": "high"}}, "spec": {
         "initContainers": [{"name": "i", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
         "containers": [
             {"name": "a", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
@@ -577,14 +594,14 @@ mod tests {
             json!({})
         );
         assert!(out["metadata"]["labels"]
-            .get("gpu-booking/priority")
+            .get("gpu-booking.io/priority")
             .is_none());
         assert!(out["metadata"]["annotations"][GPU_REMOVED_ANNOTATION].is_string());
     }
 
     #[test]
     fn unchecked_changes_nothing_and_strip_unmarks() {
-        let pod = json!({"metadata": {"labels": {"gpu-booking/priority": "high"}},
+        let pod = json!({"metadata": {"labels": {"gpu-booking.io/priority": "high"}},
             "spec": {"priorityClassName": "gpu-booking-high", "priority": 1000000,
                      "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
         let cfg = AdmissionConfig::default();
@@ -595,7 +612,7 @@ mod tests {
         // of ours, and the low class instead of the high one.
         let out = apply(&pod, &plan(&pod, &unchecked, &cfg));
         assert!(out["metadata"]["labels"]
-            .get("gpu-booking/priority")
+            .get("gpu-booking.io/priority")
             .is_none());
         assert_eq!(out["spec"]["priorityClassName"], "gpu-booking-low");
         assert!(out["spec"].get("priority").is_none());
@@ -610,17 +627,20 @@ mod tests {
         };
         let out = apply(&pod, &plan(&pod, &strip, &cfg));
         assert!(out["metadata"]["labels"]
-            .get("gpu-booking/priority")
+            .get("gpu-booking.io/priority")
             .is_none());
         assert!(out["spec"].get("priorityClassName").is_none());
         assert!(out["spec"].get("priority").is_none());
     }
 
-    /// A pod whose creator wrote every mark of ours (issue 13).
+    /// A pod whose creator wrote every mark of ours (issue 13), under both the current
+    /// keys and the legacy ones (`gpu-booking/`), which are stripped alike.
     fn forged() -> Value {
         json!({"metadata": {"name": "p",
             "labels": {"gpu-booking/priority": "high", "gpu-booking/booking": "99",
-                "gpu-booking/model": "a100", "gpu-booking/other": "x", "app": "keep"},
+                "gpu-booking/model": "a100", "gpu-booking/other": "x",
+                "gpu-booking.io/priority": "high", "gpu-booking.io/booking": "98",
+                "gpu-booking.io/model": "a100", "gpu-booking.io/other": "y", "app": "keep"},
             "annotations": {"terminate-at": "2030-01-01T00:00:00Z",
                 "gpu-booking.io/last-gpu-activity": "2030-01-01T00:00:00Z",
                 "gpu-booking.io/gpu-removed": "no", "note": "keep"}},
@@ -662,10 +682,10 @@ mod tests {
             left,
             [
                 "gpu-booking.io/booking-units=\"2\"".to_owned(),
+                "gpu-booking.io/booking=\"17\"".to_owned(),
                 "gpu-booking.io/gpu-removed=\"no\"".to_owned(),
-                "gpu-booking/booking=\"17\"".to_owned(),
-                "gpu-booking/model=\"a100\"".to_owned(),
-                "gpu-booking/priority=\"high\"".to_owned(),
+                "gpu-booking.io/model=\"a100\"".to_owned(),
+                "gpu-booking.io/priority=\"high\"".to_owned(),
                 "terminate-at=\"2026-11-30T00:00:00Z\"".to_owned(),
             ]
             .iter()
@@ -680,8 +700,8 @@ mod tests {
         assert_eq!(
             left,
             vec![
-                "gpu-booking/model=\"a6000\"".to_owned(),
-                "gpu-booking/priority=\"low\"".to_owned()
+                "gpu-booking.io/model=\"a6000\"".to_owned(),
+                "gpu-booking.io/priority=\"low\"".to_owned()
             ]
         );
         assert_eq!(out["spec"]["priorityClassName"], "gpu-booking-low");

@@ -14,7 +14,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use serde::{Deserialize, Serialize};
 
 use super::Schedulability;
 use crate::gpu_model::ModelName;
@@ -22,116 +21,9 @@ use crate::next_start;
 use crate::policy::Policy;
 use crate::username::{slugs, NameCase, SlugMatch, Username};
 use crate::window::Window;
-
-/// The booking rules that the earliest-start warning depends on, as the service
-/// applies them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PolicyState {
-    pub min_duration_secs: i64,
-    pub max_duration_secs: i64,
-    pub cooldown_secs: i64,
-    pub no_booking_while_active: bool,
-    pub max_planned: u32,
-    pub max_units_per_booking: u32,
-}
-
-impl From<&Policy> for PolicyState {
-    fn from(p: &Policy) -> Self {
-        Self {
-            min_duration_secs: p.min_duration.num_seconds(),
-            max_duration_secs: p.max_duration.num_seconds(),
-            cooldown_secs: p.cooldown.num_seconds(),
-            no_booking_while_active: p.no_booking_while_active,
-            max_planned: p.max_planned,
-            max_units_per_booking: p.max_units_per_booking,
-        }
-    }
-}
-
-impl PolicyState {
-    pub fn policy(&self) -> Policy {
-        Policy {
-            min_duration: TimeDelta::seconds(self.min_duration_secs),
-            max_duration: TimeDelta::seconds(self.max_duration_secs),
-            cooldown: TimeDelta::seconds(self.cooldown_secs),
-            no_booking_while_active: self.no_booking_while_active,
-            max_planned: self.max_planned,
-            max_units_per_booking: self.max_units_per_booking,
-            ..Policy::default()
-        }
-    }
-}
-
-/// One model's figures, as the schedulability answer carries them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModelState {
-    pub name: ModelName,
-    /// Units the admin declared (the capacity of the earliest-start computation).
-    pub units: u32,
-    /// Units not in use right now (the controller's last usage report).
-    pub free: i64,
-    /// Declared VRAM budget per unit, MiB.
-    pub gpumem_mib: u64,
-    /// The budget one unit can hold, when every node of the model advertises it.
-    #[serde(default)]
-    pub gpumem_advertised_mib: Option<u64>,
-    /// When the usage report behind `free` was received.
-    #[serde(default)]
-    pub usage_reported_at: Option<DateTime<Utc>>,
-}
-
-/// A booking as the replica keeps it (cancelled ones are not kept).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BookingState {
-    pub id: i64,
-    pub user: String,
-    pub model: String,
-    pub units: u32,
-    pub start: DateTime<Utc>,
-    /// Effective end (earlier than booked when ended early).
-    pub end: DateTime<Utc>,
-}
-
-impl BookingState {
-    fn window(&self) -> Option<Window> {
-        Window::new(self.start, self.end).ok()
-    }
-}
-
-/// A user the service knows, with the label slugs that name them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KnownUser {
-    pub name: String,
-    pub escape_slug: String,
-    pub safe_slug: String,
-}
-
-/// What the booking service sends for the replica (`GET /api/v1/admission-state`).
-/// `bookings`, `users` and `position` come only in a full answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AdmissionState {
-    /// The service's time of the answer.
-    pub at: DateTime<Utc>,
-    /// How the service compares user names.
-    pub names: NameCase,
-    pub policy: PolicyState,
-    /// In the service's order.
-    pub models: Vec<ModelState>,
-    /// Units each active booking's high-priority pods hold (the controller's count).
-    #[serde(default)]
-    pub held: BTreeMap<i64, u64>,
-    /// Full answers only: the change stream's position from which to follow, so that
-    /// no change is missed or applied twice.
-    #[serde(default)]
-    pub position: Option<i64>,
-    /// Full answers only: bookings not cancelled that end after `at`, and each
-    /// user's last ended one (the cooldown counts from it).
-    #[serde(default)]
-    pub bookings: Option<Vec<BookingState>>,
-    /// Full answers only: every known user with their slugs.
-    #[serde(default)]
-    pub users: Option<Vec<KnownUser>>,
-}
+pub use crate::wire::admission_state::{
+    AdmissionState, BookingState, KnownUser, ModelState, PolicyState,
+};
 
 /// Whom an admission asks about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -451,7 +343,7 @@ mod tests {
         t("2026-03-10T12:00:00Z")
     }
 
-    fn model(name: &str, units: u32, free: i64) -> ModelState {
+    fn model(name: &str, units: u32, free: u64) -> ModelState {
         ModelState {
             name: ModelName::parse(name).unwrap(),
             units,

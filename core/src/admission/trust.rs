@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::identity::{identify, Identity};
-use super::{AdmissionConfig, Decision, GpuRequest, MODEL_LABEL, PRIORITY_LABEL};
+use super::{pod_label, AdmissionConfig, Decision, GpuRequest, MODEL_LABEL, PRIORITY_LABEL};
 use crate::gpu_model::ModelName;
 use crate::username::NameCase;
 
@@ -107,7 +107,7 @@ pub fn trusted_identity(
 
 /// The decision for a GPU pod that the controller itself creates in place of one it
 /// ended: its lent copy (`--on-expiry demote`, or a booked pod beyond its booking's
-/// units), which carries `gpu-booking/priority=low` and `gpu-booking/model`. Such a
+/// units), which carries `gpu-booking.io/priority=low` and `gpu-booking.io/model`. Such a
 /// copy takes over the unit its original held, which the controller saw in the
 /// cluster; the booking service's free count may still count the original (a usage
 /// report not yet sent, e.g. while a new leader takes over), and the webhook's
@@ -134,15 +134,11 @@ pub fn controller_copy(
     if !by_controller {
         return None;
     }
-    let label = |key: &str| {
-        pod.pointer("/metadata/labels")
-            .and_then(|labels| labels.get(key))
-            .and_then(Value::as_str)
-    };
-    if label(PRIORITY_LABEL) != Some("low") {
+    // A copy made by the controller of the last release carries the legacy keys.
+    if pod_label(pod, PRIORITY_LABEL) != Some("low") {
         return None;
     }
-    let model = ModelName::parse(label(MODEL_LABEL)?).ok()?;
+    let model = ModelName::parse(pod_label(pod, MODEL_LABEL)?).ok()?;
     if gpu.models.iter().any(|asked| *asked != model) {
         return None;
     }
@@ -344,6 +340,13 @@ mod tests {
             &cfg
         )
         .is_some());
+        // A copy made by the controller of the last release, under the legacy keys.
+        let legacy = json!({"metadata": {"labels": {
+            "gpu-booking/priority": "low", "gpu-booking/model": "a100"}}});
+        assert_eq!(
+            controller_copy(&by(CONTROLLER, &[]), &legacy, &asks(&[]), &cfg),
+            decision
+        );
     }
 
     #[test]
