@@ -1,56 +1,17 @@
-//! The application state and the router.
-
-use std::sync::{Arc, Mutex};
+//! The router: every route of the service, over the state of [`crate::state`].
 
 use axum::routing::{delete, get, post, put};
 use axum::Router;
-use gpu_booking_core::policy::Policy;
-use gpu_booking_core::rate::TokenBucket;
-use gpu_booking_core::username::NameCase;
-use sqlx::PgPool;
 use utoipa::OpenApi;
 
-use crate::auth::Authenticator;
-use crate::clock::Clock;
-use crate::metrics::{self, Metrics};
+use crate::metrics;
 use crate::openapi::ApiDoc;
 use crate::routes::{
     admission, audit, availability, bookings, changes, health, me, models, notices, schedulability,
     units,
 };
 use crate::routes::{feeds, usage, waitlist};
-
-#[derive(Clone)]
-pub struct AppState {
-    pub pool: PgPool,
-    pub policy: Arc<Policy>,
-    pub clock: Arc<dyn Clock>,
-    pub auth: Authenticator,
-    pub metrics: Arc<Metrics>,
-    /// The booking page as served (with the OIDC settings in it).
-    pub page: crate::page::Page,
-    /// How user names compare (JupyterHub lowercases by default).
-    pub names: NameCase,
-    /// Bounds the audit rows that ambiguous slug lookups write (anyone with the
-    /// service role can ask about any slug).
-    pub ambiguity_audit: Arc<Mutex<TokenBucket>>,
-    /// The channels notices go out on (`crate::notices::enqueue` takes them).
-    pub notices: crate::notices::Channels,
-    /// Wakes long polls of `/api/v1/booking-changes` (one watch per process).
-    pub changes: crate::store::changes::ChangeFeed,
-}
-
-/// Audit rows for ambiguous slugs at once, and per second after that.
-const AMBIGUITY_AUDIT_BURST: u32 = 10;
-const AMBIGUITY_AUDIT_PER_SECOND: f64 = 0.2;
-
-/// A fresh bucket for [`AppState::ambiguity_audit`].
-pub fn ambiguity_audit_bucket() -> Arc<Mutex<TokenBucket>> {
-    Arc::new(Mutex::new(TokenBucket::new(
-        AMBIGUITY_AUDIT_BURST,
-        AMBIGUITY_AUDIT_PER_SECOND,
-    )))
-}
+use crate::state::AppState;
 
 /// Every route of the service; tests drive it with `tower::ServiceExt::oneshot`.
 pub fn router(state: AppState) -> Router {
@@ -102,7 +63,7 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::page::routes())
         .fallback(|| async { crate::error::ApiError::NotFound("no such route".into()) })
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state.metrics.clone(),
             metrics::track,
         ))
         .with_state(state)

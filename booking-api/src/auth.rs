@@ -4,28 +4,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use chrono::{TimeDelta, Utc};
-use gpu_booking_core::username::Username;
+use gpu_booking_core::username::{NameCase, Username};
 use jsonwebtoken::{
     decode, decode_header, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::config::AuthArgs;
 use crate::error::ApiError;
 use crate::jwks::JwksCache;
 
-/// What a caller may do. A token holds any number of roles; `user` is implied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
-    User,
-    Service,
-    Admin,
-}
+// Its own module, so that the options (`config`) and the TokenReview bindings
+// (`service_accounts`) name roles without depending on auth, which depends on them.
+pub use crate::role::Role;
 
 /// The authenticated caller of a request.
 #[derive(Debug, Clone)]
@@ -386,10 +381,17 @@ pub fn checked_jwks_url(url: &str, allow_insecure: bool) -> anyhow::Result<Strin
     Ok(parsed.to_string())
 }
 
-impl FromRequestParts<AppState> for Caller {
+/// For any state that holds the [`Authenticator`] and the [`NameCase`] (the
+/// service's `AppState`), so that auth does not depend on the state that holds it.
+impl<S> FromRequestParts<S> for Caller
+where
+    S: Send + Sync,
+    Authenticator: FromRef<S>,
+    NameCase: FromRef<S>,
+{
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Caller, ApiError> {
         let header = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
@@ -406,9 +408,9 @@ impl FromRequestParts<AppState> for Caller {
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header must be `Bearer <token>`".into())
             })?;
-        let mut caller = state.auth.verify(token).await?;
+        let mut caller = Authenticator::from_ref(state).verify(token).await?;
         // One user, however the token spells the name (JupyterHub's normalisation).
-        caller.user = Username::normalised(caller.user.as_str(), state.names)
+        caller.user = Username::normalised(caller.user.as_str(), NameCase::from_ref(state))
             .map_err(|e| ApiError::Unauthorized(format!("invalid token: user name: {e}")))?;
         Ok(caller)
     }

@@ -175,7 +175,7 @@ pub struct AuthArgs {
     /// The role of a ServiceAccount, NAMESPACE/NAME=ROLE (service or admin); repeat or
     /// separate with commas. Other ServiceAccounts authenticate with no role.
     #[arg(long, env = "GPU_BOOKING_SERVICE_ACCOUNT", value_delimiter = ',', value_parser = parse_sa_binding)]
-    pub service_account: Vec<((String, String), crate::auth::Role)>,
+    pub service_account: Vec<((String, String), crate::role::Role)>,
 }
 
 impl Default for AuthArgs {
@@ -393,6 +393,6 @@ mod oidc_tests {
     }
 }
 
-fn parse_sa_binding(s: &str) -> Result<((String, String), crate::auth::Role), String> {
+fn parse_sa_binding(s: &str) -> Result<((String, String), crate::role::Role), String> {
     crate::service_accounts::parse_binding(s)
 }

@@ -10,6 +10,8 @@ use gpu_booking_core::rules::{Refusal, RuleCode};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::store::error::{Conflict, Record, StoreError};
+
 /// `Retry-After` of a 503 answer, in seconds.
 pub const RETRY_AFTER_SECS: &str = "2";
 
@@ -136,6 +138,58 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+/// The store's failures as the API answers them: the refusals of `core` in their
+/// own words, the rest worded here.
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        match e {
+            StoreError::Rule(refused) => ApiError::Rule(refused),
+            StoreError::Capacity(refused) => ApiError::Rule(refused.into()),
+            StoreError::UnknownModel(name) => ApiError::unknown_model(&name),
+            StoreError::NotFound(Record::Booking, id) => {
+                ApiError::NotFound(format!("no booking {id}"))
+            }
+            StoreError::NotFound(Record::WaitlistEntry, id) => {
+                ApiError::NotFound(format!("no waitlist entry {id}"))
+            }
+            StoreError::Conflict(conflict) => conflict_error(conflict),
+            StoreError::Database(e) => e.into(),
+        }
+    }
+}
+
+fn conflict_error(conflict: Conflict) -> ApiError {
+    match conflict {
+        Conflict::BookingNotCancellable { id, status } => ApiError::Conflict(
+            "not_cancellable",
+            format!(
+                "booking {id} is {} and cannot be cancelled or ended",
+                status.as_str()
+            ),
+        ),
+        Conflict::BookingNotChangeable { id, status } => ApiError::Conflict(
+            "not_changeable",
+            format!("booking {id} is {} and cannot be changed", status.as_str()),
+        ),
+        Conflict::WaitlistEntryNotCancellable { id, state } => ApiError::Conflict(
+            "not_cancellable",
+            format!("waitlist entry {id} is {state} and cannot be cancelled"),
+        ),
+        Conflict::AlreadyWaiting { model } => ApiError::Conflict(
+            "already_waiting",
+            format!("You are already on the waitlist of {model}; cancel that entry to change it."),
+        ),
+        Conflict::UsernameCollision => ApiError::Conflict(
+            "username_collision",
+            "This user name cannot be told apart from another user's in the \
+             labels JupyterHub puts on pods (its KubeSpawner slug, or the name \
+             itself, is the other user's), so its pods could get the other \
+             user's booking. Ask an admin to rename one of the two users."
+                .into(),
+        ),
+    }
+}
+
 impl From<Refusal> for ApiError {
     fn from(r: Refusal) -> ApiError {
         ApiError::Rule(r)
@@ -166,5 +220,146 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_booking_core::capacity::CapacityRefusal;
+    use gpu_booking_core::rules::overlap_backstop;
+    use gpu_booking_core::window::{BookingStatus, Window};
+
+    fn answer(e: StoreError) -> (StatusCode, &'static str, String) {
+        let api = ApiError::from(e);
+        (api.status(), api.code(), api.to_string())
+    }
+
+    /// The store's values answer as its `ApiError`s did before it had its own error
+    /// type: the same status, code and words.
+    #[test]
+    fn store_errors_answer_as_before() {
+        let t = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+        let window = Window::new(t("2026-03-01T00:00:00Z"), t("2026-03-03T00:00:00Z")).unwrap();
+        let full = CapacityRefusal::Full {
+            model: "a100".into(),
+            units: 2,
+            need: 1,
+            window,
+            earliest_start: Some(t("2026-03-05T00:00:00Z")),
+        };
+        let api = ApiError::from(StoreError::Capacity(full));
+        assert_eq!(api.status(), StatusCode::CONFLICT);
+        assert_eq!(api.code(), "capacity");
+        assert_eq!(
+            api.to_string(),
+            "All 2 units of a100 are booked at some point between 2026-03-01T00:00:00Z and 2026-03-03T00:00:00Z."
+        );
+        assert!(
+            matches!(api, ApiError::Rule(r) if r.earliest_start == Some(t("2026-03-05T00:00:00Z")))
+        );
+        let cases = [
+            (
+                StoreError::Capacity(CapacityRefusal::Full {
+                    model: "a100".into(),
+                    units: 4,
+                    need: 3,
+                    window,
+                    earliest_start: None,
+                }),
+                StatusCode::CONFLICT,
+                "capacity",
+                "Fewer than 3 of the 4 units of a100 are free at some point between 2026-03-01T00:00:00Z and 2026-03-03T00:00:00Z.",
+            ),
+            (
+                StoreError::Capacity(CapacityRefusal::NoUnitAssignable),
+                StatusCode::CONFLICT,
+                "capacity",
+                "No unit of this model can be assigned over that window.",
+            ),
+            (
+                StoreError::Capacity(CapacityRefusal::UnitTaken),
+                StatusCode::CONFLICT,
+                "capacity",
+                "Every unit of this model is booked in that window.",
+            ),
+            (
+                StoreError::Rule(overlap_backstop()),
+                StatusCode::CONFLICT,
+                "overlap",
+                "The user already holds a booking in that window.",
+            ),
+            (
+                StoreError::UnknownModel("h100".into()),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unknown_model",
+                "There is no GPU model called \"h100\".",
+            ),
+            (
+                StoreError::NotFound(Record::Booking, 7),
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no booking 7",
+            ),
+            (
+                StoreError::NotFound(Record::WaitlistEntry, 8),
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no waitlist entry 8",
+            ),
+            (
+                StoreError::Conflict(Conflict::BookingNotCancellable {
+                    id: 7,
+                    status: BookingStatus::Ended,
+                }),
+                StatusCode::CONFLICT,
+                "not_cancellable",
+                "booking 7 is ended and cannot be cancelled or ended",
+            ),
+            (
+                StoreError::Conflict(Conflict::BookingNotChangeable {
+                    id: 7,
+                    status: BookingStatus::Cancelled,
+                }),
+                StatusCode::CONFLICT,
+                "not_changeable",
+                "booking 7 is cancelled and cannot be changed",
+            ),
+            (
+                StoreError::Conflict(Conflict::WaitlistEntryNotCancellable {
+                    id: 8,
+                    state: "booked".into(),
+                }),
+                StatusCode::CONFLICT,
+                "not_cancellable",
+                "waitlist entry 8 is booked and cannot be cancelled",
+            ),
+            (
+                StoreError::Conflict(Conflict::AlreadyWaiting {
+                    model: "a100".into(),
+                }),
+                StatusCode::CONFLICT,
+                "already_waiting",
+                "You are already on the waitlist of a100; cancel that entry to change it.",
+            ),
+            (
+                StoreError::Conflict(Conflict::UsernameCollision),
+                StatusCode::CONFLICT,
+                "username_collision",
+                "This user name cannot be told apart from another user's in the labels \
+                 JupyterHub puts on pods (its KubeSpawner slug, or the name itself, is the \
+                 other user's), so its pods could get the other user's booking. Ask an \
+                 admin to rename one of the two users.",
+            ),
+            (
+                StoreError::Database(sqlx::Error::PoolTimedOut),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the booking database is unavailable",
+            ),
+        ];
+        for (store, status, code, message) in cases {
+            assert_eq!(answer(store), (status, code, message.to_string()));
+        }
     }
 }

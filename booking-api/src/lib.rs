@@ -14,9 +14,11 @@ pub mod metrics;
 pub mod notices;
 pub mod openapi;
 pub mod page;
+pub mod role;
 pub mod routes;
 pub mod server;
 pub mod service_accounts;
+pub mod state;
 pub mod store;
 pub mod testing;
 

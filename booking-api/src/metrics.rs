@@ -1,7 +1,9 @@
 //! Prometheus metrics of the API (`gpu_booking_api_*`).
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::{Method, StatusCode};
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::app::AppState;
+use gpu_booking_ops::access::Access;
 
 /// Every value comes from a closed set (see [`method_label`], [`status_label`]; the
 /// route is a template of the router or `unmatched`), so that no client can grow the
@@ -159,21 +161,24 @@ impl Metrics {
         db: &sqlx::PgPool,
         now: chrono::DateTime<chrono::Utc>,
     ) -> sqlx::Result<()> {
-        let (active, planned): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE start_at <= $1), count(*) FILTER (WHERE start_at > $1)
-             FROM booking WHERE cancelled_at IS NULL AND end_at > $1",
+        let counts = sqlx::query!(
+            r#"SELECT count(*) FILTER (WHERE start_at <= $1) AS "active!",
+                      count(*) FILTER (WHERE start_at > $1) AS "planned!"
+             FROM booking WHERE cancelled_at IS NULL AND end_at > $1"#,
+            now
         )
-        .bind(now)
         .fetch_one(db)
         .await?;
-        let models: Vec<(String, i32, i32, i64)> = sqlx::query_as(
-            "SELECT m.name, m.units, m.in_use, COALESCE(sum(b.units), 0)::bigint
+        let (active, planned) = (counts.active, counts.planned);
+        let models: Vec<(String, i32, i32, i64)> = sqlx::query!(
+            r#"SELECT m.name, m.units, m.in_use, COALESCE(sum(b.units), 0)::bigint AS "booked!"
              FROM gpu_model m
              LEFT JOIN booking b ON b.model = m.name AND b.cancelled_at IS NULL
                   AND b.start_at <= $1 AND b.end_at > $1
-             GROUP BY m.name, m.units, m.in_use",
+             GROUP BY m.name, m.units, m.in_use"#,
+            now
         )
-        .bind(now)
+        .map(|m| (m.name, m.units, m.in_use, m.booked))
         .fetch_all(db)
         .await?;
         let s = &self.state;
@@ -204,25 +209,9 @@ impl Metrics {
     }
 }
 
-/// The request method if it is one of HTTP's standard nine (RFC 9110 and PATCH),
-/// else `other`: any token is a valid method on the wire.
-pub fn method_label(method: &Method) -> &'static str {
-    const STANDARD: [Method; 9] = [
-        Method::GET,
-        Method::HEAD,
-        Method::POST,
-        Method::PUT,
-        Method::DELETE,
-        Method::PATCH,
-        Method::OPTIONS,
-        Method::CONNECT,
-        Method::TRACE,
-    ];
-    STANDARD
-        .iter()
-        .find(|m| *m == method)
-        .map_or("other", Method::as_str)
-}
+/// The request method as a label (the standard nine, else `other`): the access
+/// log's own ([`gpu_booking_ops::access`]).
+pub use gpu_booking_ops::access::method_label;
 
 /// The status code for the ones the API answers (the OpenAPI document's and the
 /// server's own), else its class (`2xx` .. `5xx`, `other`).
@@ -266,30 +255,20 @@ pub fn status_label(status: StatusCode) -> &'static str {
 pub const ACCESS_LOG: &str = "gpu_booking_api::access";
 
 /// The label of requests no route matched (the fallback's 404s, whatever the path).
-pub const UNMATCHED: &str = "unmatched";
+pub use gpu_booking_ops::access::UNMATCHED;
 
 /// Counts and times every request by its route template (not its raw path, so
 /// that ids do not explode the label set), and writes its access log line: method,
 /// route template, status, latency (never the path, the query or a header, so no
 /// id, feed token or bearer token reaches the logs).
-pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| UNMATCHED.to_string(), |m| m.as_str().to_string());
-    let method = method_label(req.method());
-    let started = std::time::Instant::now();
+pub async fn track(State(m): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+    // The same line as every admin port's (`gpu_booking_ops::access`), under the
+    // API's own target.
+    let access = Access::of(&req);
     let response = next.run(req).await;
-    let took = started.elapsed();
-    tracing::info!(
-        target: ACCESS_LOG,
-        method,
-        route = %route,
-        status = response.status().as_u16(),
-        latency_ms = took.as_secs_f64() * 1000.0,
-        "request"
-    );
-    let m = &state.metrics;
+    let took = access.elapsed();
+    gpu_booking_ops::access_line!(ACCESS_LOG, access, response.status(), took);
+    let Access { method, route, .. } = access;
     m.duration
         .get_or_create(&RouteLabels {
             route: route.clone(),

@@ -7,13 +7,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::app::AppState;
 use crate::config::OidcArgs;
 
 const INDEX_HTML: &str = include_str!("../assets/index.html");
@@ -100,7 +99,12 @@ fn escape_attribute(value: &str) -> String {
     out
 }
 
-pub fn routes() -> Router<AppState> {
+/// The page's routes, for any state that holds the [`Page`].
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Page: FromRef<S>,
+{
     let scripts = SCRIPTS.iter().fold(Router::new(), |router, &(name, body)| {
         router.route(
             &format!("/assets/{name}"),
@@ -110,11 +114,8 @@ pub fn routes() -> Router<AppState> {
     scripts
         .route(
             "/",
-            get(|State(state): State<AppState>| async move {
-                asset(
-                    "text/html; charset=utf-8",
-                    state.page.index_html.to_string(),
-                )
+            get(|State(page): State<Page>| async move {
+                asset("text/html; charset=utf-8", page.index_html.to_string())
             }),
         )
         .route(

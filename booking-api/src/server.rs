@@ -11,12 +11,13 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
-use crate::app::{router, AppState};
+use crate::app::router;
 use crate::auth::Authenticator;
 use crate::clock::SystemClock;
 use crate::config::{ApiArgs, ApiLimits, AuthArgs, DatabaseArgs};
 use crate::error::ErrorBody;
 use crate::metrics::Metrics;
+use crate::state::AppState;
 use crate::MIGRATOR;
 
 /// How often booking changes past their retention are deleted.
@@ -68,7 +69,7 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
         metrics: Arc::new(Metrics::default()),
         page: crate::page::Page::new(&args.oidc),
         names: gpu_booking_core::username::NameCase::from_switch(args.case_sensitive_names),
-        ambiguity_audit: crate::app::ambiguity_audit_bucket(),
+        ambiguity_audit: crate::state::ambiguity_audit_bucket(),
         notices: crate::notices::Channels {
             email: args.notices.smtp_host.is_some(),
             webhook: args.notices.notice_webhook_url_file.is_some(),
@@ -83,6 +84,25 @@ pub fn sweep_interval(args: &ApiArgs) -> Duration {
         .to_std()
         .unwrap_or_default()
         .max(Duration::from_secs(1))
+}
+
+/// The backstop of the passes that follow each freeing change: a pass over every
+/// model each `interval`, so that a change made elsewhere (or one whose process died
+/// between its commit and its pass) still serves the waitlist, and entries expire.
+pub fn spawn_waitlist_sweep(state: AppState, interval: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = state.clock.now();
+            if let Err(e) =
+                crate::store::waitlist::promote_all(&state.pool, &state.policy, now).await
+            {
+                tracing::warn!(error = %e, "waitlist sweep failed");
+            }
+        }
+    })
 }
 
 /// `gpu-booking api`: migrate, then serve until SIGTERM / Ctrl-C.
@@ -122,7 +142,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     tracing::info!(listen = %args.listen, "booking API listening");
     crate::store::changes::spawn_pruner(pool.clone(), args.change_retention, CHANGE_PRUNE_EVERY);
     let state = state(pool, &args, auth);
-    let _sweep = crate::store::waitlist::spawn_sweep(state.clone(), sweep_interval(&args));
+    let _sweep = spawn_waitlist_sweep(state.clone(), sweep_interval(&args));
     let notices = tokio::spawn(notice_worker(&state, &args.notices)?.run());
     let served = serve(listener, state, &args.limits).await;
     notices.abort();

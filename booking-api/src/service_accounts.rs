@@ -17,7 +17,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 use sha2::{Digest, Sha256};
 
-use crate::auth::Role;
+use crate::role::Role;
 
 /// How long a review's answer is reused (a revoked token works this long at most).
 pub const CACHE_TTL: Duration = Duration::from_secs(60);

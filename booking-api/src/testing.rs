@@ -10,10 +10,10 @@ use rand::RngCore;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
-use crate::app::AppState;
 use crate::auth::{mint_token, Authenticator, Role};
 use crate::clock::{Clock, SystemClock};
 use crate::metrics::Metrics;
+use crate::state::AppState;
 
 /// A running API on 127.0.0.1 with a fresh HS256 secret.
 pub struct TestApi {
@@ -66,7 +66,7 @@ pub fn test_state(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>, secret: &
         metrics: Arc::new(Metrics::default()),
         page: crate::page::Page::default(),
         names: gpu_booking_core::username::NameCase::default(),
-        ambiguity_audit: crate::app::ambiguity_audit_bucket(),
+        ambiguity_audit: crate::state::ambiguity_audit_bucket(),
         notices: Default::default(),
         changes: Default::default(),
     }

@@ -27,36 +27,9 @@ fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2030, 3, 4, 0, 0, 0).unwrap()
 }
 
-/// What a `tracing` subscriber writes, kept for the test to read.
-#[derive(Clone, Default)]
-struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Capture {
-    type Writer = Capture;
-    fn make_writer(&'a self) -> Capture {
-        self.clone()
-    }
-}
-
 #[sqlx::test(migrations = "../migrations")]
 async fn every_request_has_one_access_log_line_without_its_path(pool: PgPool) {
-    let capture = Capture::default();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .with_writer(capture.clone())
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (capture, _guard) = gpu_booking_ops::testing::LogCapture::start();
     let app = gpu_booking_api::app::router(test_state(
         pool,
         Policy::default(),
@@ -83,12 +56,8 @@ async fn every_request_has_one_access_log_line_without_its_path(pool: PgPool) {
             .unwrap();
         let _ = res.into_body().collect().await.unwrap();
     }
-    let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
-    let access: Vec<Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l["target"] == "gpu_booking_api::access")
-        .collect();
+    let text = capture.text();
+    let access: Vec<Value> = capture.lines_of("gpu_booking_api::access");
     assert_eq!(access.len(), 3, "{text}");
     let routes: Vec<&str> = access
         .iter()

@@ -1,21 +1,28 @@
-//! The booking service, as the controller and the node agent call it with a service
-//! token: the model catalog, usage reports and audit reports.
-//! Also the service token itself ([`TokenSource`]), which the webhook shares.
+//! The booking service's one HTTP client, as the webhook, the controller and the node
+//! agent call it with a service token: the schedulability answer and the replica's
+//! snapshot, the model catalog, usage and held-units reports, audit reports and the
+//! booking change stream. The messages are `core`'s wire types
+//! ([`gpu_booking_core::wire`]), the same ones the service serialises.
+//! Also the service token itself ([`TokenSource`]).
 //!
 //! Every call has a timeout; every failure is an error (a failed call never reads as
 //! an empty answer).
 #![forbid(unsafe_code)]
 
 mod follow;
+pub mod options;
 mod token;
 
 use std::time::Duration;
 
+use gpu_booking_core::admission::{AdmissionState, Ask};
+use gpu_booking_core::wire::{AuditBatch, HeldReported, Recorded, RecordedBatch};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde::Serialize;
 
 pub use follow::{BookingChange, BookingState, ChangePage, ChangeSource, Followed, Follower};
+pub use gpu_booking_core::wire::{AuditReport, HeldReport, Model, Schedulability, UsageReport};
+pub use options::BookingServiceArgs;
 pub use token::{FileStamp, TokenError, TokenSource};
 
 /// Why a call gave no usable answer.
@@ -31,66 +38,6 @@ pub enum ClientError {
     Body(String),
     #[error(transparent)]
     Token(#[from] TokenError),
-}
-
-/// A bookable model as `GET /api/v1/models` lists it (the fields this client uses).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Model {
-    pub name: String,
-    /// Ordered wildcard patterns over product names.
-    #[serde(default)]
-    pub patterns: Vec<String>,
-    /// The model's own extended resource (e.g. `nvidia.com/mig-1g.5gb`), if any.
-    #[serde(default)]
-    pub resource: Option<String>,
-    #[serde(default)]
-    pub units: i32,
-    #[serde(default)]
-    pub in_use: i32,
-    #[serde(default)]
-    pub position: i32,
-    /// Physical cards the controller counted (informational, beside `units`).
-    #[serde(default)]
-    pub cards: Option<i32>,
-}
-
-/// The body of `PUT /api/v1/held-units`: what the controller counted of the
-/// bookings' high-priority pods.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeldReport {
-    /// Booking id -> GPU units its pods hold now (the whole count).
-    pub bookings: std::collections::BTreeMap<i64, u64>,
-    /// Booking id -> the last GPU activity of its pods (the node agent's
-    /// `gpu-booking.io/last-gpu-activity` annotation), for the usage report.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub active: std::collections::BTreeMap<i64, chrono::DateTime<chrono::Utc>>,
-}
-
-/// What the controller reports of one model (`PUT /api/v1/models/{name}/usage`):
-/// recorded beside the admin's declared units, never in their place.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UsageReport {
-    /// Cards with a pod on them.
-    pub in_use: i32,
-    /// Physical cards (MIG devices for a MIG profile) on the nodes.
-    pub cards: i32,
-    /// Whether every node with cards of the model advertises the VRAM budget resource.
-    pub gpumem_advertised: bool,
-    /// The VRAM budget one unit can hold, MiB, when advertised.
-    pub gpumem_unit_mib: Option<i32>,
-}
-
-/// One enforcement action for the audit log (`POST /api/v1/audit`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AuditReport {
-    /// e.g. `controller.expire`, `agent.reclaim`.
-    pub action: String,
-    /// e.g. `jhub/jupyter-alice`.
-    pub subject: Option<String>,
-    pub user: Option<String>,
-    pub booking_id: Option<i64>,
-    /// Evidence: reasons, times, samples.
-    pub details: Value,
 }
 
 /// The client. Cheap to share behind an `Arc`; connections are kept alive.
@@ -112,9 +59,14 @@ impl BookingClient {
     ) -> anyhow::Result<Self> {
         let base = base.trim_end_matches('/').to_owned();
         reqwest::Url::parse(&base).map_err(|e| anyhow::anyhow!("booking URL {base:?}: {e}"))?;
+        // Connections kept alive for the admission path's bursts (the webhook's
+        // schedulability lookups); no Nagle delay on small requests.
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(32)
+            .tcp_nodelay(true)
             .user_agent(user_agent)
             .build()?;
         Ok(Self {
@@ -128,7 +80,7 @@ impl BookingClient {
     /// The models, in matching order.
     pub async fn models(&self) -> Result<Vec<Model>, ClientError> {
         let mut models: Vec<Model> = self
-            .call(reqwest::Method::GET, "/api/v1/models", None)
+            .call(reqwest::Method::GET, "/api/v1/models", None::<&()>)
             .await?;
         models.sort_by_key(|m| m.position);
         Ok(models)
@@ -137,8 +89,7 @@ impl BookingClient {
     /// Reports what the controller counted of a model.
     pub async fn put_usage(&self, model: &str, report: &UsageReport) -> Result<(), ClientError> {
         let path = format!("/api/v1/models/{model}/usage");
-        let body = serde_json::to_value(report).map_err(|e| ClientError::Body(e.to_string()))?;
-        self.call::<Value>(reqwest::Method::PUT, &path, Some(&body))
+        self.call::<Model>(reqwest::Method::PUT, &path, Some(report))
             .await?;
         Ok(())
     }
@@ -146,10 +97,27 @@ impl BookingClient {
     /// Reports the units each booking's high-priority pods hold (the whole count:
     /// bookings left out hold none) and their last GPU activity.
     pub async fn put_held(&self, held: &HeldReport) -> Result<(), ClientError> {
-        let body = serde_json::to_value(held).map_err(|e| ClientError::Body(e.to_string()))?;
-        self.call::<Value>(reqwest::Method::PUT, "/api/v1/held-units", Some(&body))
+        self.call::<HeldReported>(reqwest::Method::PUT, "/api/v1/held-units", Some(held))
             .await?;
         Ok(())
+    }
+
+    /// The webhook's one question about a GPU pod (`GET /api/v1/schedulability`):
+    /// the owner's active booking and the free units (`?user=` or `?slug=`), or the
+    /// free units alone (no query).
+    pub async fn schedulability(&self, ask: Ask<'_>) -> Result<Schedulability, ClientError> {
+        let query = match ask {
+            Ask::Owner(who) => Some(who.query()),
+            Ask::FreeUnits => None,
+        };
+        self.call_within(
+            reqwest::Method::GET,
+            "/api/v1/schedulability",
+            query.as_slice(),
+            None::<&()>,
+            None,
+        )
+        .await
     }
 
     /// One answer of the booking change stream: `after: None` lists the current
@@ -167,61 +135,51 @@ impl BookingClient {
             ),
             None => "/api/v1/booking-changes".to_owned(),
         };
-        self.call_within(reqwest::Method::GET, &path, None, Some(wait))
+        self.call_within(reqwest::Method::GET, &path, &[], None::<&()>, Some(wait))
             .await
     }
 
     /// What the webhook's replica decides from (`GET /api/v1/admission-state`): with
     /// `full`, also the bookings, users and the change stream position.
-    pub async fn admission_state(
-        &self,
-        full: bool,
-    ) -> Result<gpu_booking_core::admission::AdmissionState, ClientError> {
+    pub async fn admission_state(&self, full: bool) -> Result<AdmissionState, ClientError> {
         let path = format!("/api/v1/admission-state?full={full}");
-        self.call(reqwest::Method::GET, &path, None).await
+        self.call(reqwest::Method::GET, &path, None::<&()>).await
     }
 
     /// Records many actions in one call (`POST /api/v1/audit/batch`, at most 500):
     /// all or none; returns the rows' ids.
-    pub async fn audit_batch(&self, reports: &[AuditReport]) -> Result<Vec<i64>, ClientError> {
-        let body = serde_json::json!({ "reports": reports });
-        let recorded: Value = self
-            .call(reqwest::Method::POST, "/api/v1/audit/batch", Some(&body))
+    pub async fn audit_batch(&self, batch: &AuditBatch) -> Result<Vec<i64>, ClientError> {
+        let recorded: RecordedBatch = self
+            .call(reqwest::Method::POST, "/api/v1/audit/batch", Some(batch))
             .await?;
-        Ok(recorded
-            .get("ids")
-            .and_then(Value::as_array)
-            .map(|ids| ids.iter().filter_map(Value::as_i64).collect())
-            .unwrap_or_default())
+        Ok(recorded.ids)
     }
 
     /// Records an action in the audit log; returns the row's id.
     pub async fn audit(&self, report: &AuditReport) -> Result<i64, ClientError> {
-        let body = serde_json::to_value(report).map_err(|e| ClientError::Body(e.to_string()))?;
-        let recorded: Value = self
-            .call(reqwest::Method::POST, "/api/v1/audit", Some(&body))
+        let recorded: Recorded = self
+            .call(reqwest::Method::POST, "/api/v1/audit", Some(report))
             .await?;
-        Ok(recorded
-            .get("id")
-            .and_then(Value::as_i64)
-            .unwrap_or_default())
+        Ok(recorded.id)
     }
 
     async fn call<T: DeserializeOwned>(
         &self,
         method: reqwest::Method,
         path: &str,
-        body: Option<&Value>,
+        body: Option<&impl Serialize>,
     ) -> Result<T, ClientError> {
-        self.call_within(method, path, body, None).await
+        self.call_within(method, path, &[], body, None).await
     }
 
-    /// A call; `longer` is added to the client's timeout (a long poll's wait).
+    /// A call with `query` pairs (encoded here); `longer` is added to the client's
+    /// timeout (a long poll's wait).
     async fn call_within<T: DeserializeOwned>(
         &self,
         method: reqwest::Method,
         path: &str,
-        body: Option<&Value>,
+        query: &[(&str, &str)],
+        body: Option<&impl Serialize>,
         longer: Option<Duration>,
     ) -> Result<T, ClientError> {
         let token = self.token.token()?;
@@ -229,6 +187,9 @@ impl BookingClient {
             .http
             .request(method, format!("{}{path}", self.base))
             .bearer_auth(token);
+        if !query.is_empty() {
+            request = request.query(query);
+        }
         if let Some(longer) = longer {
             request = request.timeout(self.timeout + longer);
         }

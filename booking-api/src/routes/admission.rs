@@ -3,14 +3,14 @@
 //! resume point is gone; the figures alone (`?full=false`) every second or so.
 
 use axum::extract::State;
-use gpu_booking_core::admission::replica::{AdmissionState, PolicyState};
+use gpu_booking_core::wire::{AdmissionState, PolicyState};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
+use crate::state::AppState;
 use crate::store::admission;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -28,7 +28,7 @@ pub struct AdmissionStateQuery {
                    each model's units, free units, VRAM budgets and last usage report, the units each booking's \
                    pods hold, and (full answers) the bookings, users and the `/booking-changes` position to \
                    follow from, all from one snapshot. Service role.",
-    responses((status = 200, body = Object, description = "An AdmissionState (core::admission::replica)"),
+    responses((status = 200, body = AdmissionState),
               (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn get(

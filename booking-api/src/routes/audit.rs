@@ -3,38 +3,16 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::{Deserialize, Serialize};
+use gpu_booking_core::wire::{AuditBatch, AuditReport, Recorded, RecordedBatch, MAX_AUDIT_BATCH};
+use serde::Deserialize;
 use serde_json::Value;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Query};
+use crate::state::AppState;
 use crate::store::audit::{self, AuditEvent};
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReportAction {
-    /// What was done, e.g. `webhook.strip`, `controller.expire`, `agent.reclaim`.
-    #[schema(min_length = 1, max_length = 64)]
-    pub action: String,
-    /// What it was done to, e.g. `jhub/jupyter-alice`.
-    #[schema(min_length = 1, max_length = 512)]
-    pub subject: Option<String>,
-    #[schema(min_length = 1, max_length = 256)]
-    pub user: Option<String>,
-    pub booking_id: Option<i64>,
-    /// Evidence: samples, reasons, PIDs ...
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub details: Value,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Recorded {
-    pub id: i64,
-}
 
 fn bounded(name: &str, value: Option<&str>, max: usize) -> Result<(), ApiError> {
     match value {
@@ -67,13 +45,13 @@ fn depth(value: &Value) -> usize {
     deepest
 }
 
-#[utoipa::path(post, path = "/api/v1/audit", tag = "audit", request_body = ReportAction,
+#[utoipa::path(post, path = "/api/v1/audit", tag = "audit", request_body = AuditReport,
     responses((status = 201, body = Recorded), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn report(
     State(state): State<AppState>,
     caller: Caller,
-    Json(body): Json<ReportAction>,
+    Json(body): Json<AuditReport>,
 ) -> Result<(StatusCode, axum::Json<Recorded>), ApiError> {
     caller.require_service()?;
     let body = checked(body)?;
@@ -82,7 +60,7 @@ pub async fn report(
 }
 
 /// A report checked, its `details` an object.
-fn checked(mut body: ReportAction) -> Result<ReportAction, ApiError> {
+fn checked(mut body: AuditReport) -> Result<AuditReport, ApiError> {
     bounded("action", Some(&body.action), 64)?;
     bounded("subject", body.subject.as_deref(), 512)?;
     bounded("user", body.user.as_deref(), 256)?;
@@ -103,7 +81,7 @@ fn checked(mut body: ReportAction) -> Result<ReportAction, ApiError> {
 fn new_event<'a>(
     state: &AppState,
     caller: &'a Caller,
-    body: &'a ReportAction,
+    body: &'a AuditReport,
 ) -> audit::NewEvent<'a> {
     audit::NewEvent {
         at: state.clock.now(),
@@ -116,23 +94,7 @@ fn new_event<'a>(
     }
 }
 
-/// Reports in one batch at most.
-pub const MAX_BATCH: usize = 500;
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReportBatch {
-    /// At most 500 reports, each checked as `POST /api/v1/audit` checks one.
-    pub reports: Vec<ReportAction>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct RecordedBatch {
-    /// The rows written, in the order of the reports.
-    pub ids: Vec<i64>,
-}
-
-#[utoipa::path(post, path = "/api/v1/audit/batch", tag = "audit", request_body = ReportBatch,
+#[utoipa::path(post, path = "/api/v1/audit/batch", tag = "audit", request_body = AuditBatch,
     description = "Many reports in one call and one transaction (the webhook batches its admissions' reports): \
                    all are written or, when one is invalid, none.",
     responses((status = 201, body = RecordedBatch), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
@@ -140,12 +102,12 @@ pub struct RecordedBatch {
 pub async fn report_batch(
     State(state): State<AppState>,
     caller: Caller,
-    Json(batch): Json<ReportBatch>,
+    Json(batch): Json<AuditBatch>,
 ) -> Result<(StatusCode, axum::Json<RecordedBatch>), ApiError> {
     caller.require_service()?;
-    if batch.reports.len() > MAX_BATCH {
+    if batch.reports.len() > MAX_AUDIT_BATCH {
         return Err(ApiError::Invalid(format!(
-            "at most {MAX_BATCH} reports in one batch"
+            "at most {MAX_AUDIT_BATCH} reports in one batch"
         )));
     }
     let reports = batch

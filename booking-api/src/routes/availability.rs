@@ -8,10 +8,10 @@ use gpu_booking_core::window::BookingStatus;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
+use crate::state::AppState;
 use crate::store::bookings::{self, Booking, Filter};
 use crate::store::models;
 

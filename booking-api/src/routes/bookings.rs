@@ -7,11 +7,11 @@ use gpu_booking_core::username::Username;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
 use crate::metrics::ResultLabels;
+use crate::state::AppState;
 use crate::store::bookings::{self, Booking, NewBooking};
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -73,7 +73,8 @@ pub async fn create(
             created_by: caller.user.as_str(),
         },
     )
-    .await;
+    .await
+    .map_err(ApiError::from);
     let outcome = match &result {
         Ok(_) => "created",
         Err(e) => e.code(),

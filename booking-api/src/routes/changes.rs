@@ -11,10 +11,10 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
+use crate::state::AppState;
 use crate::store::bookings::Booking;
 use crate::store::changes::{self, Read};
 

@@ -11,10 +11,10 @@ use icalendar::{Calendar, Component, Event, EventLike, EventStatus};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Path;
+use crate::state::AppState;
 use crate::store::feeds::{self, FeedBooking};
 use crate::store::models;
 

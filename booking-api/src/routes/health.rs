@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 pub async fn healthz() -> &'static str {
     "ok"

@@ -7,10 +7,10 @@ use gpu_booking_core::rules::{self, Reason};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
+use crate::state::AppState;
 use crate::store::{bookings, models};
 
 #[derive(Debug, Deserialize, IntoParams)]

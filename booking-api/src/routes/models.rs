@@ -4,45 +4,45 @@ use axum::extract::State;
 use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, Utc};
 use gpu_booking_core::capacity;
 use gpu_booking_core::window::Window;
+use gpu_booking_core::wire;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
+use crate::state::AppState;
 use crate::store::audit;
 use crate::store::models::{self, Model, ModelSpec};
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ModelView {
-    #[serde(flatten)]
-    pub model: Model,
-    /// Units not in use right now.
-    pub free: i32,
-    /// The cards counted on the nodes disagree with the declared units (a card
-    /// missing or added, or units declared per time-slicing replica).
-    pub mismatch: bool,
+/// A model as the API shows it: the store's row, and what follows from it.
+fn view(m: Model) -> wire::Model {
+    wire::Model {
+        free: wire::count(m.free_now()),
+        mismatch: m.mismatch(),
+        units: wire::count(m.units),
+        gpumem_mib: wire::count(m.gpumem_mib),
+        in_use: wire::count(m.in_use),
+        cards: m.cards.map(wire::count),
+        gpumem_unit_mib: m.gpumem_unit_mib.map(wire::count),
+        name: m.name,
+        position: m.position,
+        patterns: m.patterns,
+        resource: m.resource,
+        usage_reported_at: m.usage_reported_at,
+        gpumem_advertised: m.gpumem_advertised,
+    }
 }
 
 #[utoipa::path(get, path = "/api/v1/models", tag = "models",
-    responses((status = 200, body = [ModelView])), security(("bearer" = [])))]
+    responses((status = 200, body = [wire::Model])), security(("bearer" = [])))]
 pub async fn list(
     State(state): State<AppState>,
     _caller: Caller,
-) -> Result<axum::Json<Vec<ModelView>>, ApiError> {
+) -> Result<axum::Json<Vec<wire::Model>>, ApiError> {
     let models = models::list(&state.pool).await?;
-    Ok(axum::Json(
-        models
-            .into_iter()
-            .map(|m| ModelView {
-                free: m.free_now(),
-                mismatch: m.mismatch(),
-                model: m,
-            })
-            .collect(),
-    ))
+    Ok(axum::Json(models.into_iter().map(view).collect()))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -63,14 +63,14 @@ pub struct PutModel {
 
 #[utoipa::path(put, path = "/api/v1/models/{name}", tag = "models", request_body = PutModel,
     params(("name" = String, Path)),
-    responses((status = 200, body = Model), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses((status = 200, body = wire::Model), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn put(
     State(state): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
     Json(body): Json<PutModel>,
-) -> Result<axum::Json<Model>, ApiError> {
+) -> Result<axum::Json<wire::Model>, ApiError> {
     caller.require_admin()?;
     // One rule for the admin API and the models declared in the chart's values.
     let name = gpu_booking_core::declared_models::check_model(
@@ -112,35 +112,19 @@ pub async fn put(
     tx.commit().await?;
     // More units may be what a waiting entry needs.
     crate::store::waitlist::after_freeing(&state.pool, &state.policy, now, name.as_str()).await;
-    Ok(axum::Json(model))
+    Ok(axum::Json(view(model)))
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PutUsage {
-    /// Units (cards) in use now.
-    pub in_use: i32,
-    /// Physical cards the cluster has, when the reporter counts them (the controller
-    /// does). Recorded beside the declared units, never in their place; `units` is
-    /// read as its old name.
-    #[serde(alias = "units")]
-    pub cards: Option<i32>,
-    /// Whether every node with cards of the model advertises the VRAM budget resource.
-    pub gpumem_advertised: Option<bool>,
-    /// The VRAM budget one unit can hold, MiB (with `gpumem_advertised`).
-    pub gpumem_unit_mib: Option<i32>,
-}
-
-#[utoipa::path(put, path = "/api/v1/models/{name}/usage", tag = "models", request_body = PutUsage,
+#[utoipa::path(put, path = "/api/v1/models/{name}/usage", tag = "models", request_body = wire::UsageReport,
     params(("name" = String, Path)),
-    responses((status = 200, body = Model), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses((status = 200, body = wire::Model), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn put_usage(
     State(state): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-    Json(body): Json<PutUsage>,
-) -> Result<axum::Json<Model>, ApiError> {
+    Json(body): Json<wire::UsageReport>,
+) -> Result<axum::Json<wire::Model>, ApiError> {
     caller.require_service()?;
     if body.in_use < 0 || body.cards.is_some_and(|u| !(0..=100_000).contains(&u)) {
         return Err(ApiError::Invalid(
@@ -152,16 +136,10 @@ pub async fn put_usage(
             "gpumem_unit_mib must not be negative".into(),
         ));
     }
-    let report = models::UsageReport {
-        in_use: body.in_use,
-        cards: body.cards,
-        gpumem_advertised: body.gpumem_advertised,
-        gpumem_unit_mib: body.gpumem_unit_mib,
-    };
-    let model = models::set_usage(&state.pool, &name, &report, state.clock.now())
+    let model = models::set_usage(&state.pool, &name, &body, state.clock.now())
         .await?
         .ok_or_else(|| ApiError::unknown_model(&name))?;
-    Ok(axum::Json(model))
+    Ok(axum::Json(view(model)))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

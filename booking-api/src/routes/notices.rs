@@ -5,11 +5,11 @@ use gpu_booking_core::notice::{is_address, NoticeKind, Prefs, MAX_ADDRESS_LEN};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Json;
 use crate::notices::{self, Channels, SentNotice};
+use crate::state::AppState;
 
 /// Newest notices shown with the preferences.
 const RECENT: i64 = 20;

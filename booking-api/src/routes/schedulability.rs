@@ -6,16 +6,18 @@ use std::time::Instant;
 
 use axum::extract::State;
 use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_core::next_start;
 use gpu_booking_core::username::{SlugMatch, Username};
-use serde::{Deserialize, Serialize};
+use gpu_booking_core::wire::{count, Schedulability};
+use serde::Deserialize;
 use serde_json::json;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
+use crate::state::AppState;
 use crate::store::{audit, bookings, held, models, users};
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -29,44 +31,6 @@ pub struct SchedulabilityQuery {
     /// nobody (and is audited). Give neither `user` nor `slug` for a pod without
     /// identity: then only the free units are answered.
     pub slug: Option<String>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Schedulability {
-    /// The user has an active booking now.
-    pub schedulable: bool,
-    /// End of the active booking.
-    pub until: Option<DateTime<Utc>>,
-    pub model: Option<String>,
-    pub booking_id: Option<i64>,
-    /// The user the query resolved to, if any.
-    pub user: Option<String>,
-    /// Units of each model not in use right now.
-    pub free: BTreeMap<String, i32>,
-    /// Default VRAM budget (MiB) of each model.
-    pub gpumem_mib: BTreeMap<String, i32>,
-    /// When not booked: the earliest start of a new booking on any model (the
-    /// earliest of `earliest_booking_by_model`).
-    pub earliest_booking: Option<DateTime<Utc>>,
-    /// The VRAM budget (MiB) one unit can hold, for each model whose every node
-    /// advertises the budget resource; other models' pods get no budget.
-    pub gpumem_advertised_mib: BTreeMap<String, i32>,
-    /// When not booked: the earliest start of a new booking of each model, exactly as
-    /// `GET /me/next-start?model=` answers it for this user (rules and capacity, the
-    /// default length). Empty for a pod without identity or an ambiguous slug.
-    pub earliest_booking_by_model: BTreeMap<String, DateTime<Utc>>,
-    /// With an active booking: the GPUs it is for. The user's pods get high priority
-    /// for this many units at once, no more.
-    pub units: Option<i32>,
-    /// With an active booking: the units its user's high-priority pods held at the
-    /// controller's last count (reported within about a second of a pod change; a
-    /// pod admitted since is not in it, and the controller demotes what goes past
-    /// `units`).
-    pub units_held: Option<i32>,
-    /// Per model, when the controller's usage report that `free` comes from was
-    /// received (absent before the first report). The webhook subtracts the GPU pods
-    /// it admitted that a report this old cannot count yet.
-    pub usage_reported_at: BTreeMap<String, DateTime<Utc>>,
 }
 
 /// Whom a query names.
@@ -126,36 +90,42 @@ pub async fn get(
         _ => None,
     };
     let models = models::list(&state.pool).await?;
-    let free = models
+    // Models whose name the webhook could not read are left out (it could not read
+    // an answer that named them), as in the replica's snapshot.
+    let named: Vec<(ModelName, &models::Model)> = models
         .iter()
-        .map(|m| (m.name.clone(), m.free_now()))
+        .filter_map(|m| Some((ModelName::parse(&m.name).ok()?, m)))
         .collect();
-    let gpumem_mib = models
+    let free = named
         .iter()
-        .map(|m| (m.name.clone(), m.gpumem_mib))
+        .map(|(name, m)| (name.clone(), count(m.free_now())))
         .collect();
-    let usage_reported_at: BTreeMap<String, DateTime<Utc>> = models
+    let gpumem_mib = named
         .iter()
-        .filter_map(|m| Some((m.name.clone(), m.usage_reported_at?)))
+        .map(|(name, m)| (name.clone(), count(m.gpumem_mib)))
         .collect();
-    let gpumem_advertised_mib: BTreeMap<String, i32> = models
+    let usage_reported_at = named
         .iter()
-        .filter_map(|m| Some((m.name.clone(), m.advertised_unit_mib()?)))
+        .filter_map(|(name, m)| Some((name.clone(), m.usage_reported_at?)))
+        .collect();
+    let gpumem_advertised_mib = named
+        .iter()
+        .filter_map(|(name, m)| Some((name.clone(), count(m.advertised_unit_mib()?))))
         .collect();
     if let Some(b) = active {
         let units_held = held::units_held(&state.pool, b.id).await?;
         return Ok(axum::Json(Schedulability {
-            units: Some(b.units),
-            units_held: Some(units_held),
+            units: Some(count(b.units)),
+            units_held: Some(count(units_held)),
             schedulable: true,
             until: Some(b.end_at),
-            model: Some(b.model),
+            model: ModelName::parse(&b.model).ok(),
             booking_id: Some(b.id),
             user: Some(b.user_name),
             free,
             gpumem_mib,
             earliest_booking: None,
-            gpumem_advertised_mib,
+            gpumem_advertised_mib: Some(gpumem_advertised_mib),
             earliest_booking_by_model: BTreeMap::new(),
             usage_reported_at,
         }));
@@ -173,7 +143,7 @@ pub async fn get(
             models::earliest_starts(&state.pool, &state.policy, now, &own, &models, duration)
                 .await?;
         for (model, next) in answers {
-            if let Ok(next) = next {
+            if let (Ok(model), Ok(next)) = (ModelName::parse(&model), next) {
                 earliest_booking_by_model.insert(model, next.start);
             }
         }
@@ -191,7 +161,7 @@ pub async fn get(
         gpumem_mib,
         earliest_booking: earliest_booking_by_model.values().min().copied(),
         earliest_booking_by_model,
-        gpumem_advertised_mib,
+        gpumem_advertised_mib: Some(gpumem_advertised_mib),
         units: None,
         units_held: None,
         usage_reported_at,

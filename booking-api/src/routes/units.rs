@@ -2,16 +2,15 @@
 //! clients read them, and the controller's count of the units each booking's pods
 //! hold (what the webhook needs to give high priority only up to a booking's units).
 
-use std::collections::BTreeMap;
-
 use axum::extract::State;
-use serde::{Deserialize, Serialize};
+use gpu_booking_core::wire::{HeldReport, HeldReported};
+use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Json;
+use crate::state::AppState;
 use crate::store::{held, usage};
 
 /// The booking policy (the API's settings).
@@ -52,29 +51,13 @@ pub async fn policy(
 /// The most bookings one report may name: far above any cluster's GPUs.
 const MAX_REPORTED_BOOKINGS: usize = 100_000;
 
-/// What the controller counted.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PutHeld {
-    /// Booking id (as a string key) -> GPU units its user's high-priority pods hold
-    /// now. The whole count: bookings left out hold none.
-    #[schema(value_type = BTreeMap<String, i32>)]
-    pub bookings: BTreeMap<i64, i32>,
-    /// Booking id (as a string key) -> the last GPU activity of its pods, as the node
-    /// agent annotated them (`gpu-booking.io/last-gpu-activity`). Optional; recorded
-    /// for the usage report (`GET /api/v1/admin/usage`) and the idle nudge.
-    #[serde(default)]
-    #[schema(value_type = BTreeMap<String, chrono::DateTime<chrono::Utc>>)]
-    pub active: BTreeMap<i64, chrono::DateTime<chrono::Utc>>,
-}
-
-#[utoipa::path(put, path = "/api/v1/held-units", tag = "webhook", request_body = PutHeld,
+#[utoipa::path(put, path = "/api/v1/held-units", tag = "webhook", request_body = HeldReport,
     responses((status = 200, body = HeldReported), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn put_held(
     State(state): State<AppState>,
     caller: Caller,
-    Json(body): Json<PutHeld>,
+    Json(body): Json<HeldReport>,
 ) -> Result<axum::Json<HeldReported>, ApiError> {
     caller.require_service()?;
     if body.bookings.len() > MAX_REPORTED_BOOKINGS || body.active.len() > MAX_REPORTED_BOOKINGS {
@@ -93,11 +76,4 @@ pub async fn put_held(
     Ok(axum::Json(HeldReported {
         bookings: body.bookings.len(),
     }))
-}
-
-/// The answer to a report.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct HeldReported {
-    /// Bookings the report named.
-    pub bookings: usize,
 }

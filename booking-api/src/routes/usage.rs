@@ -12,10 +12,10 @@ use gpu_booking_core::usage::{csv_field, csv_record, Use, UseStatus};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
+use crate::state::AppState;
 use crate::store::usage::{self, BookingUse};
 
 /// The longest period one report covers.

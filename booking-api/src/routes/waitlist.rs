@@ -8,10 +8,10 @@ use gpu_booking_core::waitlist::Wish;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
+use crate::state::AppState;
 use crate::store::waitlist::{self, Entry, NewEntry};
 
 /// How long an entry waits for a start when it names no `latest_start`.
