@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_booking_client::AuditReport;
-use gpu_booking_core::admission::{AdmissionConfig, BOOKING_LABEL, USERNAME_KEY};
+use gpu_booking_core::admission::{pod_label, AdmissionConfig, BOOKING_LABEL, USERNAME_KEY};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -212,6 +212,37 @@ enum Mode {
     HubRestart,
 }
 
+/// Why an action on a pod failed (it is tried again: [`Outcome::Failed`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("{0}")]
+    Read(kube::Error),
+    #[error("reading the pod: {0}")]
+    Reread(kube::Error),
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Copy(#[from] crate::recreate::CopyError),
+    #[error("deleting: {0}")]
+    Delete(kube::Error),
+    #[error("creating the pod's copy: {0}")]
+    Create(kube::Error),
+    #[error("creating the pod's copy: the old pod is still there")]
+    OldPodStays,
+    #[error("the pod was not gone within {0:?}; not replaced yet")]
+    NotGone(Duration),
+    #[error("not finished after {0} steps")]
+    Unfinished(usize),
+    #[error("the pod names no JupyterHub user")]
+    NoHubUser,
+    #[error("a hub restart was recorded but --hub-api-url is not set")]
+    NoHub,
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
+    #[error(transparent)]
+    Intent(#[from] intent::IntentError),
+}
+
 /// Delays between attempts of a write that failed for a passing reason.
 const BACKOFF: [u64; 7] = [200, 500, 1_000, 2_000, 5_000, 10_000, 30_000];
 /// How often a pod we wait for is re-read, in case its DELETED event was missed.
@@ -244,7 +275,7 @@ pub async fn run(ctx: &Ctx, job: &Job) -> Outcome {
         Ok(outcome) => outcome,
         Err(e) => {
             ctx.metrics.error("kubernetes");
-            Outcome::Failed(e)
+            Outcome::Failed(e.to_string())
         }
     };
     ctx.metrics.action(job.reason.metric(), outcome.metric());
@@ -267,7 +298,7 @@ pub async fn run(ctx: &Ctx, job: &Job) -> Outcome {
     outcome
 }
 
-async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
+async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, ActionError> {
     if !ctx.leadership.is_leader() {
         return Ok(Outcome::Skipped("not the leader"));
     }
@@ -275,10 +306,10 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
         return resume(ctx, job, intent).await;
     }
     let api = pods(ctx, &job.namespace);
-    let Some(obj) = api.get_opt(&job.name).await.map_err(|e| e.to_string())? else {
+    let Some(obj) = api.get_opt(&job.name).await.map_err(ActionError::Read)? else {
         return Ok(Outcome::Skipped("gone"));
     };
-    let pod = serde_json::to_value(&obj).map_err(|e| e.to_string())?;
+    let pod = serde_json::to_value(&obj)?;
     if pod.pointer("/metadata/uid").and_then(Value::as_str) != Some(job.uid.as_str()) {
         return Ok(Outcome::Skipped("replaced by another pod"));
     }
@@ -400,7 +431,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, String> {
 }
 
 /// Deletes the pod with this uid (never a newer pod of the same name).
-async fn delete(ctx: &Ctx, job: &Job, api: &Api<DynamicObject>) -> Result<Outcome, String> {
+async fn delete(ctx: &Ctx, job: &Job, api: &Api<DynamicObject>) -> Result<Outcome, ActionError> {
     delete_if(ctx, job, api, None).await
 }
 
@@ -411,7 +442,7 @@ async fn delete_if(
     job: &Job,
     api: &Api<DynamicObject>,
     version: Option<&str>,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, ActionError> {
     if !ctx.leadership.is_leader() {
         return Ok(Outcome::Skipped("not the leader"));
     }
@@ -426,7 +457,7 @@ async fn delete_if(
         Ok(_) => Ok(Outcome::Deleted),
         Err(e) if version.is_some() && is_code(&e, 409) => Ok(Outcome::Skipped("changed")),
         Err(e) if is_code(&e, 404) || is_code(&e, 409) => Ok(Outcome::Skipped("gone")),
-        Err(e) => Err(format!("deleting: {e}")),
+        Err(e) => Err(ActionError::Delete(e)),
     }
 }
 
@@ -444,17 +475,16 @@ async fn recreate(
     _api: &Api<DynamicObject>,
     pod: &Value,
     kind: Copy,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, ActionError> {
     let reason = job.reason.text();
     let lent = match kind {
-        Copy::Lent => lent_copy(pod, &ctx.cfg).map_err(|e| e.to_string())?,
+        Copy::Lent => lent_copy(pod, &ctx.cfg)?,
         Copy::CpuOnly => None,
     };
     let (copy, demoted) = match lent {
         Some(copy) => (copy, true),
         None => (
-            cpu_only_copy(pod, &ctx.cfg, &format!("GPU removed: {reason}"))
-                .map_err(|e| e.to_string())?,
+            cpu_only_copy(pod, &ctx.cfg, &format!("GPU removed: {reason}"))?,
             false,
         ),
     };
@@ -473,9 +503,9 @@ async fn recreate(
 }
 
 /// `--on-expiry hub-restart`: the hub stops the server and starts it again.
-async fn restart(ctx: &Ctx, job: &Job, pod: &Value) -> Result<Outcome, String> {
+async fn restart(ctx: &Ctx, job: &Job, pod: &Value) -> Result<Outcome, ActionError> {
     let Some((user, server)) = hub_server(pod) else {
-        return Err("the pod names no JupyterHub user".into());
+        return Err(ActionError::NoHubUser);
     };
     let intent = new_intent(job, Replacement::Hub { user, server });
     begin(ctx, job, &intent, None).await
@@ -520,7 +550,7 @@ async fn begin(
     job: &Job,
     intent: &Intent,
     version: Option<&str>,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, ActionError> {
     if !ctx.leadership.is_leader() {
         return Ok(Outcome::Skipped("not the leader"));
     }
@@ -563,7 +593,7 @@ fn how(replacement: &Replacement, copy_verb: &str, hub_verb: &str) -> String {
 }
 
 /// A recorded action found by the sweep: finished, or given up when too old.
-async fn resume(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, String> {
+async fn resume(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, ActionError> {
     if ctx.dry_run {
         tracing::info!(pod = %intent.key(), "dry run: would finish a recorded action");
         return Ok(Outcome::DryRun);
@@ -606,7 +636,7 @@ async fn resume(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, String
 /// Drives `intent` to its end from wherever it stands: ends the original if it still
 /// runs, waits until it is gone, puts the replacement in its place, and removes the
 /// intent. Safe to run again at any point (by this replica or the next leader).
-pub async fn finish(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, String> {
+pub async fn finish(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, ActionError> {
     use gpu_booking_core::intent::{next_step, PodNow, Step};
     let api = pods(ctx, &intent.namespace);
     let mut gone = ctx.gone.wait(&intent.uid);
@@ -615,7 +645,7 @@ pub async fn finish(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, St
             let current = api
                 .get_opt(&intent.pod)
                 .await
-                .map_err(|e| format!("reading the pod: {e}"))?;
+                .map_err(ActionError::Reread)?;
             let now = match &current {
                 None => PodNow::Absent,
                 Some(p) => PodNow::Present {
@@ -634,7 +664,10 @@ pub async fn finish(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, St
                             other => return Ok(other),
                         },
                         Replacement::Hub { user, server } => {
-                            hub(ctx)?.stop(user, server).await?;
+                            hub(ctx)
+                                .ok_or(ActionError::NoHub)?
+                                .stop(user, server)
+                                .await?;
                             // The hub no longer counts the server as running, so its
                             // poll leaves it alone; ending the pod ourselves too (this
                             // uid only) finishes a pod the hub has lost track of.
@@ -657,17 +690,18 @@ pub async fn finish(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, St
                 }
             }
         }
-        Err(format!("not finished after {MAX_STEPS} steps"))
+        Err(ActionError::Unfinished(MAX_STEPS))
     }
     .await;
     ctx.gone.forget(&intent.uid);
     result
 }
 
-fn hub(ctx: &Ctx) -> Result<&Hub, String> {
-    ctx.hub
-        .as_deref()
-        .ok_or_else(|| "a hub restart was recorded but --hub-api-url is not set".to_string())
+/// JupyterHub's API, which a recorded hub restart needs (`None` is
+/// [`ActionError::NoHub`] at the caller: a `Result` here would be as large as the
+/// error).
+fn hub(ctx: &Ctx) -> Option<&Hub> {
+    ctx.hub.as_deref()
 }
 
 /// The second step: the copy created, or the hub asked to start the server.
@@ -676,11 +710,10 @@ async fn replace(
     job: &Job,
     intent: &Intent,
     api: &Api<DynamicObject>,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, ActionError> {
     let (outcome, created_uid) = match &intent.replacement {
         Replacement::Copy { pod, demoted } => {
-            let copy: DynamicObject =
-                serde_json::from_value(pod.clone()).map_err(|e| e.to_string())?;
+            let copy: DynamicObject = serde_json::from_value(pod.clone())?;
             let created = create(api, &copy, &intent.uid).await?;
             let outcome = if *demoted {
                 Outcome::Demoted
@@ -690,7 +723,10 @@ async fn replace(
             (outcome, created.metadata.uid)
         }
         Replacement::Hub { user, server } => {
-            hub(ctx)?.start(user, server, ctx.gone_timeout).await?;
+            hub(ctx)
+                .ok_or(ActionError::NoHub)?
+                .start(user, server, ctx.gone_timeout)
+                .await?;
             (Outcome::Restarted, None)
         }
     };
@@ -717,7 +753,7 @@ async fn wait_gone(
     intent: &Intent,
     api: &Api<DynamicObject>,
     gone: &mut oneshot::Receiver<()>,
-) -> Result<(), String> {
+) -> Result<(), ActionError> {
     let deadline = tokio::time::Instant::now() + ctx.gone_timeout;
     let mut signal_lost = false;
     loop {
@@ -736,7 +772,7 @@ async fn wait_gone(
             }
             _ = tokio::time::sleep(GONE_RECHECK) => {}
             _ = tokio::time::sleep_until(deadline) => {
-                return Err(format!("the pod was not gone within {:?}; not replaced yet", ctx.gone_timeout));
+                return Err(ActionError::NotGone(ctx.gone_timeout));
             }
         }
     }
@@ -748,9 +784,9 @@ async fn create(
     api: &Api<DynamicObject>,
     copy: &DynamicObject,
     old_uid: &str,
-) -> Result<DynamicObject, String> {
+) -> Result<DynamicObject, ActionError> {
     let name = copy.metadata.name.clone().unwrap_or_default();
-    let mut last = String::new();
+    let mut last = ActionError::OldPodStays;
     for attempt in 0..=BACKOFF.len() {
         match api.create(&PostParams::default(), copy).await {
             Ok(created) => return Ok(created),
@@ -760,16 +796,16 @@ async fn create(
                         return Ok(existing);
                     }
                 }
-                last = "the old pod is still there".into();
+                last = ActionError::OldPodStays;
             }
-            Err(e) if !passing(&e) => return Err(format!("creating the pod's copy: {e}")),
-            Err(e) => last = e.to_string(),
+            Err(e) if !passing(&e) => return Err(ActionError::Create(e)),
+            Err(e) => last = ActionError::Create(e),
         }
         if let Some(ms) = BACKOFF.get(attempt) {
             tokio::time::sleep(Duration::from_millis(*ms)).await;
         }
     }
-    Err(format!("creating the pod's copy: {last}"))
+    Err(last)
 }
 
 pub(crate) async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, kube::Error>
@@ -835,9 +871,7 @@ async fn audit(ctx: &Ctx, job: &Job, pod: &Value, outcome: &Outcome) {
         .as_str()
         .or_else(|| meta["labels"][USERNAME_KEY].as_str())
         .map(str::to_owned);
-    let booking_id = meta["labels"][BOOKING_LABEL]
-        .as_str()
-        .and_then(|b| b.parse().ok());
+    let booking_id = pod_label(pod, BOOKING_LABEL).and_then(|b| b.parse().ok());
     let mut details = json!({
         "result": outcome.metric(),
         "reason": job.reason.text(),

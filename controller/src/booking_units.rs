@@ -60,7 +60,7 @@ mod tests {
         let lite: PodLite = serde_json::from_value(json!({
             "metadata": {"name": uid, "namespace": "jhub", "uid": uid,
                 "creationTimestamp": "2026-01-01T00:00:00Z",
-                "labels": {"gpu-booking/priority": priority, "gpu-booking/booking": booking},
+                "labels": {"gpu-booking.io/priority": priority, "gpu-booking.io/booking": booking},
                 "annotations": annotations},
             "spec": {"priorityClassName": format!("gpu-booking-{priority}"), "priority": 1000,
                 "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},

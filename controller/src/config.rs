@@ -1,5 +1,8 @@
 //! Options of `gpu-booking controller`; `--help` is the documentation. Every option
-//! also reads a `GPU_BOOKING_CONTROLLER_*` environment variable.
+//! also reads an environment variable: `GPU_BOOKING_CONTROLLER_*` for the
+//! controller's own, `GPU_BOOKING_*` for those shared with other components (the
+//! booking service's, `client::BookingServiceArgs`, and the admission options,
+//! `core::admission::AdmissionArgs`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,10 +10,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use gpu_booking_core::admission::{
-    AdmissionConfig, DEFAULT_GPUMEM_RESOURCE, DEFAULT_GPU_RESOURCE, DEFAULT_HIGH_PRIORITY_CLASS,
-    DEFAULT_LOW_PRIORITY_CLASS, DEFAULT_MODEL_NODE_LABEL, DEFAULT_TERMINATE_AT_ANNOTATION,
-};
+use gpu_booking_client::BookingServiceArgs;
+use gpu_booking_core::admission::{AdmissionArgs, AdmissionConfig};
 pub use gpu_booking_ops::LogFormat;
 
 /// Annotation the node agent writes on a pod: its last GPU activity (RFC 3339).
@@ -43,27 +44,13 @@ pub enum OnExpiry {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("booking_url", |a| a.required(true)))]
 pub struct ControllerArgs {
-    /// Base URL of the booking service, e.g. http://gpu-booking-api:8080.
-    #[arg(long, env = "GPU_BOOKING_CONTROLLER_BOOKING_URL")]
-    pub booking_url: String,
-
-    /// Service token (a JWT with the `service` role) for the booking service.
-    #[arg(
-        long,
-        env = "GPU_BOOKING_CONTROLLER_SERVICE_TOKEN",
-        hide_env_values = true,
-        conflicts_with = "service_token_file"
-    )]
-    pub service_token: Option<String>,
-
-    /// File holding the service token; re-read when it changes.
-    #[arg(long, env = "GPU_BOOKING_CONTROLLER_SERVICE_TOKEN_FILE")]
-    pub service_token_file: Option<PathBuf>,
-
-    /// Longest wait for one call to the booking service.
-    #[arg(long, env = "GPU_BOOKING_CONTROLLER_BOOKING_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-    pub booking_timeout: Duration,
+    // The booking service: `--booking-url` (required here), `--service-token` or
+    // `--service-token-file`, `--booking-timeout` (also JupyterHub's, with
+    // `--on-expiry hub-restart`).
+    #[command(flatten)]
+    pub booking: BookingServiceArgs,
 
     /// What happens to a booked pod at its `terminate-at`.
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_ON_EXPIRY", value_enum, default_value_t = OnExpiry::RecreateCpu)]
@@ -102,22 +89,10 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_PRODUCT_LABEL", default_value = DEFAULT_PRODUCT_LABEL)]
     pub product_label: String,
 
-    /// Node label the controller writes with the node's model (the webhook's node
-    /// selector).
-    #[arg(long, env = "GPU_BOOKING_CONTROLLER_MODEL_NODE_LABEL", default_value = DEFAULT_MODEL_NODE_LABEL)]
-    pub model_node_label: String,
-
-    /// Annotation that carries a booked pod's end (RFC 3339).
-    #[arg(long, env = "GPU_BOOKING_CONTROLLER_TERMINATE_AT_ANNOTATION", default_value = DEFAULT_TERMINATE_AT_ANNOTATION)]
-    pub terminate_at_annotation: String,
-
-    /// Generic GPU resources; repeat or separate with commas.
-    #[arg(long, env = "GPU_BOOKING_CONTROLLER_GPU_RESOURCE", value_delimiter = ',', default_value = DEFAULT_GPU_RESOURCE)]
-    pub gpu_resource: Vec<String>,
-
-    /// Extended resource carrying the VRAM budget (removed with the GPU).
-    #[arg(long, env = "GPU_BOOKING_CONTROLLER_GPUMEM_RESOURCE", default_value = DEFAULT_GPUMEM_RESOURCE)]
-    pub gpumem_resource: String,
+    // The GPU resources, the keys on pods and the priority classes, shared with the
+    // webhook (they must be the same in both).
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
 
     /// Advertise the VRAM budget resource (`--gpumem-resource`, MiB) on every GPU node
     /// in status.capacity and status.allocatable: cards x (memory per card from GFD's
@@ -143,14 +118,6 @@ pub struct ControllerArgs {
     /// Mixed-strategy MIG devices that no pattern names become model `mig-<profile>`.
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_MIG_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
     pub mig_fallback: bool,
-
-    /// Priority class of booked pods (dropped from a recreated pod).
-    #[arg(long, env = "GPU_BOOKING_CONTROLLER_HIGH_PRIORITY_CLASS", default_value = DEFAULT_HIGH_PRIORITY_CLASS)]
-    pub high_priority_class: String,
-
-    /// Priority class of lent pods (dropped from a recreated pod).
-    #[arg(long, env = "GPU_BOOKING_CONTROLLER_LOW_PRIORITY_CLASS", default_value = DEFAULT_LOW_PRIORITY_CLASS)]
-    pub low_priority_class: String,
 
     /// Take part in leader election (a Lease); off only for a single replica.
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
@@ -239,10 +206,7 @@ impl ControllerArgs {
     /// Every option at its default (for tests and embedding).
     pub fn with_defaults(booking_url: &str) -> Self {
         Self {
-            booking_url: booking_url.to_owned(),
-            service_token: None,
-            service_token_file: None,
-            booking_timeout: Duration::from_secs(5),
+            booking: BookingServiceArgs::new(booking_url, None),
             on_expiry: OnExpiry::RecreateCpu,
             hub_api_url: None,
             hub_token: None,
@@ -250,16 +214,11 @@ impl ControllerArgs {
             dry_run: false,
             namespace: None,
             product_label: DEFAULT_PRODUCT_LABEL.into(),
-            model_node_label: DEFAULT_MODEL_NODE_LABEL.into(),
-            terminate_at_annotation: DEFAULT_TERMINATE_AT_ANNOTATION.into(),
-            gpu_resource: vec![DEFAULT_GPU_RESOURCE.into()],
-            gpumem_resource: DEFAULT_GPUMEM_RESOURCE.into(),
+            admission: AdmissionArgs::default(),
             advertise_gpumem: true,
             gpumem_reserve_mib: 512,
             fallback_model: gpu_booking_core::inventory::DEFAULT_FALLBACK_MODEL.into(),
             mig_fallback: true,
-            high_priority_class: DEFAULT_HIGH_PRIORITY_CLASS.into(),
-            low_priority_class: DEFAULT_LOW_PRIORITY_CLASS.into(),
             leader_elect: true,
             lease_name: "gpu-booking-controller".into(),
             lease_namespace: "default".into(),
@@ -280,16 +239,7 @@ impl ControllerArgs {
 
     /// The patch planner's configuration: the keys the controller reads and strips.
     pub fn admission_config(&self) -> anyhow::Result<AdmissionConfig> {
-        let class = |c: &str| (!c.is_empty()).then(|| c.to_owned());
-        let cfg = AdmissionConfig {
-            gpu_resources: self.gpu_resource.clone(),
-            gpumem_resource: self.gpumem_resource.clone(),
-            terminate_at_annotation: self.terminate_at_annotation.clone(),
-            model_node_label: self.model_node_label.clone(),
-            high_priority_class: class(&self.high_priority_class),
-            low_priority_class: class(&self.low_priority_class),
-            ..AdmissionConfig::default()
-        };
+        let cfg = self.admission.admission_config();
         cfg.validate().context("invalid controller options")?;
         if !gpu_booking_core::admission::is_qualified_name(&self.product_label) {
             anyhow::bail!(
@@ -322,7 +272,7 @@ impl ControllerArgs {
             self.hub_token_file.as_deref(),
         )
         .map_err(|e| anyhow::anyhow!("--on-expiry hub-restart needs --hub-token-file: {e}"))?;
-        crate::hub::Hub::new(url, token, self.booking_timeout).map(Some)
+        crate::hub::Hub::new(url, token, self.booking.booking_timeout).map(Some)
     }
 
     /// How the inventory names cards no pattern names, and the VRAM reserve.
@@ -381,7 +331,7 @@ mod tests {
         .unwrap();
         assert_eq!(cli.args.on_expiry, OnExpiry::Demote);
         assert!(cli.args.dry_run && !cli.args.leader_elect);
-        assert_eq!(cli.args.gpu_resource.len(), 2);
+        assert_eq!(cli.args.admission.gpu_resource.len(), 2);
         assert!(cli.args.admission_config().is_ok());
         assert!(cli.args.hub().unwrap().is_none());
     }
@@ -411,11 +361,15 @@ mod tests {
     #[test]
     fn refuses_bad_values() {
         assert!(Cli::try_parse_from(["x", "--booking-url=u", "--on-expiry=later"]).is_err());
+        assert!(
+            Cli::try_parse_from(["x"]).is_err(),
+            "--booking-url is required"
+        );
         let mut args = ControllerArgs::with_defaults("http://x");
         args.lease_renew = Duration::from_secs(14);
         assert!(args.admission_config().is_err());
         let mut args = ControllerArgs::with_defaults("http://x");
-        args.terminate_at_annotation = "no spaces allowed".into();
+        args.admission.terminate_at_annotation = "no spaces allowed".into();
         assert!(args.admission_config().is_err());
         let mut args = ControllerArgs::with_defaults("http://x");
         args.fallback_model = "Not A Model".into();

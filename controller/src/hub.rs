@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use gpu_booking_client::TokenSource;
+use gpu_booking_client::{TokenError, TokenSource};
 use reqwest::{Method, StatusCode, Url};
 use serde_json::Value;
 
@@ -86,28 +86,28 @@ impl Hub {
         url
     }
 
-    async fn call(&self, method: Method, url: Url) -> Result<(StatusCode, Value), String> {
-        let token = self.token.token().map_err(|e| e.to_string())?;
+    async fn call(&self, method: Method, url: Url) -> Result<(StatusCode, Value), HubError> {
+        let token = self.token.token().map_err(HubError::Token)?;
         let resp = self
             .http
             .request(method, url)
             .header(reqwest::header::AUTHORIZATION, format!("token {token}"))
             .send()
             .await
-            .map_err(|e| format!("calling JupyterHub: {}", e.without_url()))?;
+            .map_err(|e| HubError::Call(e.without_url()))?;
         let status = resp.status();
         let body = resp.json::<Value>().await.unwrap_or(Value::Null);
         Ok((status, body))
     }
 
     /// The state of `user`'s server `server` ("" for the default one).
-    pub async fn state(&self, user: &str, server: &str) -> Result<ServerState, String> {
+    pub async fn state(&self, user: &str, server: &str) -> Result<ServerState, HubError> {
         let (status, body) = self.call(Method::GET, self.url(user, None)).await?;
         if status == StatusCode::NOT_FOUND {
             return Ok(ServerState::Stopped);
         }
         if !status.is_success() {
-            return Err(format!("JupyterHub answered {status} for the user"));
+            return Err(HubError::User(status));
         }
         let Some(entry) = body.get("servers").and_then(|s| s.get(server)) else {
             return Ok(ServerState::Stopped);
@@ -120,7 +120,7 @@ impl Hub {
 
     /// Asks the hub to stop the server (KubeSpawner deletes the pod); returns once the
     /// hub accepted (the pod may still be terminating).
-    pub async fn stop(&self, user: &str, server: &str) -> Result<(), String> {
+    pub async fn stop(&self, user: &str, server: &str) -> Result<(), HubError> {
         let (status, body) = self
             .call(Method::DELETE, self.url(user, Some(server)))
             .await?;
@@ -131,16 +131,13 @@ impl Hub {
         match self.state(user, server).await? {
             ServerState::Stopped => Ok(()),
             ServerState::Pending(p) if p == "stop" => Ok(()),
-            _ => Err(format!(
-                "JupyterHub refused to stop the server: {status} {}",
-                message(&body)
-            )),
+            _ => Err(HubError::RefusedStop(status, message(&body))),
         }
     }
 
     /// Asks the hub to start the server again once its stop has finished (waiting at
     /// most `wait`); a server already running or spawning counts as started.
-    pub async fn start(&self, user: &str, server: &str, wait: Duration) -> Result<(), String> {
+    pub async fn start(&self, user: &str, server: &str, wait: Duration) -> Result<(), HubError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             match self.state(user, server).await? {
@@ -150,9 +147,7 @@ impl Hub {
                 ServerState::Pending(_) => {}
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "JupyterHub did not finish stopping the server within {wait:?}"
-                ));
+                return Err(HubError::StillStopping(wait));
             }
             tokio::time::sleep(STATE_POLL).await;
         }
@@ -164,15 +159,29 @@ impl Hub {
         }
         match self.state(user, server).await? {
             ServerState::Running | ServerState::Pending(_) => Ok(()),
-            ServerState::Stopped => Err(format!(
-                "JupyterHub refused to start the server: {status} {}",
-                message(&body)
-            )),
+            ServerState::Stopped => Err(HubError::RefusedStart(status, message(&body))),
         }
     }
 }
 
 /// The hub's error message, bounded.
+/// What went wrong asking JupyterHub.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("{0}")]
+    Token(TokenError),
+    #[error("calling JupyterHub: {0}")]
+    Call(reqwest::Error),
+    #[error("JupyterHub answered {0} for the user")]
+    User(StatusCode),
+    #[error("JupyterHub refused to stop the server: {0} {1}")]
+    RefusedStop(StatusCode, String),
+    #[error("JupyterHub did not finish stopping the server within {0:?}")]
+    StillStopping(Duration),
+    #[error("JupyterHub refused to start the server: {0} {1}")]
+    RefusedStart(StatusCode, String),
+}
+
 fn message(body: &Value) -> String {
     body.get("message")
         .and_then(Value::as_str)

@@ -22,8 +22,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use serde_json::Value;
 
-/// The label every intent carries (its value: the replacement's kind).
-pub const INTENT_LABEL: &str = "gpu-booking.io/intent";
+/// The label every intent carries (its value: the replacement's kind), defined in
+/// core with every key of ours.
+pub use gpu_booking_core::admission::INTENT_LABEL;
 /// Intent names: this prefix and the original pod's uid.
 const NAME_PREFIX: &str = "gpu-booking-intent-";
 /// At most this many intents are read per sweep (the rest on the next one).
@@ -165,13 +166,30 @@ impl Intent {
     }
 }
 
+/// What went wrong writing or reading the recorded intents.
+#[derive(Debug, thiserror::Error)]
+pub enum IntentError {
+    #[error("recording the intent: {0}")]
+    Record(kube::Error),
+    #[error("removing the intent: {0}")]
+    Forget(kube::Error),
+    #[error("listing intents: {0}")]
+    List(kube::Error),
+    #[error("removing the intent {0}: {1}")]
+    DropUnreadable(String, kube::Error),
+}
+
 fn is_code(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 /// Records `intent` in `namespace`. Already recorded (a retry, or a previous leader):
 /// fine, it is the same action on the same pod.
-pub async fn record(client: &kube::Client, namespace: &str, intent: &Intent) -> Result<(), String> {
+pub async fn record(
+    client: &kube::Client,
+    namespace: &str,
+    intent: &Intent,
+) -> Result<(), IntentError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     match api
         .create(&PostParams::default(), &intent.to_config_map(namespace))
@@ -179,12 +197,12 @@ pub async fn record(client: &kube::Client, namespace: &str, intent: &Intent) -> 
     {
         Ok(_) => Ok(()),
         Err(e) if is_code(&e, 409) => Ok(()),
-        Err(e) => Err(format!("recording the intent: {e}")),
+        Err(e) => Err(IntentError::Record(e)),
     }
 }
 
 /// Removes the intent of the pod with `uid` (done, or given up).
-pub async fn forget(client: &kube::Client, namespace: &str, uid: &str) -> Result<(), String> {
+pub async fn forget(client: &kube::Client, namespace: &str, uid: &str) -> Result<(), IntentError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     match api
         .delete(&format!("{NAME_PREFIX}{uid}"), &DeleteParams::default())
@@ -192,7 +210,7 @@ pub async fn forget(client: &kube::Client, namespace: &str, uid: &str) -> Result
     {
         Ok(_) => Ok(()),
         Err(e) if is_code(&e, 404) => Ok(()),
-        Err(e) => Err(format!("removing the intent: {e}")),
+        Err(e) => Err(IntentError::Forget(e)),
     }
 }
 
@@ -201,15 +219,12 @@ pub async fn forget(client: &kube::Client, namespace: &str, uid: &str) -> Result
 pub async fn list(
     client: &kube::Client,
     namespace: &str,
-) -> Result<Vec<Result<Intent, (String, String)>>, String> {
+) -> Result<Vec<Result<Intent, (String, String)>>, IntentError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let params = ListParams::default()
         .labels(INTENT_LABEL)
         .limit(MAX_PER_SWEEP);
-    let found = api
-        .list(&params)
-        .await
-        .map_err(|e| format!("listing intents: {e}"))?;
+    let found = api.list(&params).await.map_err(IntentError::List)?;
     Ok(found
         .items
         .iter()
@@ -225,12 +240,12 @@ pub async fn drop_unreadable(
     client: &kube::Client,
     namespace: &str,
     name: &str,
-) -> Result<(), String> {
+) -> Result<(), IntentError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(e) if is_code(&e, 404) => Ok(()),
-        Err(e) => Err(format!("removing the intent {name}: {e}")),
+        Err(e) => Err(IntentError::DropUnreadable(name.to_owned(), e)),
     }
 }
 

@@ -75,7 +75,7 @@ impl Models {
                 model_resources.insert(resource.clone(), name.clone());
             }
             names.push(m.name.clone());
-            declared.insert(m.name.clone(), m.units);
+            declared.insert(m.name.clone(), i32::try_from(m.units).unwrap_or(i32::MAX));
             entries.push((name, patterns));
         }
         Self {

@@ -1,6 +1,6 @@
 //! `gpu-booking controller`: the enforcement half of gpu-booking.
 //!
-//! - **Expiry**: a timer per booked pod (`gpu-booking/priority=high` with a
+//! - **Expiry**: a timer per booked pod (`gpu-booking.io/priority=high` with a
 //!   `terminate-at`), fired within milliseconds of that time (pods that expired while
 //!   the controller was down fire at once); `--on-expiry` recreates the pod CPU-only
 //!   (default), deletes it, or demotes it to low priority.
@@ -17,7 +17,7 @@
 //!   when it was cancelled or ended early (through the expiry path), within seconds.
 //! - **Leader election** with a Lease; Events, audit rows, metrics, `--dry-run`.
 //!
-//! Modules: [`config`] (options), [`controller`] (the loop and its state),
+//! Modules: [`config`] (options), [`event_loop`] (the loop, routing events to the parts that own the state),
 //! [`actions`] (one action on one pod), [`recreate`] (the CPU-only copy),
 //! [`intent`] (two-step actions recorded so that the next leader finishes them),
 //! [`hub`] (JupyterHub's API for `--on-expiry hub-restart`),
@@ -30,7 +30,7 @@ pub mod booking;
 pub mod booking_units;
 pub mod clock;
 pub mod config;
-pub mod controller;
+pub mod event_loop;
 pub mod follow;
 pub mod hub;
 pub mod intent;
@@ -46,7 +46,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context;
-use gpu_booking_client::{BookingClient, TokenSource};
+use gpu_booking_client::BookingClient;
 use gpu_booking_ops::shutdown_signal;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
@@ -111,7 +111,7 @@ impl Controller {
         });
         let halt = ctx.halt.clone();
         let ready = Arc::new(AtomicBool::new(false));
-        let main = controller::Loop::new(ctx, args.clone(), ready.clone());
+        let main = event_loop::Loop::new(ctx, args.clone(), ready.clone());
         let election = args.leader_elect.then(|| {
             let api: Api<Lease> = Api::namespaced(client, &args.lease_namespace);
             let cfg = leader::LeaseConfig {
@@ -169,14 +169,11 @@ impl Drop for Controller {
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     gpu_booking_ops::init_logging(args.log_format);
     args.admission_config()?;
-    let token = TokenSource::from_options(
-        args.service_token.as_deref(),
-        args.service_token_file.as_deref(),
-    )?;
+    let token = args.booking.token_source()?;
     let booking = BookingClient::new(
-        &args.booking_url,
+        args.booking.required_url()?,
         token,
-        args.booking_timeout,
+        args.booking.booking_timeout,
         concat!("gpu-booking-controller/", env!("CARGO_PKG_VERSION")),
     )?;
     let client = kube::Client::try_default()
@@ -189,7 +186,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let router = metrics::admin_router(controller.metrics.clone(), controller.ready.clone());
     tracing::info!(
         admin = %args.admin_listen,
-        booking_url = %args.booking_url,
+        booking_url = %args.booking.url().unwrap_or_default(),
         on_expiry = ?args.on_expiry,
         dry_run = args.dry_run,
         identity = %args.identity(),

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
-    detect_gpu, parse_quantity, trusted_priority, AdmissionConfig, PodStanding, BOOKING_LABEL,
-    BOOKING_UNITS_ANNOTATION, MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
+    detect_gpu, our_label, parse_quantity, trusted_priority, AdmissionConfig, PodStanding,
+    BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
 };
 use gpu_booking_core::eviction::NodeConstraints;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -19,8 +19,9 @@ use crate::config::LAST_GPU_ACTIVITY_ANNOTATION;
 /// Annotation on a Pending booked pod: the preemption rounds the controller has
 /// started for it, written by the leader before each round's first eviction, so
 /// that the bound (`--preemption-attempts`) holds across a change of leader. One of
-/// our keys: the webhook removes it from a pod its creator wrote it into.
-pub const PREEMPTION_ROUNDS_ANNOTATION: &str = "gpu-booking.io/preemption-rounds";
+/// our keys (defined in core with the others): the webhook removes it from a pod its
+/// creator wrote it into.
+pub use gpu_booking_core::admission::PREEMPTION_ROUNDS_ANNOTATION;
 
 /// A pod with only what the controller reads: metadata, node, container resources,
 /// phase, start time and conditions. Everything else in the JSON is skipped while
@@ -126,7 +127,7 @@ impl kube::Resource for PodLite {
     }
 }
 
-/// `gpu-booking/priority`, as far as it is believed (core's [`trusted_priority`]).
+/// `gpu-booking.io/priority`, as far as it is believed (core's [`trusted_priority`]).
 pub type Priority = PodStanding;
 
 /// The GPU resources of a pod: units per resource name, as the pod needs them at once.
@@ -156,7 +157,7 @@ pub struct PodInfo {
     pub booking_id: Option<i64>,
     /// The GPUs its booking is for (the webhook's annotation), if a high-priority pod.
     pub booking_units: Option<u64>,
-    /// `gpu-booking/model`: the model the webhook admitted the pod on.
+    /// `gpu-booking.io/model`: the model the webhook admitted the pod on.
     pub model_label: Option<String>,
     pub user: Option<String>,
     pub terminate_at: Option<DateTime<Utc>>,
@@ -213,10 +214,12 @@ impl PodInfo {
         let labels = meta.labels.as_ref();
         let annotations = meta.annotations.as_ref();
         let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+        // Ours under the current key or, on a pod from before the upgrade, the legacy one.
+        let ours = |k: &str| our_label(label, k);
         let annotation = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
         // A label anyone could have written is believed only with our class.
         let priority = trusted_priority(
-            label(PRIORITY_LABEL),
+            ours(PRIORITY_LABEL),
             pod.spec.priority_class_name.as_deref(),
             pod.spec.priority,
             cfg,
@@ -256,9 +259,9 @@ impl PodInfo {
             name: meta.name.clone()?,
             uid: meta.uid.clone()?,
             priority,
-            booking_id: label(BOOKING_LABEL).and_then(|b| b.parse().ok()),
+            booking_id: ours(BOOKING_LABEL).and_then(|b| b.parse().ok()),
             booking_units: annotation(BOOKING_UNITS_ANNOTATION).and_then(|u| u.trim().parse().ok()),
-            model_label: label(MODEL_LABEL).map(str::to_owned),
+            model_label: ours(MODEL_LABEL).map(str::to_owned),
             user: annotation(USERNAME_KEY)
                 .or_else(|| label(USERNAME_KEY))
                 .map(str::to_owned),
@@ -333,10 +336,20 @@ mod tests {
 
     #[test]
     fn reads_what_matters() {
+        // A pod admitted since the upgrade, and one admitted before it (legacy keys).
+        for labels in [
+            json!({"gpu-booking.io/priority": "high", "gpu-booking.io/booking": "7", "gpu-booking.io/model": "a100"}),
+            json!({"gpu-booking/priority": "high", "gpu-booking/booking": "7", "gpu-booking/model": "a100"}),
+        ] {
+            reads_what_matters_with(labels);
+        }
+    }
+
+    fn reads_what_matters_with(labels: Value) {
         let pod = lite(json!({
             "metadata": {"name": "p", "namespace": "jhub", "uid": "u1",
                 "creationTimestamp": "2026-01-01T00:00:00Z",
-                "labels": {"gpu-booking/priority": "high", "gpu-booking/booking": "7"},
+                "labels": labels,
                 "annotations": {"terminate-at": "2026-01-02T00:00:00Z",
                     "hub.jupyter.org/username": "alice@example.com",
                     "gpu-booking.io/last-gpu-activity": "2026-01-01T05:00:00Z"}},
@@ -350,6 +363,7 @@ mod tests {
         let info = PodInfo::from_pod(&pod, &AdmissionConfig::default()).unwrap();
         assert_eq!(info.priority, Some(Priority::High));
         assert_eq!(info.booking_id, Some(7));
+        assert_eq!(info.model_label.as_deref(), Some("a100"));
         assert_eq!(info.user.as_deref(), Some("alice@example.com"));
         assert_eq!(info.gpu.as_ref().unwrap().units, 2);
         assert_eq!(info.expiry(), parse_time("2026-01-02T00:00:00Z"));
@@ -383,7 +397,7 @@ mod tests {
     #[test]
     fn odd_values_are_ignored_not_fatal() {
         let pod = lite(json!({
-            "metadata": {"name": "p", "uid": "u", "labels": {"gpu-booking/priority": "urgent", "gpu-booking/booking": "x"},
+            "metadata": {"name": "p", "uid": "u", "labels": {"gpu-booking.io/priority": "urgent", "gpu-booking.io/booking": "x"},
                 "annotations": {"terminate-at": "tomorrow"}},
             "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "lots"}}}]}
         }));
@@ -403,7 +417,7 @@ mod tests {
         let pod = |class: Option<&str>| {
             lite(json!({
                 "metadata": {"name": "p", "uid": "u",
-                    "labels": {"gpu-booking/priority": "high", "gpu-booking/booking": "7"},
+                    "labels": {"gpu-booking.io/priority": "high", "gpu-booking.io/booking": "7"},
                     "annotations": {"terminate-at": "2026-01-02T00:00:00Z"}},
                 "spec": {"nodeName": "n1", "priorityClassName": class, "priority": class.map(|_| 0),
                     "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},

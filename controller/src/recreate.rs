@@ -10,10 +10,9 @@
 //! the GPU was removed).
 
 use gpu_booking_core::admission::{
-    plan, plan_cpu_only_because, AdmissionConfig, Decision, GPU_REMOVED_ANNOTATION, MODEL_LABEL,
-    PRIORITY_LABEL,
+    is_our_key, plan_cpu_only_because, plan_demoted, AdmissionConfig, GPU_REMOVED_ANNOTATION,
+    MODEL_LABEL, PRIORITY_LABEL,
 };
-use gpu_booking_core::gpu_model::ModelName;
 use serde_json::{json, Value};
 
 /// Metadata the API server sets, which a create must not carry.
@@ -29,9 +28,6 @@ const SERVER_METADATA: [&str; 10] = [
     "ownerReferences",
     "finalizers",
 ];
-
-/// Prefixes of our own label and annotation keys.
-const OUR_PREFIXES: [&str; 2] = ["gpu-booking/", "gpu-booking.io/"];
 
 /// Why a copy could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -57,28 +53,19 @@ pub fn cpu_only_copy(pod: &Value, cfg: &AdmissionConfig, reason: &str) -> Result
 
 /// The lent copy of a booked pod (`--on-expiry demote`): a pod's priority cannot
 /// change once it exists, so the pod is created again as the webhook admits a lent
-/// pod ([`plan`] with [`Decision::LowPriority`]): the low priority class, the labels
-/// `gpu-booking/priority=low` and `gpu-booking/model`, no booking label, no
+/// pod (core's [`plan_demoted`]): the low priority class, the labels
+/// `gpu-booking.io/priority=low` and `gpu-booking.io/model`, no booking label, no
 /// `terminate-at`, and its GPU, VRAM budget and model node selector kept. `None` when
-/// the pod names no valid model (the caller then makes a CPU-only copy).
+/// the pod names no valid model (the caller then makes a CPU-only copy). A pod
+/// admitted before the upgrade names its model under the legacy key; its copy carries
+/// only the new keys.
 pub fn lent_copy(pod: &Value, cfg: &AdmissionConfig) -> Result<Option<Value>, CopyError> {
     if !pod.is_object() {
         return Err(CopyError::NotAPod);
     }
-    let Some(model) = pod
-        .pointer("/metadata/labels")
-        .and_then(|l| l.get(MODEL_LABEL))
-        .and_then(Value::as_str)
-        .and_then(|m| ModelName::parse(m).ok())
-    else {
+    let Some(patch) = plan_demoted(pod, cfg) else {
         return Ok(None);
     };
-    let decision = Decision::LowPriority {
-        model,
-        gpumem_mib: None,
-        beyond_booking: None,
-    };
-    let patch = plan(pod, &decision, cfg);
     let mut copy = pod.clone();
     json_patch::patch(&mut copy, &patch.0)?;
     creatable(&mut copy, cfg, |k| k == PRIORITY_LABEL || k == MODEL_LABEL)?;
@@ -104,8 +91,7 @@ fn creatable(
         }
         for map in ["labels", "annotations"] {
             if let Some(entries) = meta.get_mut(map).and_then(Value::as_object_mut) {
-                entries.retain(|k, _| keep(k) || !OUR_PREFIXES.iter().any(|p| k.starts_with(p)));
-                entries.remove(&cfg.terminate_at_annotation);
+                entries.retain(|k, _| keep(k) || !is_our_key(k, cfg));
             }
         }
     }
@@ -120,7 +106,7 @@ fn creatable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_booking_core::admission::detect_gpu;
+    use gpu_booking_core::admission::{detect_gpu, OUR_PREFIXES};
 
     fn fixtures() -> Vec<(String, Value)> {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/kubespawner");
@@ -138,13 +124,14 @@ mod tests {
             .collect()
     }
 
-    /// A pod as the API server holds it after the webhook booked it.
-    fn booked(mut pod: Value) -> Value {
+    /// A pod as the API server holds it after the webhook booked it, its labels under
+    /// `prefix` (one of [`OUR_PREFIXES`]: since the upgrade, or before it).
+    fn booked(mut pod: Value, prefix: &str) -> Value {
         pod["metadata"]["uid"] = json!("u-1");
         pod["metadata"]["resourceVersion"] = json!("42");
         pod["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
-        pod["metadata"]["labels"]["gpu-booking/priority"] = json!("high");
-        pod["metadata"]["labels"]["gpu-booking/booking"] = json!("7");
+        pod["metadata"]["labels"][format!("{prefix}priority")] = json!("high");
+        pod["metadata"]["labels"][format!("{prefix}booking")] = json!("7");
         pod["metadata"]["annotations"]["terminate-at"] = json!("2026-01-02T00:00:00Z");
         pod["metadata"]["annotations"]["gpu-booking.io/last-gpu-activity"] =
             json!("2026-01-01T01:00:00Z");
@@ -163,8 +150,11 @@ mod tests {
         let cfg = AdmissionConfig::default();
         let pods = fixtures();
         let mut gpu_pods = 0;
-        for (file, pod) in pods {
-            let pod = booked(pod);
+        for ((file, pod), prefix) in pods
+            .into_iter()
+            .flat_map(|fixture| OUR_PREFIXES.map(|prefix| (fixture.clone(), prefix)))
+        {
+            let pod = booked(pod, prefix);
             assert!(detect_gpu(&pod, &cfg).is_some(), "{file}");
             gpu_pods += 1;
             let copy = cpu_only_copy(&pod, &cfg, "booking ended").unwrap();
@@ -219,15 +209,29 @@ mod tests {
             low_priority_class: Some("gpu-booking-low".into()),
             ..AdmissionConfig::default()
         };
-        for (file, pod) in fixtures() {
-            let mut pod = booked(pod);
-            pod["metadata"]["labels"]["gpu-booking/model"] = json!("a100");
+        for ((file, pod), prefix) in fixtures()
+            .into_iter()
+            .flat_map(|fixture| OUR_PREFIXES.map(|prefix| (fixture.clone(), prefix)))
+        {
+            let mut pod = booked(pod, prefix);
+            pod["metadata"]["labels"][format!("{prefix}model")] = json!("a100");
             let copy = lent_copy(&pod, &cfg).unwrap().unwrap();
             let meta = &copy["metadata"];
-            assert_eq!(meta["labels"]["gpu-booking/priority"], "low", "{file}");
-            assert_eq!(meta["labels"]["gpu-booking/model"], "a100", "{file}");
-            assert!(
-                meta["labels"].get("gpu-booking/booking").is_none(),
+            // Written under the current keys only, whatever the original carried.
+            let mut ours: Vec<_> = meta["labels"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(k, _)| k.starts_with("gpu-booking"))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            ours.sort();
+            assert_eq!(
+                ours,
+                [
+                    "gpu-booking.io/model=\"a100\"",
+                    "gpu-booking.io/priority=\"low\""
+                ],
                 "{file}"
             );
             assert!(meta["annotations"].get("terminate-at").is_none(), "{file}");
@@ -244,11 +248,7 @@ mod tests {
             assert!(copy.to_string().contains("gpu-booking.io/gpumem"), "{file}");
         }
         // Without a model there is no lent copy to make.
-        let mut pod = booked(fixtures().remove(0).1);
-        pod["metadata"]["labels"]
-            .as_object_mut()
-            .unwrap()
-            .remove("gpu-booking/model");
+        let pod = booked(fixtures().remove(0).1, OUR_PREFIXES[0]);
         assert!(lent_copy(&pod, &cfg).unwrap().is_none());
     }
 

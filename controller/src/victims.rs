@@ -11,7 +11,7 @@
 //!   model) and the VRAM budget resource, minus what the pods bound there request.
 //!   Pods already terminating, and pods the controller is acting on, count as gone:
 //!   the room they free is on its way, so it is not freed a second time.
-//! - **Tenants**: lent pods (`gpu-booking/priority=low`) holding a GPU of the model,
+//! - **Tenants**: lent pods (`gpu-booking.io/priority=low`) holding a GPU of the model,
 //!   neither terminating nor being acted on. Booked pods are never tenants.
 //! - A round decides for each Pending booked pod in turn and books the room it gets,
 //!   so two booked pods never count on the same freed unit.

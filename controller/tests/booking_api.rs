@@ -88,7 +88,7 @@ async fn usage_preemption_and_expiry_reach_the_booking_service(pool: sqlx::PgPoo
         .gpu(1)
         .on("a6000-node")
         .booked_until(now - TimeDelta::minutes(1));
-    ended.0["metadata"]["labels"]["gpu-booking/model"] = json!("a6000");
+    ended.0["metadata"]["labels"]["gpu-booking.io/model"] = json!("a6000");
     ended.put(&server);
     pod("jupyter-bob")
         .gpu(1)

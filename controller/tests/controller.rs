@@ -207,10 +207,12 @@ async fn on_expiry_delete_and_demote() {
     h.until_replaced("m", old.metadata.uid.as_deref().unwrap())
         .await;
     let p = h.pod_json("m").unwrap();
-    assert_eq!(p["metadata"]["labels"]["gpu-booking/priority"], "low");
-    assert_eq!(p["metadata"]["labels"]["gpu-booking/model"], "a100");
+    assert_eq!(p["metadata"]["labels"]["gpu-booking.io/priority"], "low");
+    assert_eq!(p["metadata"]["labels"]["gpu-booking.io/model"], "a100");
     assert!(p["metadata"]["annotations"].get("terminate-at").is_none());
-    assert!(p["metadata"]["labels"].get("gpu-booking/booking").is_none());
+    assert!(p["metadata"]["labels"]
+        .get("gpu-booking.io/booking")
+        .is_none());
     assert_eq!(p["spec"]["priorityClassName"], "gpu-booking-low");
     assert!(p["spec"].get("priority").is_none() && p["spec"].get("nodeName").is_none());
     assert_eq!(
@@ -588,9 +590,9 @@ async fn inventory_of_several_models_and_mig_is_reported_and_nodes_labelled() {
     h.wait_booking(|s| s.usage.len() == 3).await;
     let usage = h.booking.state().usage.clone();
     let counted = |m: &str| (usage[m].in_use, usage[m].cards);
-    assert_eq!(counted("a100"), (3, 6));
-    assert_eq!(counted("a6000"), (0, 8));
-    assert_eq!(counted("mig-1g.5gb"), (2, 7));
+    assert_eq!(counted("a100"), (3, Some(6)));
+    assert_eq!(counted("a6000"), (0, Some(8)));
+    assert_eq!(counted("mig-1g.5gb"), (2, Some(7)));
     let label = |n: &str| {
         h.server.get::<Node>(None, n).and_then(|n| {
             n.metadata

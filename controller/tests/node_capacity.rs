@@ -91,10 +91,14 @@ async fn gpumem_is_advertised_reasserted_removed_and_never_rewritten() {
         "{first}"
     );
     // The report follows: the a100's nodes all advertise, 40448 MiB per card.
-    h.wait_booking(|s| s.usage.get("a100").is_some_and(|u| u.gpumem_advertised))
-        .await;
+    h.wait_booking(|s| {
+        s.usage
+            .get("a100")
+            .is_some_and(|u| u.gpumem_advertised == Some(true))
+    })
+    .await;
     let a100 = h.booking.state().usage["a100"];
-    assert_eq!((a100.cards, a100.gpumem_unit_mib), (2, Some(40448)));
+    assert_eq!((a100.cards, a100.gpumem_unit_mib), (Some(2), Some(40448)));
 
     // Right already: nothing is written however long it runs.
     let writes = status_patches(&h.server);
@@ -142,12 +146,16 @@ async fn a_time_sliced_card_is_one_card_and_unnamed_cards_fall_back_to_gpu() {
         pod(name).gpu(1).on("t4").put(&h.server);
     }
     let c = h.start();
-    h.wait_booking(|s| s.usage.get("gpu").is_some_and(|u| u.gpumem_advertised))
-        .await;
+    h.wait_booking(|s| {
+        s.usage
+            .get("gpu")
+            .is_some_and(|u| u.gpumem_advertised == Some(true))
+    })
+    .await;
     let gpu = h.booking.state().usage["gpu"];
     assert_eq!(
         (gpu.cards, gpu.in_use),
-        (1, 1),
+        (Some(1), 1),
         "one card, not four replicas"
     );
     assert_eq!(gpu.gpumem_unit_mib, Some(15360 - 1024));
@@ -214,8 +222,12 @@ async fn a_node_with_several_models_is_refused_with_an_event() {
     .await;
     // Its devices still count, per profile (the second by the mig-<profile> fallback),
     // and its budget is advertised: 3 x (4864 - 512) + (19968 - 512).
-    h.wait_booking(|s| s.usage.get("mig-1g.5gb").is_some_and(|u| u.cards == 3))
-        .await;
+    h.wait_booking(|s| {
+        s.usage
+            .get("mig-1g.5gb")
+            .is_some_and(|u| u.cards == Some(3))
+    })
+    .await;
     h.wait(|s| says(s, "mixed", "32512")).await;
     h.wait(|_| c.metrics.encode().contains("nodes_with_several_models 1"))
         .await;

@@ -139,9 +139,9 @@ impl PodSpec {
         self
     }
     pub fn booked_until(mut self, at: DateTime<Utc>) -> Self {
-        self.0["metadata"]["labels"]["gpu-booking/priority"] = json!("high");
-        self.0["metadata"]["labels"]["gpu-booking/booking"] = json!("7");
-        self.0["metadata"]["labels"]["gpu-booking/model"] = json!("a100");
+        self.0["metadata"]["labels"]["gpu-booking.io/priority"] = json!("high");
+        self.0["metadata"]["labels"]["gpu-booking.io/booking"] = json!("7");
+        self.0["metadata"]["labels"]["gpu-booking.io/model"] = json!("a100");
         self.0["metadata"]["annotations"]["terminate-at"] = json!(rfc3339(at));
         self.0["spec"]["priorityClassName"] = json!("gpu-booking-high");
         self.0["spec"]["priority"] = json!(1000);
@@ -149,16 +149,16 @@ impl PodSpec {
         self
     }
     pub fn low_priority(mut self, model: &str) -> Self {
-        self.0["metadata"]["labels"]["gpu-booking/priority"] = json!("low");
-        self.0["metadata"]["labels"]["gpu-booking/model"] = json!(model);
+        self.0["metadata"]["labels"]["gpu-booking.io/priority"] = json!("low");
+        self.0["metadata"]["labels"]["gpu-booking.io/model"] = json!(model);
         self
     }
     /// As the webhook admits a booked pod: the label, our high class, and the
     /// priority the API server resolves from it (the controller believes the label
     /// only with both, issue 13).
     pub fn high_priority(mut self, model: &str) -> Self {
-        self.0["metadata"]["labels"]["gpu-booking/priority"] = json!("high");
-        self.0["metadata"]["labels"]["gpu-booking/model"] = json!(model);
+        self.0["metadata"]["labels"]["gpu-booking.io/priority"] = json!("high");
+        self.0["metadata"]["labels"]["gpu-booking.io/model"] = json!(model);
         self.0["spec"]["priorityClassName"] = json!("gpu-booking-high");
         self.0["spec"]["priority"] = json!(1000);
         self

@@ -1,0 +1,228 @@
+//! The loop's booking follower: the leader follows the booking service's change
+//! stream, keeps the current bookings, re-times booked pods whose booking's end
+//! moved, and tells users of lent pods when a booking of that model starts. The
+//! plans are [`crate::follow`]'s.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use gpu_booking_client::{BookingState, Followed};
+use tokio::sync::mpsc;
+
+use crate::actions::Ctx;
+use crate::follow;
+use crate::pods::PodInfo;
+
+/// (booking, pod) notices remembered; past this the memory starts over (an Event
+/// may then repeat).
+const MAX_TOLD: usize = 10_000;
+
+/// What the follower reads of the other parts: the pods, whether they are all
+/// listed, and the nodes' labels (the model of a lent pod's node).
+pub(super) struct Cluster<'a> {
+    pub(super) pods: &'a HashMap<String, PodInfo>,
+    pub(super) pods_synced: bool,
+    pub(super) node_labels: &'a HashMap<String, BTreeMap<String, String>>,
+}
+
+pub(super) struct Follower {
+    ctx: Arc<Ctx>,
+    /// The node label that names a node's model.
+    model_node_label: String,
+    /// Following the booking change stream (the leader only).
+    following: Option<(tokio::task::JoinHandle<()>, mpsc::Receiver<Followed>)>,
+    /// The current bookings as the stream last said, once listed (pods are checked
+    /// against it as they change too).
+    bookings: Option<HashMap<i64, BookingState>>,
+    /// A listing that came before the pods were read: applied once they are.
+    listed_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// (booking, pod) pairs whose user was told to restart a lent pod.
+    told: HashSet<(i64, String)>,
+    /// Current bookings already seen running (their lent pods looked at).
+    started_seen: HashSet<i64>,
+    /// Pods whose `terminate-at` is being written, and to what.
+    retiming: Arc<std::sync::Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>>,
+}
+
+impl Follower {
+    pub(super) fn new(ctx: Arc<Ctx>, model_node_label: String) -> Self {
+        Self {
+            ctx,
+            model_node_label,
+            following: None,
+            bookings: None,
+            listed_at: None,
+            told: HashSet::new(),
+            started_seen: HashSet::new(),
+            retiming: Arc::default(),
+        }
+    }
+
+    fn leader(&self) -> bool {
+        self.ctx.leadership.is_leader()
+    }
+
+    pub(super) fn start_following(&mut self) {
+        if self.following.is_none() {
+            self.bookings = None;
+            self.following = follow::spawn(self.ctx.clone());
+        }
+    }
+
+    pub(super) fn stop_following(&mut self) {
+        if let Some((task, _)) = self.following.take() {
+            task.abort();
+        }
+        self.bookings = None;
+        self.listed_at = None;
+    }
+
+    /// The follower's next step, or never when not following.
+    pub(super) async fn next_step(&mut self) -> Option<Followed> {
+        match &mut self.following {
+            Some((_, rx)) => rx.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    pub(super) fn on_followed(&mut self, step: Followed, cluster: &Cluster<'_>) {
+        let now = self.ctx.clock.now();
+        let changed = match step {
+            Followed::Listed(bookings) => {
+                self.bookings = Some(
+                    bookings
+                        .into_iter()
+                        .filter(|b| !b.is_over())
+                        .map(|b| (b.id, b))
+                        .collect(),
+                );
+                self.listed_at = Some(now);
+                Vec::new()
+            }
+            Followed::Changed(changes) => {
+                let changed: Vec<_> = changes.into_iter().map(|c| c.booking).collect();
+                if let Some(current) = &mut self.bookings {
+                    for b in &changed {
+                        if b.is_over() {
+                            current.remove(&b.id);
+                        } else {
+                            current.insert(b.id, b.clone());
+                        }
+                    }
+                }
+                changed
+            }
+            Followed::Failed(_) => return,
+        };
+        self.reconcile_bookings(changed, cluster);
+    }
+
+    /// Re-times booked pods against the bookings (after a listing, every booked pod;
+    /// else those of `changed`), and tells users of lent pods whose booking started.
+    pub(super) fn reconcile_bookings(&mut self, changed: Vec<BookingState>, cluster: &Cluster<'_>) {
+        if !self.leader() || !cluster.pods_synced {
+            return;
+        }
+        let Some(current) = &self.bookings else {
+            return;
+        };
+        let now = self.ctx.clock.now();
+        let (bookings, listed_at): (Vec<_>, _) = match self.listed_at.take() {
+            Some(at) => (current.values().cloned().chain(changed).collect(), Some(at)),
+            None => (changed, None),
+        };
+        let retimes = follow::plan(cluster.pods.values(), &bookings, listed_at, now);
+        for r in retimes {
+            self.spawn_retime(r);
+        }
+        self.tell_lent(&bookings, now, cluster);
+    }
+
+    /// Tells the users of lent pods whose booking of that model runs now, once per
+    /// booking and pod.
+    fn tell_lent(
+        &mut self,
+        bookings: &[BookingState],
+        now: chrono::DateTime<chrono::Utc>,
+        cluster: &Cluster<'_>,
+    ) {
+        let mut notices = Vec::new();
+        let (labels, key) = (cluster.node_labels, &self.model_node_label);
+        let node_model = |node: &str| labels.get(node).and_then(|l| l.get(key)).cloned();
+        for b in bookings {
+            for pod in follow::lent_pods_of(cluster.pods, b, now, &node_model) {
+                if self.told.len() >= MAX_TOLD {
+                    self.told.clear();
+                }
+                if self.told.insert((b.id, pod.uid.clone())) {
+                    notices.push((pod.clone(), b.clone()));
+                }
+            }
+        }
+        for (pod, booking) in notices {
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move { follow::tell_restart(&ctx, &pod, &booking).await });
+        }
+    }
+
+    /// Planned bookings that have started by the clock since the last look: their
+    /// users' lent pods (the stream says nothing when a booking starts).
+    pub(super) fn notice_started_bookings(&mut self, cluster: &Cluster<'_>) {
+        if !self.leader() || !cluster.pods_synced {
+            return;
+        }
+        let Some(current) = &self.bookings else {
+            return;
+        };
+        let now = self.ctx.clock.now();
+        self.started_seen.retain(|id| current.contains_key(id));
+        let started: Vec<_> = current
+            .values()
+            .filter(|b| b.start <= now && now < b.end && !self.started_seen.contains(&b.id))
+            .cloned()
+            .collect();
+        if started.is_empty() {
+            return;
+        }
+        self.started_seen.extend(started.iter().map(|b| b.id));
+        self.tell_lent(&started, now, cluster);
+    }
+
+    /// A booked pod that changed: its end against its booking's, if known (a pod
+    /// admitted on a stale answer, or re-timed out of order, is put right).
+    pub(super) fn check_booking_of(&self, info: &PodInfo, pods_synced: bool) {
+        if !self.leader() || !pods_synced {
+            return;
+        }
+        let (Some(current), Some(id)) = (&self.bookings, info.booking_id) else {
+            return;
+        };
+        let Some(booking) = current.get(&id) else {
+            return;
+        };
+        let now = self.ctx.clock.now();
+        for r in follow::plan([info], std::slice::from_ref(booking), None, now) {
+            self.spawn_retime(r);
+        }
+    }
+
+    /// Re-times a pod on its own task, unless the same is on its way already (pod
+    /// events keep coming while the patch is written).
+    fn spawn_retime(&self, r: follow::Retime) {
+        {
+            let mut going = self.retiming.lock().unwrap_or_else(|e| e.into_inner());
+            if going.get(&r.uid) == Some(&r.to) {
+                return;
+            }
+            going.insert(r.uid.clone(), r.to);
+        }
+        let (ctx, going) = (self.ctx.clone(), self.retiming.clone());
+        tokio::spawn(async move {
+            follow::retime(&ctx, &r).await;
+            let mut going = going.lock().unwrap_or_else(|e| e.into_inner());
+            if going.get(&r.uid) == Some(&r.to) {
+                going.remove(&r.uid);
+            }
+        });
+    }
+}

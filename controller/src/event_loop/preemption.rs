@@ -1,0 +1,343 @@
+//! The loop's preemption part: the pods the scheduler cannot place, the rounds of
+//! preemption for each booked one, lent pods recreated CPU-only when no GPU comes,
+//! and booked pods beyond their booking's units. It decides which actions to take;
+//! the expiry part ([`super::expiry::Expiry::start`]) runs them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_booking_core::admission::{pending_lent, PendingLent};
+use gpu_booking_core::booking_units::BookedPod;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::expiry::Expiry;
+use super::inventory::Inventory;
+use super::{job_for, Msg};
+use crate::actions::{self, Ctx, Job, Reason};
+use crate::config::ControllerArgs;
+use crate::pods::{PodInfo, Priority, PREEMPTION_ROUNDS_ANNOTATION};
+use crate::victims::{self, Round, View};
+
+pub(super) struct Preemption {
+    ctx: Arc<Ctx>,
+    args: ControllerArgs,
+    tx: mpsc::UnboundedSender<Msg>,
+    /// High-priority pods the scheduler could not place.
+    pending: HashSet<String>,
+    /// Preemption rounds per Pending booked pod (uid).
+    attempts: HashMap<String, Attempts>,
+    /// Pods the scheduler cannot place for want of the VRAM budget.
+    pending_gpumem: HashSet<String>,
+    /// Lent pods the scheduler cannot place for want of a GPU, since when.
+    pending_lent: HashMap<String, Instant>,
+}
+
+impl Preemption {
+    pub(super) fn new(ctx: Arc<Ctx>, args: ControllerArgs, tx: mpsc::UnboundedSender<Msg>) -> Self {
+        Self {
+            ctx,
+            args,
+            tx,
+            pending: HashSet::new(),
+            attempts: HashMap::new(),
+            pending_gpumem: HashSet::new(),
+            pending_lent: HashMap::new(),
+        }
+    }
+
+    /// Whether the scheduler cannot place the pod for want of the VRAM budget (a
+    /// gauge, for any pod the watch reads).
+    pub(super) fn note_gpumem(&mut self, uid: &str, wants_gpumem: bool) {
+        if wants_gpumem {
+            self.pending_gpumem.insert(uid.to_owned());
+        } else {
+            self.pending_gpumem.remove(uid);
+        }
+        self.publish_gpumem();
+    }
+
+    fn publish_gpumem(&self) {
+        self.ctx
+            .metrics
+            .inventory
+            .pods_pending_gpumem
+            .set(self.pending_gpumem.len() as i64);
+    }
+
+    /// A relevant pod changed or came: whether it is a booked pod waiting for room
+    /// or a lent pod waiting for a GPU.
+    pub(super) fn track(&mut self, info: &PodInfo) {
+        let uid = &info.uid;
+        if info.priority == Some(Priority::High)
+            && info.node.is_none()
+            && info.unschedulable
+            && !info.deleting
+        {
+            self.pending.insert(uid.clone());
+        } else {
+            self.pending.remove(uid);
+        }
+        if info.priority == Some(Priority::Low)
+            && info.node.is_none()
+            && info.unschedulable_for_gpu
+            && !info.deleting
+        {
+            self.pending_lent
+                .entry(uid.clone())
+                .or_insert_with(Instant::now);
+        } else {
+            self.pending_lent.remove(uid);
+        }
+    }
+
+    /// A pod went.
+    pub(super) fn forget(&mut self, uid: &str) {
+        self.pending.remove(uid);
+        self.pending_lent.remove(uid);
+        if self.pending_gpumem.remove(uid) {
+            self.publish_gpumem();
+        }
+    }
+
+    /// A booking covers its units and no more: the pods beyond a booking's units,
+    /// newest first, are demoted (two pods admitted before the count caught up both
+    /// got high priority). Level-triggered: a demotion that failed or was missed is
+    /// found again on the next sync.
+    pub(super) fn beyond_units(
+        &self,
+        booked: &[BookedPod<String>],
+        pods: &HashMap<String, PodInfo>,
+    ) -> Vec<Job> {
+        gpu_booking_core::booking_units::beyond_units(booked)
+            .into_iter()
+            .filter_map(|uid| {
+                let info = pods.get(&uid)?;
+                let (Some(booking_id), Some(units)) = (info.booking_id, info.booking_units) else {
+                    return None;
+                };
+                Some(job_for(info, Reason::BeyondBooking { booking_id, units }))
+            })
+            .collect()
+    }
+
+    /// The backstop of the webhook's lend ledger: lent pods that waited past
+    /// `--lent-pending-grace` for a GPU the scheduler has no room for are recreated
+    /// CPU-only (core's [`pending_lent`] decides).
+    pub(super) fn lent_due_on_cpu(&mut self, pods: &HashMap<String, PodInfo>) -> Vec<Job> {
+        let grace = self.args.lent_pending_grace;
+        let due: Vec<Job> = self
+            .pending_lent
+            .iter()
+            .filter_map(|(uid, since)| {
+                let pod = pods.get(uid)?;
+                let verdict = pending_lent(
+                    pod.priority,
+                    pod.node.is_some(),
+                    pod.unschedulable_for_gpu && !pod.deleting,
+                    since.elapsed(),
+                    grace,
+                );
+                (verdict == PendingLent::RunOnCpu).then(|| job_for(pod, Reason::LentPending))
+            })
+            .collect();
+        for job in &due {
+            // Another look only after another grace, whatever comes of this one.
+            self.pending_lent.insert(job.uid.clone(), Instant::now());
+            tracing::info!(pod = %format!("{}/{}", job.namespace, job.name), ?grace, "lent pod waits for a GPU that is not there; recreating it CPU-only");
+        }
+        due
+    }
+
+    /// One round: for each booked pod that the scheduler cannot place (oldest
+    /// first), core's eviction order decides whether room is free or on its way (a
+    /// victim still terminating counts), which lent pods give way, or that none can.
+    /// Rounds for one pod are bounded (`--preemption-attempts`) and spaced
+    /// (`--preemption-retry`, doubled each time). Nothing but the cluster's state
+    /// decides: no request from outside can end a pod. Returns the evictions to
+    /// start now (a dry run's); the others start once their round is recorded
+    /// ([`Msg::RoundRecorded`]).
+    pub(super) fn round(&mut self, expiry: &Expiry, inventory: &Inventory) -> Vec<Job> {
+        let Some(models) = inventory.models() else {
+            return Vec::new();
+        };
+        let pods = expiry.pods();
+        let pending = &self.pending;
+        self.attempts.retain(|uid, _| pending.contains(uid));
+        let mut waiting: Vec<&PodInfo> = self
+            .pending
+            .iter()
+            .filter_map(|uid| pods.get(uid))
+            .collect();
+        waiting.sort_by(|a, b| {
+            (a.started, &a.namespace, &a.name).cmp(&(b.started, &b.namespace, &b.name))
+        });
+        let view = View {
+            pods,
+            nodes: inventory.nodes(),
+            node_labels: inventory.node_labels(),
+            models,
+            generic: &self.ctx.cfg.gpu_resources,
+            gpumem_resource: &self.ctx.cfg.gpumem_resource,
+            model_node_label: &self.args.admission.model_node_label,
+            going: expiry.in_flight(),
+            cushion_mib: self.args.preemption_vram_cushion,
+        };
+        let mut round = Round::new(&view);
+        let now = Instant::now();
+        let mut jobs = Vec::new();
+        let mut notes = Vec::new();
+        for pod in waiting {
+            let Some(model) = pod
+                .model_label
+                .clone()
+                .or_else(|| pod.gpu.as_ref().and_then(|g| g.model.clone()))
+            else {
+                continue;
+            };
+            // Decided even while waiting, so that the room this pod gets is not
+            // counted again for the next one.
+            let decision = round.decide(&view, pod, &model);
+            // The rounds recorded on the pod count too: a new leader goes on from
+            // them (and waits a spacing) instead of starting over.
+            let retry = self.args.preemption_retry;
+            let state = self
+                .attempts
+                .entry(pod.uid.clone())
+                .or_insert_with(|| Attempts::resumed(pod.preemption_rounds, now, retry));
+            state.rounds = state.rounds.max(pod.preemption_rounds);
+            match decision {
+                victims::Decision::Fits { .. } => {}
+                victims::Decision::NoRoom => {
+                    if !state.said_no_room {
+                        state.said_no_room = true;
+                        self.ctx.metrics.action("preempt", "no_victim");
+                        tracing::info!(pod = %pod.key(), %model, "booked pod waits; no lent pod can make room");
+                    }
+                }
+                victims::Decision::Evict { node, victims } => {
+                    if state.next.is_some_and(|next| now < next) {
+                        continue;
+                    }
+                    if state.rounds >= self.args.preemption_attempts {
+                        if !state.gave_up {
+                            state.gave_up = true;
+                            self.ctx.metrics.action("preempt", "gave_up");
+                            tracing::warn!(pod = %pod.key(), %model, rounds = state.rounds, "booked pod still waits; preemption attempts spent");
+                            notes.push((pod.clone(), "PreemptionGaveUp", format!(
+                                "gpu-booking preempted {} time(s) for this pod and stops; it waits for a {model} unit to come free",
+                                state.rounds
+                            )));
+                        }
+                        continue;
+                    }
+                    state.rounds += 1;
+                    state.next = Some(now + spacing(retry, state.rounds));
+                    let reason = Reason::Preempted {
+                        model: model.clone(),
+                        for_whom: pod.key(),
+                        attempt: state.rounds,
+                    };
+                    let mut round_jobs = Vec::new();
+                    let names: Vec<String> = victims
+                        .iter()
+                        .filter_map(|uid| pods.get(uid))
+                        .map(|victim| {
+                            round_jobs.push(job_for(victim, reason.clone()));
+                            victim.key()
+                        })
+                        .collect();
+                    jobs.push((pod.clone(), state.rounds, round_jobs));
+                    tracing::info!(pod = %pod.key(), %model, %node, victims = ?names, round = state.rounds, "preempting for a booked pod");
+                    notes.push((pod.clone(), "PreemptingForBooking", format!(
+                        "gpu-booking ends the lent {model} pod(s) {} on node {node} (least recently GPU-active) to make room for this pod (round {} of {})",
+                        names.join(", "),
+                        state.rounds,
+                        self.args.preemption_attempts
+                    )));
+                }
+            }
+        }
+        let mut start_now = Vec::new();
+        for (pod, rounds, round_jobs) in jobs {
+            start_now.extend(self.record_round(&pod, rounds, round_jobs));
+        }
+        if self.ctx.dry_run {
+            return start_now;
+        }
+        for (pod, reason, message) in notes {
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                let at = actions::PodRef {
+                    namespace: &pod.namespace,
+                    name: &pod.name,
+                    uid: &pod.uid,
+                };
+                actions::note_pod(&ctx, &at, reason, &message, "Preempt").await;
+            });
+        }
+        start_now
+    }
+
+    /// Writes the round's number on the booked pod ([`PREEMPTION_ROUNDS_ANNOTATION`],
+    /// guarded by its uid), then its evictions start ([`Msg::RoundRecorded`]):
+    /// whichever replica leads next reads it back, so `--preemption-attempts` bounds
+    /// the rounds for a pod however often the leader changes. A dry run writes
+    /// nothing and returns the evictions to start at once.
+    fn record_round(&self, pod: &PodInfo, rounds: u32, jobs: Vec<Job>) -> Vec<Job> {
+        if self.ctx.dry_run {
+            return jobs;
+        }
+        let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
+        let (namespace, name, uid) = (pod.namespace.clone(), pod.name.clone(), pod.uid.clone());
+        tokio::spawn(async move {
+            let api = actions::pods(&ctx, &namespace);
+            let patch = json!({"metadata": {
+                "uid": uid,
+                "annotations": {PREEMPTION_ROUNDS_ANNOTATION: rounds.to_string()},
+            }});
+            let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+            let written = tokio::select! {
+                _ = ctx.halt.cancelled() => return,
+                written = actions::with_retries(|| api.patch(&name, &params, &patch)) => written,
+            };
+            if let Err(e) = &written {
+                ctx.metrics.action("preempt", "error");
+                ctx.metrics.error("kubernetes");
+                tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "could not record the preemption round on the booked pod; no eviction this round");
+            }
+            let _ = tx.send(Msg::RoundRecorded(jobs, written.is_ok()));
+        });
+        Vec::new()
+    }
+}
+
+/// The preemption rounds for one Pending booked pod.
+#[derive(Debug, Default)]
+struct Attempts {
+    rounds: u32,
+    /// No round before this.
+    next: Option<Instant>,
+    gave_up: bool,
+    said_no_room: bool,
+}
+
+impl Attempts {
+    /// The state of a pod first seen by this replica with `rounds` already recorded
+    /// on it: the next round waits its spacing from `now`.
+    fn resumed(rounds: u32, now: Instant, retry: Duration) -> Self {
+        Self {
+            rounds,
+            next: (rounds > 0).then(|| now + spacing(retry, rounds)),
+            ..Self::default()
+        }
+    }
+}
+
+/// The wait after round `rounds` (1-based): `retry`, doubled each round (at most 32x).
+fn spacing(retry: Duration, rounds: u32) -> Duration {
+    retry * (1u32 << rounds.saturating_sub(1).min(5))
+}
