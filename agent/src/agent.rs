@@ -1,26 +1,28 @@
 //! One sampling round ([`Agent::tick`]): read the GPUs, attribute their processes to
 //! pod containers, update idle times, metrics and the last-activity annotation, then
 //! pick what to reclaim (idle pods) and what to recycle (the VRAM watchdog),
-//! re-check it against a fresh sample, and act (see [`crate::action`]).
+//! re-check it against a fresh sample, and hand the plans ([`crate::action`]) to the
+//! actor ([`crate::actor`]), which carries them out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use gpu_booking_core::eviction::{under_vram_floor, watchdog_pick, OverBudget, VramTenant};
 
-use crate::action::{ActionKind, ActionPlan, ActionReport};
+use crate::action::{ActionKind, ActionPlan, ActionReport, PlanSettings};
+use crate::actor::Actor;
 use crate::audit::AuditSink;
-use crate::cgroup::ContainerRef;
 use crate::cluster::Cluster;
-use crate::gpu::{GpuError, GpuSample, GpuSampler};
+use crate::gpu::{GpuSample, GpuSampler, MeteredSampler};
 use crate::idle::{IdleTracker, Observation};
 use crate::metrics::{GpuLabels, Metrics, PodGpuLabels, PodLabels, ReasonLabel};
+use crate::pod_usage::{AttributedProcess, PodUsage};
 use crate::pods::{PodIndex, PodInfo};
 use crate::policy::Policy;
 use crate::procfs::{ProcError, ProcFs, ProcessInfo};
 use crate::signals::Killer;
-use crate::watchdog::{self, Tenant};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -84,38 +86,6 @@ impl AgentConfig {
     }
 }
 
-/// A GPU process attributed to a pod container.
-#[derive(Debug, Clone)]
-pub struct AttributedProcess {
-    pub info: Arc<ProcessInfo>,
-    pub container_ref: ContainerRef,
-    pub container: String,
-    /// Index into the tick's samples.
-    pub gpu: usize,
-    pub used_bytes: u64,
-    pub util_percent: u32,
-}
-
-/// A pod's GPU processes in one tick.
-#[derive(Debug, Clone)]
-pub struct PodUsage {
-    pub pod: Arc<PodInfo>,
-    pub processes: Vec<AttributedProcess>,
-}
-
-impl PodUsage {
-    pub fn used_bytes(&self) -> u64 {
-        self.processes.iter().map(|p| p.used_bytes).sum()
-    }
-
-    fn pids(&self) -> BTreeSet<(u32, u64)> {
-        self.processes
-            .iter()
-            .map(|p| (p.info.pid, p.info.start_time))
-            .collect()
-    }
-}
-
 /// A GPU process left alone because it is not clearly a pod container's.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Unattributed {
@@ -167,11 +137,12 @@ pub const VRAM_DRY_RUN_REPEAT: TimeDelta = TimeDelta::minutes(10);
 /// The agent: its collaborators and what it remembers between ticks.
 pub struct Agent {
     pub(crate) cfg: AgentConfig,
-    gpu: Arc<dyn GpuSampler>,
-    pub(crate) cluster: Arc<dyn Cluster>,
-    pub(crate) audit: Arc<dyn AuditSink>,
+    sampler: MeteredSampler,
+    /// The pods and their annotations (the actor has its own handle for Events).
+    cluster: Arc<dyn Cluster>,
     proc: ProcFs,
-    pub(crate) killer: Killer,
+    /// Carries out the plans (signals, Events, audit rows).
+    actor: Arc<Actor>,
     pub(crate) metrics: Arc<Metrics>,
     state: tokio::sync::Mutex<State>,
 }
@@ -185,14 +156,26 @@ impl Agent {
         proc: ProcFs,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
-        let killer = Killer::new(proc.clone(), cfg.term_grace, cfg.kill_wait);
+        let sampler = MeteredSampler::new(gpu, metrics.clone());
+        let actor = Arc::new(Actor {
+            settings: PlanSettings {
+                node_name: cfg.node_name.clone(),
+                vram_dry_run: cfg.vram_dry_run,
+                vram_floor_mib: cfg.vram_floor_mib,
+            },
+            max_reclaim_retry: cfg.max_reclaim_retry,
+            sampler: sampler.clone(),
+            killer: Killer::new(proc.clone(), cfg.term_grace, cfg.kill_wait),
+            cluster: cluster.clone(),
+            audit,
+            metrics: metrics.clone(),
+        });
         Arc::new(Self {
             cfg,
-            gpu,
+            sampler,
             cluster,
-            audit,
             proc,
-            killer,
+            actor,
             metrics,
             state: tokio::sync::Mutex::new(State::default()),
         })
@@ -204,30 +187,6 @@ impl Agent {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
-    }
-
-    /// Reads every GPU on a blocking thread. `fresh`: a re-check or verification
-    /// (NVML's per-process window is not advanced, so the next tick still sees what
-    /// happened since the previous one).
-    pub(crate) async fn sample(&self, fresh: bool) -> Result<Vec<GpuSample>, GpuError> {
-        let gpu = self.gpu.clone();
-        let started = std::time::Instant::now();
-        let result =
-            tokio::task::spawn_blocking(move || if fresh { gpu.resample() } else { gpu.sample() })
-                .await
-                .unwrap_or_else(|e| Err(GpuError::Nvml(format!("sampling task failed: {e}"))));
-        self.metrics
-            .sample_duration
-            .observe(started.elapsed().as_secs_f64());
-        let ok = result.is_ok();
-        self.metrics
-            .samples
-            .get_or_create(&crate::metrics::ResultLabel {
-                result: if ok { "ok" } else { "error" },
-            })
-            .inc();
-        self.metrics.nvml_up.set(i64::from(ok));
-        result
     }
 
     /// One round at time `now`.
@@ -242,7 +201,7 @@ impl Agent {
 
     async fn tick_inner(self: &Arc<Self>, now: DateTime<Utc>) -> TickReport {
         let mut report = TickReport::default();
-        let samples = match self.sample(false).await {
+        let samples = match self.sampler.sample(false).await {
             Ok(samples) => samples,
             Err(e) => {
                 tracing::warn!(node = %self.cfg.node_name, error = %e, "GPU sample failed; nothing done this round");
@@ -272,8 +231,8 @@ impl Agent {
 
         let mut running = tokio::task::JoinSet::new();
         for plan in plans {
-            let this = self.clone();
-            running.spawn(async move { this.act(plan).await });
+            let actor = self.actor.clone();
+            running.spawn(async move { actor.act(plan).await });
         }
         while let Some(done) = running.join_next().await {
             match done {
@@ -612,8 +571,8 @@ impl Agent {
         usage: &BTreeMap<String, PodUsage>,
         idle: &[String],
         now: DateTime<Utc>,
-    ) -> Vec<(usize, watchdog::Choice)> {
-        let mut out: Vec<(usize, watchdog::Choice)> = Vec::new();
+    ) -> Vec<(usize, OverBudget)> {
+        let mut out: Vec<(usize, OverBudget)> = Vec::new();
         if !self.cfg.vram_watchdog {
             return out;
         }
@@ -621,7 +580,7 @@ impl Agent {
             .vram_dry_runs
             .retain(|_, at| now - *at < VRAM_DRY_RUN_REPEAT);
         for (gi, gpu) in samples.iter().enumerate() {
-            let under = watchdog::under_floor(gpu.memory_free_bytes, self.cfg.vram_floor_mib);
+            let under = under_vram_floor(gpu.memory_free_bytes, self.cfg.vram_floor_mib);
             let was_under = state.under_floor.contains(&gpu.uuid);
             if !under {
                 if was_under {
@@ -644,25 +603,25 @@ impl Agent {
                     "GPU free memory under the VRAM floor"
                 );
             }
-            let tenants: Vec<Tenant> = usage
+            let tenants: Vec<VramTenant> = usage
                 .iter()
                 .filter(|(uid, u)| {
                     u.processes.iter().any(|p| p.gpu == gi)
                         && !idle.contains(uid)
-                        && !out.iter().any(|(_, c)| &c.uid == *uid)
+                        && !out.iter().any(|(_, c)| &c.id == *uid)
                         && self.cfg.policy.allowlisted(&u.pod).is_none()
                 })
-                .map(|(uid, u)| Tenant {
-                    uid: uid.clone(),
+                .map(|(uid, u)| VramTenant {
+                    id: uid.clone(),
                     used_bytes: u.used_bytes(),
                     budget_mib: u.pod.gpumem_budget_mib,
                 })
                 .collect();
             if let Some(choice) =
-                watchdog::pick(gpu.memory_free_bytes, self.cfg.vram_floor_mib, &tenants)
+                watchdog_pick(gpu.memory_free_bytes, self.cfg.vram_floor_mib, &tenants)
             {
-                if self.cfg.vram_dry_run && state.vram_dry_runs.contains_key(&choice.uid) {
-                    tracing::debug!(uid = %choice.uid, "over budget under pressure; dry run reported recently");
+                if self.cfg.vram_dry_run && state.vram_dry_runs.contains_key(&choice.id) {
+                    tracing::debug!(uid = %choice.id, "over budget under pressure; dry run reported recently");
                     continue;
                 }
                 out.push((gi, choice));
@@ -680,11 +639,11 @@ impl Agent {
         samples: &[GpuSample],
         usage: &BTreeMap<String, PodUsage>,
         idle: Vec<String>,
-        vram: Vec<(usize, watchdog::Choice)>,
+        vram: Vec<(usize, OverBudget)>,
         now: DateTime<Utc>,
         report: &mut TickReport,
     ) -> Vec<ActionPlan> {
-        let fresh = match self.sample(true).await {
+        let fresh = match self.sampler.sample(true).await {
             Ok(fresh) => fresh,
             Err(e) => {
                 tracing::warn!(error = %e, "re-check sample failed; no action this round");
@@ -741,24 +700,38 @@ impl Agent {
             let Some(track) = state.tracker.get(&uid) else {
                 continue;
             };
-            plans.push(ActionPlan::idle(self, u, track, &rule, samples, now));
+            plans.push(ActionPlan::idle(
+                &self.actor.settings,
+                u,
+                track,
+                &rule,
+                samples,
+                now,
+            ));
         }
         for (gi, choice) in vram {
-            let Some(u) = usage.get(&choice.uid) else {
+            let Some(u) = usage.get(&choice.id) else {
                 continue;
             };
             let free = fresh
                 .iter()
                 .find(|g| g.uuid == samples[gi].uuid)
                 .map_or(u64::MAX, |g| g.memory_free_bytes);
-            let used = fresh_used.get(&choice.uid).copied().unwrap_or(0);
+            let used = fresh_used.get(&choice.id).copied().unwrap_or(0);
             let budget = choice.budget_mib.saturating_mul(MIB);
-            if !watchdog::under_floor(free, self.cfg.vram_floor_mib) || used <= budget {
+            if !under_vram_floor(free, self.cfg.vram_floor_mib) || used <= budget {
                 tracing::info!(pod = %u.pod.key(), free_mib = free / MIB, used_mib = used / MIB, "VRAM pressure or overage gone at the re-check; left alone");
                 report.rechecked_active.push(u.pod.key());
                 continue;
             }
-            plans.push(ActionPlan::vram(self, u, &choice, gi, samples, free));
+            plans.push(ActionPlan::vram(
+                &self.actor.settings,
+                u,
+                &choice,
+                gi,
+                samples,
+                free,
+            ));
         }
         plans
     }
@@ -767,13 +740,4 @@ impl Agent {
 /// Gauges are i64; device memory never comes near.
 fn clamp(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
-}
-
-impl ActionKind {
-    pub fn reason(self) -> &'static str {
-        match self {
-            ActionKind::IdleReclaim => "idle",
-            ActionKind::VramRecycle => "vram_over_budget",
-        }
-    }
 }

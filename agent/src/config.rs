@@ -1,6 +1,8 @@
 //! Options of `gpu-booking agent`; `--help` is the documentation. Every option also
 //! reads an environment variable `GPU_BOOKING_AGENT_*`; the PRD's knobs keep their
-//! names there (`..._IDLE_MINUTES`, `..._CONSECUTIVE_IDLE_SAMPLES`, ...).
+//! names there (`..._IDLE_MINUTES`, `..._CONSECUTIVE_IDLE_SAMPLES`, ...). The booking
+//! service's options are every component's (`client::BookingServiceArgs`,
+//! `GPU_BOOKING_BOOKING_URL`, ...).
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -10,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use chrono::TimeDelta;
 use clap::{ArgAction, Args};
+use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::DEFAULT_GPUMEM_RESOURCE;
 use gpu_booking_ops::LogFormat;
 use regex::Regex;
@@ -22,6 +25,11 @@ use crate::policy::{
 };
 
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("booking_url", |a| a.help(
+    "Base URL of the booking service for audit rows, e.g. http://gpu-booking-api:8080; \
+     without it the log lines are the only record"
+)))]
+#[command(mut_arg("booking_timeout", |a| a.alias("audit-timeout")))]
 pub struct AgentArgs {
     /// This node's name (the DaemonSet sets it from `spec.nodeName`); only pods bound
     /// to it are listed.
@@ -127,27 +135,11 @@ pub struct AgentArgs {
     #[arg(long, env = "GPU_BOOKING_AGENT_POD_REFRESH", default_value = "30s", value_parser = parse_duration)]
     pub pod_refresh: Duration,
 
-    /// Base URL of the booking service for audit rows, e.g.
-    /// http://gpu-booking-api:8080; without it the log lines are the only record.
-    #[arg(long, env = "GPU_BOOKING_AGENT_BOOKING_URL")]
-    pub booking_url: Option<String>,
-
-    /// Service token (a JWT with the `service` role) for the booking service.
-    #[arg(
-        long,
-        env = "GPU_BOOKING_AGENT_SERVICE_TOKEN",
-        hide_env_values = true,
-        conflicts_with = "service_token_file"
-    )]
-    pub service_token: Option<String>,
-
-    /// File holding the service token; re-read for every report.
-    #[arg(long, env = "GPU_BOOKING_AGENT_SERVICE_TOKEN_FILE")]
-    pub service_token_file: Option<PathBuf>,
-
-    /// Longest wait for the booking service per audit row.
-    #[arg(long, env = "GPU_BOOKING_AGENT_AUDIT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-    pub audit_timeout: Duration,
+    // The booking service, for audit rows: `--booking-url` (optional here),
+    // `--service-token` or `--service-token-file`, `--booking-timeout` per audit row
+    // (`--audit-timeout` before the options were shared, still accepted).
+    #[command(flatten)]
+    pub booking: BookingServiceArgs,
 
     /// Plain-HTTP address of /healthz, /readyz and /metrics.
     #[arg(
@@ -317,6 +309,15 @@ mod tests {
         assert!(!cfg.vram_dry_run);
         assert_eq!(cfg.policy.opt_out.1, "yes");
         assert_eq!(cfg.policy.idle.idle_samples, 300, "given explicitly");
+    }
+
+    #[test]
+    fn the_booking_service_is_optional_and_the_old_timeout_flag_works() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.booking.url(), None);
+        assert_eq!(args.booking.booking_timeout, Duration::from_secs(5));
+        let args = parse(&["--audit-timeout=2s"]).unwrap();
+        assert_eq!(args.booking.booking_timeout, Duration::from_secs(2));
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //! ([`crate::nvml::NvmlSampler`]), a scripted fake in tests ([`crate::fake_gpu::FakeGpu`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::metrics::{Metrics, ResultLabel};
 
 /// What [`GpuSample::process_util`] answers when the GPU reports no utilisation at
 /// all: fully busy, so that such a GPU's processes are never reclaimed as idle.
@@ -74,5 +77,43 @@ impl GpuSample {
             (None, Some(card)) => card,
             (None, None) => UNKNOWN_UTILIZATION,
         }
+    }
+}
+
+/// The agent's GPU sampler with its metrics: every read is timed and counted. The
+/// agent's tick and the actor's check after an action share it.
+#[derive(Clone)]
+pub struct MeteredSampler {
+    gpu: Arc<dyn GpuSampler>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredSampler {
+    pub fn new(gpu: Arc<dyn GpuSampler>, metrics: Arc<Metrics>) -> Self {
+        Self { gpu, metrics }
+    }
+
+    /// Reads every GPU on a blocking thread. `fresh`: a re-check or verification
+    /// (NVML's per-process window is not advanced, so the next tick still sees what
+    /// happened since the previous one).
+    pub async fn sample(&self, fresh: bool) -> Result<Vec<GpuSample>, GpuError> {
+        let gpu = self.gpu.clone();
+        let started = std::time::Instant::now();
+        let result =
+            tokio::task::spawn_blocking(move || if fresh { gpu.resample() } else { gpu.sample() })
+                .await
+                .unwrap_or_else(|e| Err(GpuError::Nvml(format!("sampling task failed: {e}"))));
+        self.metrics
+            .sample_duration
+            .observe(started.elapsed().as_secs_f64());
+        let ok = result.is_ok();
+        self.metrics
+            .samples
+            .get_or_create(&ResultLabel {
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+        self.metrics.nvml_up.set(i64::from(ok));
+        result
     }
 }

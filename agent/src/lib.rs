@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod action;
+pub mod actor;
 pub mod agent;
 pub mod audit;
 pub mod cgroup;
@@ -32,12 +33,12 @@ pub mod gpu;
 pub mod idle;
 pub mod metrics;
 pub mod nvml;
+pub mod pod_usage;
 pub mod pods;
 pub mod policy;
 pub mod procfs;
 pub mod server;
 pub mod signals;
-pub mod watchdog;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -190,17 +191,18 @@ fn in_host_pid_namespace() -> bool {
 }
 
 fn audit_sink(args: &AgentArgs) -> anyhow::Result<Arc<dyn AuditSink>> {
-    let Some(url) = args.booking_url.as_deref().filter(|u| !u.trim().is_empty()) else {
+    let Some(url) = args.booking.url() else {
         tracing::warn!(
             "no --booking-url: actions are recorded in the log only, not in the audit log"
         );
         return Ok(Arc::new(LogOnlyAudit));
     };
-    let token = gpu_booking_client::TokenSource::from_options(
-        args.service_token.as_deref(),
-        args.service_token_file.as_deref(),
-    )?;
-    Ok(Arc::new(HttpAudit::new(url, token, args.audit_timeout)?))
+    let token = args.booking.token_source()?;
+    Ok(Arc::new(HttpAudit::new(
+        url,
+        token,
+        args.booking.booking_timeout,
+    )?))
 }
 
 async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {

@@ -1,6 +1,6 @@
-//! Prometheus metrics of the agent. The PRD's four keep their names exactly
-//! (`gpu_reclaimer_*`, so its dashboards and alerts work as written); the rest are
-//! `gpu_booking_agent_*`.
+//! Prometheus metrics of the agent, all `gpu_booking_agent_*` like every component's
+//! `gpu_booking_<component>_*`. The PRD's four were `gpu_booking_agent_*` until this
+//! release (docs/agent.md lists the renames).
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
@@ -129,7 +129,7 @@ impl Metrics {
             registry: Registry::default(),
         };
         {
-            let r = registry.sub_registry_with_prefix("gpu_reclaimer");
+            let r = registry.sub_registry_with_prefix("gpu_booking_agent");
             r.register(
                 "reclaim",
                 "GPU reclaim actions on a pod, by result (success, fail, dry_run) and reason (idle, vram_over_budget)",
@@ -146,9 +146,6 @@ impl Metrics {
                 "Pods whose GPU processes have been idle for their whole window",
                 m.idle_candidates.clone(),
             );
-        }
-        {
-            let r = registry.sub_registry_with_prefix("gpu_booking_agent");
             r.register(
                 "unattributed_processes",
                 "GPU processes now on the node that are not attributed to a pod container, by reason",
@@ -306,7 +303,7 @@ mod tests {
             .set(4 << 30);
         let text = m.encode();
         assert!(
-            text.contains("gpu_reclaimer_reclaim_total{result=\"success\",reason=\"idle\"} 1"),
+            text.contains("gpu_booking_agent_reclaim_total{result=\"success\",reason=\"idle\"} 1"),
             "{text}"
         );
         assert!(

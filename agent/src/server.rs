@@ -62,11 +62,11 @@ mod tests {
         let (status, text) = get(&router, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         for line in [
-            "# TYPE gpu_reclaimer_reclaim counter",
-            "gpu_reclaimer_reclaim_total{result=\"success\",reason=\"idle\"} 1",
-            "gpu_reclaimer_kill_total{signal=\"TERM\"} 1",
-            "gpu_reclaimer_pid_attribution_fail_total 0",
-            "gpu_reclaimer_idle_candidates 0",
+            "# TYPE gpu_booking_agent_reclaim counter",
+            "gpu_booking_agent_reclaim_total{result=\"success\",reason=\"idle\"} 1",
+            "gpu_booking_agent_kill_total{signal=\"TERM\"} 1",
+            "gpu_booking_agent_pid_attribution_fail_total 0",
+            "gpu_booking_agent_idle_candidates 0",
             "gpu_booking_agent_nvml_up 0",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");

@@ -84,16 +84,16 @@ async fn ac1_idle_pod_is_reclaimed_after_the_window_and_its_memory_freed() {
     assert_eq!(
         metric(
             &text,
-            r#"gpu_reclaimer_reclaim_total{result="success",reason="idle"}"#
+            r#"gpu_booking_agent_reclaim_total{result="success",reason="idle"}"#
         ),
         Some(1.0)
     );
     assert_eq!(
-        metric(&text, r#"gpu_reclaimer_kill_total{signal="TERM"}"#),
+        metric(&text, r#"gpu_booking_agent_kill_total{signal="TERM"}"#),
         Some(1.0)
     );
     assert_eq!(
-        metric(&text, "gpu_reclaimer_pid_attribution_fail_total"),
+        metric(&text, "gpu_booking_agent_pid_attribution_fail_total"),
         Some(0.0)
     );
 
@@ -232,7 +232,7 @@ async fn ac5_busy_and_opted_out_pods_are_never_touched() {
     assert!(node.audit.records().is_empty());
     assert!(node
         .metrics_text()
-        .contains("gpu_reclaimer_idle_candidates 0"));
+        .contains("gpu_booking_agent_idle_candidates 0"));
 }
 
 #[tokio::test]
@@ -248,11 +248,11 @@ async fn a_process_ignoring_sigterm_gets_sigkill() {
     assert_eq!(node.ended_by(pid).await, Some(SIGKILL));
     let text = node.metrics_text();
     assert_eq!(
-        metric(&text, r#"gpu_reclaimer_kill_total{signal="TERM"}"#),
+        metric(&text, r#"gpu_booking_agent_kill_total{signal="TERM"}"#),
         Some(1.0)
     );
     assert_eq!(
-        metric(&text, r#"gpu_reclaimer_kill_total{signal="KILL"}"#),
+        metric(&text, r#"gpu_booking_agent_kill_total{signal="KILL"}"#),
         Some(1.0)
     );
     assert_eq!(
@@ -322,7 +322,7 @@ async fn unattributable_pids_are_counted_logged_and_left_alone() {
     let text = node.metrics_text();
     // Each process counted once, not once per round.
     assert_eq!(
-        metric(&text, "gpu_reclaimer_pid_attribution_fail_total"),
+        metric(&text, "gpu_booking_agent_pid_attribution_fail_total"),
         Some(4.0)
     );
     assert_eq!(
@@ -433,7 +433,7 @@ async fn watchdog_acts_only_under_the_floor_on_the_biggest_over_budget_tenant() 
             assert_eq!(
                 metric(
                     &text,
-                    r#"gpu_reclaimer_reclaim_total{result="success",reason="vram_over_budget"}"#
+                    r#"gpu_booking_agent_reclaim_total{result="success",reason="vram_over_budget"}"#
                 ),
                 Some(1.0)
             );

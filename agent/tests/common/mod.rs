@@ -227,7 +227,7 @@ impl Node {
 }
 
 /// The value of one series in the exposition text, e.g.
-/// `gpu_reclaimer_kill_total{signal="TERM"}`.
+/// `gpu_booking_agent_kill_total{signal="TERM"}`.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| {
         l.strip_prefix(series)?
