@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use gpu_booking_client::AuditReport;
 use gpu_booking_core::admission::{
     controller_copy, decide, detect_gpu, plan, plan_unmarked, trusted_identity, what_to_ask,
     AdmissionConfig, Decision, GpuRequest, Identity, LendLedger, Lookup, Schedulability,
-    OUR_PREFIXES,
+    OUR_KEY_STEM,
 };
 use serde_json::{json, Value};
 use tracing::Instrument;
@@ -43,17 +44,20 @@ impl Webhook {
             .chain(cfg.model_resources.keys())
             .map(|name| memchr::memmem::Finder::new(name.as_bytes()).into_owned())
             .collect();
-        // "gpu-booking" covers both prefixes of our keys and the default classes.
-        let prefix = OUR_PREFIXES[0].trim_end_matches('/');
-        let mark_names = [Some(prefix), Some(cfg.terminate_at_annotation.as_str())]
-            .into_iter()
-            .chain([
-                cfg.high_priority_class.as_deref(),
-                cfg.low_priority_class.as_deref(),
-            ])
-            .flatten()
-            .map(|name| memchr::memmem::Finder::new(name.as_bytes()).into_owned())
-            .collect();
+        // The stem covers both prefixes of our keys (current and legacy) and the
+        // default classes.
+        let mark_names = [
+            Some(OUR_KEY_STEM),
+            Some(cfg.terminate_at_annotation.as_str()),
+        ]
+        .into_iter()
+        .chain([
+            cfg.high_priority_class.as_deref(),
+            cfg.low_priority_class.as_deref(),
+        ])
+        .flatten()
+        .map(|name| memchr::memmem::Finder::new(name.as_bytes()).into_owned())
+        .collect();
         Self {
             cfg,
             gpu_names,
@@ -360,12 +364,13 @@ impl Webhook {
                 }
                 _ => None,
             };
-            self.booking.audit(json!({
-                "action": action,
-                "subject": subject,
-                "user": user,
-                "booking_id": booking_id,
-                "details": {
+            self.booking.audit(AuditReport {
+                action: action.to_owned(),
+                subject: Some(subject),
+                user,
+                booking_id,
+                // Evidence, free-form by the audit contract.
+                details: json!({
                     "uid": facts.req.uid,
                     "decision": decision.kind(),
                     "model": model,
@@ -375,8 +380,8 @@ impl Webhook {
                     "reason": decision.removal_reason(),
                     "warning": decision.warning(),
                     "booking_error": facts.failure.map(BookingError::to_string),
-                },
-            }));
+                }),
+            });
         }
     }
 }

@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use gpu_booking_client::{AuditReport, ClientError};
 use gpu_booking_core::admission::{Ask, Schedulability};
 use gpu_booking_core::rate::TokenBucket;
-use serde_json::Value;
+use gpu_booking_core::wire::{AuditBatch, MAX_AUDIT_BATCH};
 use tokio::sync::{mpsc, OnceCell};
 
 use crate::metrics::{CallLabel, Metrics};
@@ -28,8 +29,8 @@ const ERROR_TTL: Duration = Duration::from_secs(1);
 const CACHE_SWEEP_AT: usize = 4096;
 /// Audit reports waiting to be sent at most; beyond, they are dropped (and counted).
 const AUDIT_QUEUE: usize = 4096;
-/// Audit reports sent in one batch at most (the service takes up to 500).
-const AUDIT_BATCH: usize = 500;
+/// Audit reports sent in one batch at most: all the service takes.
+const AUDIT_BATCH: usize = MAX_AUDIT_BATCH;
 /// Tries of one batch before its reports are dropped (and counted).
 const AUDIT_TRIES: u32 = 3;
 /// Audit reports of one kind let through at once, and per second after that, unless
@@ -79,7 +80,7 @@ type Answer = Result<Arc<Schedulability>, BookingError>;
 
 /// What the audit sender is sent.
 enum AuditMessage {
-    Report(gpu_booking_client::AuditReport),
+    Report(AuditReport),
     /// Answered once every report queued before it was sent (or given up).
     Flush(tokio::sync::oneshot::Sender<()>),
 }
@@ -99,17 +100,17 @@ impl Entry {
     }
 }
 
-/// The booking service client.
+/// The booking service as the webhook uses it: a layer over the one HTTP client
+/// ([`gpu_booking_client::BookingClient`]) that adds the replica, the single-flight
+/// cache of lookups and the batched, rate-limited audit queue.
 pub struct BookingClient {
-    http: reqwest::Client,
-    base: String,
-    token: TokenSource,
     timeout: Duration,
     ttl: Duration,
     cache: Mutex<HashMap<(&'static str, String), Arc<Entry>>>,
     side_calls_started: AtomicU64,
     audit_queue: OnceLock<mpsc::Sender<AuditMessage>>,
-    /// The shared client of the booking service (replica reads, audit batches).
+    /// The shared client of the booking service (lookups, replica reads, audit
+    /// batches).
     client: Arc<gpu_booking_client::BookingClient>,
     /// Where admissions are answered from; `None`: a lookup per GPU pod.
     replica: Option<Arc<ReplicaHandle>>,
@@ -128,28 +129,18 @@ impl BookingClient {
         ttl: Duration,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(32)
-            .tcp_nodelay(true)
-            .user_agent(concat!("gpu-booking-webhook/", env!("CARGO_PKG_VERSION")))
-            .build()?;
-        let base = base.trim_end_matches('/').to_owned();
-        reqwest::Url::parse(&base).map_err(|e| anyhow::anyhow!("--booking-url {base:?}: {e}"))?;
-        let client = Arc::new(gpu_booking_client::BookingClient::new(
-            &base,
-            token.clone(),
-            timeout,
-            concat!("gpu-booking-webhook/", env!("CARGO_PKG_VERSION")),
-        )?);
+        let client = Arc::new(
+            gpu_booking_client::BookingClient::new(
+                base,
+                token,
+                timeout,
+                concat!("gpu-booking-webhook/", env!("CARGO_PKG_VERSION")),
+            )
+            .map_err(|e| anyhow::anyhow!("--booking-url: {e}"))?,
+        );
         Ok(Self {
             client,
             replica: None,
-            http,
-            base,
-            token,
             timeout,
             ttl,
             cache: Mutex::new(HashMap::new()),
@@ -204,13 +195,13 @@ impl BookingClient {
                     users = users.len(),
                     "a slug names several users; resolved to nobody"
                 );
-                self.audit(serde_json::json!({
-                    "action": "webhook.ambiguous_slug",
-                    "subject": value.chars().take(512).collect::<String>(),
-                    "user": null,
-                    "booking_id": null,
-                    "details": {"slug": value, "users": users},
-                }));
+                self.audit(AuditReport {
+                    action: "webhook.ambiguous_slug".to_owned(),
+                    subject: Some(value.chars().take(512).collect()),
+                    user: None,
+                    booking_id: None,
+                    details: serde_json::json!({"slug": value, "users": users}),
+                });
             }
             return Ok(Arc::new(answer.schedulability));
         }
@@ -237,7 +228,7 @@ impl BookingClient {
             if hit { "hit" } else { "miss" },
         );
         let lookup = entry.cell.get_or_init(|| async {
-            let answer = self.fetch(kind, value).await.map(Arc::new);
+            let answer = self.fetch(ask).await.map(Arc::new);
             (Instant::now(), answer)
         });
         match tokio::time::timeout(self.timeout, lookup).await {
@@ -246,9 +237,13 @@ impl BookingClient {
         }
     }
 
-    async fn fetch(&self, kind: &str, value: &str) -> Result<Schedulability, BookingError> {
+    async fn fetch(&self, ask: Ask<'_>) -> Result<Schedulability, BookingError> {
         let started = Instant::now();
-        let result = self.fetch_uncounted(kind, value).await;
+        let result = self
+            .client
+            .schedulability(ask)
+            .await
+            .map_err(|e| self.booking_error(e));
         self.metrics
             .booking_duration
             .observe(started.elapsed().as_secs_f64());
@@ -260,46 +255,15 @@ impl BookingClient {
         result
     }
 
-    async fn fetch_uncounted(
-        &self,
-        kind: &str,
-        value: &str,
-    ) -> Result<Schedulability, BookingError> {
-        let token = self.token.token()?;
-        let mut request = self
-            .http
-            .get(format!("{}/api/v1/schedulability", self.base));
-        if !kind.is_empty() {
-            request = request.query(&[(kind, value)]);
-        }
-        let response = request
-            .bearer_auth(token)
-            .send()
-            .await
-            .map_err(|e| self.transport_error(e))?;
-        let status = response.status();
-        if status != reqwest::StatusCode::OK {
-            return Err(BookingError::Status(status.as_u16()));
-        }
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| self.transport_error(e))?;
-        serde_json::from_slice(&body).map_err(|e| BookingError::Body(e.to_string()))
-    }
-
-    fn transport_error(&self, e: reqwest::Error) -> BookingError {
-        if e.is_timeout() {
-            BookingError::Timeout(self.timeout)
-        } else {
-            // The chain names the cause (connection refused, reset, ...).
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                text = format!("{text}: {cause}");
-                source = cause.source();
-            }
-            BookingError::Transport(text)
+    /// The client's error as the webhook reports it (a timeout names the webhook's
+    /// own limit).
+    fn booking_error(&self, e: ClientError) -> BookingError {
+        match e {
+            ClientError::Status { status, .. } => BookingError::Status(status),
+            ClientError::Timeout => BookingError::Timeout(self.timeout),
+            ClientError::Transport(text) => BookingError::Transport(text),
+            ClientError::Body(text) => BookingError::Body(text),
+            ClientError::Token(e) => e.into(),
         }
     }
 
@@ -307,20 +271,12 @@ impl BookingClient {
     /// bounded queue that one task sends in batches (one call for every report
     /// waiting, up to [`AUDIT_BATCH`]), so that a burst of spawns costs a few calls
     /// and no admission waits for one.
-    pub fn audit(&self, body: Value) {
-        if !self.audit_allowed(&body) {
+    pub fn audit(&self, report: AuditReport) {
+        if !self.audit_allowed(&report.action) {
             tracing::debug!("audit rate exceeded; report dropped");
             self.count_side_call("audit", "rate_limited");
             return;
         }
-        let report: gpu_booking_client::AuditReport = match serde_json::from_value(body) {
-            Ok(report) => report,
-            Err(e) => {
-                tracing::warn!(error = %e, "audit report not well-formed; dropped");
-                self.count_side_call("audit", "dropped");
-                return;
-            }
-        };
         self.side_calls_started.fetch_add(1, Ordering::SeqCst);
         if self.queue().try_send(AuditMessage::Report(report)).is_err() {
             tracing::warn!("audit queue full; report dropped");
@@ -355,8 +311,7 @@ impl BookingClient {
     }
 
     /// Takes a token from the bucket of the report's action.
-    fn audit_allowed(&self, body: &Value) -> bool {
-        let action = body.get("action").and_then(Value::as_str).unwrap_or("");
+    fn audit_allowed(&self, action: &str) -> bool {
         let mut buckets = self.audit_rate.lock().unwrap_or_else(|e| e.into_inner());
         let (burst, per_second) = self.audit_limits;
         buckets
@@ -408,28 +363,34 @@ async fn send_audits(
             }
         }
         if !batch.is_empty() {
+            let batch = AuditBatch { reports: batch };
             let mut tries = 0;
             loop {
                 tries += 1;
                 match client.audit_batch(&batch).await {
                     Ok(_) => {
                         Metrics::outcome(&metrics.audit_batches, "ok");
-                        count("ok", batch.len());
+                        count("ok", batch.reports.len());
                         break;
                     }
                     // Refused as a whole: sending it again would not help.
                     Err(gpu_booking_client::ClientError::Status { status, body })
                         if (400..500).contains(&status) =>
                     {
-                        tracing::warn!(status, body, reports = batch.len(), "audit batch refused");
+                        tracing::warn!(
+                            status,
+                            body,
+                            reports = batch.reports.len(),
+                            "audit batch refused"
+                        );
                         Metrics::outcome(&metrics.audit_batches, "refused");
-                        count("error", batch.len());
+                        count("error", batch.reports.len());
                         break;
                     }
                     Err(e) if tries >= AUDIT_TRIES => {
-                        tracing::warn!(error = %e, reports = batch.len(), "audit batch not sent; dropped");
+                        tracing::warn!(error = %e, reports = batch.reports.len(), "audit batch not sent; dropped");
                         Metrics::outcome(&metrics.audit_batches, "error");
-                        count("error", batch.len());
+                        count("error", batch.reports.len());
                         break;
                     }
                     Err(e) => {

@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::{
-    AdmissionConfig, BookingErrorPolicy, SpawnerTrust, UnidentifiedGpuPods,
-    DEFAULT_GPUMEM_RESOURCE, DEFAULT_GPU_RESOURCE, DEFAULT_HIGH_PRIORITY_CLASS,
-    DEFAULT_LOW_PRIORITY_CLASS, DEFAULT_MODEL_NODE_LABEL, DEFAULT_TERMINATE_AT_ANNOTATION,
+    AdmissionArgs, AdmissionConfig, BookingErrorPolicy, SpawnerTrust, UnidentifiedGpuPods,
 };
 use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_core::username::NameCase;
@@ -68,6 +67,11 @@ pub enum DecideFrom {
 
 /// Everything the webhook can be told; every option also reads an environment variable.
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("booking_url", |a| a.required(true)))]
+#[command(mut_arg("booking_timeout", |a| a.default_value("2s").help(
+    "Longest wait for the booking service before --on-booking-error applies \
+     (keep it well under the webhook timeout of the API server, 10 s at most)"
+)))]
 pub struct WebhookArgs {
     /// HTTPS address of `POST /mutate`.
     #[arg(
@@ -94,27 +98,10 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_TLS_KEY")]
     pub tls_key: PathBuf,
 
-    /// Base URL of the booking service, e.g. http://gpu-booking-api:8080.
-    #[arg(long, env = "GPU_BOOKING_WEBHOOK_BOOKING_URL")]
-    pub booking_url: String,
-
-    /// Service token (a JWT with the `service` role) for the booking service.
-    #[arg(
-        long,
-        env = "GPU_BOOKING_WEBHOOK_SERVICE_TOKEN",
-        hide_env_values = true,
-        conflicts_with = "service_token_file"
-    )]
-    pub service_token: Option<String>,
-
-    /// File holding the service token; re-read when it changes.
-    #[arg(long, env = "GPU_BOOKING_WEBHOOK_SERVICE_TOKEN_FILE")]
-    pub service_token_file: Option<PathBuf>,
-
-    /// Longest wait for the booking service before `--on-booking-error` applies
-    /// (keep it well under the webhook timeout of the API server, 10 s at most).
-    #[arg(long, env = "GPU_BOOKING_WEBHOOK_BOOKING_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
-    pub booking_timeout: Duration,
+    // The booking service: `--booking-url` (required here), `--service-token` or
+    // `--service-token-file`, `--booking-timeout` (2 s here, see the struct).
+    #[command(flatten)]
+    pub booking: BookingServiceArgs,
 
     /// How long an answer of the booking service is reused for the same user or slug,
     /// so that a burst of spawns makes one call (0s: no reuse).
@@ -162,31 +149,10 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_ON_BOOKING_ERROR", value_enum, default_value_t = OnBookingError::Allow)]
     pub on_booking_error: OnBookingError,
 
-    /// Annotation that carries a booked pod's end (RFC 3339, UTC) for the controller.
-    #[arg(long, env = "GPU_BOOKING_WEBHOOK_TERMINATE_AT_ANNOTATION", default_value = DEFAULT_TERMINATE_AT_ANNOTATION)]
-    pub terminate_at_annotation: String,
-
-    /// Node label whose value is a model name; booked and lent pods get it as node
-    /// selector. The controller labels GPU nodes with it (a node selector on
-    /// nvidia.com/gpu.product cannot express a model that several products map to).
-    #[arg(long, env = "GPU_BOOKING_WEBHOOK_MODEL_NODE_LABEL", default_value = DEFAULT_MODEL_NODE_LABEL)]
-    pub model_node_label: String,
-
-    /// Priority class of booked pods ("" leaves the class alone).
-    #[arg(long, env = "GPU_BOOKING_WEBHOOK_HIGH_PRIORITY_CLASS", default_value = DEFAULT_HIGH_PRIORITY_CLASS)]
-    pub high_priority_class: String,
-
-    /// Priority class of pods that got a GPU without a booking ("" leaves it alone).
-    #[arg(long, env = "GPU_BOOKING_WEBHOOK_LOW_PRIORITY_CLASS", default_value = DEFAULT_LOW_PRIORITY_CLASS)]
-    pub low_priority_class: String,
-
-    /// Generic GPU resources (any model); repeat or separate with commas.
-    #[arg(long, env = "GPU_BOOKING_WEBHOOK_GPU_RESOURCE", value_delimiter = ',', default_value = DEFAULT_GPU_RESOURCE)]
-    pub gpu_resource: Vec<String>,
-
-    /// Extended resource that carries the VRAM budget in MiB.
-    #[arg(long, env = "GPU_BOOKING_WEBHOOK_GPUMEM_RESOURCE", default_value = DEFAULT_GPUMEM_RESOURCE)]
-    pub gpumem_resource: String,
+    // The GPU resources, the keys written on pods and the priority classes, shared
+    // with the controller.
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
 
     /// VRAM budget (MiB per GPU) for models without one of their own.
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_DEFAULT_GPUMEM_MIB")]
@@ -288,10 +254,10 @@ impl WebhookArgs {
             admin_listen: ([0, 0, 0, 0], 9090).into(),
             tls_cert,
             tls_key,
-            booking_url,
-            service_token: Some(service_token),
-            service_token_file: None,
-            booking_timeout: Duration::from_secs(2),
+            booking: BookingServiceArgs {
+                booking_timeout: Duration::from_secs(2),
+                ..BookingServiceArgs::new(&booking_url, Some(&service_token))
+            },
             cache_ttl: Duration::from_secs(3),
             lend_settle: Duration::from_secs(3),
             lend_ttl: Duration::from_secs(60),
@@ -300,12 +266,7 @@ impl WebhookArgs {
             replica_refresh: Duration::from_secs(1),
             replica_wait: Duration::from_secs(5),
             on_booking_error: OnBookingError::Allow,
-            terminate_at_annotation: DEFAULT_TERMINATE_AT_ANNOTATION.into(),
-            model_node_label: DEFAULT_MODEL_NODE_LABEL.into(),
-            high_priority_class: DEFAULT_HIGH_PRIORITY_CLASS.into(),
-            low_priority_class: DEFAULT_LOW_PRIORITY_CLASS.into(),
-            gpu_resource: vec![DEFAULT_GPU_RESOURCE.into()],
-            gpumem_resource: DEFAULT_GPUMEM_RESOURCE.into(),
+            admission: AdmissionArgs::default(),
             default_gpumem_mib: None,
             model_gpumem: Vec::new(),
             model_resource: Vec::new(),
@@ -324,7 +285,6 @@ impl WebhookArgs {
 
     /// The pure admission configuration these options describe, checked.
     pub fn admission_config(&self) -> anyhow::Result<AdmissionConfig> {
-        let class = |c: &str| (!c.is_empty()).then(|| c.to_owned());
         let mut model_resources = BTreeMap::new();
         for (model, resource) in &self.model_resource {
             if let Some(other) = model_resources.insert(resource.clone(), model.clone()) {
@@ -332,15 +292,9 @@ impl WebhookArgs {
             }
         }
         let cfg = AdmissionConfig {
-            gpu_resources: self.gpu_resource.clone(),
             model_resources,
-            gpumem_resource: self.gpumem_resource.clone(),
             default_gpumem_mib: self.default_gpumem_mib,
             model_gpumem_mib: self.model_gpumem.iter().cloned().collect(),
-            terminate_at_annotation: self.terminate_at_annotation.clone(),
-            model_node_label: self.model_node_label.clone(),
-            high_priority_class: class(&self.high_priority_class),
-            low_priority_class: class(&self.low_priority_class),
             on_booking_error: self.on_booking_error.into(),
             spawners: SpawnerTrust {
                 users: non_empty(&self.trusted_spawner),
@@ -350,6 +304,7 @@ impl WebhookArgs {
             name_case: NameCase::from_switch(self.case_sensitive_names),
             unidentified_gpu_pods: self.unidentified_gpu_pods.into(),
             controllers: non_empty(&self.trusted_controller),
+            ..self.admission.admission_config()
         };
         cfg.validate().context("invalid webhook options")?;
         Ok(cfg)
@@ -444,7 +399,7 @@ mod tests {
         ])
         .unwrap();
         let args = cli.args;
-        assert_eq!(args.booking_timeout, Duration::from_millis(500));
+        assert_eq!(args.booking.booking_timeout, Duration::from_millis(500));
         let cfg = args.admission_config().unwrap();
         assert_eq!(cfg.on_booking_error, BookingErrorPolicy::Strip);
         assert_eq!(cfg.model_resources.len(), 2);
@@ -473,6 +428,7 @@ mod tests {
     fn identity_defaults_trust_nobody_and_lend() {
         let cli =
             Cli::try_parse_from(["x", "--tls-cert=c", "--tls-key=k", "--booking-url=u"]).unwrap();
+        assert_eq!(cli.args.booking.booking_timeout, Duration::from_secs(2));
         let cfg = cli.args.admission_config().unwrap();
         assert!(cfg.spawners.is_empty());
         assert_eq!(cfg.unidentified_gpu_pods, UnidentifiedGpuPods::Lent);
@@ -481,6 +437,10 @@ mod tests {
 
     #[test]
     fn refuses_bad_values() {
+        assert!(
+            Cli::try_parse_from(["x", "--tls-cert=c", "--tls-key=k"]).is_err(),
+            "--booking-url is required"
+        );
         let base = ["x", "--tls-cert=c", "--tls-key=k", "--booking-url=u"];
         for bad in [
             "--model-gpumem=A100=1",

@@ -58,18 +58,11 @@ impl WebhookServer {
     pub fn from_args(args: &WebhookArgs) -> anyhow::Result<Self> {
         let cfg = args.admission_config()?;
         let metrics = Arc::new(Metrics::new());
-        let token = match (&args.service_token, &args.service_token_file) {
-            (Some(token), _) if !token.trim().is_empty() => {
-                TokenSource::Static(token.trim().to_owned())
-            }
-            (_, Some(path)) => TokenSource::file(path.clone())
-                .with_context(|| format!("reading --service-token-file {}", path.display()))?,
-            _ => anyhow::bail!("give --service-token or --service-token-file"),
-        };
+        let token = args.booking.token_source()?;
         let mut booking = BookingClient::new(
-            &args.booking_url,
+            args.booking.required_url()?,
             token,
-            args.booking_timeout,
+            args.booking.booking_timeout,
             args.cache_ttl,
             metrics.clone(),
         )?
@@ -144,7 +137,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     tracing::info!(
         listen = %args.listen,
         admin = %args.admin_listen,
-        booking_url = %args.booking_url,
+        booking_url = %args.booking.url().unwrap_or_default(),
         "webhook serving"
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -307,9 +307,9 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
     let (out, _) = mutate(&https, webhook.addr, &review("e2e-1", pod.clone())).await;
     assert_eq!(out.response.uid, "e2e-1");
     let patched_pod = check(&pod, &out);
-    assert_eq!(label(&patched_pod, "gpu-booking/priority"), Some("high"));
+    assert_eq!(label(&patched_pod, "gpu-booking.io/priority"), Some("high"));
     assert_eq!(
-        label(&patched_pod, "gpu-booking/booking"),
+        label(&patched_pod, "gpu-booking.io/booking"),
         Some(booking_id.to_string().as_str())
     );
     let annotations = patched_pod.metadata.annotations.as_ref().unwrap();
@@ -351,7 +351,7 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         let (out, _) = mutate(&https, webhook.addr, &review(uid, pod.clone())).await;
         let patched_pod = check(&pod, &out);
         assert_eq!(
-            label(&patched_pod, "gpu-booking/priority"),
+            label(&patched_pod, "gpu-booking.io/priority"),
             Some("high"),
             "{file}"
         );
@@ -370,7 +370,7 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
     let pod = ks("7.1.0-Bob.Smith-gpu.json");
     let (out, _) = mutate(&https, webhook.addr, &review("e2e-4", pod.clone())).await;
     let patched_pod = check(&pod, &out);
-    assert_eq!(label(&patched_pod, "gpu-booking/priority"), Some("low"));
+    assert_eq!(label(&patched_pod, "gpu-booking.io/priority"), Some("low"));
     let spec = patched_pod.spec.as_ref().unwrap();
     assert_eq!(
         spec.node_selector
@@ -457,11 +457,11 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         let (out, _) = mutate(&https, webhook.addr, &forged).await;
         let patched_pod = check(&pod, &out);
         assert_eq!(
-            label(&patched_pod, "gpu-booking/priority"),
+            label(&patched_pod, "gpu-booking.io/priority"),
             Some("low"),
             "{creator} in {namespace}"
         );
-        assert!(label(&patched_pod, "gpu-booking/booking").is_none());
+        assert!(label(&patched_pod, "gpu-booking.io/booking").is_none());
         let annotations = patched_pod.metadata.annotations.unwrap_or_default();
         assert!(!annotations.contains_key("terminate-at"), "{creator}");
     }
@@ -473,7 +473,7 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
     let pod = plain_pod("cuda-job", json!({"limits": {"nvidia.com/gpu": "1"}}));
     let (out, _) = mutate(&https, webhook.addr, &review("e2e-10", pod.clone())).await;
     let patched_pod = check(&pod, &out);
-    assert_eq!(label(&patched_pod, "gpu-booking/priority"), None);
+    assert_eq!(label(&patched_pod, "gpu-booking.io/priority"), None);
     assert!(
         out.response.warnings[0].contains("no free GPU"),
         "{:?}",
@@ -553,7 +553,7 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
     let pod = ks("7.1.0-alice-at-example.com-gpu.json");
     let (out, _) = mutate(&https, strict.addr, &review("e2e-12", pod.clone())).await;
     assert_eq!(
-        label(&check(&pod, &out), "gpu-booking/priority"),
+        label(&check(&pod, &out), "gpu-booking.io/priority"),
         Some("high")
     );
 }

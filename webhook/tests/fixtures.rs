@@ -254,16 +254,16 @@ fn budget(pod: &Pod, mib: u64) -> Result<(), String> {
 fn booked(model: &'static str, id: &'static str, mib: u64) -> Check {
     Box::new(move |_, pod| {
         ensure!(
-            label(pod, "gpu-booking/priority") == Some("high"),
+            label(pod, "gpu-booking.io/priority") == Some("high"),
             "priority label {:?}",
-            label(pod, "gpu-booking/priority")
+            label(pod, "gpu-booking.io/priority")
         );
         ensure!(
-            label(pod, "gpu-booking/booking") == Some(id),
+            label(pod, "gpu-booking.io/booking") == Some(id),
             "booking label"
         );
         ensure!(
-            label(pod, "gpu-booking/model") == Some(model),
+            label(pod, "gpu-booking.io/model") == Some(model),
             "model label"
         );
         ensure!(
@@ -300,11 +300,11 @@ fn booked(model: &'static str, id: &'static str, mib: u64) -> Check {
 fn low(model: &'static str, mib: u64) -> Check {
     Box::new(move |_, pod| {
         ensure!(
-            label(pod, "gpu-booking/priority") == Some("low"),
+            label(pod, "gpu-booking.io/priority") == Some("low"),
             "priority label"
         );
         ensure!(
-            label(pod, "gpu-booking/booking").is_none(),
+            label(pod, "gpu-booking.io/booking").is_none(),
             "booking label on a lent pod"
         );
         ensure!(
@@ -364,7 +364,7 @@ fn stripped() -> Check {
             "no removal annotation"
         );
         ensure!(
-            label(pod, "gpu-booking/priority").is_none(),
+            label(pod, "gpu-booking.io/priority").is_none(),
             "priority label on a CPU pod"
         );
         // Everything else of the container is intact.
@@ -1306,7 +1306,7 @@ async fn the_examples_are_answered_as_documented() {
         );
         let (_, pod) = patched(&review["request"]["object"], &out).unwrap();
         assert_eq!(
-            label(&pod, "gpu-booking/priority").unwrap_or("unchanged"),
+            label(&pod, "gpu-booking.io/priority").unwrap_or("unchanged"),
             expect,
             "{file}"
         );
@@ -1403,11 +1403,15 @@ mod fast_path {
     }
 }
 
-/// `pod` with every mark of ours written by its creator (issue 13): our labels, the
-/// `terminate-at` annotation, another annotation of ours, and our high class.
+/// `pod` with every mark of ours written by its creator (issue 13): our labels (under
+/// the current and the legacy keys), the `terminate-at` annotation, another annotation
+/// of ours, and our high class.
 fn forged(mut pod: Value) -> Value {
     let meta = &mut pod["metadata"];
     for (key, value) in [
+        ("gpu-booking.io/priority", "high"),
+        ("gpu-booking.io/booking", "1"),
+        ("gpu-booking.io/model", "a100"),
         ("gpu-booking/priority", "high"),
         ("gpu-booking/booking", "1"),
         ("gpu-booking/model", "a100"),

@@ -12,6 +12,7 @@ use gpu_booking_api::clock::SystemClock;
 use gpu_booking_api::testing::{random_secret, test_state, token_for};
 use gpu_booking_core::admission::Schedulability;
 use gpu_booking_core::policy::Policy;
+use gpu_booking_core::wire::AuditReport;
 use gpu_booking_webhook::{BookingClient, BookingError, Metrics, ReplicaOptions, TokenSource};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -427,10 +428,13 @@ async fn a_clean_shutdown_sends_the_queued_audit_reports(pool: sqlx::PgPool) {
     .unwrap()
     .with_audit_rate(10_000, 0.0);
     for i in 0..1200 {
-        booking.audit(json!({
-            "action": "webhook.low_priority", "subject": format!("jhub/pod-{i}"),
-            "user": "bob", "booking_id": null, "details": {"i": i},
-        }));
+        booking.audit(AuditReport {
+            action: "webhook.low_priority".into(),
+            subject: Some(format!("jhub/pod-{i}")),
+            user: Some("bob".into()),
+            booking_id: None,
+            details: json!({"i": i}),
+        });
     }
     booking.flush(Duration::from_secs(30)).await;
     let n: i64 = sqlx::query_scalar(
