@@ -5,8 +5,9 @@
 #
 #   docker build -t gpu-booking:0.1.0 .
 #
-# No database is needed to build: queries are checked at run time, migrations and
-# the booking page's assets are compiled into the binary.
+# No database is needed to build: the queries are checked against the offline data in
+# .sqlx/ (.cargo/config.toml sets SQLX_OFFLINE), migrations and the booking page's
+# assets are compiled into the binary.
 
 ARG RUST_VERSION=1.95
 

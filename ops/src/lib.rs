@@ -3,9 +3,15 @@
 //! of the webhook, the controller and the node agent.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod duration;
 pub mod metrics;
 pub mod serve;
+pub mod testing;
+
+/// For [`access_line!`]: the callers need not depend on `tracing` themselves.
+#[doc(hidden)]
+pub use tracing as __tracing;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -107,7 +113,8 @@ pub use metrics::OPENMETRICS;
 /// The admin port: `/healthz` (the process runs), `/readyz` (200 once `ready` is
 /// set, else 503 with `not_ready` as the body, which says what is awaited) and
 /// `/metrics` (whatever `metrics` encodes as OpenMetrics text, in the text format when
-/// the scraper asks for it: [`metrics::response`]).
+/// the scraper asks for it: [`metrics::response`]); one access log line per request
+/// ([`access::log_requests`]).
 pub fn admin_router<M>(metrics: M, ready: Arc<AtomicBool>, not_ready: &'static str) -> Router
 where
     M: Fn() -> String + Clone + Send + Sync + 'static,
@@ -134,6 +141,7 @@ where
                 async move { metrics::response(&headers, body) }
             }),
         )
+        .layer(axum::middleware::from_fn(access::log_requests))
 }
 
 #[cfg(test)]

@@ -1,0 +1,106 @@
+//! The access log (issue 14, item 8): one line per request on every port of every
+//! component, with the same message (`request`) and fields (`method`, `route`,
+//! `status`, `latency_ms`) everywhere, so that one log query reads them all.
+//!
+//! A line names the route *template* (`/api/v1/bookings/{id}`, or [`UNMATCHED`]),
+//! never the path, the query or a header: no id, feed token or bearer token reaches
+//! the logs.
+//!
+//! The admin ports (`/healthz`, `/readyz`, `/metrics` of the webhook, the controller
+//! and the agent) log through [`log_requests`], which [`crate::admin_router`] layers
+//! on; their target is [`ACCESS_LOG`]. The booking API writes the same line with its
+//! own target from its metrics middleware ([`access_line!`] with [`Access`]): a
+//! `tracing` target is part of a callsite's static metadata, so one function cannot
+//! log under a target its caller picks.
+
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::Response;
+
+/// The `tracing` target of the admin ports' access log lines: the kubelet probes
+/// every few seconds, so `RUST_LOG=info,gpu_booking_ops::access=warn` silences them.
+pub const ACCESS_LOG: &str = "gpu_booking_ops::access";
+
+/// The route of requests no route matched (a fallback's 404s, whatever the path).
+pub const UNMATCHED: &str = "unmatched";
+
+/// What an access log line says of a request, read before the handler takes it.
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// [`method_label`] of the request's method.
+    pub method: &'static str,
+    /// The matched route's template, or [`UNMATCHED`].
+    pub route: String,
+    started: Instant,
+}
+
+impl Access {
+    /// Reads `req` as it reaches a route (inside the router, where axum has set the
+    /// [`MatchedPath`]); the latency counts from here.
+    pub fn of(req: &Request) -> Self {
+        let route = req
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or_else(|| UNMATCHED.to_string(), |m| m.as_str().to_string());
+        Self {
+            method: method_label(req.method()),
+            route,
+            started: Instant::now(),
+        }
+    }
+
+    /// Time since [`Access::of`].
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+/// Writes one access log line under `target` (a constant: `tracing` needs it at
+/// compile time): `access_line!(TARGET, access: &Access, status: StatusCode,
+/// took: Duration)`.
+#[macro_export]
+macro_rules! access_line {
+    ($target:expr, $access:expr, $status:expr, $took:expr) => {
+        $crate::__tracing::info!(
+            target: $target,
+            method = $access.method,
+            route = %$access.route,
+            status = $status.as_u16(),
+            latency_ms = $took.as_secs_f64() * 1000.0,
+            "request"
+        )
+    };
+}
+
+/// The middleware of the admin ports (`axum::middleware::from_fn`): the request's
+/// access log line under [`ACCESS_LOG`].
+pub async fn log_requests(req: Request, next: Next) -> Response {
+    let access = Access::of(&req);
+    let response = next.run(req).await;
+    access_line!(ACCESS_LOG, access, response.status(), access.elapsed());
+    response
+}
+
+/// The request method if it is one of HTTP's standard nine (RFC 9110 and PATCH),
+/// else `other`: any token is a valid method on the wire, and a log field or metric
+/// label must come from a closed set.
+pub fn method_label(method: &Method) -> &'static str {
+    const STANDARD: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    STANDARD
+        .iter()
+        .find(|m| *m == method)
+        .map_or("other", Method::as_str)
+}
