@@ -153,15 +153,20 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         log_format: LogFormat::Plain,
         change_retention: std::time::Duration::from_secs(7 * 86_400),
     };
-    let auth = Authenticator::new(Some(&secret), None);
+    // The lab's webhook, controller and agents authenticate with their ServiceAccount
+    // tokens (TokenReview against the lab's API server); the HS256 secret signs the
+    // people's tokens and the service token printed below for curl.
+    let lab = crate::demo_cluster::builder(&args);
+    let auth =
+        Authenticator::new(Some(&secret), None).with_service_accounts(lab.service_accounts());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let token = |user: &str, role| mint_token(&secret, user, role, TimeDelta::days(1));
-    let service_token = token("webhook", Some(Role::Service))?;
+    let service_token = token("demo-service", Some(Role::Service))?;
     // The API is reached at its listening address (0.0.0.0 is not a destination).
     let api_url = format!("http://{}", reachable(args.listen));
-    let sim = crate::demo_cluster::start(&args, &pool, api_url, service_token.clone()).await?;
+    let sim = crate::demo_cluster::start(lab, &pool, api_url).await?;
     // After the lab's models are declared.
     seed(&pool).await?;
     let mut pickable: Vec<String> = SAMPLES
@@ -171,10 +176,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     pickable.extend(["alice@example.com", "admin@example.com"].map(String::from));
     pickable.extend(["dave@uni.example", "erin@uni.example"].map(String::from));
     let state = server::state(pool.clone(), &api_args, auth);
-    let _sweep = gpu_booking_api::store::waitlist::spawn_sweep(
-        state.clone(),
-        server::sweep_interval(&api_args),
-    );
+    let _sweep = server::spawn_waitlist_sweep(state.clone(), server::sweep_interval(&api_args));
     let notices = tokio::spawn(server::notice_worker(&state, &api_args.notices)?.run());
     let app = gpu_booking_api::app::router(state)
         .merge(crate::demo_cluster::routes(sim.clone()))
@@ -202,7 +204,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "  admin token (admin@example.com):  {}",
         token("admin@example.com", Some(Role::Admin))?
     );
-    println!("  service token (webhook):          {service_token}");
+    println!("  service token (for curl):         {service_token}");
     println!(
         "  webhook:      https://{}/mutate (CA: {})",
         args.webhook_listen,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use gpu_booking_api::store::models::Model;
 use gpu_booking_sim::models::{declare, DEMO_MODELS};
-use gpu_booking_sim::{lab, BookingService, SimCluster};
+use gpu_booking_sim::{lab, BookingService, SimBuilder, SimCluster};
 use sqlx::PgPool;
 
 use crate::demo::{DemoArgs, SEED_USERS};
@@ -21,18 +21,11 @@ const NOTEBOOK_GRACE_SECONDS: i64 = 5;
 /// process reclaimed (the PRD's default is 30 minutes; a demo is watched for minutes).
 const IDLE_MINUTES: u32 = 2;
 
-/// Declares the lab's models (if the database has none) and starts the cluster, its
-/// webhook and its controller against the booking API at `booking_url`.
-pub async fn start(
-    args: &DemoArgs,
-    pool: &PgPool,
-    booking_url: String,
-    service_token: String,
-) -> anyhow::Result<Arc<SimCluster>> {
-    let nodes = lab::demo_lab();
-    declare(pool, &DEMO_MODELS, &nodes).await?;
-    let sim = SimCluster::builder()
-        .nodes(nodes)
+/// The demo's lab, not started yet: the API's authenticator verifies the lab's
+/// ServiceAccount tokens with its [`SimBuilder::service_accounts`] first.
+pub fn builder(args: &DemoArgs) -> SimBuilder {
+    SimCluster::builder()
+        .nodes(lab::demo_lab())
         .webhook_listen(args.webhook_listen)
         .webhook_admin_listen(args.webhook_admin_listen)
         .cert_dir(args.cert_dir.clone())
@@ -43,11 +36,17 @@ pub async fn start(
             "--model-resource=a100={}",
             crate::demo::A100_RESOURCE
         ))
-        .start(BookingService {
-            url: booking_url,
-            service_token,
-        })
-        .await?;
+}
+
+/// Declares the lab's models (if the database has none) and starts the cluster, its
+/// webhook, its controller and its agents against the booking API at `booking_url`.
+pub async fn start(
+    lab: SimBuilder,
+    pool: &PgPool,
+    booking_url: String,
+) -> anyhow::Result<Arc<SimCluster>> {
+    declare(pool, &DEMO_MODELS, lab.lab_nodes()).await?;
+    let sim = lab.start(BookingService { url: booking_url }).await?;
     Ok(Arc::new(sim))
 }
 

@@ -27,8 +27,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("core", &[]),
     // Process plumbing shared by every binary: logs, shutdown, admin port, durations.
     ("ops", &[]),
-    // The HTTP client of the booking service.
-    ("client", &["core"]),
+    // The HTTP client of the booking service, and the options that reach it (their
+    // durations read by `ops`'s one parser).
+    ("client", &["core", "ops"]),
     // The booking service (Postgres, REST, page).
     ("api", &["core", "ops"]),
     // The edges that talk to the booking service through the client.

@@ -75,7 +75,11 @@ async fn six_booked_notebooks(lab: &Lab) -> BTreeMap<&'static str, String> {
     let mut uids = BTreeMap::new();
     for (user, _) in USERS {
         let pod = lab.sim.spawn(user, 1).await.expect("the hub spawns");
-        assert_eq!(label(&pod, "gpu-booking/priority"), Some("high"), "{user}");
+        assert_eq!(
+            label(&pod, "gpu-booking.io/priority"),
+            Some("high"),
+            "{user}"
+        );
         uids.insert(user, pod.metadata.uid.clone().unwrap());
     }
     lab.expect("every booked notebook runs", |s| {
@@ -108,7 +112,7 @@ async fn each_recreated_once(
     assert_eq!(creates, USERS.len() as u64, "one create per notebook");
     for (user, _) in USERS {
         let pod = notebook(&lab.sim.server, user).unwrap();
-        assert_eq!(label(&pod, "gpu-booking/priority"), None, "{user}");
+        assert_eq!(label(&pod, "gpu-booking.io/priority"), None, "{user}");
         assert!(
             common::annotation(&pod, "gpu-booking.io/gpu-removed").is_some(),
             "{user}"
@@ -218,7 +222,7 @@ async fn demote_killed_between_the_delete_and_the_lent_copy(pool: PgPool) {
     let user = "ada@example.com";
     lab.book(user, "a100", TimeDelta::seconds(6)).await;
     let original = lab.sim.spawn(user, 1).await.expect("the hub spawns");
-    assert_eq!(label(&original, "gpu-booking/priority"), Some("high"));
+    assert_eq!(label(&original, "gpu-booking.io/priority"), Some("high"));
     lab.expect("replica A recorded the demotion and deleted the pod", |s| {
         intents(s).len() == 1 && terminating(s, user)
     })
@@ -236,7 +240,7 @@ async fn demote_killed_between_the_delete_and_the_lent_copy(pool: PgPool) {
         intents(s).is_empty()
             && common::running(s, user).is_some_and(|p| {
                 p.metadata.uid != original.metadata.uid
-                    && label(&p, "gpu-booking/priority") == Some("low")
+                    && label(&p, "gpu-booking.io/priority") == Some("low")
                     && gpus(&p) == 1
             })
     })
@@ -257,7 +261,11 @@ async fn preemption_killed_between_the_delete_and_the_copy(pool: PgPool) {
     let lent = ["bob@example.com", "carol@example.com"];
     for user in lent {
         let pod = lab.sim.spawn(user, 1).await.expect("admitted");
-        assert_eq!(label(&pod, "gpu-booking/priority"), Some("low"), "{user}");
+        assert_eq!(
+            label(&pod, "gpu-booking.io/priority"),
+            Some("low"),
+            "{user}"
+        );
     }
     lab.expect("both lent notebooks run", |s| {
         lent.iter().all(|u| common::running(s, u).is_some())
@@ -327,7 +335,11 @@ async fn preemption_rounds_survive_a_change_of_leader(pool: PgPool) {
     let lent = ["bob@example.com", "carol@example.com"];
     for user in lent {
         let pod = lab.sim.spawn(user, 1).await.expect("admitted");
-        assert_eq!(label(&pod, "gpu-booking/priority"), Some("low"), "{user}");
+        assert_eq!(
+            label(&pod, "gpu-booking.io/priority"),
+            Some("low"),
+            "{user}"
+        );
     }
     lab.expect("both lent notebooks run", |s| {
         lent.iter().all(|u| common::running(s, u).is_some())

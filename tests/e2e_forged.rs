@@ -1,6 +1,6 @@
 //! End to end, on the simulated lab (issue 13): with the booking service down and
 //! `--on-booking-error allow`, a notebook whose creator wrote our marks itself
-//! (`gpu-booking/priority=high`, a booking id, `terminate-at`, our high priority
+//! (`gpu-booking.io/priority=high`, a booking id, `terminate-at`, our high priority
 //! class) is let through with its GPU but without any of them, and the controller
 //! neither treats it as booked nor ends it at the forged time.
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::{SecondsFormat, TimeDelta, Utc};
 use common::*;
-use gpu_booking_core::admission::{BOOKING_LABEL, PRIORITY_LABEL};
+use gpu_booking_core::admission::{BOOKING_LABEL, LEGACY_LABELS, MODEL_LABEL, PRIORITY_LABEL};
 use gpu_booking_sim::spawner::{notebook_pod, pod_name, HUB_GROUPS, HUB_USER, NOTEBOOK_NAMESPACE};
 use gpu_booking_sim::SimCluster;
 use k8s_openapi::api::core::v1::Pod;
@@ -30,7 +30,11 @@ async fn forged_marks_do_not_survive_the_allow_path(pool: PgPool) {
     pod["spec"]["terminationGracePeriodSeconds"] = json!(GRACE_SECONDS);
     pod["metadata"]["labels"][PRIORITY_LABEL] = json!("high");
     pod["metadata"]["labels"][BOOKING_LABEL] = json!("1");
-    pod["metadata"]["labels"]["gpu-booking/model"] = json!("a100");
+    pod["metadata"]["labels"][MODEL_LABEL] = json!("a100");
+    // The legacy keys (read for one release) are stripped alike.
+    for (current, legacy) in LEGACY_LABELS {
+        pod["metadata"]["labels"][legacy] = pod["metadata"]["labels"][current].clone();
+    }
     pod["metadata"]["annotations"]["terminate-at"] =
         json!(forged_end.to_rfc3339_opts(SecondsFormat::Secs, true));
     pod["metadata"]["annotations"]["gpu-booking.io/last-gpu-activity"] =

@@ -37,7 +37,7 @@ async fn booked_notebook(lab: &Lab, hub: &FakeHub) -> String {
     lab.book(USER, "a100", TimeDelta::seconds(5)).await;
     hub.spawn(USER, 1).await.expect("the hub spawns");
     let pod = lab.notebook(USER).expect("the notebook pod");
-    assert_eq!(label(&pod, "gpu-booking/priority"), Some("high"));
+    assert_eq!(label(&pod, "gpu-booking.io/priority"), Some("high"));
     pod.metadata.uid.unwrap()
 }
 
@@ -83,7 +83,7 @@ async fn restarting_through_the_hub_keeps_the_notebook(pool: PgPool) {
         hub.status(USER) == Some(ServerStatus::Running)
             && common::running(s, USER).is_some_and(|p| {
                 p.metadata.uid.as_deref() != Some(original.as_str())
-                    && label(&p, "gpu-booking/priority") != Some("high")
+                    && label(&p, "gpu-booking.io/priority") != Some("high")
             })
     })
     .await;

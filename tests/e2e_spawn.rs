@@ -67,7 +67,7 @@ async fn booked_user_gets_the_booked_model(pool: PgPool) {
         "terminate-at is not the booking's end"
     );
     assert_eq!(
-        label(&pod, "gpu-booking/booking"),
+        label(&pod, "gpu-booking.io/booking"),
         Some(&*booking.id.to_string())
     );
     assert_eq!(gpus(&pod), 1);

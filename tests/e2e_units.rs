@@ -136,7 +136,7 @@ async fn a_two_unit_booking_gets_two_high_pods_and_a_third_is_lent(pool: PgPool)
         );
         assert_eq!(annotation(&pod, BOOKING_UNITS_ANNOTATION), Some("2"));
         assert_eq!(
-            label(&pod, "gpu-booking/booking"),
+            label(&pod, "gpu-booking.io/booking"),
             Some(&*booking.to_string())
         );
         let name = server_pod(ALICE, server);

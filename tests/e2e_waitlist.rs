@@ -72,7 +72,7 @@ async fn an_entry_booked_by_an_early_end_gets_its_user_the_card(pool: PgPool) {
         pod.metadata.labels
     );
     assert_eq!(
-        label(&pod, "gpu-booking/booking"),
+        label(&pod, "gpu-booking.io/booking"),
         Some(&*booking_id.to_string())
     );
     lab.expect("wendy's booked notebook never ran on the A100 node", |s| {

@@ -491,7 +491,7 @@ async fn the_patch_is_applied_to_the_stored_pod_and_logged() {
     server.enable_admission();
     let ops = json!([
         {"op": "add", "path": "/metadata/annotations", "value": {"terminate-at": "2099-01-01T00:00:00Z"}},
-        {"op": "add", "path": "/metadata/labels/gpu-booking~1priority", "value": "high"}
+        {"op": "add", "path": "/metadata/labels/gpu-booking.io~1priority", "value": "high"}
     ]);
     let hook = Hook::service(&server, {
         let ops = ops.clone();
@@ -503,7 +503,7 @@ async fn the_patch_is_applied_to_the_stored_pod_and_logged() {
     let stored = server.get::<Pod>(Some("jhub"), "a").unwrap();
     for p in [&created, &stored] {
         assert_eq!(
-            p.metadata.labels.as_ref().unwrap()["gpu-booking/priority"],
+            p.metadata.labels.as_ref().unwrap()["gpu-booking.io/priority"],
             "high"
         );
         assert_eq!(
@@ -983,7 +983,7 @@ async fn the_real_webhook_behind_the_charts_configuration() {
         .get::<Pod>(Some("jhub"), &bob.metadata.name.unwrap())
         .unwrap();
     assert_eq!(
-        stored.metadata.labels.as_ref().unwrap()["gpu-booking/priority"],
+        stored.metadata.labels.as_ref().unwrap()["gpu-booking.io/priority"],
         "low"
     );
     let spec = stored.spec.unwrap();

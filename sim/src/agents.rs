@@ -323,11 +323,13 @@ pub struct NodeAgents {
 }
 
 impl NodeAgents {
-    /// Starts an agent per GPU node of `nodes` on `server`, reporting to `booking`.
+    /// Starts an agent per GPU node of `nodes` on `server`, reporting to `booking`
+    /// with the agent's ServiceAccount token in `token_file`.
     pub fn start(
         server: &FakeApiServer,
         nodes: &[GpuNode],
         booking: &BookingService,
+        token_file: &Path,
         settings: &AgentSettings,
     ) -> anyhow::Result<Self> {
         let mut gpus = Vec::new();
@@ -336,7 +338,7 @@ impl NodeAgents {
             let cfg = settings.config(&node.name);
             let audit: Arc<dyn AuditSink> = Arc::new(HttpAudit::new(
                 &booking.url,
-                gpu_booking_client::TokenSource::from_options(Some(&booking.service_token), None)?,
+                gpu_booking_client::TokenSource::file(token_file.to_owned())?,
                 Duration::from_secs(5),
             )?);
             let cluster = Arc::new(KubeCluster::new(server.client(), node.name.clone()));

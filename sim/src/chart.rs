@@ -8,6 +8,7 @@
 //! `chart_defaults_match_values_yaml` reads the chart's files and fails when the two
 //! drift apart.
 
+use gpu_booking_core::admission::WEBHOOK_OPT_OUT_LABEL;
 use serde_json::{json, Value};
 
 /// What the API server does when the webhook cannot answer (`webhook.failurePolicy`).
@@ -63,7 +64,7 @@ impl Default for ChartValues {
             timeout_seconds: 5,
             gpu_resources: vec!["nvidia.com/gpu".into()],
             exclude_namespaces: vec!["kube-system".into()],
-            opt_out_label: ("gpu-booking.io/webhook".into(), "disabled".into()),
+            opt_out_label: (WEBHOOK_OPT_OUT_LABEL.into(), "disabled".into()),
             high: PriorityClassValues {
                 name: "gpu-booking-high".into(),
                 value: 1000,

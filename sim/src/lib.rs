@@ -12,6 +12,9 @@
 //!   notebook kernels are real processes ([`agents`]); the booking API is given
 //!   ([`BookingService`]): the demo serves its own, tests start one with
 //!   [`stack::ApiServer`].
+//! - Service identity as in a cluster: the webhook, the controller and the agents
+//!   authenticate to the booking API with their projected ServiceAccount tokens,
+//!   which the API verifies by TokenReview against the fake ([`service_accounts`]).
 //! - Notebook pods as KubeSpawner 7.1 writes them, created with the hub's
 //!   ServiceAccount ([`spawner`]); what the cluster looks like ([`view`]); the demo's
 //!   HTTP routes over both ([`routes`]).
@@ -23,6 +26,7 @@ pub mod hub;
 pub mod lab;
 pub mod models;
 pub mod routes;
+pub mod service_accounts;
 pub mod spawner;
 pub mod stack;
 pub mod view;
@@ -45,16 +49,19 @@ pub use lab::GpuNode;
 pub use stack::{ApiServer, WebhookServer};
 pub use view::ClusterView;
 
-/// The booking API the webhook and the controller talk to.
+/// The booking API the webhook, the controller and the agents talk to. They
+/// authenticate with their ServiceAccount tokens ([`service_accounts`]): the API must
+/// verify them with [`SimBuilder::service_accounts`].
 #[derive(Debug, Clone)]
 pub struct BookingService {
     pub url: String,
-    /// A token with the `service` role.
-    pub service_token: String,
 }
 
 /// How to build a [`SimCluster`]; [`SimCluster::builder`] starts at the demo lab.
 pub struct SimBuilder {
+    /// Made with the builder, so that the booking API can verify the lab's tokens
+    /// ([`SimBuilder::service_accounts`]) before the lab starts.
+    server: FakeApiServer,
     nodes: Vec<GpuNode>,
     chart: ChartValues,
     webhook_listen: SocketAddr,
@@ -67,6 +74,12 @@ pub struct SimBuilder {
 }
 
 impl SimBuilder {
+    /// What the booking API verifies the lab's ServiceAccount tokens with (TokenReviews
+    /// answered by this lab's API server).
+    pub fn service_accounts(&self) -> gpu_booking_api::service_accounts::ServiceAccounts {
+        service_accounts::verifier(&self.server)
+    }
+
     /// The lab's nodes as configured so far.
     pub fn lab_nodes(&self) -> &[GpuNode] {
         &self.nodes
@@ -164,7 +177,7 @@ impl SimBuilder {
     /// Builds the cluster and starts the webhook, the controller and the node agents
     /// against `booking`.
     pub async fn start(self, booking: BookingService) -> anyhow::Result<SimCluster> {
-        let server = FakeApiServer::new();
+        let server = self.server;
         server.keep_request_log(false);
         server.enable_scheduler();
         server.enable_kubelet();
@@ -188,9 +201,11 @@ impl SimBuilder {
             server.put_value("priorityclasses", class);
         }
 
+        // Each component's projected token, a file as the kubelet mounts it.
+        let tokens = service_accounts::ProjectedTokens::issue(&server)?;
         let webhook = WebhookServer::start(stack::WebhookOptions {
             booking_url: booking.url.clone(),
-            service_token: booking.service_token.clone(),
+            service_token_file: tokens.path(service_accounts::WEBHOOK),
             listen: self.webhook_listen,
             admin_listen: self.webhook_admin_listen,
             dns_names: vec![
@@ -223,16 +238,23 @@ impl SimBuilder {
         let controller = stack::start_controller(
             stack::controller_client(&server),
             &booking.url,
-            &booking.service_token,
+            &tokens.path(service_accounts::CONTROLLER),
             |args| {
                 configure(args);
-                model_node_label = args.model_node_label.clone();
+                model_node_label = args.admission.model_node_label.clone();
             },
         )?;
-        let agents = agents::NodeAgents::start(&server, &self.nodes, &booking, &self.agents)?;
+        let agents = agents::NodeAgents::start(
+            &server,
+            &self.nodes,
+            &booking,
+            &tokens.path(service_accounts::AGENT),
+            &self.agents,
+        )?;
         Ok(SimCluster {
             server,
             booking,
+            tokens,
             grace_period: self.grace_period,
             model_node_label,
             chart: self.chart,
@@ -281,6 +303,8 @@ pub struct SimCluster {
     pub server: FakeApiServer,
     /// The booking API the webhook and the controller use.
     pub booking: BookingService,
+    /// The components' ServiceAccount tokens (a successor controller reads its own).
+    tokens: service_accounts::ProjectedTokens,
     pub chart: ChartValues,
     pub nodes: Vec<GpuNode>,
     grace_period: Option<i64>,
@@ -296,6 +320,7 @@ impl SimCluster {
     /// The demo lab, the chart's defaults, a free webhook port.
     pub fn builder() -> SimBuilder {
         SimBuilder {
+            server: FakeApiServer::new(),
             nodes: lab::demo_lab(),
             chart: ChartValues::default(),
             webhook_listen: ([127, 0, 0, 1], 0).into(),
@@ -341,7 +366,7 @@ impl SimCluster {
         stack::start_controller(
             stack::controller_client(&self.server),
             &self.booking.url,
-            &self.booking.service_token,
+            &self.tokens.path(service_accounts::CONTROLLER),
             |args| {
                 args.leader_elect = true;
                 configure(args);

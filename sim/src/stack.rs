@@ -10,7 +10,8 @@ use anyhow::Context;
 use chrono::TimeDelta;
 use gpu_booking_api::auth::{mint_token, Role};
 use gpu_booking_api::clock::Clock;
-use gpu_booking_client::{BookingClient, TokenSource};
+use gpu_booking_api::service_accounts::ServiceAccounts;
+use gpu_booking_client::BookingClient;
 use gpu_booking_controller::{Controller, ControllerArgs, SystemClock};
 use gpu_booking_core::policy::Policy;
 use sqlx::PgPool;
@@ -63,15 +64,20 @@ pub struct ApiServer {
 
 impl ApiServer {
     /// Migrates `pool` and serves the real API (the router the binary serves) on it,
-    /// with `policy` and `clock`.
+    /// with `policy` and `clock`; ServiceAccount tokens are verified by
+    /// `service_accounts` (the lab's: [`crate::SimBuilder::service_accounts`]), if given.
     pub async fn start(
         pool: PgPool,
         policy: Policy,
         clock: Arc<dyn Clock>,
+        service_accounts: Option<ServiceAccounts>,
     ) -> anyhow::Result<Self> {
         gpu_booking_api::server::migrate(&pool).await?;
         let secret = gpu_booking_api::testing::random_secret();
-        let state = gpu_booking_api::testing::test_state(pool.clone(), policy, clock, &secret);
+        let mut state = gpu_booking_api::testing::test_state(pool.clone(), policy, clock, &secret);
+        if let Some(service_accounts) = service_accounts {
+            state.auth = state.auth.with_service_accounts(service_accounts);
+        }
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let app = gpu_booking_api::app::router(state);
@@ -127,7 +133,9 @@ impl CertDir {
 pub struct WebhookOptions {
     /// The booking API it asks.
     pub booking_url: String,
-    pub service_token: String,
+    /// The webhook's projected ServiceAccount token
+    /// ([`crate::service_accounts::ProjectedTokens`]).
+    pub service_token_file: PathBuf,
     /// Where it listens (`127.0.0.1:0`: a free port).
     pub listen: SocketAddr,
     /// Where `/healthz`, `/readyz` and `/metrics` are served, if anywhere.
@@ -175,7 +183,10 @@ impl WebhookServer {
             format!("--tls-cert={}", paths.cert.display()),
             format!("--tls-key={}", paths.key.display()),
             format!("--booking-url={}", options.booking_url),
-            format!("--service-token={}", options.service_token),
+            format!(
+                "--service-token-file={}",
+                options.service_token_file.display()
+            ),
             // As the chart configures it: only the hub's pods carry a user.
             format!("--trusted-spawner={}", crate::spawner::HUB_USER),
             format!("--spawner-namespace={}", crate::spawner::NOTEBOOK_NAMESPACE),
@@ -244,23 +255,24 @@ pub const CONTROLLER_GROUPS: [&str; 3] = [
 ];
 
 /// Starts the real controller on `client` (see [`controller_client`]) against the
-/// booking API at `booking_url`. `configure` adjusts its options (they start at the
-/// binary's defaults, without leader election: one replica).
+/// booking API at `booking_url`, authenticated by the ServiceAccount token in
+/// `token_file`. `configure` adjusts its options (they start at the binary's
+/// defaults, without leader election: one replica).
 pub fn start_controller(
     client: kube::Client,
     booking_url: &str,
-    service_token: &str,
+    token_file: &Path,
     configure: impl FnOnce(&mut ControllerArgs),
 ) -> anyhow::Result<Controller> {
     let mut args = ControllerArgs::with_defaults(booking_url);
     args.leader_elect = false;
     args.identity = Some("sim-controller".into());
-    args.service_token = Some(service_token.to_owned());
+    args.booking.service_token_file = Some(token_file.to_owned());
     configure(&mut args);
     let booking = BookingClient::new(
-        &args.booking_url,
-        TokenSource::from_options(args.service_token.as_deref(), None)?,
-        args.booking_timeout,
+        args.booking.required_url()?,
+        args.booking.token_source()?,
+        args.booking.booking_timeout,
         "gpu-booking-sim/controller",
     )?;
     Controller::start(client, Arc::new(booking), Arc::new(SystemClock), &args)

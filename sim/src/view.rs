@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use gpu_booking_core::admission::{
-    DEFAULT_MODEL_NODE_LABEL, DEFAULT_TERMINATE_AT_ANNOTATION, GPU_REMOVED_ANNOTATION, MODEL_LABEL,
-    PRIORITY_LABEL,
+    our_label, DEFAULT_MODEL_NODE_LABEL, DEFAULT_TERMINATE_AT_ANNOTATION, GPU_REMOVED_ANNOTATION,
+    MODEL_LABEL, PRIORITY_LABEL,
 };
 use gpu_booking_fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -181,7 +181,8 @@ impl PodView {
             .flatten()
             .find(|c| c.type_ == "PodScheduled" && c.status == "False")
             .map(|c| c.message.clone().or(c.reason.clone()).unwrap_or_default());
-        let kind = match labels.get(PRIORITY_LABEL).map(String::as_str) {
+        let ours = |key: &str| our_label(|k| labels.get(k).map(String::as_str), key);
+        let kind = match ours(PRIORITY_LABEL) {
             Some("high") => "booked",
             Some("low") => "lent",
             _ => "other",
@@ -190,7 +191,7 @@ impl PodView {
             name: pod.metadata.name.clone().unwrap_or_default(),
             user: annotations.get(USERNAME_ANNOTATION).cloned(),
             kind,
-            model: labels.get(MODEL_LABEL).cloned(),
+            model: ours(MODEL_LABEL).map(str::to_owned),
             gpus: gpus_of(pod),
             until: annotations.get(DEFAULT_TERMINATE_AT_ANNOTATION).cloned(),
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
@@ -236,12 +237,13 @@ mod tests {
                 "booked",
                 Some("gpu-a100-0"),
                 "1",
-                json!({"gpu-booking/priority": "high", "gpu-booking/model": "a100"}),
+                json!({"gpu-booking.io/priority": "high", "gpu-booking.io/model": "a100"}),
             ),
             pod(
                 "lent",
                 Some("gpu-a100-0"),
                 "1",
+                // A pod admitted before the upgrade: the legacy key.
                 json!({"gpu-booking/priority": "low"}),
             ),
             pod("waiting", None, "1", json!({})),

@@ -42,8 +42,7 @@ def exported(metric):
     if any(f'"{c}"' in sources["ops"] for c in (base, re.sub(r"_(seconds|bytes)$", "", base))):
         return True
     prefixes = {"gpu_booking_api_": "api", "gpu_booking_webhook_": "webhook",
-                "gpu_booking_controller_": "controller", "gpu_booking_agent_": "agent",
-                "gpu_reclaimer_": "agent"}
+                "gpu_booking_controller_": "controller", "gpu_booking_agent_": "agent"}
     for prefix, component in prefixes.items():
         if base.startswith(prefix):
             name = base[len(prefix):]

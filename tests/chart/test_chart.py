@@ -163,9 +163,8 @@ SECRET_LOOKING = [
 SECRET_VALUED_ENV = {
     "DATABASE_URL",
     "GPU_BOOKING_JWT_SECRET",
-    "GPU_BOOKING_WEBHOOK_SERVICE_TOKEN",
-    "GPU_BOOKING_CONTROLLER_SERVICE_TOKEN",
-    "GPU_BOOKING_AGENT_SERVICE_TOKEN",
+    # The webhook's, the controller's and the agent's (one shared option).
+    "GPU_BOOKING_SERVICE_TOKEN",
 }
 SECRET_KEYS = re.compile(r"(password|passwd|secret|token|apikey|api_key|credential|private)", re.I)
 
@@ -273,7 +272,7 @@ def test_every_component_is_configured_through_its_environment():
     webhook = pod_spec(one("everything", "Deployment", "-webhook"))["containers"][0]
     assert webhook["args"] == ["webhook"]
     env = env_of(webhook)
-    assert env["GPU_BOOKING_WEBHOOK_BOOKING_URL"]["value"] == "http://gpu-booking-api.gpu-booking.svc:8080"
+    assert env["GPU_BOOKING_BOOKING_URL"]["value"] == "http://gpu-booking-api.gpu-booking.svc:8080"
     assert env["GPU_BOOKING_WEBHOOK_MODEL_RESOURCE"]["value"] == "a100=nvidia.com/a100,mig-1g.5gb=nvidia.com/mig-1g.5gb"
     assert env["GPU_BOOKING_WEBHOOK_MODEL_GPUMEM"]["value"] == "a100=40960,a6000=49152"
     assert env["GPU_BOOKING_WEBHOOK_DEFAULT_GPUMEM_MIB"]["value"] == "8192"
@@ -315,8 +314,8 @@ def test_priority_classes():
     assert high["preemptionPolicy"] == "Never"
     assert low["preemptionPolicy"] == "Never"
     env = env_of(pod_spec(one("defaults", "Deployment", "-webhook"))["containers"][0])
-    assert env["GPU_BOOKING_WEBHOOK_HIGH_PRIORITY_CLASS"]["value"] == high["metadata"]["name"]
-    assert env["GPU_BOOKING_WEBHOOK_LOW_PRIORITY_CLASS"]["value"] == low["metadata"]["name"]
+    assert env["GPU_BOOKING_HIGH_PRIORITY_CLASS"]["value"] == high["metadata"]["name"]
+    assert env["GPU_BOOKING_LOW_PRIORITY_CLASS"]["value"] == low["metadata"]["name"]
     env = env_of(pod_spec(one("defaults", "Deployment", "-controller"))["containers"][0])
     assert env["GPU_BOOKING_CONTROLLER_PREEMPTION_ATTEMPTS"]["value"] == "3"
     assert env["GPU_BOOKING_CONTROLLER_PREEMPTION_RETRY"]["value"] == "60s"

@@ -38,7 +38,7 @@ def test_the_dashboard_shows_what_the_issue_asks():
     exprs = " ".join(e for _, e in targets(dashboard))
     for metric in ("gpu_booking_api_bookings", "gpu_booking_api_model_units_free", "gpu_booking_api_model_units_lent",
                    "gpu_booking_webhook_admissions_total", "gpu_booking_webhook_admission_duration_seconds_bucket",
-                   "gpu_booking_controller_evictions_total", "gpu_reclaimer_reclaim_total",
+                   "gpu_booking_controller_evictions_total", "gpu_booking_agent_reclaim_total",
                    "gpu_booking_agent_gpu_memory_free_bytes"):
         assert metric in exprs, metric
     ids = [p["id"] for p in dashboard["panels"]]

@@ -57,7 +57,7 @@ def test_every_gpu_profile_reaches_the_webhook_and_the_cpu_profile_never_does():
 
 def test_a_profiles_vram_budget_names_the_charts_resource():
     webhook = env_of(pod_spec(one("jupyterhub", "Deployment", "-webhook"))["containers"][0])
-    gpumem = webhook["GPU_BOOKING_WEBHOOK_GPUMEM_RESOURCE"]["value"]
+    gpumem = webhook["GPU_BOOKING_GPUMEM_RESOURCE"]["value"]
     budgets = [p for p in JHUB["singleuser"]["profileList"]
                if any("gpumem" in k for k in p.get("kubespawner_override", {}).get("extra_resource_limits", {}))]
     assert budgets

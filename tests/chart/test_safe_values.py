@@ -66,8 +66,7 @@ def test_the_webhook_matches_only_through_its_resources_even_with_model_ones_onl
 
 
 SENTINEL = "s3cr3t-sentinel-value"
-SECRET_ENV = ["DATABASE_URL", "GPU_BOOKING_JWT_SECRET", "GPU_BOOKING_WEBHOOK_SERVICE_TOKEN",
-              "GPU_BOOKING_CONTROLLER_SERVICE_TOKEN", "GPU_BOOKING_AGENT_SERVICE_TOKEN"]
+SECRET_ENV = ["DATABASE_URL", "GPU_BOOKING_JWT_SECRET", "GPU_BOOKING_SERVICE_TOKEN"]
 
 
 def test_help_never_prints_a_secret_from_the_environment():
@@ -180,7 +179,7 @@ def test_the_agent_may_change_only_its_annotation_on_a_pod():
     for change in ("label", "annotation", "spec", "drop"):
         bad = copy.deepcopy(marked)
         if change == "label":
-            bad["metadata"].setdefault("labels", {})["gpu-booking/priority"] = "high"
+            bad["metadata"].setdefault("labels", {})["gpu-booking.io/priority"] = "high"
         elif change == "annotation":
             bad["metadata"]["annotations"]["terminate-at"] = "2099-01-01T00:00:00Z"
         elif change == "spec":

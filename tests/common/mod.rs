@@ -51,10 +51,13 @@ impl Lab {
         if std::env::var_os("RUST_LOG").is_some() {
             gpu_booking_api::config::init_logging(gpu_booking_api::config::LogFormat::Plain);
         }
+        // The lab's components authenticate with their ServiceAccount tokens, which
+        // the API verifies by TokenReview against the lab's API server.
         let api = ApiServer::start(
             pool.clone(),
             Policy::default(),
             Arc::new(gpu_booking_api::clock::SystemClock),
+            Some(builder.service_accounts()),
         )
         .await
         .expect("the booking API starts");
@@ -67,13 +70,9 @@ impl Lab {
         declare(&pool, &DEMO_MODELS, builder.lab_nodes())
             .await
             .expect("the lab's models are declared");
-        let service_token = api
-            .token("gpu-booking-controller", Some(Role::Service))
-            .unwrap();
         let sim = builder
             .start(BookingService {
                 url: api.url.clone(),
-                service_token,
             })
             .await
             .expect("the simulated cluster starts");
