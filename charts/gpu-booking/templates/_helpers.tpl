@@ -156,6 +156,33 @@ auth.serviceAccountTokens.enabled=false, the HS256 service token from the Secret
 
 {{- define "gpu-booking.serviceTokenPath" -}}/var/run/secrets/gpu-booking/service-token/service-token{{- end }}
 
+{{/* The booking service's options, the same variables in the webhook, the controller
+and the agent (client::BookingServiceArgs). */}}
+{{- define "gpu-booking.bookingServiceEnv" -}}
+- name: GPU_BOOKING_BOOKING_URL
+  value: {{ include "gpu-booking.apiUrl" . | quote }}
+- name: GPU_BOOKING_SERVICE_TOKEN_FILE
+  value: {{ include "gpu-booking.serviceTokenPath" . }}
+{{- end }}
+
+{{/* The admission options, the same variables and values in the webhook and the
+controller (core::admission::AdmissionArgs): the controller acts on what the webhook
+wrote. */}}
+{{- define "gpu-booking.admissionEnv" -}}
+- name: GPU_BOOKING_TERMINATE_AT_ANNOTATION
+  value: {{ .Values.webhook.terminateAtAnnotation | quote }}
+- name: GPU_BOOKING_MODEL_NODE_LABEL
+  value: {{ .Values.webhook.modelNodeLabel | quote }}
+- name: GPU_BOOKING_HIGH_PRIORITY_CLASS
+  value: {{ .Values.priorityClasses.high.name | quote }}
+- name: GPU_BOOKING_LOW_PRIORITY_CLASS
+  value: {{ .Values.priorityClasses.low.name | quote }}
+- name: GPU_BOOKING_GPU_RESOURCE
+  value: {{ join "," .Values.webhook.gpuResources | quote }}
+- name: GPU_BOOKING_GPUMEM_RESOURCE
+  value: {{ .Values.webhook.gpumemResource | quote }}
+{{- end }}
+
 {{- define "gpu-booking.imagePullSecrets" -}}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
