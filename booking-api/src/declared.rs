@@ -10,10 +10,8 @@ use std::path::Path;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use gpu_booking_core::declared_models::{self, Authority, DeclaredModel};
-use serde_json::json;
 use sqlx::PgPool;
 
-use crate::store::audit;
 use crate::store::models::{self, ModelSpec};
 
 /// The actor named in the audit rows of these writes.
@@ -58,8 +56,8 @@ pub async fn reconcile(
         .collect();
     let mut written = Vec::new();
     for m in declared_models::to_write(declared, &stored, authority) {
-        models::upsert(
-            &mut *tx,
+        models::put(
+            &mut tx,
             ModelSpec {
                 name: &m.name,
                 units: m.units,
@@ -69,19 +67,8 @@ pub async fn reconcile(
                 position: Some(m.position),
             },
             now,
-        )
-        .await?;
-        audit::record(
-            &mut *tx,
-            audit::NewEvent {
-                at: now,
-                actor: ACTOR,
-                action: "model.put",
-                subject: Some(&m.name),
-                user: None,
-                booking_id: None,
-                details: json!({ "units": m.units, "patterns": m.patterns, "gpumem_mib": m.gpumem_mib, "source": "values" }),
-            },
+            ACTOR,
+            Some("values"),
         )
         .await?;
         written.push(m.name.clone());

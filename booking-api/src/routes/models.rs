@@ -6,14 +6,12 @@ use gpu_booking_core::capacity;
 use gpu_booking_core::window::Window;
 use gpu_booking_core::wire;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
 use crate::state::AppState;
-use crate::store::audit;
 use crate::store::models::{self, Model, ModelSpec};
 
 /// A model as the API shows it: the store's row, and what follows from it.
@@ -83,8 +81,8 @@ pub async fn put(
     .map_err(ApiError::Invalid)?;
     let now = state.clock.now();
     let mut tx = state.pool.begin().await?;
-    let model = models::upsert(
-        &mut *tx,
+    let model = models::put(
+        &mut tx,
         ModelSpec {
             name: name.as_str(),
             units: body.units,
@@ -94,19 +92,8 @@ pub async fn put(
             position: body.position,
         },
         now,
-    )
-    .await?;
-    audit::record(
-        &mut *tx,
-        audit::NewEvent {
-            at: now,
-            actor: caller.user.as_str(),
-            action: "model.put",
-            subject: Some(name.as_str()),
-            user: None,
-            booking_id: None,
-            details: json!({ "units": body.units, "patterns": body.patterns, "gpumem_mib": body.gpumem_mib }),
-        },
+        caller.user.as_str(),
+        None,
     )
     .await?;
     tx.commit().await?;

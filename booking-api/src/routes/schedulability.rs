@@ -9,7 +9,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_core::next_start;
 use gpu_booking_core::username::{SlugMatch, Username};
-use gpu_booking_core::wire::{count, Schedulability};
+use gpu_booking_core::wire::{count, ActiveBooking, ModelState, Schedulability};
 use serde::Deserialize;
 use serde_json::json;
 use utoipa::IntoParams;
@@ -18,7 +18,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
 use crate::state::AppState;
-use crate::store::{audit, bookings, held, models, users};
+use crate::store::{admission, audit, bookings, held, models, users};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -89,46 +89,23 @@ pub async fn get(
         }
         _ => None,
     };
-    let models = models::list(&state.pool).await?;
     // Models whose name the webhook could not read are left out (it could not read
     // an answer that named them), as in the replica's snapshot.
-    let named: Vec<(ModelName, &models::Model)> = models
-        .iter()
-        .filter_map(|m| Some((ModelName::parse(&m.name).ok()?, m)))
-        .collect();
-    let free = named
-        .iter()
-        .map(|(name, m)| (name.clone(), count(m.free_now())))
-        .collect();
-    let gpumem_mib = named
-        .iter()
-        .map(|(name, m)| (name.clone(), count(m.gpumem_mib)))
-        .collect();
-    let usage_reported_at = named
-        .iter()
-        .filter_map(|(name, m)| Some((name.clone(), m.usage_reported_at?)))
-        .collect();
-    let gpumem_advertised_mib = named
-        .iter()
-        .filter_map(|(name, m)| Some((name.clone(), count(m.advertised_unit_mib()?))))
-        .collect();
+    let declared = models::list(&state.pool).await?;
+    let models: Vec<ModelState> = declared.iter().filter_map(admission::model_state).collect();
     if let Some(b) = active {
         let units_held = held::units_held(&state.pool, b.id).await?;
-        return Ok(axum::Json(Schedulability {
-            units: Some(count(b.units)),
-            units_held: Some(count(units_held)),
-            schedulable: true,
-            until: Some(b.end_at),
-            model: ModelName::parse(&b.model).ok(),
-            booking_id: Some(b.id),
-            user: Some(b.user_name),
-            free,
-            gpumem_mib,
-            earliest_booking: None,
-            gpumem_advertised_mib: Some(gpumem_advertised_mib),
-            earliest_booking_by_model: BTreeMap::new(),
-            usage_reported_at,
-        }));
+        return Ok(axum::Json(Schedulability::booked(
+            &models,
+            ActiveBooking {
+                id: b.id,
+                until: b.end_at,
+                model: ModelName::parse(&b.model).ok(),
+                user: b.user_name,
+                units: count(b.units),
+                units_held: count(units_held),
+            },
+        )));
     }
     let own = match &owner {
         Owner::User(user) => Some(bookings::user_windows(&state.pool, user).await?),
@@ -140,7 +117,7 @@ pub async fn get(
         // What /me/next-start answers for each model, by the same function.
         let duration = TimeDelta::days(next_start::default_days(&state.policy));
         let answers =
-            models::earliest_starts(&state.pool, &state.policy, now, &own, &models, duration)
+            models::earliest_starts(&state.pool, &state.policy, now, &own, &declared, duration)
                 .await?;
         for (model, next) in answers {
             if let (Ok(model), Ok(next)) = (ModelName::parse(&model), next) {
@@ -148,24 +125,15 @@ pub async fn get(
             }
         }
     }
-    Ok(axum::Json(Schedulability {
-        schedulable: false,
-        until: None,
-        model: None,
-        booking_id: None,
-        user: match owner {
-            Owner::User(user) => Some(user),
-            _ => None,
-        },
-        free,
-        gpumem_mib,
-        earliest_booking: earliest_booking_by_model.values().min().copied(),
+    let user = match owner {
+        Owner::User(user) => Some(user),
+        _ => None,
+    };
+    Ok(axum::Json(Schedulability::unbooked(
+        &models,
+        user,
         earliest_booking_by_model,
-        gpumem_advertised_mib: Some(gpumem_advertised_mib),
-        units: None,
-        units_held: None,
-        usage_reported_at,
-    }))
+    )))
 }
 
 /// Records that `slug` names several users, unless such rows exceed their rate (the

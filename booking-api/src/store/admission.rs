@@ -12,6 +12,22 @@ use sqlx::{PgConnection, PgPool};
 
 use super::models;
 
+/// A declared model as the replica keeps it and `/schedulability` answers it;
+/// `None` for a name the webhook could not read (it could not have read an answer
+/// that named it either).
+pub fn model_state(m: &models::Model) -> Option<ModelState> {
+    Some(ModelState {
+        name: ModelName::parse(&m.name).ok()?,
+        units: u32::try_from(m.units).unwrap_or(0),
+        free: gpu_booking_core::wire::count(m.free_now()),
+        gpumem_mib: u64::try_from(m.gpumem_mib).ok()?,
+        gpumem_advertised_mib: m
+            .advertised_unit_mib()
+            .and_then(|mib| u64::try_from(mib).ok()),
+        usage_reported_at: m.usage_reported_at,
+    })
+}
+
 /// The full part of a read.
 pub struct Full {
     pub position: i64,
@@ -24,19 +40,8 @@ pub struct Full {
 pub async fn figures(db: &mut PgConnection) -> sqlx::Result<(Vec<ModelState>, BTreeMap<i64, u64>)> {
     let models = models::list(&mut *db)
         .await?
-        .into_iter()
-        .filter_map(|m| {
-            Some(ModelState {
-                name: ModelName::parse(&m.name).ok()?,
-                units: u32::try_from(m.units).unwrap_or(0),
-                free: gpu_booking_core::wire::count(m.free_now()),
-                gpumem_mib: u64::try_from(m.gpumem_mib).ok()?,
-                gpumem_advertised_mib: m
-                    .advertised_unit_mib()
-                    .and_then(|mib| u64::try_from(mib).ok()),
-                usage_reported_at: m.usage_reported_at,
-            })
-        })
+        .iter()
+        .filter_map(model_state)
         .collect();
     let held = sqlx::query!("SELECT booking_id, units FROM booking_held")
         .fetch_all(&mut *db)

@@ -91,6 +91,40 @@ pub struct ModelSpec<'a> {
     pub position: Option<i32>,
 }
 
+/// Declares or changes a model and records it in the audit log (`model.put` by
+/// `actor`, with `source` when the model came from elsewhere than the caller, such as
+/// the chart's values), both in `db`'s transaction: the admin API and the declared
+/// models write a model the same way.
+pub async fn put(
+    db: &mut sqlx::PgConnection,
+    m: ModelSpec<'_>,
+    at: DateTime<Utc>,
+    actor: &str,
+    source: Option<&str>,
+) -> sqlx::Result<Model> {
+    let mut details =
+        serde_json::json!({ "units": m.units, "patterns": m.patterns, "gpumem_mib": m.gpumem_mib });
+    if let Some(source) = source {
+        details["source"] = source.into();
+    }
+    let name = m.name;
+    let model = upsert(&mut *db, m, at).await?;
+    super::audit::record(
+        &mut *db,
+        super::audit::NewEvent {
+            at,
+            actor,
+            action: "model.put",
+            subject: Some(name),
+            user: None,
+            booking_id: None,
+            details,
+        },
+    )
+    .await?;
+    Ok(model)
+}
+
 /// Creates or updates a model; a new model without a position goes last. It takes
 /// the model's lock exclusive (migration 20261125000200) until its transaction ends,
 /// so that no create decides on the units it changes while it changes them.

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::Schedulability;
+use crate::wire::ActiveBooking;
 use crate::gpu_model::ModelName;
 use crate::next_start;
 use crate::policy::Policy;
@@ -220,26 +221,6 @@ impl Replica {
             }
             Query::Anonymous => Owner::Anonymous,
         };
-        let free = self
-            .models
-            .iter()
-            .map(|m| (m.name.clone(), m.free))
-            .collect();
-        let gpumem_mib = self
-            .models
-            .iter()
-            .map(|m| (m.name.clone(), m.gpumem_mib))
-            .collect();
-        let usage_reported_at = self
-            .models
-            .iter()
-            .filter_map(|m| Some((m.name.clone(), m.usage_reported_at?)))
-            .collect();
-        let gpumem_advertised_mib: BTreeMap<ModelName, u64> = self
-            .models
-            .iter()
-            .filter_map(|m| Some((m.name.clone(), m.gpumem_advertised_mib?)))
-            .collect();
         let active = match &owner {
             Owner::User(user) => self
                 .of_user(user)
@@ -248,21 +229,17 @@ impl Replica {
             _ => None,
         };
         if let Some(b) = active {
-            let answer = Schedulability {
-                schedulable: true,
-                until: Some(b.end),
-                model: ModelName::parse(&b.model).ok(),
-                booking_id: Some(b.id),
-                user: Some(b.user.clone()),
-                free,
-                gpumem_mib,
-                earliest_booking: None,
-                gpumem_advertised_mib: Some(gpumem_advertised_mib),
-                earliest_booking_by_model: BTreeMap::new(),
-                units: Some(u64::from(b.units)),
-                units_held: Some(self.held.get(&b.id).copied().unwrap_or(0)),
-                usage_reported_at,
-            };
+            let answer = Schedulability::booked(
+                &self.models,
+                ActiveBooking {
+                    id: b.id,
+                    until: b.end,
+                    model: ModelName::parse(&b.model).ok(),
+                    user: b.user.clone(),
+                    units: u64::from(b.units),
+                    units_held: self.held.get(&b.id).copied().unwrap_or(0),
+                },
+            );
             return Ok(Answer {
                 schedulability: answer,
                 ambiguous,
@@ -306,24 +283,11 @@ impl Replica {
                 }
             }
         }
-        let answer = Schedulability {
-            schedulable: false,
-            until: None,
-            model: None,
-            booking_id: None,
-            user: match owner {
-                Owner::User(user) => Some(user),
-                _ => None,
-            },
-            free,
-            gpumem_mib,
-            earliest_booking: earliest_booking_by_model.values().min().copied(),
-            earliest_booking_by_model,
-            gpumem_advertised_mib: Some(gpumem_advertised_mib),
-            units: None,
-            units_held: None,
-            usage_reported_at,
+        let user = match owner {
+            Owner::User(user) => Some(user),
+            _ => None,
         };
+        let answer = Schedulability::unbooked(&self.models, user, earliest_booking_by_model);
         Ok(Answer {
             schedulability: answer,
             ambiguous,

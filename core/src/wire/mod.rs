@@ -40,7 +40,7 @@ pub use admission_state::{AdmissionState, BookingState, KnownUser, ModelState, P
 pub use audit::{AuditBatch, AuditReport, Recorded, RecordedBatch, MAX_AUDIT_BATCH};
 pub use held::{HeldReport, HeldReported};
 pub use models::{Model, UsageReport};
-pub use schedulability::Schedulability;
+pub use schedulability::{ActiveBooking, Schedulability};
 
 /// A count that a store keeps signed (a Postgres `integer` column checked `>= 0`) as
 /// the wire's unsigned count; a negative one, which the check rules out, reads as 0.
