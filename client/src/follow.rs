@@ -7,58 +7,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use gpu_booking_core::wire::{Booking, BookingChange, BookingChanges};
 
 use crate::{BookingClient, ClientError};
-
-/// A booking as the stream carries it: its state when the stream was read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BookingState {
-    pub id: i64,
-    pub user: String,
-    pub model: String,
-    pub start: chrono::DateTime<chrono::Utc>,
-    /// The effective end (earlier than booked when ended early).
-    pub end: chrono::DateTime<chrono::Utc>,
-    /// `planned`, `active`, `ended` or `cancelled`.
-    pub status: String,
-    #[serde(default)]
-    pub cancelled_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// GPUs booked, where the service reports it.
-    #[serde(default)]
-    pub units: Option<i64>,
-}
-
-impl BookingState {
-    /// Whether the booking no longer holds its GPUs (cancelled or over).
-    pub fn is_over(&self) -> bool {
-        matches!(self.status.as_str(), "ended" | "cancelled")
-    }
-
-    /// When its pods must end: the effective end, or when it was cancelled.
-    pub fn pods_end(&self) -> chrono::DateTime<chrono::Utc> {
-        match self.cancelled_at {
-            Some(at) => at.min(self.end),
-            None => self.end,
-        }
-    }
-}
-
-/// One change of one booking.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BookingChange {
-    pub seq: i64,
-    /// `created`, `cancelled`, `ended_early`, `moved`, `updated` or `current`.
-    pub kind: String,
-    pub booking: BookingState,
-}
-
-/// One answer of the stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChangePage {
-    pub changes: Vec<BookingChange>,
-    pub next: i64,
-}
 
 /// Where a [`Follower`] reads the stream (the client, or a test's fake).
 pub trait ChangeSource: Send + Sync {
@@ -67,7 +18,7 @@ pub trait ChangeSource: Send + Sync {
         &self,
         after: Option<i64>,
         wait: Duration,
-    ) -> Pin<Box<dyn Future<Output = Result<ChangePage, ClientError>> + Send + '_>>;
+    ) -> Pin<Box<dyn Future<Output = Result<BookingChanges, ClientError>> + Send + '_>>;
 }
 
 impl ChangeSource for BookingClient {
@@ -75,7 +26,7 @@ impl ChangeSource for BookingClient {
         &self,
         after: Option<i64>,
         wait: Duration,
-    ) -> Pin<Box<dyn Future<Output = Result<ChangePage, ClientError>> + Send + '_>> {
+    ) -> Pin<Box<dyn Future<Output = Result<BookingChanges, ClientError>> + Send + '_>> {
         Box::pin(BookingClient::booking_changes(self, after, wait))
     }
 }
@@ -85,7 +36,7 @@ impl ChangeSource for BookingClient {
 pub enum Followed {
     /// Every current booking (planned or running): the follower's state starts
     /// over from this (at the start and after a 410).
-    Listed(Vec<BookingState>),
+    Listed(Vec<Booking>),
     /// Changes since the last step, in order.
     Changed(Vec<BookingChange>),
     /// The call failed; the follower paused before returning (see [`Follower::failures`]).
@@ -170,12 +121,13 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu_booking_core::window::BookingStatus;
     use std::collections::VecDeque;
     use std::sync::Mutex;
 
     /// Answers from a script, recording what was asked.
     struct Script {
-        answers: Mutex<VecDeque<Result<ChangePage, ClientError>>>,
+        answers: Mutex<VecDeque<Result<BookingChanges, ClientError>>>,
         asked: Mutex<Vec<Option<i64>>>,
     }
 
@@ -184,34 +136,44 @@ mod tests {
             &self,
             after: Option<i64>,
             _wait: Duration,
-        ) -> Pin<Box<dyn Future<Output = Result<ChangePage, ClientError>> + Send + '_>> {
+        ) -> Pin<Box<dyn Future<Output = Result<BookingChanges, ClientError>> + Send + '_>>
+        {
             self.asked.lock().unwrap().push(after);
             let answer = self.answers.lock().unwrap().pop_front().unwrap();
             Box::pin(async move { answer })
         }
     }
 
-    fn booking(id: i64, status: &str) -> BookingState {
-        BookingState {
+    fn booking(id: i64) -> Booking {
+        let start = chrono::DateTime::UNIX_EPOCH;
+        let end = start + chrono::TimeDelta::days(1);
+        Booking {
             id,
             user: "alice".into(),
             model: "a100".into(),
-            start: chrono::DateTime::UNIX_EPOCH,
-            end: chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::days(1),
-            status: status.into(),
+            slot: 0,
+            units: 1,
+            slots: vec![0],
+            start,
+            end,
+            booked_end: end,
+            status: BookingStatus::Active,
+            created_at: start,
             cancelled_at: None,
-            units: None,
+            ended_early_at: None,
+            override_rules: false,
         }
     }
 
-    fn page(next: i64, ids: &[i64]) -> Result<ChangePage, ClientError> {
-        Ok(ChangePage {
+    fn page(next: i64, ids: &[i64]) -> Result<BookingChanges, ClientError> {
+        Ok(BookingChanges {
             changes: ids
                 .iter()
                 .map(|id| BookingChange {
                     seq: *id,
                     kind: "moved".into(),
-                    booking: booking(*id, "active"),
+                    at: chrono::DateTime::UNIX_EPOCH,
+                    booking: booking(*id),
                 })
                 .collect(),
             next,
@@ -271,15 +233,5 @@ mod tests {
         assert_eq!(Follower::backoff(4), Duration::from_secs(4));
         assert_eq!(Follower::backoff(7), MAX_BACKOFF);
         assert_eq!(Follower::backoff(u32::MAX), MAX_BACKOFF);
-    }
-
-    #[test]
-    fn a_cancelled_booking_ends_its_pods_when_it_was_cancelled() {
-        let mut b = booking(1, "cancelled");
-        let at = b.start + chrono::TimeDelta::hours(2);
-        b.cancelled_at = Some(at);
-        assert!(b.is_over());
-        assert_eq!(b.pods_end(), at);
-        assert!(!booking(2, "planned").is_over());
     }
 }

@@ -20,8 +20,11 @@ use gpu_booking_core::wire::{AuditBatch, HeldReported, Recorded, RecordedBatch};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use follow::{BookingChange, BookingState, ChangePage, ChangeSource, Followed, Follower};
-pub use gpu_booking_core::wire::{AuditReport, HeldReport, Model, Schedulability, UsageReport};
+pub use follow::{ChangeSource, Followed, Follower};
+pub use gpu_booking_core::wire::{
+    AuditReport, Booking, BookingChange, BookingChanges, HeldReport, Model, Schedulability,
+    UsageReport,
+};
 pub use options::BookingServiceArgs;
 pub use token::{FileStamp, TokenError, TokenSource};
 
@@ -127,7 +130,7 @@ impl BookingClient {
         &self,
         after: Option<i64>,
         wait: Duration,
-    ) -> Result<ChangePage, ClientError> {
+    ) -> Result<BookingChanges, ClientError> {
         let path = match after {
             Some(after) => format!(
                 "/api/v1/booking-changes?after={after}&wait={}",

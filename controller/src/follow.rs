@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use gpu_booking_client::{AuditReport, BookingState, Followed, Follower};
+use gpu_booking_client::{AuditReport, Booking, Followed, Follower};
 use gpu_booking_core::booking_end::{self, Seen};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -88,11 +88,11 @@ pub use gpu_booking_core::booking_end::LISTING_MARGIN;
 /// among them ends `now`.
 pub fn plan<'a>(
     pods: impl IntoIterator<Item = &'a PodInfo>,
-    bookings: &[BookingState],
+    bookings: &[Booking],
     listed_at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Vec<Retime> {
-    let by_id: BTreeMap<i64, &BookingState> = bookings.iter().map(|b| (b.id, b)).collect();
+    let by_id: BTreeMap<i64, &Booking> = bookings.iter().map(|b| (b.id, b)).collect();
     let mut out = Vec::new();
     for pod in pods {
         let (Some(booking_id), Some(current)) = (pod.booking_id, pod.expiry()) else {
@@ -128,7 +128,7 @@ pub fn plan<'a>(
 /// `node_model` names a node's model (its model label).
 pub fn lent_pods_of<'a>(
     pods: &'a HashMap<String, PodInfo>,
-    booking: &BookingState,
+    booking: &Booking,
     now: DateTime<Utc>,
     node_model: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<&'a PodInfo> {
@@ -225,7 +225,7 @@ pub async fn retime(ctx: &Ctx, r: &Retime) {
 }
 
 /// Tells the user of a lent pod that their booking started: restart to get it.
-pub async fn tell_restart(ctx: &Ctx, pod: &PodInfo, booking: &BookingState) {
+pub async fn tell_restart(ctx: &Ctx, pod: &PodInfo, booking: &Booking) {
     if ctx.dry_run || !ctx.leadership.is_leader() {
         return;
     }
@@ -262,6 +262,7 @@ mod tests {
     use super::*;
     use crate::pods::{GpuUse, Placement};
     use chrono::{TimeDelta, TimeZone};
+    use gpu_booking_core::window::BookingStatus;
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2030, 1, 7, 12, 0, 0).unwrap()
@@ -301,16 +302,23 @@ mod tests {
         }
     }
 
-    fn booking(id: i64, status: &str, end: DateTime<Utc>) -> BookingState {
-        BookingState {
+    fn booking(id: i64, status: BookingStatus, end: DateTime<Utc>) -> Booking {
+        let start = now() - TimeDelta::hours(2);
+        Booking {
             id,
             user: "alice".into(),
             model: "a100".into(),
-            start: now() - TimeDelta::hours(2),
+            slot: 0,
+            units: 1,
+            slots: vec![0],
+            start,
             end,
-            status: status.into(),
+            booked_end: end,
+            status,
+            created_at: start,
             cancelled_at: None,
-            units: None,
+            ended_early_at: None,
+            override_rules: false,
         }
     }
 
@@ -326,11 +334,11 @@ mod tests {
             pod("e", Priority::High, Some(9), Some(old_end)),
         ];
         let later = now() + TimeDelta::hours(5);
-        let mut cancelled = booking(3, "cancelled", old_end);
+        let mut cancelled = booking(3, BookingStatus::Cancelled, old_end);
         cancelled.cancelled_at = Some(now() - TimeDelta::seconds(2));
         let changed = [
-            booking(1, "active", later),
-            booking(2, "ended", now() - TimeDelta::seconds(1)),
+            booking(1, BookingStatus::Active, later),
+            booking(2, BookingStatus::Ended, now() - TimeDelta::seconds(1)),
             cancelled,
         ];
         let plan = plan(&pods, &changed, None, now());
@@ -347,7 +355,11 @@ mod tests {
             ]
         );
         // Within a second is the same end (the webhook may write whole seconds).
-        let same = [booking(1, "active", old_end + TimeDelta::milliseconds(400))];
+        let same = [booking(
+            1,
+            BookingStatus::Active,
+            old_end + TimeDelta::milliseconds(400),
+        )];
         assert!(super::plan(&pods, &same, None, now()).is_empty());
     }
 
@@ -385,7 +397,7 @@ mod tests {
         generic.model_label = None;
         generic.node = Some("a100-node".into());
         pods.insert(generic.uid.clone(), generic);
-        let active = booking(1, "active", now() + TimeDelta::hours(1));
+        let active = booking(1, BookingStatus::Active, now() + TimeDelta::hours(1));
         let node_model = |n: &str| (n == "a100-node").then(|| "a100".to_owned());
         let names: Vec<&str> = lent_pods_of(&pods, &active, now(), &node_model)
             .iter()
@@ -393,10 +405,16 @@ mod tests {
             .collect();
         assert_eq!(names, ["generic", "lent"]);
         // Not yet started, or over.
-        let mut planned = booking(1, "planned", now() + TimeDelta::hours(3));
+        let mut planned = booking(1, BookingStatus::Planned, now() + TimeDelta::hours(3));
         planned.start = now() + TimeDelta::hours(1);
         assert!(lent_pods_of(&pods, &planned, now(), &|_| None).is_empty());
         assert!(!lent_pods_of(&pods, &planned, planned.start, &|_| None).is_empty());
-        assert!(lent_pods_of(&pods, &booking(1, "active", now()), now(), &|_| None).is_empty());
+        assert!(lent_pods_of(
+            &pods,
+            &booking(1, BookingStatus::Active, now()),
+            now(),
+            &|_| None
+        )
+        .is_empty());
     }
 }

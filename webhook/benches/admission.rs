@@ -452,7 +452,10 @@ async fn start_stub() -> SocketAddr {
             "/api/v1/booking-changes",
             get(|| async {
                 tokio::time::sleep(Duration::from_secs(5)).await;
-                axum::Json(json!({"changes": [], "next": 1}))
+                axum::Json(gpu_booking_core::wire::BookingChanges {
+                    changes: Vec::new(),
+                    next: 1,
+                })
             }),
         )
         .route(

@@ -22,6 +22,7 @@ use chrono::Utc;
 use gpu_booking_client::{BookingClient, ClientError, Follower};
 use gpu_booking_core::admission::replica::{self, Answer, Query};
 use gpu_booking_core::admission::{Replica, Schedulability};
+use gpu_booking_core::window::BookingStatus;
 use tokio::sync::watch;
 
 use crate::booking::BookingError;
@@ -233,7 +234,7 @@ impl ReplicaHandle {
         };
         for change in changes {
             let b = change.booking;
-            if b.cancelled_at.is_some() || b.status == "cancelled" {
+            if b.cancelled_at.is_some() || b.status == BookingStatus::Cancelled {
                 replica.remove_booking(b.id);
                 continue;
             }
@@ -241,7 +242,7 @@ impl ReplicaHandle {
                 id: b.id,
                 user: b.user,
                 model: b.model,
-                units: b.units.and_then(|u| u32::try_from(u).ok()).unwrap_or(1),
+                units: b.units,
                 start: b.start,
                 end: b.end,
             });

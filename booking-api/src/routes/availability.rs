@@ -12,8 +12,9 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
 use crate::state::AppState;
-use crate::store::bookings::{self, Booking, Filter};
+use crate::store::bookings::{self, Filter};
 use crate::store::models;
+use gpu_booking_core::wire::Booking;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

@@ -12,7 +12,8 @@ use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
 use crate::metrics::ResultLabels;
 use crate::state::AppState;
-use crate::store::bookings::{self, Booking, NewBooking};
+use crate::store::bookings::{self, NewBooking};
+use gpu_booking_core::wire::Booking;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -6,7 +6,6 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use utoipa::{IntoParams, ToSchema};
@@ -15,8 +14,8 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
 use crate::state::AppState;
-use crate::store::bookings::Booking;
 use crate::store::changes::{self, Read};
+use gpu_booking_core::wire::{BookingChange, BookingChanges};
 
 /// Longest long poll, seconds.
 pub const MAX_WAIT_SECS: u64 = 30;
@@ -36,30 +35,6 @@ pub struct ChangesQuery {
     /// default) answers at once.
     #[param(minimum = 0, maximum = 30)]
     pub wait: Option<u64>,
-}
-
-/// One change of one booking, with the booking as it is now (a follower needs no
-/// second call).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct BookingChange {
-    /// The change's number (unique, increasing within a transaction; 0 for `current`).
-    pub seq: i64,
-    /// `created`, `cancelled`, `ended_early`, `moved` (start or end changed),
-    /// `updated` (its unit reassigned), or `current` (a listing without `after`).
-    #[schema(example = "ended_early")]
-    pub kind: String,
-    /// When the change was made.
-    pub at: DateTime<Utc>,
-    /// The booking's current state (not as it was at the change).
-    pub booking: Booking,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct BookingChanges {
-    /// In the order the changes were made, each transaction's changes together.
-    pub changes: Vec<BookingChange>,
-    /// Pass as `after` to get what comes next.
-    pub next: i64,
 }
 
 /// The 410 answer: the resume point is older than the changes kept (retention), or

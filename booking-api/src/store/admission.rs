@@ -89,7 +89,7 @@ pub async fn full(
             id: b.id,
             user: b.user_name,
             model: b.model,
-            units: u32::try_from(b.units).unwrap_or(0),
+            units: gpu_booking_core::wire::unit(b.units),
             start: b.start_at,
             end: b.end_at,
         })

@@ -7,10 +7,9 @@ use gpu_booking_core::policy::Policy;
 use gpu_booking_core::rules;
 use gpu_booking_core::username::Username;
 use gpu_booking_core::window::{BookingStatus, Window};
-use serde::Serialize;
+use gpu_booking_core::wire::{self, Booking};
 use serde_json::json;
 use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
-use utoipa::ToSchema;
 
 use gpu_booking_core::username::slugs;
 
@@ -38,34 +37,6 @@ pub(crate) const COLUMNS: &str =
     "id, user_name, model, slot, units, slots, start_at, end_at, booked_end_at, cancelled_at, \
                        ended_early_at, override AS override_rules, created_at";
 
-/// A booking as the API shows it.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Booking {
-    pub id: i64,
-    pub user: String,
-    pub model: String,
-    /// The first unit of the model this booking holds (planned bookings may move).
-    pub slot: i32,
-    /// GPUs (units of the model) the booking is for: its user's pods get high
-    /// priority for this many at once, and no more.
-    #[schema(example = 1)]
-    pub units: i32,
-    /// The units of the model it holds, one per GPU (planned bookings may move).
-    pub slots: Vec<i32>,
-    pub start: DateTime<Utc>,
-    /// Effective end: earlier than `booked_end` when ended early.
-    pub end: DateTime<Utc>,
-    pub booked_end: DateTime<Utc>,
-    #[schema(value_type = String, example = "planned")]
-    pub status: BookingStatus,
-    pub created_at: DateTime<Utc>,
-    pub cancelled_at: Option<DateTime<Utc>>,
-    pub ended_early_at: Option<DateTime<Utc>>,
-    /// Created by an admin with the rules overridden.
-    #[serde(rename = "override")]
-    pub override_rules: bool,
-}
-
 impl BookingRow {
     pub fn window(&self) -> Option<Window> {
         Window::new(self.start_at, self.end_at).ok()
@@ -83,9 +54,9 @@ impl BookingRow {
             id: self.id,
             user: self.user_name.clone(),
             model: self.model.clone(),
-            slot: self.slot,
-            units: self.units,
-            slots: self.slots.clone(),
+            slot: wire::unit(self.slot),
+            units: wire::unit(self.units),
+            slots: self.slots.iter().copied().map(wire::unit).collect(),
             start: self.start_at,
             end: self.end_at,
             booked_end: self.booked_end_at,

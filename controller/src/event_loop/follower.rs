@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use gpu_booking_client::{BookingState, Followed};
+use gpu_booking_client::{Booking, Followed};
 use tokio::sync::mpsc;
 
 use crate::actions::Ctx;
@@ -33,7 +33,7 @@ pub(super) struct Follower {
     following: Option<(tokio::task::JoinHandle<()>, mpsc::Receiver<Followed>)>,
     /// The current bookings as the stream last said, once listed (pods are checked
     /// against it as they change too).
-    bookings: Option<HashMap<i64, BookingState>>,
+    bookings: Option<HashMap<i64, Booking>>,
     /// A listing that came before the pods were read: applied once they are.
     listed_at: Option<chrono::DateTime<chrono::Utc>>,
     /// (booking, pod) pairs whose user was told to restart a lent pod.
@@ -119,7 +119,7 @@ impl Follower {
 
     /// Re-times booked pods against the bookings (after a listing, every booked pod;
     /// else those of `changed`), and tells users of lent pods whose booking started.
-    pub(super) fn reconcile_bookings(&mut self, changed: Vec<BookingState>, cluster: &Cluster<'_>) {
+    pub(super) fn reconcile_bookings(&mut self, changed: Vec<Booking>, cluster: &Cluster<'_>) {
         if !self.leader() || !cluster.pods_synced {
             return;
         }
@@ -142,7 +142,7 @@ impl Follower {
     /// booking and pod.
     fn tell_lent(
         &mut self,
-        bookings: &[BookingState],
+        bookings: &[Booking],
         now: chrono::DateTime<chrono::Utc>,
         cluster: &Cluster<'_>,
     ) {

@@ -8,6 +8,9 @@
 //!
 //! - [`schedulability`]: `GET /api/v1/schedulability`, the webhook's one question;
 //! - [`admission_state`]: `GET /api/v1/admission-state`, the webhook replica's snapshot;
+//! - [`bookings`]: a booking as the API shows it (`/api/v1/bookings`, the change stream);
+//! - [`changes`]: `GET /api/v1/booking-changes`, the stream the controller and the
+//!   webhook's replica follow;
 //! - [`audit`]: `POST /api/v1/audit` and `/audit/batch`, every enforcement action;
 //! - [`models`]: `GET /api/v1/models` and the controller's usage report;
 //! - [`held`]: `PUT /api/v1/held-units`, the units each booking's pods hold.
@@ -22,7 +25,8 @@
 //!   arithmetic uses them beside a pod's request (a Kubernetes quantity, read as
 //!   `u64`); `u32` for a model's declared units and a booking's units in the replica
 //!   snapshot, the width of core's capacity computation and of the policy's
-//!   `max_units_per_booking`.
+//!   `max_units_per_booking`. A booking's units and the indices of the units it
+//!   holds (`slot`, `slots`) are `u32` too, converted from the store with [`unit`].
 //! - Counts a client *reports* (the usage and held-units reports) are `i32`: the
 //!   service's published contract answers a negative count with a 422 naming the
 //!   field (the store keeps them in `integer` columns), which an unsigned field would
@@ -32,12 +36,16 @@
 
 pub mod admission_state;
 pub mod audit;
+pub mod bookings;
+pub mod changes;
 pub mod held;
 pub mod models;
 pub mod schedulability;
 
 pub use admission_state::{AdmissionState, BookingState, KnownUser, ModelState, PolicyState};
 pub use audit::{AuditBatch, AuditReport, Recorded, RecordedBatch, MAX_AUDIT_BATCH};
+pub use bookings::Booking;
+pub use changes::{BookingChange, BookingChanges};
 pub use held::{HeldReport, HeldReported};
 pub use models::{Model, UsageReport};
 pub use schedulability::{ActiveBooking, Schedulability};
@@ -46,6 +54,12 @@ pub use schedulability::{ActiveBooking, Schedulability};
 /// the wire's unsigned count; a negative one, which the check rules out, reads as 0.
 pub fn count(n: i32) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+/// A booking's units, or the index of a unit it holds, as the store keeps it (an
+/// `integer` column checked `>= 0`) as the wire's `u32`; a negative one reads as 0.
+pub fn unit(n: i32) -> u32 {
+    u32::try_from(n).unwrap_or(0)
 }
 
 /// A count as a report carries it (`i32`), saturating: past `i32::MAX` the service
