@@ -18,7 +18,7 @@ use super::models;
 pub fn model_state(m: &models::Model) -> Option<ModelState> {
     Some(ModelState {
         name: ModelName::parse(&m.name).ok()?,
-        units: u32::try_from(m.units).unwrap_or(0),
+        units: gpu_booking_core::wire::unit(m.units),
         free: gpu_booking_core::wire::count(m.free_now()),
         gpumem_mib: u64::try_from(m.gpumem_mib).ok()?,
         gpumem_advertised_mib: m
