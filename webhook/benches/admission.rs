@@ -28,6 +28,7 @@
 //! latency; the targets take turns over three rounds too). Latency runs from the
 //! moment a request is written to its full response.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -35,6 +36,10 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use gpu_booking_core::gpu_model::ModelName;
+use gpu_booking_core::username::NameCase;
+use gpu_booking_core::wire;
 use gpu_booking_webhook::{DecideFrom, WebhookArgs, WebhookServer};
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
@@ -387,35 +392,70 @@ fn cold_user(i: usize) -> String {
 /// Lookups, the admission state (full and figures), an idle change stream (each
 /// long poll waits, then answers no change), single and batched audit reports.
 async fn start_stub() -> SocketAddr {
-    let model = |user: &str, id: usize| {
-        json!({"schedulable": true, "until": "2099-11-30T00:00:00Z", "model": "a6000",
-            "booking_id": id, "user": user, "free": {"a100": 0, "a6000": 2},
-            "gpumem_mib": {"a100": 40960, "a6000": 49152}, "earliest_booking": null})
+    let at = |text: &str| text.parse::<DateTime<Utc>>().unwrap();
+    let until = at("2099-11-30T00:00:00Z");
+    let start = at("2026-01-01T00:00:00Z");
+    let model = |name: &str, units: u32, free: u64, gpumem_mib: u64| wire::ModelState {
+        name: ModelName::parse(name).unwrap(),
+        units,
+        free,
+        gpumem_mib,
+        gpumem_advertised_mib: None,
+        usage_reported_at: None,
     };
-    let models = json!([
-        {"name": "a100", "units": 2, "free": 0, "gpumem_mib": 40960},
-        {"name": "a6000", "units": 100000, "free": 2, "gpumem_mib": 49152}
-    ]);
+    let models = vec![
+        model("a100", 2, 0, 40960),
+        model("a6000", 100_000, 2, 49152),
+    ];
+    let answer_models = models.clone();
+    let answer = move |user: &str, id: i64| {
+        let mut answer = wire::Schedulability::booked(
+            &answer_models,
+            wire::ActiveBooking {
+                id,
+                until,
+                model: ModelName::parse("a6000").ok(),
+                user: user.to_owned(),
+                units: 1,
+                units_held: 0,
+            },
+        );
+        // As a service that predates the inventory report answers: budgets are
+        // not checked against the nodes, and units are whatever the pod asks.
+        answer.gpumem_advertised_mib = None;
+        answer.units = None;
+        answer.units_held = None;
+        answer
+    };
     let state = |full: bool| {
-        let mut v = json!({"at": "2026-01-01T00:00:00Z", "names": "lowercase",
-            "policy": {"min_duration_secs": 86400, "max_duration_secs": 1209600,
-                       "cooldown_secs": 1209600, "no_booking_while_active": true,
-                       "max_planned": 1, "max_units_per_booking": 1},
-            "models": models.clone(), "held": {}});
-        if full {
-            let booking = |id: usize, user: &str| {
-                json!({"id": id, "user": user, "model": "a6000", "units": 1,
-                       "start": "2026-01-01T00:00:00Z", "end": "2099-11-30T00:00:00Z"})
-            };
-            let mut bookings = vec![booking(18, "alice@example.com")];
-            bookings.extend(
-                (0..COLD_USERS + 2 * STORM_USERS).map(|i| booking(1000 + i, &cold_user(i))),
-            );
-            v["position"] = json!(1);
-            v["bookings"] = json!(bookings);
-            v["users"] = json!([]);
+        let booking = |id: usize, user: &str| wire::BookingState {
+            id: i64::try_from(id).unwrap(),
+            user: user.to_owned(),
+            model: "a6000".into(),
+            units: 1,
+            start,
+            end: until,
+        };
+        let mut bookings = vec![booking(18, "alice@example.com")];
+        bookings
+            .extend((0..COLD_USERS + 2 * STORM_USERS).map(|i| booking(1000 + i, &cold_user(i))));
+        wire::AdmissionState {
+            at: start,
+            names: NameCase::Lowercase,
+            policy: wire::PolicyState {
+                min_duration_secs: 86400,
+                max_duration_secs: 1_209_600,
+                cooldown_secs: 1_209_600,
+                no_booking_while_active: true,
+                max_planned: 1,
+                max_units_per_booking: 1,
+            },
+            models: models.clone(),
+            held: BTreeMap::new(),
+            position: full.then_some(1),
+            bookings: full.then_some(bookings),
+            users: full.then(Vec::new),
         }
-        v
     };
     let full = state(true);
     let figures = state(false);
@@ -430,7 +470,7 @@ async fn start_stub() -> SocketAddr {
                     } else {
                         1000
                     };
-                    let answer = model(&user, id);
+                    let answer = answer(&user, id);
                     async move { axum::Json(answer) }
                 },
             ),
@@ -452,7 +492,7 @@ async fn start_stub() -> SocketAddr {
             "/api/v1/booking-changes",
             get(|| async {
                 tokio::time::sleep(Duration::from_secs(5)).await;
-                axum::Json(gpu_booking_core::wire::BookingChanges {
+                axum::Json(wire::BookingChanges {
                     changes: Vec::new(),
                     next: 1,
                 })

@@ -16,7 +16,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::Schedulability;
-use crate::wire::ActiveBooking;
 use crate::gpu_model::ModelName;
 use crate::next_start;
 use crate::policy::Policy;
@@ -25,6 +24,7 @@ use crate::window::Window;
 pub use crate::wire::admission_state::{
     AdmissionState, BookingState, KnownUser, ModelState, PolicyState,
 };
+use crate::wire::ActiveBooking;
 
 /// Whom an admission asks about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

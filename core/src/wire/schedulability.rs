@@ -91,7 +91,10 @@ pub struct ActiveBooking {
 impl Schedulability {
     /// The answer for a user with `booking` active now. Built here, once, so that the
     /// service and the webhook's replica cannot answer the same state two ways.
-    pub fn booked<'a>(models: impl IntoIterator<Item = &'a ModelState>, booking: ActiveBooking) -> Self {
+    pub fn booked<'a>(
+        models: impl IntoIterator<Item = &'a ModelState>,
+        booking: ActiveBooking,
+    ) -> Self {
         Self {
             schedulable: true,
             until: Some(booking.until),
@@ -189,7 +192,10 @@ mod tests {
         assert_eq!(answer.free.len(), 2);
         // Only models whose every node advertises the budget are in the map, and the
         // map itself is there (an absent one means "not checked against the nodes").
-        assert_eq!(answer.gpumem_advertised_mib.as_ref().map(BTreeMap::len), Some(1));
+        assert_eq!(
+            answer.gpumem_advertised_mib.as_ref().map(BTreeMap::len),
+            Some(1)
+        );
     }
 
     #[test]
