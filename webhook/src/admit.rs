@@ -14,7 +14,8 @@ use gpu_booking_core::admission::{
 use serde_json::{json, Value};
 use tracing::Instrument;
 
-use crate::booking::{BookingClient, BookingError};
+use crate::booking::BookingClient;
+use crate::error::BookingError;
 use crate::metrics::Metrics;
 use crate::review::{answer_version, RequestIn, ReviewIn, ReviewOut, API_VERSION_V1};
 

@@ -24,7 +24,7 @@ use gpu_booking_core::admission::replica::{self, Answer, Query};
 use gpu_booking_core::admission::{Replica, Schedulability};
 use tokio::sync::watch;
 
-use crate::booking::BookingError;
+use crate::error::BookingError;
 use crate::metrics::{CallLabel, Metrics};
 
 /// How the replica is fed and how old it may grow.
