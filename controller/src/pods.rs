@@ -7,14 +7,13 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
     detect_gpu, our_label, parse_quantity, trusted_priority, AdmissionConfig, PodStanding,
-    BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
+    BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, LAST_GPU_ACTIVITY_ANNOTATION, MODEL_LABEL,
+    PRIORITY_LABEL, USERNAME_KEY,
 };
 use gpu_booking_core::eviction::NodeConstraints;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-
-use crate::config::LAST_GPU_ACTIVITY_ANNOTATION;
 
 /// Annotation on a Pending booked pod: the preemption rounds the controller has
 /// started for it, written by the leader before each round's first eviction, so
