@@ -219,7 +219,7 @@ async fn seed(pool: &PgPool) -> anyhow::Result<()> {
     let now = chrono::Utc::now();
     // Through the booking rules like any booking: it starts now, for the shortest
     // duration the policy allows.
-    let policy = gpu_booking_core::policy::Policy::default();
+    let policy = gpu_booking_core::booking_policy::Policy::default();
     let user = Username::parse(SAMPLES[0].0)?;
     let booking = NewBooking {
         user: &user,

@@ -23,7 +23,7 @@ use serde::Serialize;
 pub use follow::{BookingChange, BookingState, ChangePage, ChangeSource, Followed, Follower};
 pub use gpu_booking_core::wire::{AuditReport, HeldReport, Model, Schedulability, UsageReport};
 pub use options::BookingServiceArgs;
-pub use token::{FileStamp, TokenError, TokenSource};
+pub use token::{FileVersion, TokenError, TokenSource};
 
 /// Why a call gave no usable answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
