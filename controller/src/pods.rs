@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
-    detect_gpu, our_label, parse_quantity, trusted_priority, AdmissionConfig, PodStanding,
-    BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, LAST_GPU_ACTIVITY_ANNOTATION, MODEL_LABEL,
-    PRIORITY_LABEL, USERNAME_KEY,
+    detect_gpu, named_user, our_label, parse_quantity, trusted_priority, AdmissionConfig,
+    PodStanding, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, LAST_GPU_ACTIVITY_ANNOTATION,
+    MODEL_LABEL, PRIORITY_LABEL,
 };
 use gpu_booking_core::eviction::NodeConstraints;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -261,9 +261,7 @@ impl PodInfo {
             booking_id: ours(BOOKING_LABEL).and_then(|b| b.parse().ok()),
             booking_units: annotation(BOOKING_UNITS_ANNOTATION).and_then(|u| u.trim().parse().ok()),
             model_label: ours(MODEL_LABEL).map(str::to_owned),
-            user: annotation(USERNAME_KEY)
-                .or_else(|| label(USERNAME_KEY))
-                .map(str::to_owned),
+            user: named_user(annotation, label).map(str::to_owned),
             terminate_at: annotation(&cfg.terminate_at_annotation).and_then(parse_time),
             owned: meta
                 .owner_references

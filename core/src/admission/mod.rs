@@ -47,7 +47,7 @@ pub use decision::{
     StripReason, UnidentifiedGpuPods,
 };
 pub use detect::{detect_gpu, GpuRequest};
-pub use identity::{identify, Identity};
+pub use identity::{identify, named_user, Identity};
 pub use ledger::LendLedger;
 pub use marks::{
     is_harmless_key, is_our_key, pending_lent, trusted_priority, PendingLent, PodStanding,
