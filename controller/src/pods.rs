@@ -248,9 +248,7 @@ impl PodInfo {
                 && c.reason.as_deref() == Some("Unschedulable")
         });
         let unschedulable_for_gpu = cfg
-            .gpu_resources
-            .iter()
-            .chain(cfg.model_resources.keys())
+            .gpu_resource_names()
             .chain([&cfg.gpumem_resource])
             .any(|resource| pod.unschedulable_for(resource));
         Some(Self {

@@ -267,6 +267,13 @@ impl AdmissionConfig {
         Ok(())
     }
 
+    /// Every configured GPU resource name, generic then per-model: the names whose
+    /// requests [`detect_gpu`] counts, for whoever must look for them elsewhere (the
+    /// webhook's byte pre-filter, the controller's unschedulable pods).
+    pub fn gpu_resource_names(&self) -> impl Iterator<Item = &String> {
+        self.gpu_resources.iter().chain(self.model_resources.keys())
+    }
+
     /// Whether `resource` is one of the configured GPU resources, and for a per-model
     /// resource, which model it names.
     pub fn gpu_resource_model(&self, resource: &str) -> Option<Option<&ModelName>> {
