@@ -43,7 +43,7 @@ pub enum Command {
     /// Run the API and the booking page on a local Postgres, and the webhook and the
     /// controller on a simulated lab cluster (the page's Cluster view spawns notebooks
     /// on it); print the URLs and tokens to try them.
-    Demo(crate::demo::DemoArgs),
+    Demo(crate::demo_args::DemoArgs),
 }
 
 /// Only what minting an HS256 token uses; the secret, issuer and audience read the

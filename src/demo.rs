@@ -12,7 +12,6 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 use chrono::TimeDelta;
-use clap::Args;
 use gpu_booking_api::auth::{mint_token, Authenticator, Role};
 use gpu_booking_api::config::{ApiArgs, AuthArgs, DatabaseArgs, LogFormat, OidcArgs, PolicyArgs};
 use gpu_booking_api::server;
@@ -21,48 +20,7 @@ use gpu_booking_core::username::Username;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-#[derive(Debug, Args)]
-pub struct DemoArgs {
-    /// Address of the API and the booking page.
-    #[arg(long, env = "GPU_BOOKING_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: std::net::SocketAddr,
-    /// Postgres to use instead of looking for one.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
-    /// Address of the admission webhook (HTTPS, a demo certificate).
-    #[arg(long, default_value = "127.0.0.1:8443")]
-    pub webhook_listen: std::net::SocketAddr,
-    /// Address of the webhook's health and metrics.
-    #[arg(long, default_value = "127.0.0.1:9090")]
-    pub webhook_admin_listen: std::net::SocketAddr,
-    /// Where the demo's CA and webhook certificate are written.
-    #[arg(long, default_value = "target/demo-certs")]
-    pub cert_dir: PathBuf,
-    /// Where a private Postgres cluster goes if none is running.
-    #[arg(long, default_value = "target/demo-postgres")]
-    pub data_dir: PathBuf,
-    /// Drop the demo's database and start over (bookings and cooldowns of earlier runs
-    /// are kept otherwise). Not with DATABASE_URL: that database is not the demo's.
-    #[arg(long)]
-    pub fresh: bool,
-    /// Name of the demo's own database (lowercase letters, digits, `_`).
-    #[arg(long, default_value = "gpu_booking_demo", value_parser = parse_database_name)]
-    pub demo_database: String,
-}
-
-/// A database name that needs no quoting in `CREATE DATABASE`.
-fn parse_database_name(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.starts_with(|c: char| c.is_ascii_lowercase())
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if ok {
-        Ok(s.to_owned())
-    } else {
-        Err("1 to 63 of a-z, 0-9 and _, starting with a letter".into())
-    }
-}
+use crate::demo_args::DemoArgs;
 
 /// The sample users, one for each outcome of the webhook, with the review to try it.
 const SAMPLES: [(&str, &str, &str); 3] = [
@@ -82,23 +40,6 @@ const SAMPLES: [(&str, &str, &str); 3] = [
         "examples/admission/stripped-user-gpu-pod.json",
     ),
 ];
-
-/// The users of the demo's seeded notebooks, in spawn order: those lent the two a100s
-/// stay (the "stripped" sample finds both in use, and zoë, booked, takes one back when
-/// she spawns); the others are stopped again ([`crate::demo_cluster::seed_notebooks`]).
-/// With the webhook lending the model with the most free units, the third and the
-/// fifth land on the a100s.
-pub(crate) const SEED_USERS: [&str; 6] = [
-    "frank@uni.example",
-    "grace@uni.example",
-    "dave@uni.example",
-    "heidi@uni.example",
-    "erin@uni.example",
-    "ivan@uni.example",
-];
-
-/// The per-model resource the "stripped" sample asks for.
-pub(crate) const A100_RESOURCE: &str = "nvidia.com/a100";
 
 const PRIVATE_PORT: u16 = 55432;
 
@@ -278,7 +219,7 @@ async fn seed(pool: &PgPool) -> anyhow::Result<()> {
     let now = chrono::Utc::now();
     // Through the booking rules like any booking: it starts now, for the shortest
     // duration the policy allows.
-    let policy = gpu_booking_core::policy::Policy::default();
+    let policy = gpu_booking_core::booking_policy::Policy::default();
     let user = Username::parse(SAMPLES[0].0)?;
     let booking = NewBooking {
         user: &user,

@@ -12,7 +12,7 @@ use gpu_booking_sim::models::{declare, DEMO_MODELS};
 use gpu_booking_sim::{lab, BookingService, SimBuilder, SimCluster};
 use sqlx::PgPool;
 
-use crate::demo::{DemoArgs, SEED_USERS};
+use crate::demo_args::DemoArgs;
 
 /// Grace period of the demo's notebooks: long enough to see a pod terminating in the
 /// cluster view, short enough not to wait for it.
@@ -20,6 +20,23 @@ const NOTEBOOK_GRACE_SECONDS: i64 = 5;
 /// The node agents' idle window in the demo: a kernel left idle this long has its GPU
 /// process reclaimed (the PRD's default is 30 minutes; a demo is watched for minutes).
 const IDLE_MINUTES: u32 = 2;
+
+/// The users of the demo's seeded notebooks, in spawn order: those lent the two a100s
+/// stay (the "stripped" sample finds both in use, and zoë, booked, takes one back when
+/// she spawns); the others are stopped again ([`seed_notebooks`]).
+/// With the webhook lending the model with the most free units, the third and the
+/// fifth land on the a100s.
+const SEED_USERS: [&str; 6] = [
+    "frank@uni.example",
+    "grace@uni.example",
+    "dave@uni.example",
+    "heidi@uni.example",
+    "erin@uni.example",
+    "ivan@uni.example",
+];
+
+/// The per-model resource the "stripped" sample asks for.
+const A100_RESOURCE: &str = "nvidia.com/a100";
 
 /// The demo's lab, not started yet: the API's authenticator verifies the lab's
 /// ServiceAccount tokens with its [`SimBuilder::service_accounts`] first.
@@ -32,10 +49,7 @@ pub fn builder(args: &DemoArgs) -> SimBuilder {
         .notebook_grace_period(NOTEBOOK_GRACE_SECONDS)
         .agent(|cfg| cfg.policy.idle.idle_minutes = IDLE_MINUTES)
         // The "stripped" sample asks for the a100 by its own resource name.
-        .webhook_arg(format!(
-            "--model-resource=a100={}",
-            crate::demo::A100_RESOURCE
-        ))
+        .webhook_arg(format!("--model-resource=a100={}", A100_RESOURCE))
 }
 
 /// Declares the lab's models (if the database has none) and starts the cluster, its

@@ -3,6 +3,7 @@
 
 mod cli;
 mod demo;
+mod demo_args;
 mod demo_cluster;
 mod demo_signin;
 

@@ -9,8 +9,16 @@
 //!
 //! A new workspace crate fails [`every_crate_has_a_place`] until it is given its
 //! allowed dependencies below (and a line in `docs/architecture.md`).
+//!
+//! Inside every crate the modules form layers too: [`every_crates_modules_form_layers`]
+//! fails on a circle of modules importing each other ([`module_scan`]).
+
+// A crate root's modules sit beside it; this one belongs to this test alone.
+#[path = "architecture/module_scan.rs"]
+mod module_scan;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
@@ -75,9 +83,8 @@ fn workspace_graph() -> BTreeMap<String, BTreeSet<String>> {
     dependency_graph(false)
 }
 
-/// Each workspace crate -> every crate it names as a normal or build dependency,
-/// ours only (by short name), or `all` of them (external ones by their name).
-fn dependency_graph(all: bool) -> BTreeMap<String, BTreeSet<String>> {
+/// The workspace's packages, from `cargo metadata --no-deps`.
+fn workspace_packages() -> Vec<Value> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let out = Command::new(cargo)
         .args([
@@ -96,7 +103,13 @@ fn dependency_graph(all: bool) -> BTreeMap<String, BTreeSet<String>> {
         String::from_utf8_lossy(&out.stderr)
     );
     let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata JSON");
-    let packages = meta["packages"].as_array().expect("packages");
+    meta["packages"].as_array().expect("packages").clone()
+}
+
+/// Each workspace crate -> every crate it names as a normal or build dependency,
+/// ours only (by short name), or `all` of them (external ones by their name).
+fn dependency_graph(all: bool) -> BTreeMap<String, BTreeSet<String>> {
+    let packages = workspace_packages();
     let ours: BTreeSet<String> = packages
         .iter()
         .map(|p| p["name"].as_str().expect("name").to_string())
@@ -243,4 +256,79 @@ fn what_is_written_once_is_linked_once() {
         }
     }
     assert!(wrong.is_empty(), "{wrong:?}");
+}
+
+/// Each workspace crate (short name) and its `src/` folder.
+fn source_folders() -> Vec<(String, PathBuf)> {
+    workspace_packages()
+        .iter()
+        .map(|p| {
+            let manifest = PathBuf::from(p["manifest_path"].as_str().expect("manifest_path"));
+            let src = manifest.parent().expect("crate folder").join("src");
+            (short(p["name"].as_str().expect("name")).to_string(), src)
+        })
+        .collect()
+}
+
+#[test]
+fn every_crates_modules_form_layers() {
+    let folders = source_folders();
+    assert!(folders.len() > 5, "too few crates found: {folders:?}");
+    let mut wrong = Vec::new();
+    for (krate, src) in &folders {
+        let sources = module_scan::read_sources(src);
+        let graph = module_scan::imports(&sources);
+        for circle in module_scan::circles(&graph) {
+            wrong.push(format!(
+                "{krate}: {} modules in a circle: {}",
+                circle.len(),
+                module_scan::describe(&graph, &circle)
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "modules that import each other (move the shared piece down a layer; \
+         docs/architecture.md):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_module_scan_catches_a_circle() {
+    // The check above passes vacuously if the scan finds no imports: a two-module
+    // circle, through a path and a `use` group, must be found; comments and test
+    // modules must not count, nor imports of a module's own ancestors.
+    let sources: module_scan::Sources = [
+        (
+            "",
+            "pub mod a;\npub mod b;\npub mod c;\nuse crate::a::Thing;",
+        ),
+        (
+            "a",
+            "use crate::b::Other;\n// crate::c::Comment\nfn f() { crate::c::g() }",
+        ),
+        (
+            "b",
+            "use crate::{a::Thing, c};\n#[cfg(test)]\nmod tests { use crate::c::X; }",
+        ),
+        (
+            "c",
+            "/// [`crate::a::Thing`]\npub fn g() {}\n#[cfg(test)]\nuse crate::b::Y;",
+        ),
+        ("c::d", "use super::g;\nuse super::super::a::Thing;"),
+    ]
+    .into_iter()
+    .map(|(m, text)| (m.to_owned(), text.to_owned()))
+    .collect();
+    let graph = module_scan::imports(&sources);
+    let set =
+        |names: &[&str]| -> BTreeSet<String> { names.iter().map(|n| n.to_string()).collect() };
+    assert_eq!(graph["a"], set(&["b", "c"]), "{graph:?}");
+    assert_eq!(graph["b"], set(&["a", "c"]), "{graph:?}");
+    assert_eq!(graph["c"], set(&[]), "{graph:?}");
+    assert_eq!(graph["c::d"], set(&["a"]), "{graph:?}");
+    let circles = module_scan::circles(&graph);
+    assert_eq!(circles, vec![set(&["a", "b"])]);
+    assert_eq!(module_scan::describe(&graph, &circles[0]), "a -> b; b -> a");
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::gpu::GpuSample;
 use crate::idle::Track;
 use crate::pod_usage::PodUsage;
-use crate::policy::IdleRule;
+use crate::reclaim_policy::IdleRule;
 use crate::signals::{KillOutcome, Target};
 
 pub(crate) const MIB: u64 = 1024 * 1024;

@@ -20,8 +20,8 @@ use crate::idle::{IdleTracker, Observation};
 use crate::metrics::{GpuLabels, Metrics, PodGpuLabels, PodLabels, ReasonLabel};
 use crate::pod_usage::{AttributedProcess, PodUsage};
 use crate::pods::{PodIndex, PodInfo};
-use crate::policy::Policy;
 use crate::procfs::{ProcError, ProcFs, ProcessInfo};
+use crate::reclaim_policy::Policy;
 use crate::signals::Killer;
 
 const MIB: u64 = 1024 * 1024;

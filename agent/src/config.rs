@@ -18,7 +18,7 @@ use gpu_booking_ops::LogFormat;
 use regex::Regex;
 
 use crate::agent::{AgentConfig, DEFAULT_LAST_ACTIVITY_ANNOTATION};
-use crate::policy::{
+use crate::reclaim_policy::{
     parse_opt_out, samples_for, IdleRule, LabelMatch, NamePattern, NamespacePolicy, Policy,
     DEFAULT_IDLE_MINUTES, DEFAULT_OPT_OUT_ANNOTATION, DEFAULT_PROCESS_ALLOWLIST,
     DEFAULT_UTIL_THRESHOLD_PERCENT,

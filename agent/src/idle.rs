@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use chrono::{DateTime, TimeDelta, Utc};
 
-use crate::policy::IdleRule;
+use crate::reclaim_policy::IdleRule;
 
 /// A change of a pod's device memory that counts as activity.
 pub const MEMORY_ACTIVITY_BYTES: u64 = 16 * 1024 * 1024;

@@ -35,8 +35,8 @@ pub mod metrics;
 pub mod nvml;
 pub mod pod_usage;
 pub mod pods;
-pub mod policy;
 pub mod procfs;
+pub mod reclaim_policy;
 pub mod server;
 pub mod signals;
 

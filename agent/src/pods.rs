@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use gpu_booking_core::admission::{parse_quantity, USERNAME_KEY};
+use gpu_booking_core::admission::{named_user, parse_quantity};
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 
 use crate::cgroup::{status_container_id, ContainerRef};
@@ -35,9 +35,13 @@ impl PodInfo {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// The JupyterHub user, when KubeSpawner named one.
+    /// The JupyterHub user the pod names, as written, for audit rows and logs (not a
+    /// trust decision: [`named_user`]).
     pub fn username(&self) -> Option<&str> {
-        self.annotations.get(USERNAME_KEY).map(String::as_str)
+        named_user(
+            |k| self.annotations.get(k).map(String::as_str),
+            |k| self.labels.get(k).map(String::as_str),
+        )
     }
 
     /// The name of the container with runtime ID `id`.
@@ -178,6 +182,18 @@ mod tests {
 
     fn pod(value: serde_json::Value) -> Pod {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_label_only_pod_names_its_slug() {
+        // As the controller's audit does: the annotation, else the label as written.
+        let p = pod(json!({
+            "metadata": {"name": "jupyter-bob", "namespace": "jhub", "uid": "u1",
+                "labels": {"hub.jupyter.org/username": "bob-2esmith"}},
+            "spec": {"containers": [{"name": "notebook"}]}
+        }));
+        let info = PodInfo::from_pod(&p, "gpu-booking.io/gpumem").unwrap();
+        assert_eq!(info.username(), Some("bob-2esmith"));
     }
 
     #[test]

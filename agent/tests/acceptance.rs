@@ -10,7 +10,7 @@ use gpu_booking_agent::action::ActionKind;
 use gpu_booking_agent::cluster::EventKind;
 use gpu_booking_agent::fake_gpu::{FakeGpu, FakeStep};
 use gpu_booking_agent::gpu::GpuSampler;
-use gpu_booking_agent::policy::NamespacePolicy;
+use gpu_booking_agent::reclaim_policy::NamespacePolicy;
 use serde_json::Value;
 
 const SIGKILL: i32 = 9;
@@ -207,7 +207,10 @@ async fn ac5_busy_and_opted_out_pods_are_never_touched() {
     ];
     let mut cfg = config();
     cfg.policy.label_allowlist =
-        vec![gpu_booking_agent::policy::LabelMatch::parse("gpu-booking.io/critical=true").unwrap()];
+        vec![
+            gpu_booking_agent::reclaim_policy::LabelMatch::parse("gpu-booking.io/critical=true")
+                .unwrap(),
+        ];
     let mut node = Node::new(cfg, pods);
     let busy = node.sleeper(3, 2, 0, 4_000);
     let opted_out = node.sleeper(4, 3, 0, 2_000);

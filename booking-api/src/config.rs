@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use chrono::TimeDelta;
 use clap::{Args, ValueEnum};
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 
 #[derive(Debug, Clone, Args)]
 pub struct ApiArgs {
@@ -293,7 +293,7 @@ pub struct PolicyArgs {
 
     /// GPUs (units of one model) a booking may be for (1 to 64).
     #[arg(long, env = "GPU_BOOKING_MAX_UNITS_PER_BOOKING", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=gpu_booking_core::policy::MAX_UNITS_PER_BOOKING_LIMIT as i64))]
+          value_parser = clap::value_parser!(u32).range(1..=gpu_booking_core::booking_policy::MAX_UNITS_PER_BOOKING_LIMIT as i64))]
     pub max_units_per_booking: u32,
     /// Calendar feeds of a model's occupancy name who booked each unit (default:
     /// only "booked", and the caller's own bookings by name).

@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 
 use axum::extract::FromRef;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::rate::TokenBucket;
 use gpu_booking_core::username::NameCase;
 use sqlx::PgPool;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use chrono::TimeDelta;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use rand::RngCore;
 use sqlx::PgPool;
 use tokio::net::TcpListener;

@@ -15,7 +15,7 @@ use axum::http::{header, Request};
 use chrono::{DateTime, TimeZone, Utc};
 use gpu_booking_api::clock::ManualClock;
 use gpu_booking_api::testing::test_state;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use sqlx::PgPool;

@@ -10,7 +10,7 @@ use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use gpu_booking_api::clock::SystemClock;
 use gpu_booking_api::testing::{test_state, token_for};
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use sqlx::PgPool;

@@ -12,7 +12,7 @@ use axum::Router;
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use gpu_booking_api::clock::ManualClock;
 use gpu_booking_api::testing::{test_state, token_for};
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sqlx::PgPool;

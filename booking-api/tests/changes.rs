@@ -8,7 +8,7 @@ use std::sync::Arc;
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use gpu_booking_api::clock::{ManualClock, SystemClock};
 use gpu_booking_api::testing::TestApi;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 

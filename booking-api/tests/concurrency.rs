@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use chrono::{DurationRound, TimeDelta, Utc};
 use gpu_booking_api::clock::SystemClock;
 use gpu_booking_api::testing::TestApi;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use rand::Rng;
 use serde_json::{json, Value};
 use sqlx::PgPool;

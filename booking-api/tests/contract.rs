@@ -9,7 +9,7 @@ use axum::http::{header, Request, StatusCode};
 use gpu_booking_api::clock::SystemClock;
 use gpu_booking_api::openapi::ApiDoc;
 use gpu_booking_api::testing::{test_state, token_for};
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use sqlx::PgPool;

@@ -13,7 +13,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use common::{rfc, t0};
 use gpu_booking_api::clock::ManualClock;
 use gpu_booking_api::testing::{test_state, token_for};
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use icalendar::parser::{read_calendar, unfold};
 use serde_json::{json, Value};
 use sqlx::PgPool;

@@ -15,7 +15,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use common::{rfc_secs as rfc, t0};
 use gpu_booking_api::clock::ManualClock;
 use gpu_booking_api::testing::test_state;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::username::{safe_slug, NameCase};
 use serde_json::{json, Value};
 use sqlx::PgPool;

@@ -12,7 +12,7 @@ use gpu_booking_api::auth::{Authenticator, Role};
 use gpu_booking_api::clock::SystemClock;
 use gpu_booking_api::error::ApiError;
 use gpu_booking_api::service_accounts::ServiceAccounts;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_fake_apiserver::{Failure, FakeApiServer, Verb};
 use sqlx::PgPool;
 use tower::ServiceExt;

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use common::{days, t0};
 use gpu_booking_api::clock::ManualClock;
 use gpu_booking_api::testing::test_state;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 

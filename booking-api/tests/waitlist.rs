@@ -14,7 +14,7 @@ use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use common::{days, rfc, t0};
 use gpu_booking_api::clock::{Clock, ManualClock, SystemClock};
 use gpu_booking_api::testing::{test_state, token_for, TestApi};
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 

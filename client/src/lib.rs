@@ -26,7 +26,7 @@ pub use gpu_booking_core::wire::{
     UsageReport,
 };
 pub use options::BookingServiceArgs;
-pub use token::{FileStamp, TokenError, TokenSource};
+pub use token::{FileVersion, TokenError, TokenSource};
 
 /// Why a call gave no usable answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -9,19 +9,19 @@ use std::time::SystemTime;
 #[error("no service token: {0}")]
 pub struct TokenError(pub String);
 
-/// What identifies one version of a file (device, inode, size, mtime), so a file is
-/// re-read only when it changed. Kubernetes updates a mounted Secret by swapping a
-/// `..data` symlink, which a `stat` through the link sees.
+/// The version of a file last read: what identifies it (device, inode, size, mtime),
+/// so a file is re-read only when it changed. Kubernetes updates a mounted Secret by
+/// swapping a `..data` symlink, which a `stat` through the link sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileStamp {
+pub struct FileVersion {
     dev: u64,
     ino: u64,
     len: u64,
     modified: Option<SystemTime>,
 }
 
-impl FileStamp {
-    /// The stamp of the file `path` leads to (symlinks followed).
+impl FileVersion {
+    /// The version of the file `path` leads to now (symlinks followed).
     pub fn of(path: &Path) -> std::io::Result<Self> {
         let meta = std::fs::metadata(path)?;
         #[cfg(unix)]
@@ -46,7 +46,7 @@ pub enum TokenSource {
     Static(String),
     File {
         path: PathBuf,
-        cached: Mutex<(Option<FileStamp>, String)>,
+        cached: Mutex<(Option<FileVersion>, String)>,
     },
 }
 
@@ -90,9 +90,9 @@ impl TokenSource {
         match self {
             TokenSource::Static(token) => Ok(token.clone()),
             TokenSource::File { path, cached } => {
-                let stamp = FileStamp::of(path).ok();
+                let version = FileVersion::of(path).ok();
                 let mut cached = cached.lock().unwrap_or_else(|e| e.into_inner());
-                if stamp.is_some() && cached.0 == stamp {
+                if version.is_some() && cached.0 == version {
                     return Ok(cached.1.clone());
                 }
                 let token = std::fs::read_to_string(path)
@@ -102,7 +102,7 @@ impl TokenSource {
                 if token.is_empty() {
                     return Err(TokenError(format!("{} is empty", path.display())));
                 }
-                *cached = (stamp, token.clone());
+                *cached = (version, token.clone());
                 Ok(token)
             }
         }

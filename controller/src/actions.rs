@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_booking_client::AuditReport;
-use gpu_booking_core::admission::{pod_label, AdmissionConfig, BOOKING_LABEL, USERNAME_KEY};
+use gpu_booking_core::admission::{
+    named_user, pod_label, AdmissionConfig, BOOKING_LABEL, USERNAME_KEY,
+};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -512,7 +514,9 @@ async fn restart(ctx: &Ctx, job: &Job, pod: &Value) -> Result<Outcome, ActionErr
 }
 
 /// The JupyterHub user and server name of a KubeSpawner pod (the raw name in the
-/// annotation, the server name in its label; "" for the default server).
+/// annotation, the server name in its label; "" for the default server). The
+/// annotation alone, not [`named_user`]: the hub's API names users by their raw name,
+/// and a label slug would name no one (or, for a lossy slug, someone else).
 fn hub_server(pod: &Value) -> Option<(String, String)> {
     let user = pod
         .pointer("/metadata/annotations")
@@ -867,10 +871,11 @@ pub async fn note_pod(ctx: &Ctx, pod: &PodRef<'_>, reason: &str, message: &str, 
 
 async fn audit(ctx: &Ctx, job: &Job, pod: &Value, outcome: &Outcome) {
     let meta = &pod["metadata"];
-    let user = meta["annotations"][USERNAME_KEY]
-        .as_str()
-        .or_else(|| meta["labels"][USERNAME_KEY].as_str())
-        .map(str::to_owned);
+    let user = named_user(
+        |k| meta["annotations"][k].as_str(),
+        |k| meta["labels"][k].as_str(),
+    )
+    .map(str::to_owned);
     let booking_id = pod_label(pod, BOOKING_LABEL).and_then(|b| b.parse().ok());
     let mut details = json!({
         "result": outcome.metric(),

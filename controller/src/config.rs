@@ -14,8 +14,6 @@ use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::{AdmissionArgs, AdmissionConfig};
 pub use gpu_booking_ops::LogFormat;
 
-/// Annotation the node agent writes on a pod: its last GPU activity (RFC 3339).
-pub use gpu_booking_core::admission::LAST_GPU_ACTIVITY_ANNOTATION;
 /// The node label GPU feature discovery writes with the product name.
 pub use gpu_booking_core::inventory::DEFAULT_PRODUCT_LABEL;
 

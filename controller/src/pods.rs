@@ -6,15 +6,14 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
-    detect_gpu, our_label, parse_quantity, trusted_priority, AdmissionConfig, PodStanding,
-    BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, MODEL_LABEL, PRIORITY_LABEL, USERNAME_KEY,
+    detect_gpu, named_user, our_label, parse_quantity, trusted_priority, AdmissionConfig,
+    PodStanding, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, LAST_GPU_ACTIVITY_ANNOTATION,
+    MODEL_LABEL, PRIORITY_LABEL,
 };
 use gpu_booking_core::eviction::NodeConstraints;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-
-use crate::config::LAST_GPU_ACTIVITY_ANNOTATION;
 
 /// Annotation on a Pending booked pod: the preemption rounds the controller has
 /// started for it, written by the leader before each round's first eviction, so
@@ -249,9 +248,7 @@ impl PodInfo {
                 && c.reason.as_deref() == Some("Unschedulable")
         });
         let unschedulable_for_gpu = cfg
-            .gpu_resources
-            .iter()
-            .chain(cfg.model_resources.keys())
+            .gpu_resource_names()
             .chain([&cfg.gpumem_resource])
             .any(|resource| pod.unschedulable_for(resource));
         Some(Self {
@@ -262,9 +259,7 @@ impl PodInfo {
             booking_id: ours(BOOKING_LABEL).and_then(|b| b.parse().ok()),
             booking_units: annotation(BOOKING_UNITS_ANNOTATION).and_then(|u| u.trim().parse().ok()),
             model_label: ours(MODEL_LABEL).map(str::to_owned),
-            user: annotation(USERNAME_KEY)
-                .or_else(|| label(USERNAME_KEY))
-                .map(str::to_owned),
+            user: named_user(annotation, label).map(str::to_owned),
             terminate_at: annotation(&cfg.terminate_at_annotation).and_then(parse_time),
             owned: meta
                 .owner_references

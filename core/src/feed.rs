@@ -2,7 +2,7 @@
 //! is the booker's business, so a model's occupancy feed names only the feed owner's
 //! own bookings unless the lab's policy publishes names.
 
-use crate::policy::Policy;
+use crate::booking_policy::Policy;
 
 /// The title of a booking in a model's occupancy feed seen by `viewer`.
 pub fn occupancy_summary(

@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod booking_end;
+pub mod booking_policy;
 pub mod booking_units;
 pub mod cancel;
 pub mod capacity;
@@ -17,7 +18,6 @@ pub mod intent;
 pub mod inventory;
 pub mod next_start;
 pub mod notice;
-pub mod policy;
 pub mod rate;
 pub mod rules;
 pub mod usage;

@@ -8,8 +8,8 @@
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+use crate::booking_policy::Policy;
 use crate::capacity;
-use crate::policy::Policy;
 use crate::rules::{self, Reason, Refusal, RuleCode};
 use crate::window::Window;
 

@@ -8,7 +8,7 @@ use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::policy::human_duration;
+use crate::booking_policy::human_duration;
 
 /// What a notice is about. The names are the API's and the outbox's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

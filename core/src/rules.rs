@@ -7,7 +7,7 @@
 use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use serde::Serialize;
 
-use crate::policy::{human_duration, Policy, MAX_UNITS_PER_BOOKING_LIMIT};
+use crate::booking_policy::{human_duration, Policy, MAX_UNITS_PER_BOOKING_LIMIT};
 use crate::window::Window;
 
 /// The rule that refused a request. Serialised as the `error` field of the API.

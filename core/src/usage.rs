@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
 
+use crate::booking_policy::human_duration;
 use crate::notice::Message;
-use crate::policy::human_duration;
 
 /// How long one observation of GPU activity counts as active: the node agent writes
 /// a pod's last-activity annotation when it moved by a minute or more, the controller

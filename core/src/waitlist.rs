@@ -10,8 +10,8 @@
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+use crate::booking_policy::{human_duration, Policy};
 use crate::capacity;
-use crate::policy::{human_duration, Policy};
 use crate::rules::{self, Refusal, RuleCode};
 use crate::window::Window;
 

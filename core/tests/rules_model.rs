@@ -19,9 +19,9 @@
 //! enforces or relies on.
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
+use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::cancel::{self, CancelOutcome};
 use gpu_booking_core::capacity::{self, CapacityRefusal, Held};
-use gpu_booking_core::policy::Policy;
 use gpu_booking_core::rules::{self, RuleCode};
 use gpu_booking_core::window::{BookingStatus, Window};
 use proptest::prelude::*;

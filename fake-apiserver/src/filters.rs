@@ -5,6 +5,8 @@
 
 use serde_json::Value;
 
+use crate::fields::str_at;
+
 /// Why a node that is not resource-related cannot take the pod; `None`: it can.
 pub(crate) fn reject(pod: &Value, node: &Value) -> Option<String> {
     unschedulable(pod, node)
@@ -15,8 +17,21 @@ pub(crate) fn reject(pod: &Value, node: &Value) -> Option<String> {
         })
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+/// kube-scheduler's `FitError` message: `0/N nodes are available: ` and every node's
+/// reasons as a histogram (`<count> <reason>`), sorted as strings, joined by `, `,
+/// ending with a period.
+pub(crate) fn fit_error(nodes: usize, statuses: &[Vec<String>]) -> String {
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for reason in statuses.iter().flatten() {
+        *counts.entry(reason).or_default() += 1;
+    }
+    let mut histogram: Vec<String> = counts.iter().map(|(r, n)| format!("{n} {r}")).collect();
+    histogram.sort();
+    let mut message = format!("0/{nodes} nodes are available:");
+    if !histogram.is_empty() {
+        message.push_str(&format!(" {}.", histogram.join(", ")));
+    }
+    message
 }
 
 fn tolerations(pod: &Value) -> &[Value] {

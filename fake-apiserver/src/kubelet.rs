@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::fields::{meta_str, str_at};
 use crate::scheduler::set_condition;
-use crate::snapshot::{nodes_key, pods_key, str_at};
-use crate::store::{meta_str, timestamp, Store, Write};
+use crate::snapshot::{nodes_key, pods_key};
+use crate::store::{timestamp, Store, Write};
 use crate::Shared;
 
 /// A container's runtime ID as containerd reports it (`containerd://` and 64 hex

@@ -176,6 +176,8 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod change;
+mod fields;
 mod filters;
 mod kubelet;
 mod node_builder;
@@ -185,6 +187,7 @@ mod resources;
 mod scheduler;
 mod select;
 mod service;
+mod settle;
 mod sim;
 mod snapshot;
 mod status;
@@ -317,7 +320,7 @@ impl Shared {
     /// After a request or a test hook: the opt-in scheduler and kubelet act on what
     /// changed, then waiters re-check.
     fn changed(&self) {
-        sim::settle(self, false);
+        settle::settle(self, false);
         self.notify.notify_waiters();
     }
 }
@@ -481,8 +484,8 @@ impl FakeApiServer {
     }
 
     fn put_at(&self, key: ResourceKey, mut obj: Value) -> Value {
-        let ns = store::meta_str(&obj, "namespace").map(str::to_owned);
-        let name = store::meta_str(&obj, "name")
+        let ns = fields::meta_str(&obj, "namespace").map(str::to_owned);
+        let name = fields::meta_str(&obj, "name")
             .unwrap_or_else(|| panic!("fake: put needs metadata.name"))
             .to_owned();
         let stored = {
@@ -626,7 +629,7 @@ impl FakeApiServer {
     /// One scheduling pass now, whether or not [`Self::enable_scheduler`] was called.
     pub fn schedule_now(&self) {
         self.lock().sim.room = true;
-        sim::settle(&self.shared, true);
+        settle::settle(&self.shared, true);
         self.shared.notify.notify_waiters();
     }
 

@@ -9,8 +9,9 @@ use std::cmp::Ordering;
 
 use serde_json::Value;
 
+use crate::fields::str_at;
 use crate::resources;
-use crate::snapshot::{str_at, Snapshot, Verdict};
+use crate::snapshot::{Snapshot, Verdict};
 
 /// What preemption decided for a pod that fits nowhere.
 #[derive(Debug, PartialEq, Eq)]
@@ -168,7 +169,7 @@ pub(crate) fn preempt(snap: &Snapshot, p: usize, verdicts: &[Verdict]) -> Preemp
         return Preemption::Not {
             message: format!(
                 "preemption: {}",
-                crate::scheduler::fit_error(verdicts.len(), &statuses)
+                crate::filters::fit_error(verdicts.len(), &statuses)
             ),
             clear_nomination: potential == 0,
         };

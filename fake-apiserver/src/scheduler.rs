@@ -11,27 +11,12 @@
 
 use serde_json::{json, Value};
 
+use crate::fields::{meta_str, str_at};
+use crate::filters::fit_error;
 use crate::preemption::{self, Preemption, PREEMPTION_REASON};
 use crate::resources::MILLI;
-use crate::snapshot::{pending, pods_key, str_at, Snapshot, Verdict};
-use crate::store::{meta_str, Store, Write};
-
-/// kube-scheduler's `FitError` message: `0/N nodes are available: ` and every node's
-/// reasons as a histogram (`<count> <reason>`), sorted as strings, joined by `, `,
-/// ending with a period.
-pub(crate) fn fit_error(nodes: usize, statuses: &[Vec<String>]) -> String {
-    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
-    for reason in statuses.iter().flatten() {
-        *counts.entry(reason).or_default() += 1;
-    }
-    let mut histogram: Vec<String> = counts.iter().map(|(r, n)| format!("{n} {r}")).collect();
-    histogram.sort();
-    let mut message = format!("0/{nodes} nodes are available:");
-    if !histogram.is_empty() {
-        message.push_str(&format!(" {}.", histogram.join(", ")));
-    }
-    message
-}
+use crate::snapshot::{pending, pods_key, Snapshot, Verdict};
+use crate::store::{Store, Write};
 
 /// The scheduler's name for conditions it writes (`spec.schedulerName`, defaulted).
 fn scheduler_name(pod: &Value) -> &str {

@@ -306,10 +306,10 @@ fn dispatch(
             let doomed = store.list(resource, target.namespace.as_deref(), &sel);
             let mut items = Vec::new();
             for obj in doomed {
-                let ons = crate::store::meta_str(&obj, "namespace")
+                let ons = crate::fields::meta_str(&obj, "namespace")
                     .unwrap_or("")
                     .to_owned();
-                let oname = crate::store::meta_str(&obj, "name")
+                let oname = crate::fields::meta_str(&obj, "name")
                     .unwrap_or("")
                     .to_owned();
                 if let Ok(gone) = store.delete(resource, &ons, &oname, &json!({}), None) {

@@ -1,19 +1,14 @@
-//! The opt-in cluster behaviour (scheduler, kubelet) and when it runs: after every
-//! change to pods or nodes, synchronously, before the request that made the change is
-//! answered, until nothing more changes.
+//! The state of the opt-in cluster behaviour (scheduler, kubelet) that the store holds:
+//! what is switched on, and what changed since the last pass ([`Sim::note`], called by
+//! the store for every change). [`crate::settle`] runs the passes.
 
 use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
+use crate::change::{Change, ChangeKind};
+use crate::fields::{finished, meta_str, str_at};
 use crate::path::ResourceKey;
-use crate::snapshot::{finished, str_at};
-use crate::store::{meta_str, Change, ChangeKind};
-use crate::{kubelet, scheduler, Shared};
-
-/// Rounds of scheduling and kubelet work after one change; each round only acts on
-/// what the previous one changed, so a handful always suffice.
-const MAX_ROUNDS: usize = 16;
 
 #[derive(Default)]
 pub(crate) struct Sim {
@@ -80,29 +75,5 @@ impl Sim {
             }
             _ => {}
         }
-    }
-}
-
-/// Runs the enabled parts until the cluster is settled (`force`: at least one
-/// scheduling pass, enabled or not).
-pub(crate) fn settle(shared: &Shared, force: bool) {
-    let mut store = shared.lock();
-    let mut force = force;
-    for _ in 0..MAX_ROUNDS {
-        let (sched, kubelet) = (store.sim.scheduler, store.sim.kubelet);
-        if !(force || (store.sim.dirty && (sched || kubelet))) {
-            return;
-        }
-        store.sim.dirty = false;
-        if sched || force {
-            scheduler::run(&mut store);
-        }
-        if kubelet {
-            kubelet::run(&mut store, shared);
-        }
-        force = false;
-    }
-    if store.sim.dirty {
-        tracing::warn!("fake cluster: still changing after {MAX_ROUNDS} rounds");
     }
 }

@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::fields::{finished, meta_str, str_at};
 use crate::filters;
 use crate::path::ResourceKey;
 use crate::resources::{self, Amounts};
 use crate::select::Selector;
-use crate::store::{meta_str, Store};
+use crate::store::Store;
 
 pub(crate) fn pods_key() -> ResourceKey {
     ResourceKey::new("/api/v1", "pods")
@@ -78,10 +79,6 @@ pub(crate) struct Snapshot {
     nominees: Vec<usize>,
 }
 
-pub(crate) fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
-}
-
 /// Waiting to be scheduled: not bound, not being deleted, not finished, and for the
 /// default scheduler (pods naming another `schedulerName` are not ours).
 pub(crate) fn pending(pod: &Value) -> bool {
@@ -92,10 +89,6 @@ pub(crate) fn pending(pod: &Value) -> bool {
         && pod.pointer("/metadata/deletionTimestamp").is_none()
         && !finished(pod)
         && (scheduler.is_empty() || scheduler == "default-scheduler")
-}
-
-pub(crate) fn finished(pod: &Value) -> bool {
-    matches!(str_at(pod, "/status/phase"), "Succeeded" | "Failed")
 }
 
 /// A node's verdict for a pod.

@@ -10,32 +10,16 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::change::{Change, ChangeKind};
+use crate::fields::meta_str;
 use crate::path::ResourceKey;
 use crate::select::Selector;
+use crate::sim::Sim;
 use crate::status::ApiError;
 use crate::{Failure, PodDeletion, Verb};
 
 /// Objects of one resource by (namespace, name); cluster-scoped objects have `""`.
 type Objects = BTreeMap<(String, String), Arc<Value>>;
-
-/// One change, kept for watches that resume from an older resource version.
-pub(crate) struct Change {
-    pub rv: u64,
-    pub resource: ResourceKey,
-    pub namespace: String,
-    pub kind: ChangeKind,
-    pub object: Arc<Value>,
-    /// The object before a modification, so that a selective watch can tell an
-    /// object that stops (or starts) matching.
-    pub old: Option<Arc<Value>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ChangeKind {
-    Added,
-    Modified,
-    Deleted,
-}
 
 /// An open watch.
 pub(crate) struct Watch {
@@ -109,11 +93,7 @@ pub(crate) struct Store {
     pub clock: Clock,
     pub serial: u64,
     /// The opt-in scheduler and kubelet.
-    pub sim: crate::sim::Sim,
-}
-
-pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
-    obj.get("metadata")?.get(field)?.as_str()
+    pub sim: Sim,
 }
 
 pub(crate) fn timestamp(t: DateTime<Utc>) -> String {

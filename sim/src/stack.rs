@@ -13,7 +13,7 @@ use gpu_booking_api::clock::Clock;
 use gpu_booking_api::service_accounts::ServiceAccounts;
 use gpu_booking_client::BookingClient;
 use gpu_booking_controller::{Controller, ControllerArgs, SystemClock};
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::watch;

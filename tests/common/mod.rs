@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_api::auth::Role;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_fake_apiserver::FakeApiServer;
 use gpu_booking_sim::models::{declare, DEMO_MODELS};
 use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};

@@ -14,7 +14,8 @@ use gpu_booking_core::admission::{
 use serde_json::{json, Value};
 use tracing::Instrument;
 
-use crate::booking::{BookingClient, BookingError};
+use crate::booking::BookingClient;
+use crate::error::BookingError;
 use crate::metrics::Metrics;
 use crate::review::{answer_version, RequestIn, ReviewIn, ReviewOut, API_VERSION_V1};
 
@@ -39,9 +40,7 @@ const LEND_TTL: Duration = Duration::from_secs(60);
 impl Webhook {
     pub fn new(cfg: AdmissionConfig, booking: Arc<BookingClient>, metrics: Arc<Metrics>) -> Self {
         let gpu_names = cfg
-            .gpu_resources
-            .iter()
-            .chain(cfg.model_resources.keys())
+            .gpu_resource_names()
             .map(|name| memchr::memmem::Finder::new(name.as_bytes()).into_owned())
             .collect();
         // The stem covers both prefixes of our keys (current and legacy) and the

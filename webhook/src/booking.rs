@@ -20,6 +20,7 @@ use gpu_booking_core::rate::TokenBucket;
 use gpu_booking_core::wire::{AuditBatch, MAX_AUDIT_BATCH};
 use tokio::sync::{mpsc, OnceCell};
 
+use crate::error::BookingError;
 use crate::metrics::{CallLabel, Metrics};
 use crate::replica::{ReplicaHandle, ReplicaOptions};
 
@@ -38,43 +39,7 @@ const AUDIT_TRIES: u32 = 3;
 const AUDIT_BURST: u32 = 20;
 const AUDIT_PER_SECOND: f64 = 2.0;
 
-/// Why the booking service gave no usable answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BookingError {
-    #[error("booking service answered HTTP {0}")]
-    Status(u16),
-    #[error("booking service did not answer within {0:?}")]
-    Timeout(Duration),
-    #[error("booking service unreachable: {0}")]
-    Transport(String),
-    #[error("booking service sent an unreadable answer: {0}")]
-    Body(String),
-    #[error("no service token: {0}")]
-    Token(String),
-    #[error("the admission replica has not listed the booking service's state yet")]
-    NotSynced,
-    #[error("the admission replica is {} s old, past --replica-max-staleness", .0.as_secs())]
-    Stale(Duration),
-    #[error("booking service would refuse the query: {0}")]
-    Invalid(String),
-}
-
-impl BookingError {
-    fn outcome(&self) -> &'static str {
-        match self {
-            BookingError::Timeout(_) => "timeout",
-            _ => "error",
-        }
-    }
-}
-
 pub use gpu_booking_client::TokenSource;
-
-impl From<gpu_booking_client::TokenError> for BookingError {
-    fn from(e: gpu_booking_client::TokenError) -> Self {
-        BookingError::Token(e.0)
-    }
-}
 
 type Answer = Result<Arc<Schedulability>, BookingError>;
 

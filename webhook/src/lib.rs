@@ -13,6 +13,7 @@
 pub mod admit;
 pub mod booking;
 pub mod config;
+pub mod error;
 pub mod metrics;
 pub mod replica;
 pub mod review;
@@ -30,8 +31,9 @@ use gpu_booking_ops::shutdown_signal;
 use tokio::net::TcpListener;
 
 pub use admit::Webhook;
-pub use booking::{BookingClient, BookingError, TokenSource};
+pub use booking::{BookingClient, TokenSource};
 pub use config::{DecideFrom, LogFormat, OnBookingError, Unidentified, WebhookArgs};
+pub use error::BookingError;
 pub use metrics::Metrics;
 pub use replica::{ReplicaHandle, ReplicaOptions};
 pub use review::{ReviewOut, StatusOut};

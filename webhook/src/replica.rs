@@ -25,7 +25,7 @@ use gpu_booking_core::admission::{Replica, Schedulability};
 use gpu_booking_core::window::BookingStatus;
 use tokio::sync::watch;
 
-use crate::booking::BookingError;
+use crate::error::BookingError;
 use crate::metrics::{CallLabel, Metrics};
 
 /// How the replica is fed and how old it may grow.

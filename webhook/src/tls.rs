@@ -16,10 +16,10 @@ use rustls::ServerConfig;
 
 use crate::metrics::Metrics;
 
-pub use gpu_booking_client::FileStamp;
+use gpu_booking_client::FileVersion;
 
 struct Loaded {
-    stamps: (FileStamp, FileStamp),
+    versions: (FileVersion, FileVersion),
     pem: (Vec<u8>, Vec<u8>),
     config: Arc<ServerConfig>,
 }
@@ -35,10 +35,10 @@ pub struct CertStore {
 impl CertStore {
     /// Loads the pair; fails if it cannot be read or does not match.
     pub fn load(cert: PathBuf, key: PathBuf, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
-        let stamp = |path: &Path| {
-            FileStamp::of(path).with_context(|| format!("reading {}", path.display()))
+        let version = |path: &Path| {
+            FileVersion::of(path).with_context(|| format!("reading {}", path.display()))
         };
-        let stamps = (stamp(&cert)?, stamp(&key)?);
+        let versions = (version(&cert)?, version(&key)?);
         let pem = read_pair(&cert, &key)?;
         let config = server_config(&pem.0, &pem.1)
             .with_context(|| format!("loading {} and {}", cert.display(), key.display()))?;
@@ -48,7 +48,7 @@ impl CertStore {
             cert,
             key,
             loaded: Mutex::new(Loaded {
-                stamps,
+                versions,
                 pem,
                 config,
             }),
@@ -58,17 +58,18 @@ impl CertStore {
 
     /// The configuration for a new connection, reloaded first if the files changed.
     pub fn current(&self) -> Arc<ServerConfig> {
-        let stamps = FileStamp::of(&self.cert).and_then(|c| Ok((c, FileStamp::of(&self.key)?)));
+        let versions =
+            FileVersion::of(&self.cert).and_then(|c| Ok((c, FileVersion::of(&self.key)?)));
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        let Ok(stamps) = stamps else {
+        let Ok(versions) = versions else {
             // Mid-swap or gone: keep serving what we have.
             return loaded.config.clone();
         };
-        if stamps == loaded.stamps {
+        if versions == loaded.versions {
             return loaded.config.clone();
         }
         match read_pair(&self.cert, &self.key) {
-            Ok(pem) if pem == loaded.pem => loaded.stamps = stamps,
+            Ok(pem) if pem == loaded.pem => loaded.versions = versions,
             Ok(pem) => match server_config(&pem.0, &pem.1) {
                 Ok(config) => {
                     tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
@@ -77,7 +78,7 @@ impl CertStore {
                         .tls_not_after
                         .set(not_after(&pem.0).unwrap_or(0));
                     *loaded = Loaded {
-                        stamps,
+                        versions,
                         pem,
                         config,
                     };

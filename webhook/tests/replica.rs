@@ -11,7 +11,7 @@ use chrono::{TimeDelta, Utc};
 use gpu_booking_api::clock::SystemClock;
 use gpu_booking_api::testing::{random_secret, test_state, token_for};
 use gpu_booking_core::admission::Schedulability;
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::wire::AuditReport;
 use gpu_booking_webhook::{BookingClient, BookingError, Metrics, ReplicaOptions, TokenSource};
 use serde_json::{json, Value};

@@ -1,9 +1,9 @@
 //! Bookings: the create transaction (rules under locks), cancel / end early, reads.
 
 use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::cancel::{self, CancelOutcome};
 use gpu_booking_core::capacity::{self, CapacityRefusal, Held};
-use gpu_booking_core::policy::Policy;
 use gpu_booking_core::rules;
 use gpu_booking_core::username::Username;
 use gpu_booking_core::window::{BookingStatus, Window};

@@ -1,8 +1,8 @@
 //! GPU models: declared by admins, counted by the controller.
 
 use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::next_start::{self, NextStart};
-use gpu_booking_core::policy::Policy;
 use gpu_booking_core::rules::{self, Refusal};
 use gpu_booking_core::window::Window;
 use serde::Serialize;

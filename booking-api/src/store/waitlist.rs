@@ -18,7 +18,7 @@
 //! what the earlier ones cannot use (backfill).
 
 use chrono::{DateTime, TimeDelta, Utc};
-use gpu_booking_core::policy::Policy;
+use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::username::Username;
 use gpu_booking_core::waitlist::{self, Chance, Wish};
 use gpu_booking_core::window::Window;

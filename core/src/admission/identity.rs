@@ -87,6 +87,21 @@ pub fn identify(pod: &Value, case: NameCase) -> Option<Identity> {
     })
 }
 
+/// The user a pod names, as written, for logs, audit rows and Events: the
+/// `hub.jupyter.org/username` annotation (KubeSpawner's raw name), else the label of
+/// that key (its slug). `annotation` and `label` look a key up in the pod's
+/// annotations and labels, whatever form the caller holds the pod in.
+///
+/// Not a trust decision and not a checked name: whoever can create a pod can write
+/// either key, and a present but unacceptable annotation is still returned. Deciding
+/// whose pod it is takes [`identify`] behind [`super::trusted_identity`].
+pub fn named_user<'a>(
+    annotation: impl FnOnce(&str) -> Option<&'a str>,
+    label: impl FnOnce(&str) -> Option<&'a str>,
+) -> Option<&'a str> {
+    annotation(USERNAME_KEY).or_else(|| label(USERNAME_KEY))
+}
+
 /// Whether `label` can be a slug of either KubeSpawner scheme: non-empty, bounded, and
 /// only the characters a label value may hold.
 fn is_slug(label: &str) -> bool {
@@ -178,5 +193,25 @@ mod tests {
             None
         );
         assert_eq!(identify(&json!(null)), None);
+    }
+
+    #[test]
+    fn named_user_is_the_annotation_else_the_label_as_written() {
+        let named = |pod: &Value| {
+            named_user(
+                |k| pod["metadata"]["annotations"][k].as_str(),
+                |k| pod["metadata"]["labels"][k].as_str(),
+            )
+            .map(str::to_owned)
+        };
+        let both = pod(Some("Alice@Example.com"), Some("alice-40example-2ecom"));
+        assert_eq!(named(&both).as_deref(), Some("Alice@Example.com"));
+        let label_only = pod(None, Some("alice-40example-2ecom"));
+        assert_eq!(named(&label_only).as_deref(), Some("alice-40example-2ecom"));
+        // Not a checked name: what identify refuses is still reported as written.
+        let odd = pod(Some("bad\u{7}name"), Some("alice"));
+        assert_eq!(identify(&odd), None);
+        assert_eq!(named(&odd).as_deref(), Some("bad\u{7}name"));
+        assert_eq!(named(&pod(None, None)), None);
     }
 }

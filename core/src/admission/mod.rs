@@ -47,7 +47,7 @@ pub use decision::{
     StripReason, UnidentifiedGpuPods,
 };
 pub use detect::{detect_gpu, GpuRequest};
-pub use identity::{identify, Identity};
+pub use identity::{identify, named_user, Identity};
 pub use ledger::LendLedger;
 pub use marks::{
     is_harmless_key, is_our_key, pending_lent, trusted_priority, PendingLent, PodStanding,
@@ -265,6 +265,13 @@ impl AdmissionConfig {
             }
         }
         Ok(())
+    }
+
+    /// Every configured GPU resource name, generic then per-model: the names whose
+    /// requests [`detect_gpu`] counts, for whoever must look for them elsewhere (the
+    /// webhook's byte pre-filter, the controller's unschedulable pods).
+    pub fn gpu_resource_names(&self) -> impl Iterator<Item = &String> {
+        self.gpu_resources.iter().chain(self.model_resources.keys())
     }
 
     /// Whether `resource` is one of the configured GPU resources, and for a per-model

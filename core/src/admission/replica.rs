@@ -16,9 +16,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::Schedulability;
+use crate::booking_policy::Policy;
 use crate::gpu_model::ModelName;
 use crate::next_start;
-use crate::policy::Policy;
 use crate::username::{slugs, NameCase, SlugMatch, Username};
 use crate::window::Window;
 pub use crate::wire::admission_state::{

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::booking_policy::Policy;
 use crate::gpu_model::ModelName;
-use crate::policy::Policy;
 use crate::username::NameCase;
 use crate::window::Window;
 

@@ -26,9 +26,10 @@ use serde_json::{json, Value};
 
 pub use identity::UserInfo;
 
+use crate::fields::meta_str;
 use crate::path::{ResourceKey, Target};
 use crate::status::ApiError;
-use crate::store::{meta_str, Store};
+use crate::store::Store;
 use crate::Shared;
 use matching::Conditions;
 use priority::PriorityClass;

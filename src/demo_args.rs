@@ -1,0 +1,49 @@
+//! The options of `gpu-booking demo`, in a module of their own: the demo
+//! ([`crate::demo`]) and its lab ([`crate::demo_cluster`]) both read them.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Address of the API and the booking page.
+    #[arg(long, env = "GPU_BOOKING_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Postgres to use instead of looking for one.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Address of the admission webhook (HTTPS, a demo certificate).
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    pub webhook_listen: std::net::SocketAddr,
+    /// Address of the webhook's health and metrics.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub webhook_admin_listen: std::net::SocketAddr,
+    /// Where the demo's CA and webhook certificate are written.
+    #[arg(long, default_value = "target/demo-certs")]
+    pub cert_dir: PathBuf,
+    /// Where a private Postgres cluster goes if none is running.
+    #[arg(long, default_value = "target/demo-postgres")]
+    pub data_dir: PathBuf,
+    /// Drop the demo's database and start over (bookings and cooldowns of earlier runs
+    /// are kept otherwise). Not with DATABASE_URL: that database is not the demo's.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Name of the demo's own database (lowercase letters, digits, `_`).
+    #[arg(long, default_value = "gpu_booking_demo", value_parser = parse_database_name)]
+    pub demo_database: String,
+}
+
+/// A database name that needs no quoting in `CREATE DATABASE`.
+fn parse_database_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err("1 to 63 of a-z, 0-9 and _, starting with a letter".into())
+    }
+}
