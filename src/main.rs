@@ -16,7 +16,7 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // JSON too when the process logs JSON.
-            gpu_booking_ops::report_fatal(&e);
+            gpu_booking_process::report_fatal(&e);
             std::process::ExitCode::FAILURE
         }
     }

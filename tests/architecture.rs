@@ -34,17 +34,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Pure domain: decisions, no I/O.
     ("core", &[]),
     // Process plumbing shared by every binary: logs, shutdown, admin port, durations.
-    ("ops", &[]),
+    ("process", &[]),
     // The HTTP client of the booking service, and the options that reach it (their
-    // durations read by `ops`'s one parser).
-    ("client", &["core", "ops"]),
+    // durations read by `process`'s one parser).
+    ("client", &["core", "process"]),
     // The booking service (Postgres, REST, page).
-    ("api", &["core", "ops"]),
+    ("api", &["core", "process"]),
     // The edges that talk to the booking service through the client.
-    ("webhook", &["core", "ops", "client"]),
-    ("controller", &["core", "ops", "client"]),
-    ("agent", &["core", "ops", "client"]),
-    ("certs", &["core", "ops"]),
+    ("webhook", &["core", "process", "client"]),
+    ("controller", &["core", "process", "client"]),
+    ("agent", &["core", "process", "client"]),
+    ("certs", &["core", "process"]),
     // Test double of kube-apiserver + kube-scheduler.
     ("fake-apiserver", &["core"]),
     // The simulated lab (`gpu-booking demo`): composes every service in one process.
@@ -61,11 +61,11 @@ const NEVER: &[(&str, &str)] = &[
     ("agent", "api"),
     ("webhook", "api"),
     ("client", "api"),
-    ("core", "ops"),
+    ("core", "process"),
     ("core", "client"),
     ("core", "api"),
-    ("ops", "core"),
-    ("ops", "api"),
+    ("process", "core"),
+    ("process", "api"),
 ];
 
 /// The short name of a workspace package (`gpu-booking-api` -> `api`).
@@ -74,8 +74,8 @@ fn short(package: &str) -> &str {
 }
 
 /// External crates that only one of ours may link, so that what they do is written
-/// once: the duration syntax of every option is `ops::duration::parse_duration`'s.
-const ONLY_IN: &[(&str, &str)] = &[("humantime", "ops")];
+/// once: the duration syntax of every option is `process::duration::parse_duration`'s.
+const ONLY_IN: &[(&str, &str)] = &[("humantime", "process")];
 
 /// Each workspace crate -> the workspace crates it links (normal and build
 /// dependencies), from `cargo metadata`.

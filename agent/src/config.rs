@@ -14,7 +14,7 @@ use chrono::TimeDelta;
 use clap::{ArgAction, Args};
 use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::DEFAULT_GPUMEM_RESOURCE;
-use gpu_booking_ops::LogFormat;
+use gpu_booking_process::LogFormat;
 use regex::Regex;
 
 use crate::agent::{AgentConfig, DEFAULT_LAST_ACTIVITY_ANNOTATION};
@@ -228,8 +228,8 @@ impl AgentArgs {
 }
 
 /// The one duration parser of every component: humantime or bare seconds, range-guarded
-/// (see `gpu_booking_ops::duration`).
-pub use gpu_booking_ops::duration::parse_duration;
+/// (see `gpu_booking_process::duration`).
+pub use gpu_booking_process::duration::parse_duration;
 
 #[cfg(test)]
 mod tests {

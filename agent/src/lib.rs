@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use gpu_booking_ops::shutdown_signal;
+use gpu_booking_process::shutdown_signal;
 
 pub use agent::{Agent, AgentConfig, TickReport};
 pub use config::AgentArgs;
@@ -58,7 +58,7 @@ use crate::procfs::ProcFs;
 
 /// Runs the agent until SIGTERM or Ctrl-C (or one round with `--once`).
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    gpu_booking_ops::init_logging(args.log_format);
+    gpu_booking_process::init_logging(args.log_format);
     let mut cfg = args.agent_config()?;
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));

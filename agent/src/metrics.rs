@@ -274,7 +274,7 @@ impl Metrics {
     /// The text exposition format.
     pub fn encode(&self) -> String {
         // With gpu_booking_build_info and the process metrics, then # EOF.
-        gpu_booking_ops::metrics::encode(&self.registry, "agent")
+        gpu_booking_process::metrics::encode(&self.registry, "agent")
     }
 }
 
@@ -310,8 +310,8 @@ mod tests {
             text.contains("gpu_booking_build_info{component=\"agent\""),
             "{text}"
         );
-        let text = gpu_booking_ops::metrics::to_text(&text);
-        match gpu_booking_ops::metrics::promtool_check(&text) {
+        let text = gpu_booking_process::metrics::to_text(&text);
+        match gpu_booking_process::metrics::promtool_check(&text) {
             None => eprintln!("promtool not installed: `promtool check metrics` skipped"),
             Some(verdict) => verdict.unwrap(),
         }

@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 
 /// Liveness, readiness (sampling has started) and the metrics.
 pub fn admin_router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
-    gpu_booking_ops::admin_router(move || metrics.encode(), ready, "starting (or no NVML)")
+    gpu_booking_process::admin_router(move || metrics.encode(), ready, "starting (or no NVML)")
 }
 
 /// Serves `router` on `listener` until `shutdown` completes.

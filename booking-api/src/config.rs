@@ -54,7 +54,7 @@ pub struct ApiArgs {
 
     /// How long booking changes are kept for followers of
     /// `/api/v1/booking-changes`; one resuming from further back lists again (410).
-    #[arg(long, env = "GPU_BOOKING_CHANGE_RETENTION", default_value = "7days", value_parser = gpu_booking_ops::duration::parse_duration)]
+    #[arg(long, env = "GPU_BOOKING_CHANGE_RETENTION", default_value = "7days", value_parser = gpu_booking_process::duration::parse_duration)]
     pub change_retention: std::time::Duration,
 }
 
@@ -163,7 +163,7 @@ pub struct AuthArgs {
     pub jwt_username_claim: String,
 
     /// Longest lifetime accepted for an OIDC token (`exp - iat`).
-    #[arg(long, env = "GPU_BOOKING_MAX_TOKEN_LIFETIME", default_value = "24h", value_parser = gpu_booking_ops::duration::parse_duration)]
+    #[arg(long, env = "GPU_BOOKING_MAX_TOKEN_LIFETIME", default_value = "24h", value_parser = gpu_booking_process::duration::parse_duration)]
     pub max_token_lifetime: std::time::Duration,
 
     /// Accept Kubernetes ServiceAccount tokens bound to this audience (the webhook's,
@@ -330,14 +330,14 @@ impl PolicyArgs {
     }
 }
 
-pub use gpu_booking_ops::{init_logging, LogFormat};
+pub use gpu_booking_process::{init_logging, LogFormat};
 
 /// Policy durations as `TimeDelta`s, parsed by the one range-guarded parser of every
-/// component (see `gpu_booking_ops::duration`).
-pub use gpu_booking_ops::duration::parse_time_delta as parse_duration;
+/// component (see `gpu_booking_process::duration`).
+pub use gpu_booking_process::duration::parse_time_delta as parse_duration;
 
 /// The API's port limits: bodies up to 1 MiB by default (its requests are small JSON).
-pub type ApiLimits = gpu_booking_ops::serve::ServerLimits<{ 1024 * 1024 }>;
+pub type ApiLimits = gpu_booking_process::serve::ServerLimits<{ 1024 * 1024 }>;
 
 #[cfg(test)]
 mod oidc_tests {

@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use gpu_booking_ops::access::Access;
+use gpu_booking_process::access::Access;
 
 /// Every value comes from a closed set (see [`method_label`], [`status_label`]; the
 /// route is a template of the router or `unmatched`), so that no client can grow the
@@ -205,13 +205,13 @@ impl Metrics {
 
     pub fn encode(&self) -> String {
         // With gpu_booking_build_info and the process metrics, then # EOF.
-        gpu_booking_ops::metrics::encode(&self.registry, "api")
+        gpu_booking_process::metrics::encode(&self.registry, "api")
     }
 }
 
 /// The request method as a label (the standard nine, else `other`): the access
-/// log's own ([`gpu_booking_ops::access`]).
-pub use gpu_booking_ops::access::method_label;
+/// log's own ([`gpu_booking_process::access`]).
+pub use gpu_booking_process::access::method_label;
 
 /// The status code for the ones the API answers (the OpenAPI document's and the
 /// server's own), else its class (`2xx` .. `5xx`, `other`).
@@ -255,19 +255,19 @@ pub fn status_label(status: StatusCode) -> &'static str {
 pub const ACCESS_LOG: &str = "gpu_booking_api::access";
 
 /// The label of requests no route matched (the fallback's 404s, whatever the path).
-pub use gpu_booking_ops::access::UNMATCHED;
+pub use gpu_booking_process::access::UNMATCHED;
 
 /// Counts and times every request by its route template (not its raw path, so
 /// that ids do not explode the label set), and writes its access log line: method,
 /// route template, status, latency (never the path, the query or a header, so no
 /// id, feed token or bearer token reaches the logs).
 pub async fn track(State(m): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
-    // The same line as every admin port's (`gpu_booking_ops::access`), under the
+    // The same line as every admin port's (`gpu_booking_process::access`), under the
     // API's own target.
     let access = Access::of(&req);
     let response = next.run(req).await;
     let took = access.elapsed();
-    gpu_booking_ops::access_line!(ACCESS_LOG, access, response.status(), took);
+    gpu_booking_process::access_line!(ACCESS_LOG, access, response.status(), took);
     let Access { method, route, .. } = access;
     m.duration
         .get_or_create(&RouteLabels {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use gpu_booking_ops::serve::BodyRefusal;
+use gpu_booking_process::serve::BodyRefusal;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -180,7 +180,7 @@ pub async fn serve_router(
     app: axum::Router,
     limits: &ApiLimits,
 ) -> anyhow::Result<()> {
-    gpu_booking_ops::serve::serve(
+    gpu_booking_process::serve::serve(
         listener,
         limits,
         app,
@@ -208,4 +208,4 @@ pub fn refuse_body(refusal: &BodyRefusal) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-pub use gpu_booking_ops::shutdown_signal;
+pub use gpu_booking_process::shutdown_signal;

@@ -29,7 +29,7 @@ fn t0() -> DateTime<Utc> {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn every_request_has_one_access_log_line_without_its_path(pool: PgPool) {
-    let (capture, _guard) = gpu_booking_ops::testing::LogCapture::start();
+    let (capture, _guard) = gpu_booking_process::testing::LogCapture::start();
     let app = gpu_booking_api::app::router(test_state(
         pool,
         Policy::default(),

@@ -152,7 +152,7 @@ async fn bookings_and_units_per_model_are_gauges(pool: PgPool) {
     assert!(!text.contains("model=\"t4\""), "{text}");
     has(&text, "# TYPE gpu_booking_api_http_requests_total counter");
     assert!(!text.contains("# EOF"), "{text}");
-    match gpu_booking_ops::metrics::promtool_check(&text) {
+    match gpu_booking_process::metrics::promtool_check(&text) {
         None => eprintln!("promtool not installed: `promtool check metrics` skipped"),
         Some(verdict) => verdict.expect("promtool check metrics"),
     }

@@ -343,7 +343,7 @@ pub async fn main(
     args: BootstrapArgs,
     mint: &dyn Fn(&[u8]) -> anyhow::Result<String>,
 ) -> anyhow::Result<()> {
-    gpu_booking_ops::init_logging(args.log_format);
+    gpu_booking_process::init_logging(args.log_format);
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster service account or kubeconfig)")?;

@@ -28,7 +28,7 @@ pub enum Mode {
     Dev(DevArgs),
 }
 
-pub use gpu_booking_ops::LogFormat;
+pub use gpu_booking_process::LogFormat;
 
 /// Where the certificate goes and whom it names.
 #[derive(Debug, Clone, Args)]
@@ -187,8 +187,8 @@ pub struct DevArgs {
 }
 
 /// The one duration parser of every component: humantime or bare seconds, range-guarded
-/// (see `gpu_booking_ops::duration`).
-pub use gpu_booking_ops::duration::parse_duration;
+/// (see `gpu_booking_process::duration`).
+pub use gpu_booking_process::duration::parse_duration;
 
 pub(crate) fn parse_time_delta(s: &str) -> Result<TimeDelta, String> {
     let d = parse_duration(s)?;

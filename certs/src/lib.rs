@@ -31,7 +31,7 @@ pub use error::Error;
 
 use cluster::{Cluster, Injection};
 use config::Target;
-use gpu_booking_ops::init_logging;
+use gpu_booking_process::init_logging;
 
 /// Attempts of one run when other writers keep getting in first.
 const ATTEMPTS: u32 = 5;

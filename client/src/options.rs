@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use gpu_booking_ops::duration::parse_duration;
+use gpu_booking_process::duration::parse_duration;
 
 use crate::TokenSource;
 

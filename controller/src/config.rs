@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::{AdmissionArgs, AdmissionConfig};
-pub use gpu_booking_ops::LogFormat;
+pub use gpu_booking_process::LogFormat;
 
 /// The node label GPU feature discovery writes with the product name.
 pub use gpu_booking_core::inventory::DEFAULT_PRODUCT_LABEL;
@@ -301,8 +301,8 @@ impl ControllerArgs {
 }
 
 /// The one duration parser of every component: humantime or bare seconds, range-guarded
-/// (see `gpu_booking_ops::duration`).
-pub use gpu_booking_ops::duration::parse_duration;
+/// (see `gpu_booking_process::duration`).
+pub use gpu_booking_process::duration::parse_duration;
 
 #[cfg(test)]
 mod tests {

@@ -47,7 +47,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use gpu_booking_client::BookingClient;
-use gpu_booking_ops::shutdown_signal;
+use gpu_booking_process::shutdown_signal;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
@@ -167,7 +167,7 @@ impl Drop for Controller {
 /// credentials, the booking service at `--booking-url`, health and metrics on
 /// `--admin-listen`.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    gpu_booking_ops::init_logging(args.log_format);
+    gpu_booking_process::init_logging(args.log_format);
     args.admission_config()?;
     let token = args.booking.token_source()?;
     let booking = BookingClient::new(

@@ -209,13 +209,13 @@ impl Metrics {
     /// The OpenMetrics text.
     pub fn encode(&self) -> String {
         // With gpu_booking_build_info and the process metrics, then # EOF.
-        gpu_booking_ops::metrics::encode(&self.registry, "controller")
+        gpu_booking_process::metrics::encode(&self.registry, "controller")
     }
 }
 
 /// `/healthz` (alive), `/readyz` (watches synced) and `/metrics`.
 pub fn admin_router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
-    gpu_booking_ops::admin_router(move || metrics.encode(), ready, "starting")
+    gpu_booking_process::admin_router(move || metrics.encode(), ready, "starting")
 }
 
 #[cfg(test)]
@@ -240,8 +240,8 @@ mod tests {
             text.contains("gpu_booking_build_info{component=\"controller\""),
             "{text}"
         );
-        let text = gpu_booking_ops::metrics::to_text(&text);
-        match gpu_booking_ops::metrics::promtool_check(&text) {
+        let text = gpu_booking_process::metrics::to_text(&text);
+        match gpu_booking_process::metrics::promtool_check(&text) {
             None => eprintln!("promtool not installed: `promtool check metrics` skipped"),
             Some(verdict) => verdict.unwrap(),
         }

@@ -1,6 +1,6 @@
 """The metric names a PromQL expression reads, and whether a gpu-booking component
 exports each (its name registered in that component's metrics.rs, or in the shared
-families of ops/src/metrics.rs). Used by the alert and dashboard tests."""
+families of process/src/metrics.rs). Used by the alert and dashboard tests."""
 
 import re
 
@@ -11,7 +11,7 @@ SOURCES = {
     "webhook": render.ROOT / "webhook/src/metrics.rs",
     "controller": render.ROOT / "controller/src/metrics.rs",
     "agent": render.ROOT / "agent/src/metrics.rs",
-    "ops": render.ROOT / "ops/src/metrics.rs",
+    "process": render.ROOT / "process/src/metrics.rs",
 }
 
 PROMQL_WORDS = {
@@ -39,7 +39,7 @@ def exported(metric):
     <prefix>_<name>[_<unit>][_total|_bucket|_sum|_count|_info]."""
     sources = {k: p.read_text() for k, p in SOURCES.items()}
     base = re.sub(r"_(total|bucket|sum|count|info)$", "", metric)
-    if any(f'"{c}"' in sources["ops"] for c in (base, re.sub(r"_(seconds|bytes)$", "", base))):
+    if any(f'"{c}"' in sources["process"] for c in (base, re.sub(r"_(seconds|bytes)$", "", base))):
         return True
     prefixes = {"gpu_booking_api_": "api", "gpu_booking_webhook_": "webhook",
                 "gpu_booking_controller_": "controller", "gpu_booking_agent_": "agent"}

@@ -14,7 +14,7 @@ use gpu_booking_core::admission::{
 use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_core::username::NameCase;
 
-pub use gpu_booking_ops::LogFormat;
+pub use gpu_booking_process::LogFormat;
 
 /// `--on-booking-error`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
@@ -312,8 +312,8 @@ impl WebhookArgs {
 }
 
 /// The one duration parser of every component: humantime or bare seconds, range-guarded
-/// (see `gpu_booking_ops::duration`).
-pub use gpu_booking_ops::duration::parse_duration;
+/// (see `gpu_booking_process::duration`).
+pub use gpu_booking_process::duration::parse_duration;
 
 /// The trimmed, non-empty entries of a list option (an empty environment variable
 /// gives one empty entry).

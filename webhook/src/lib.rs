@@ -26,8 +26,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use gpu_booking_core::admission::LendLedger;
-pub use gpu_booking_ops::init_logging;
-use gpu_booking_ops::shutdown_signal;
+pub use gpu_booking_process::init_logging;
+use gpu_booking_process::shutdown_signal;
 use tokio::net::TcpListener;
 
 pub use admit::Webhook;

@@ -217,7 +217,7 @@ impl Metrics {
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
         // With gpu_booking_build_info and the process metrics, then # EOF.
-        gpu_booking_ops::metrics::encode(&self.registry, "webhook")
+        gpu_booking_process::metrics::encode(&self.registry, "webhook")
     }
 }
 
@@ -251,8 +251,8 @@ mod tests {
         m.admitted("booked", Duration::from_millis(1));
         Metrics::outcome(&m.tls_reloads, "ok");
         m.tls_not_after.set(1_900_000_000);
-        let text = gpu_booking_ops::metrics::to_text(&m.encode());
-        match gpu_booking_ops::metrics::promtool_check(&text) {
+        let text = gpu_booking_process::metrics::to_text(&m.encode());
+        match gpu_booking_process::metrics::promtool_check(&text) {
             None => eprintln!("promtool not installed: `promtool check metrics` skipped"),
             Some(verdict) => verdict.unwrap(),
         }

@@ -11,7 +11,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use gpu_booking_ops::serve::BodyRefusal;
+use gpu_booking_process::serve::BodyRefusal;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -24,7 +24,7 @@ use crate::tls::CertStore;
 /// objects at about 1.5 MiB, so a real review never comes close).
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 /// The webhook's port limits (`--max-body-bytes` defaults to [`MAX_BODY_BYTES`]).
-pub type WebhookLimits = gpu_booking_ops::serve::ServerLimits<MAX_BODY_BYTES>;
+pub type WebhookLimits = gpu_booking_process::serve::ServerLimits<MAX_BODY_BYTES>;
 
 /// The webhook's routes (`POST /mutate`), without TLS: tests drive it with
 /// `tower::ServiceExt::oneshot`.
@@ -57,11 +57,11 @@ fn json_response(review: &ReviewOut) -> Response {
 
 /// Liveness, readiness and metrics, for the plain admin port.
 pub fn admin_router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
-    gpu_booking_ops::admin_router(move || metrics.encode(), ready, "starting")
+    gpu_booking_process::admin_router(move || metrics.encode(), ready, "starting")
 }
 
 /// Serves `app` over TLS on `listener` within `limits` until `shutdown` completes,
-/// then lets open connections finish (the shared serving of `gpu_booking_ops::serve`).
+/// then lets open connections finish (the shared serving of `gpu_booking_process::serve`).
 /// Each connection takes the TLS configuration current at its start, so a rotated
 /// certificate is used from the next connection on.
 pub async fn serve_tls(
@@ -75,7 +75,7 @@ pub async fn serve_tls(
         let acceptor = TlsAcceptor::from(certs.current());
         async move { acceptor.accept(tcp).await }
     };
-    gpu_booking_ops::serve::serve(listener, limits, app, refuse_body, handshake, shutdown).await
+    gpu_booking_process::serve::serve(listener, limits, app, refuse_body, handshake, shutdown).await
 }
 
 /// A body the server did not read (over the limit, too slow) is answered as every

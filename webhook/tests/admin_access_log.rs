@@ -1,6 +1,6 @@
 //! The admin port's access log (issue 14, item 8): one line per request, as every
-//! component writes it (`gpu_booking_ops::access`). Alone in its test binary: it
-//! captures `tracing` output (see `gpu_booking_ops::testing`).
+//! component writes it (`gpu_booking_process::access`). Alone in its test binary: it
+//! captures `tracing` output (see `gpu_booking_process::testing`).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -13,5 +13,5 @@ async fn the_admin_port_writes_one_access_line_per_request() {
         Arc::new(Metrics::new()),
         Arc::new(AtomicBool::new(true)),
     );
-    gpu_booking_ops::testing::assert_admin_access_log(admin).await;
+    gpu_booking_process::testing::assert_admin_access_log(admin).await;
 }

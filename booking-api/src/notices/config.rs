@@ -18,7 +18,7 @@ pub struct NoticeArgs {
 
     /// How often the outbox is filled from the audit log and the bookings, and due
     /// notices are sent.
-    #[arg(long, env = "GPU_BOOKING_NOTICE_INTERVAL", default_value = "30s", value_parser = gpu_booking_ops::duration::parse_duration)]
+    #[arg(long, env = "GPU_BOOKING_NOTICE_INTERVAL", default_value = "30s", value_parser = gpu_booking_process::duration::parse_duration)]
     pub notice_interval: Duration,
 
     /// Tries of one delivery before it is given up (and audited as failed); waits
@@ -81,7 +81,7 @@ pub struct NoticeArgs {
     /// this long after it started) asks its user, once, to release it early (the
     /// `booking_idle` notice); `0` turns the nudge off. Not sent for a booking that
     /// ends within this time anyway.
-    #[arg(long, env = "GPU_BOOKING_IDLE_NUDGE_AFTER", default_value = "8h", value_parser = gpu_booking_ops::duration::parse_duration)]
+    #[arg(long, env = "GPU_BOOKING_IDLE_NUDGE_AFTER", default_value = "8h", value_parser = gpu_booking_process::duration::parse_duration)]
     pub idle_nudge_after: Duration,
 
     /// The booking page's address as users reach it (e.g. `https://gpu.lab.example/`),
@@ -91,7 +91,7 @@ pub struct NoticeArgs {
 
     /// How long the records of use behind the usage report (`GET
     /// /api/v1/admin/usage`) are kept; older ones are deleted by the notice rounds.
-    #[arg(long, env = "GPU_BOOKING_USAGE_RETENTION", default_value = "400days", value_parser = gpu_booking_ops::duration::parse_duration)]
+    #[arg(long, env = "GPU_BOOKING_USAGE_RETENTION", default_value = "400days", value_parser = gpu_booking_process::duration::parse_duration)]
     pub usage_retention: Duration,
 }
 
@@ -150,7 +150,7 @@ const MAX_LEADS: usize = 8;
 pub fn parse_leads(s: &str) -> Result<Leads, String> {
     let mut leads = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let lead = gpu_booking_ops::duration::parse_time_delta(part)?;
+        let lead = gpu_booking_process::duration::parse_time_delta(part)?;
         if lead <= TimeDelta::zero() || lead > TimeDelta::days(60) {
             return Err(format!(
                 "{part:?}: a lead time is more than 0 and at most 60 days"

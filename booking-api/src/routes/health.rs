@@ -24,5 +24,5 @@ pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 /// when the scraper asks for it.
 pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
     state.metrics.refresh(&state.pool, state.clock.now()).await;
-    gpu_booking_ops::metrics::response(&headers, state.metrics.encode())
+    gpu_booking_process::metrics::response(&headers, state.metrics.encode())
 }

@@ -247,7 +247,7 @@ impl Harness {
     pub fn new() -> Self {
         // Logs only when asked for (RUST_LOG=debug cargo test -- --nocapture).
         if std::env::var_os("RUST_LOG").is_some() {
-            gpu_booking_ops::init_logging(gpu_booking_ops::LogFormat::Plain);
+            gpu_booking_process::init_logging(gpu_booking_process::LogFormat::Plain);
         }
         let server = FakeApiServer::new();
         let clock = TokioClock::starting_at(t0());

@@ -21,8 +21,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 /// The `tracing` target of the admin ports' access log lines: the kubelet probes
-/// every few seconds, so `RUST_LOG=info,gpu_booking_ops::access=warn` silences them.
-pub const ACCESS_LOG: &str = "gpu_booking_ops::access";
+/// every few seconds, so `RUST_LOG=info,gpu_booking_process::access=warn` silences them.
+pub const ACCESS_LOG: &str = "gpu_booking_process::access";
 
 /// The route of requests no route matched (a fallback's 404s, whatever the path).
 pub const UNMATCHED: &str = "unmatched";
