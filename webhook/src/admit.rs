@@ -14,7 +14,7 @@ use gpu_booking_core::admission::{
 use serde_json::{json, Value};
 use tracing::Instrument;
 
-use crate::booking::BookingClient;
+use crate::booking_source::BookingSource;
 use crate::error::BookingError;
 use crate::metrics::Metrics;
 use crate::review::{answer_version, RequestIn, ReviewIn, ReviewOut, API_VERSION_V1};
@@ -27,7 +27,7 @@ pub struct Webhook {
     /// What our marks on a pod can be spelled with (our key prefixes, the
     /// `terminate-at` annotation, our priority classes), for [`Webhook::surely_unmarked`].
     mark_names: Vec<memchr::memmem::Finder<'static>>,
-    booking: Arc<BookingClient>,
+    booking: Arc<BookingSource>,
     /// GPU units admitted that the booking service's free count cannot count yet.
     ledger: Mutex<LendLedger>,
     metrics: Arc<Metrics>,
@@ -38,7 +38,7 @@ const LEND_SETTLE: Duration = Duration::from_secs(3);
 const LEND_TTL: Duration = Duration::from_secs(60);
 
 impl Webhook {
-    pub fn new(cfg: AdmissionConfig, booking: Arc<BookingClient>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(cfg: AdmissionConfig, booking: Arc<BookingSource>, metrics: Arc<Metrics>) -> Self {
         let gpu_names = cfg
             .gpu_resource_names()
             .map(|name| memchr::memmem::Finder::new(name.as_bytes()).into_owned())
@@ -79,7 +79,7 @@ impl Webhook {
         &self.cfg
     }
 
-    pub fn booking(&self) -> &Arc<BookingClient> {
+    pub fn booking(&self) -> &Arc<BookingSource> {
         &self.booking
     }
 

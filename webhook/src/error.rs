@@ -1,5 +1,5 @@
 //! Why the booking service gave no usable answer: one type for both ways of asking
-//! (a lookup in [`crate::booking`], the live [`crate::replica`]), in a module of its
+//! (a lookup in [`crate::booking_source`], the live [`crate::replica`]), in a module of its
 //! own so that neither imports the other for it.
 
 use std::time::Duration;

@@ -11,7 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admit;
-pub mod booking;
+pub mod booking_source;
 pub mod config;
 pub mod error;
 pub mod metrics;
@@ -31,7 +31,7 @@ use gpu_booking_process::shutdown_signal;
 use tokio::net::TcpListener;
 
 pub use admit::Webhook;
-pub use booking::{BookingClient, TokenSource};
+pub use booking_source::{BookingSource, TokenSource};
 pub use config::{DecideFrom, LogFormat, OnBookingError, Unidentified, WebhookArgs};
 pub use error::BookingError;
 pub use metrics::Metrics;
@@ -61,7 +61,7 @@ impl WebhookServer {
         let cfg = args.admission_config()?;
         let metrics = Arc::new(Metrics::new());
         let token = args.booking.token_source()?;
-        let mut booking = BookingClient::new(
+        let mut booking = BookingSource::new(
             args.booking.required_url()?,
             token,
             args.booking.booking_timeout,

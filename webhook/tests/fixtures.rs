@@ -15,7 +15,7 @@ use gpu_booking_core::admission::{
     UnidentifiedGpuPods,
 };
 use gpu_booking_core::gpu_model::ModelName;
-use gpu_booking_webhook::{router, BookingClient, Metrics, ReviewOut, TokenSource, Webhook};
+use gpu_booking_webhook::{router, BookingSource, Metrics, ReviewOut, TokenSource, Webhook};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::{json, Value};
@@ -58,7 +58,7 @@ fn webhook(
 
 fn webhook_with(url: &str, cfg: AdmissionConfig, timeout: Duration, ttl: Duration) -> Arc<Webhook> {
     let metrics = Arc::new(Metrics::new());
-    let booking = BookingClient::new(
+    let booking = BookingSource::new(
         url,
         TokenSource::Static(SERVICE_TOKEN.into()),
         timeout,
@@ -1109,7 +1109,7 @@ async fn a_review_never_asks_for_a_preemption() {
 async fn audit_reports_are_bounded_in_rate() {
     let stub = StubBooking::start().await;
     let metrics = Arc::new(Metrics::new());
-    let booking = BookingClient::new(
+    let booking = BookingSource::new(
         &stub.url,
         TokenSource::Static(SERVICE_TOKEN.into()),
         Duration::from_secs(2),
@@ -1196,7 +1196,7 @@ async fn futures_join(
 async fn a_wrong_service_token_is_a_booking_error_not_unbooked() {
     let stub = StubBooking::start().await;
     let metrics = Arc::new(Metrics::new());
-    let booking = BookingClient::new(
+    let booking = BookingSource::new(
         &stub.url,
         TokenSource::Static("wrong".into()),
         Duration::from_secs(2),

@@ -13,7 +13,7 @@ use gpu_booking_api::testing::{random_secret, test_state, token_for};
 use gpu_booking_core::admission::Schedulability;
 use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::wire::AuditReport;
-use gpu_booking_webhook::{BookingClient, BookingError, Metrics, ReplicaOptions, TokenSource};
+use gpu_booking_webhook::{BookingError, BookingSource, Metrics, ReplicaOptions, TokenSource};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -150,8 +150,8 @@ async fn lab(api: &Api) {
     }
 }
 
-fn client(api: &Api, options: ReplicaOptions) -> Arc<BookingClient> {
-    let booking = BookingClient::new(
+fn client(api: &Api, options: ReplicaOptions) -> Arc<BookingSource> {
+    let booking = BookingSource::new(
         &api.url,
         TokenSource::Static(api.token("webhook", Some("service"))),
         Duration::from_secs(2),
@@ -172,7 +172,7 @@ fn fast() -> ReplicaOptions {
 }
 
 /// The replica's answer, once it has listed.
-async fn answer(booking: &BookingClient, kind: &str, value: &str) -> Schedulability {
+async fn answer(booking: &BookingSource, kind: &str, value: &str) -> Schedulability {
     let replica = booking.replica().unwrap();
     replica
         .answer(kind, value, Duration::from_secs(10))
@@ -183,7 +183,7 @@ async fn answer(booking: &BookingClient, kind: &str, value: &str) -> Schedulabil
 
 /// Asks until `check` holds, at most 10 s (a stream read, not a sleep, makes it true).
 async fn until(
-    booking: &BookingClient,
+    booking: &BookingSource,
     kind: &str,
     value: &str,
     check: impl Fn(&Schedulability) -> bool,
@@ -351,7 +351,7 @@ async fn until_stale(
     }
 }
 
-fn booking_metrics(booking: &BookingClient) -> String {
+fn booking_metrics(booking: &BookingSource) -> String {
     booking.metrics().encode()
 }
 
@@ -418,7 +418,7 @@ async fn a_lost_resume_point_lists_again(pool: sqlx::PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn a_clean_shutdown_sends_the_queued_audit_reports(pool: sqlx::PgPool) {
     let api = Api::start(pool.clone()).await;
-    let booking = BookingClient::new(
+    let booking = BookingSource::new(
         &api.url,
         TokenSource::Static(api.token("webhook", Some("service"))),
         Duration::from_secs(2),

@@ -6,7 +6,7 @@
 //! on the admission path) or, with `--decide-from lookup`, from one schedulability
 //! lookup per GPU pod (shared by concurrent lookups for the same user and reused for a
 //! few seconds). Audit reports join a bounded queue that one task sends in batches
-//! (`POST /api/v1/audit/batch`); [`BookingClient::flush`] sends what is queued (a
+//! (`POST /api/v1/audit/batch`); [`BookingSource::flush`] sends what is queued (a
 //! clean shutdown calls it).
 
 use std::collections::HashMap;
@@ -35,7 +35,7 @@ const AUDIT_BATCH: usize = MAX_AUDIT_BATCH;
 /// Tries of one batch before its reports are dropped (and counted).
 const AUDIT_TRIES: u32 = 3;
 /// Audit reports of one kind let through at once, and per second after that, unless
-/// [`BookingClient::with_audit_rate`] says otherwise.
+/// [`BookingSource::with_audit_rate`] says otherwise.
 const AUDIT_BURST: u32 = 20;
 const AUDIT_PER_SECOND: f64 = 2.0;
 
@@ -68,7 +68,7 @@ impl Entry {
 /// The booking service as the webhook uses it: a layer over the one HTTP client
 /// ([`gpu_booking_client::BookingClient`]) that adds the replica, the single-flight
 /// cache of lookups and the batched, rate-limited audit queue.
-pub struct BookingClient {
+pub struct BookingSource {
     timeout: Duration,
     ttl: Duration,
     cache: Mutex<HashMap<(&'static str, String), Arc<Entry>>>,
@@ -86,7 +86,7 @@ pub struct BookingClient {
     metrics: Arc<Metrics>,
 }
 
-impl BookingClient {
+impl BookingSource {
     pub fn new(
         base: &str,
         token: TokenSource,
