@@ -475,19 +475,21 @@ async fn over_limit_bodies_get_the_review_on_http2_and_http1() {
                 .header("content-type", "application/json")
                 .body(body)
                 .expect("a request");
-            let response = if h2 {
+            // HTTP/1.1: the same connection then carries a healthy review, which
+            // shows the server read the refused body to its end instead of closing.
+            let (response, next) = if h2 {
                 let (mut sender, conn) =
                     hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
                         .await
                         .expect("an HTTP/2 connection");
                 tokio::spawn(conn);
-                sender.send_request(request).await
+                (sender.send_request(request).await, None)
             } else {
                 let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
                     .await
                     .expect("an HTTP/1.1 connection");
                 tokio::spawn(conn);
-                sender.send_request(request).await
+                (sender.send_request(request).await, Some(sender))
             };
             let case = format!("h2={h2} declared={declared}");
             let response = response.unwrap_or_else(|e| panic!("{case}: no answer: {e}"));
@@ -509,6 +511,23 @@ async fn over_limit_bodies_get_the_review_on_http2_and_http1() {
                 message.contains("over the limit of 1000000 bytes"),
                 "{case}: {review}"
             );
+            if let Some(mut sender) = next {
+                sender
+                    .ready()
+                    .await
+                    .unwrap_or_else(|e| panic!("{case}: connection not kept: {e}"));
+                let healthy: Pin<Box<dyn hyper::body::Body<Data = Bytes, Error = std::io::Error> + Send>> =
+                    Box::pin(Full::new(Bytes::from_static(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u2"}}"#)).map_err(|e| match e {}));
+                let again = hyper::Request::post("https://localhost/mutate")
+                    .header("content-type", "application/json")
+                    .body(healthy)
+                    .expect("a request");
+                let again = sender
+                    .send_request(again)
+                    .await
+                    .unwrap_or_else(|e| panic!("{case}: no second answer: {e}"));
+                assert_eq!(again.status(), 200, "{case}: second request");
+            }
         }
     }
     server.stop().await;

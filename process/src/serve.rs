@@ -348,8 +348,11 @@ async fn connection<H, F, IO>(
 /// Reads the body within the limits, then runs the app; a refused body gets the
 /// server's refusal. The body's share of the budget is held until the answer.
 async fn handle(req: Request, shared: &Shared) -> Response {
-    match buffer_body(req, shared).await {
-        Ok((req, share)) => {
+    let headers_at = Instant::now();
+    let (parts, mut body) = req.into_parts();
+    match buffer_body(&parts, &mut body, shared).await {
+        Ok((bytes, share)) => {
+            let req = Request::from_parts(parts, Body::from(bytes));
             let response = shared.app.clone().oneshot(req).await;
             drop(share);
             match response {
@@ -359,20 +362,52 @@ async fn handle(req: Request, shared: &Shared) -> Response {
         }
         Err(refusal) => {
             tracing::debug!(%refusal, "request body refused");
+            if matches!(refusal, BodyRefusal::TooLarge { .. })
+                && parts.version < http::Version::HTTP_2
+            {
+                discard_rest(&mut body, headers_at + shared.body_timeout).await;
+            }
             (shared.refuse)(&refusal)
         }
     }
 }
 
-/// The request with its body read into memory, and the budget share that holds.
+/// Most of a refused HTTP/1.1 body that is read and dropped before the refusal is
+/// sent.
+const DISCARD_LIMIT: usize = 64 * 1024 * 1024;
+
+/// Reads and drops what is left of a body that is over the limit, at most
+/// [`DISCARD_LIMIT`] bytes and until `until`, holding no more than one frame.
+///
+/// Why: an HTTP/1.1 client writes its whole body before it reads the answer. Answer
+/// mid-body and close, and the client's next write meets a reset, which most clients
+/// (hyper's, and the test that caught it) report as "error writing a body" instead of
+/// the refusal we sent, and the kernel may drop the unread answer with the reset.
+/// Reading the rest lets the client finish, read the refusal and keep the
+/// connection. HTTP/2 needs none of this: the stream is reset after the answer, which
+/// RFC 9113 §8.1 tells clients to accept.
+async fn discard_rest(body: &mut Body, until: Instant) {
+    let discard = async {
+        let mut discarded = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            discarded += frame.data_ref().map_or(0, Bytes::len);
+            if discarded > DISCARD_LIMIT {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout_at(until, discard).await;
+}
+
+/// The request's body read into memory, and the budget share that holds it.
 async fn buffer_body(
-    req: Request,
+    parts: &http::request::Parts,
+    body: &mut Body,
     shared: &Shared,
-) -> Result<(Request, Option<OwnedSemaphorePermit>), BodyRefusal> {
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyRefusal> {
     use http_body::Body as _;
-    let (parts, body) = req.into_parts();
     if body.is_end_stream() {
-        return Ok((Request::from_parts(parts, body), None));
+        return Ok((Bytes::new(), None));
     }
     let declared = parts
         .headers
@@ -386,8 +421,7 @@ async fn buffer_body(
     }
     let read = read_within_budget(body, declared, shared);
     match tokio::time::timeout(shared.body_timeout, read).await {
-        Ok(Ok((bytes, share))) => Ok((Request::from_parts(parts, Body::from(bytes)), share)),
-        Ok(Err(refusal)) => Err(refusal),
+        Ok(result) => result,
         Err(_) => Err(BodyRefusal::TimedOut {
             after: shared.body_timeout,
         }),
@@ -398,7 +432,7 @@ async fn buffer_body(
 /// once when the length is declared (so that two bodies never hold half a share each
 /// and wait for the other), else frame by frame.
 async fn read_within_budget(
-    mut body: Body,
+    body: &mut Body,
     declared: Option<u64>,
     shared: &Shared,
 ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyRefusal> {
