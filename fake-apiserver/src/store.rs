@@ -387,25 +387,11 @@ impl Store {
         if new == *old {
             return Ok(old);
         }
-        let rv = self.next_rv();
-        new["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let new = Arc::new(new);
         // A deleted object waits for its finalizers; the last one removed ends it.
         let finalized = new["metadata"].get("deletionTimestamp").is_some()
             && !has_finalizers(&new)
             && !self.waits_for_kubelet(resource, &new);
-        self.objects
-            .entry(resource.clone())
-            .or_default()
-            .insert((ns.to_owned(), name.to_owned()), new.clone());
-        self.publish(Change {
-            rv,
-            resource: resource.clone(),
-            namespace: ns.to_owned(),
-            kind: ChangeKind::Modified,
-            object: new.clone(),
-            old: Some(old),
-        });
+        let new = self.put_modified(resource, ns, name, new, old);
         if finalized {
             self.remove(resource, ns, name);
         }
@@ -477,6 +463,23 @@ impl Store {
         let at = self.now() + chrono::TimeDelta::seconds(if kubelet { grace } else { 0 });
         new["metadata"]["deletionTimestamp"] = json!(timestamp(at));
         new["metadata"]["deletionGracePeriodSeconds"] = json!(if kubelet { grace } else { 0 });
+        let new = self.put_modified(resource, ns, name, new, old);
+        if kubelet && self.pod_deletion == PodDeletion::Immediate && !has_finalizers(&new) {
+            self.remove(resource, ns, name);
+        }
+        Ok(new)
+    }
+
+    /// Stores `new` in place of `old` under a new resourceVersion and publishes the
+    /// MODIFIED change: an update and the start of a graceful deletion alike.
+    fn put_modified(
+        &mut self,
+        resource: &ResourceKey,
+        ns: &str,
+        name: &str,
+        mut new: Value,
+        old: Arc<Value>,
+    ) -> Arc<Value> {
         let rv = self.next_rv();
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
         let new = Arc::new(new);
@@ -492,10 +495,7 @@ impl Store {
             object: new.clone(),
             old: Some(old),
         });
-        if kubelet && self.pod_deletion == PodDeletion::Immediate && !has_finalizers(&new) {
-            self.remove(resource, ns, name);
-        }
-        Ok(new)
+        new
     }
 
     /// Removes an object for good (a DELETED event), whatever marks it carries.
