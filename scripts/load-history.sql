@@ -9,12 +9,15 @@
 --
 -- Sizes are settings (defaults below), e.g.
 --     PGOPTIONS='-c gpu_booking_load.bookings=100000 -c gpu_booking_load.users=10000' psql ...
--- gpu_booking_load.bookings, .users, .models, and .planned_cycles (the 15-day cycles
--- after today, default 6).
+-- gpu_booking_load.bookings, .users, .models, .cycles (15-day cycles in all, default
+-- 73: 3 years), .planned_cycles (those after today, default 6), .model_prefix
+-- (default `hist`) and .user_prefix (default `h`). With cycles = planned_cycles the
+-- load is only the planned part: the history bench loads that first, on other
+-- prefixes, to tell what history costs from what the planned bookings cost.
 --
 -- What it writes, and why every constraint holds by construction:
--- - models `hist-00` ... (units: the lanes per model below plus as many spare units,
---   so that new bookings fit), users `h000000` ... with their label keys
+-- - models `hist-00` ... (`{model_prefix}-NN`; units: the lanes per model below plus as many spare units,
+--   so that new bookings fit), users `h000000` ... (`{user_prefix}NNNNNN`) with their label keys
 --   (`user_key`; these names are their own escape and safe slugs);
 -- - a "lane" is one unit of one model; time is cut into 15-day cycles, and each lane
 --   holds one booking per cycle, 1 to 14 days long, inside the cycle: no two bookings
@@ -36,13 +39,16 @@ BEGIN;
 
 CREATE TEMP TABLE load_param ON COMMIT DROP AS
 SELECT b AS bookings, u AS users, m AS models, p AS planned_cycles,
-       ((b + m * cy - 1) / (m * cy))::integer AS lanes_per_model, cy AS cycles
+       ((b + m * cy - 1) / (m * cy))::integer AS lanes_per_model, cy AS cycles,
+       mp AS model_prefix, up AS user_prefix
 FROM (
     SELECT COALESCE(NULLIF(current_setting('gpu_booking_load.bookings', true), '')::bigint, 1000000) AS b,
            COALESCE(NULLIF(current_setting('gpu_booking_load.users', true), '')::bigint, 100000) AS u,
            COALESCE(NULLIF(current_setting('gpu_booking_load.models', true), '')::integer, 40) AS m,
            COALESCE(NULLIF(current_setting('gpu_booking_load.planned_cycles', true), '')::integer, 6) AS p,
-           73 AS cy
+           COALESCE(NULLIF(current_setting('gpu_booking_load.cycles', true), '')::integer, 73) AS cy,
+           COALESCE(NULLIF(current_setting('gpu_booking_load.model_prefix', true), ''), 'hist') AS mp,
+           COALESCE(NULLIF(current_setting('gpu_booking_load.user_prefix', true), ''), 'h') AS up
 ) s;
 
 -- Cycle 0 starts so that `planned_cycles` cycles lie after today (UTC midnight).
@@ -52,18 +58,18 @@ SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
 FROM load_param;
 
 INSERT INTO gpu_model (name, position, units, patterns, gpumem_mib, created_at, updated_at)
-SELECT format('hist-%s', lpad(m::text, 2, '0')), 1000 + m, 2 * p.lanes_per_model, '{}', 1024, t.t0, t.t0
+SELECT format('%s-%s', p.model_prefix, lpad(m::text, 2, '0')), 1000 + m, 2 * p.lanes_per_model, '{}', 1024, t.t0, t.t0
 FROM load_param p, load_time t, generate_series(0, p.models - 1) AS m
 ON CONFLICT (name) DO UPDATE SET units = GREATEST(gpu_model.units, EXCLUDED.units);
 
 INSERT INTO app_user (name, escape_slug, safe_slug, created_at)
 SELECT n, n, n, t.t0 - interval '1 day'
 FROM load_param p, load_time t, generate_series(0, p.users - 1) AS u,
-     LATERAL (SELECT 'h' || lpad(u::text, 6, '0') AS n) AS x
+     LATERAL (SELECT p.user_prefix || lpad(u::text, 6, '0') AS n) AS x
 ON CONFLICT (name) DO NOTHING;
 
 INSERT INTO user_key (key, user_name)
-SELECT 'h' || lpad(u::text, 6, '0'), 'h' || lpad(u::text, 6, '0')
+SELECT p.user_prefix || lpad(u::text, 6, '0'), p.user_prefix || lpad(u::text, 6, '0')
 FROM load_param p, generate_series(0, p.users - 1) AS u
 ON CONFLICT (key) DO NOTHING;
 
@@ -72,15 +78,15 @@ ALTER TABLE booking DISABLE TRIGGER booking_change_after;
 -- h1..h4: deterministic pseudo-random numbers per booking (the same load every run).
 INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at,
                      cancelled_at, ended_early_at, override, created_by, created_at, updated_at)
-SELECT 'h' || lpad((n % p.users)::text, 6, '0'),
-       format('hist-%s', lpad((lane / p.lanes_per_model)::text, 2, '0')),
+SELECT p.user_prefix || lpad((n % p.users)::text, 6, '0'),
+       format('%s-%s', p.model_prefix, lpad((lane / p.lanes_per_model)::text, 2, '0')),
        ARRAY[(lane % p.lanes_per_model)::integer], 1,
        w.s,
        CASE WHEN w.early THEN w.s + (w.e - w.s) / 2 ELSE w.e END,
        w.e,
        CASE WHEN w.cancelled THEN w.s - interval '1 hour' END,
        CASE WHEN w.early THEN w.s + (w.e - w.s) / 2 END,
-       false, 'h' || lpad((n % p.users)::text, 6, '0'),
+       false, p.user_prefix || lpad((n % p.users)::text, 6, '0'),
        w.c, CASE WHEN w.cancelled THEN w.s - interval '1 hour' WHEN w.early THEN w.s + (w.e - w.s) / 2 ELSE w.c END
 FROM load_param p, load_time t, generate_series(0, p.bookings - 1) AS n,
      LATERAL (SELECT n % (p.models * p.lanes_per_model) AS lane,

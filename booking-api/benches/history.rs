@@ -1,8 +1,19 @@
 //! The booking store at a large university's scale (issue 17): booking creates and
-//! the hot reads on an empty table, then the same with a loaded history
-//! (`scripts/load-history.sql`: by default 1,000,000 bookings of 100,000 users on 40
-//! models over 3 years), each against the same run's bare one-row INSERT rate.
-//! Not a pass/fail test: it prints the figures and their ratios.
+//! the hot reads in three phases, each against the same run's bare one-row INSERT
+//! rate, on models of their own:
+//! - `empty`: no bookings;
+//! - `plan`: only the planned part of the history below (its last 6 cycles of 15
+//!   days: 82,320 bookings with the defaults), loaded by `scripts/load-history.sql`
+//!   with `cycles = planned_cycles`;
+//! - `hist`: the whole history (`scripts/load-history.sql`: by default 1,000,000
+//!   bookings of 100,000 users on 40 models over 3 years, the same planned part and
+//!   2 years 9 months past).
+//!
+//! A read's answer grows with the bookings in its window (a year's availability of a
+//! model reads its ~2,000 planned bookings; the empty table has none), so
+//! `hist / plan` is the figure that says whether history costs anything: the two
+//! differ only by the past. Not a pass/fail test: it prints the figures and their
+//! ratios.
 //!
 //!     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo bench -p gpu-booking-api --bench history
 //!
@@ -62,7 +73,9 @@ async fn main() -> anyhow::Result<()> {
     // models (`hist-00` ..., declared here with the same units; the loader keeps the
     // larger count) hold only the history when it loads.
     let admin = api.token("admin@example.com", Some("admin"));
-    for m in (0..MODELS).flat_map(|m| [format!("empty-{m:02}"), format!("hist-{m:02}")]) {
+    for m in
+        (0..MODELS).flat_map(|m| ["empty", "plan", "hist"].map(|prefix| format!("{prefix}-{m:02}")))
+    {
         http.put(format!("{}/api/v1/models/{m}", api.url))
             .bearer_auth(&admin)
             .json(&json!({"units": 1000, "patterns": [], "gpumem_mib": 1024}))
@@ -79,32 +92,17 @@ async fn main() -> anyhow::Result<()> {
     };
 
     println!("== empty booking table");
-    let empty = bench.phase(&pool, "empty").await?;
-    let count = |pool: PgPool| async move {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM booking")
-            .fetch_one(&pool)
-            .await
-    };
-    println!("== loading {bookings} bookings of {users} users (scripts/load-history.sql)");
-    let started = Instant::now();
-    let mut conn = pool.acquire().await?;
-    sqlx::raw_sql(&format!(
-        "SET gpu_booking_load.bookings = {bookings}; SET gpu_booking_load.users = {users};"
-    ))
-    .execute(&mut *conn)
-    .await?;
-    sqlx::raw_sql(LOADER).execute(&mut *conn).await?;
-    sqlx::raw_sql("RESET gpu_booking_load.bookings; RESET gpu_booking_load.users;")
-        .execute(&mut *conn)
-        .await?;
-    drop(conn);
-    println!(
-        "loaded in {:.1} s; bookings in the table: {}",
-        started.elapsed().as_secs_f64(),
-        count(pool.clone()).await?
-    );
-    println!("== loaded booking table");
-    let loaded = bench.phase(&pool, "hist").await?;
+    let empty = bench.phase(&pool, "empty", "h").await?;
+    // The planned part alone: as many lanes per model as the whole history has
+    // (bookings / (models x cycles)), over its planned cycles only.
+    let lanes = bookings.div_ceil(MODELS as u64 * HISTORY_CYCLES);
+    let planned = lanes * MODELS as u64 * PLANNED_CYCLES;
+    load(&pool, planned, users, PLANNED_CYCLES, "plan", "p").await?;
+    println!("== planned bookings only");
+    let plan = bench.phase(&pool, "plan", "p").await?;
+    load(&pool, bookings, users, HISTORY_CYCLES, "hist", "h").await?;
+    println!("== planned bookings and the past");
+    let loaded = bench.phase(&pool, "hist", "h").await?;
 
     println!("\n== summary (ratios first)");
     for (name, e, l) in [
@@ -120,16 +118,72 @@ async fn main() -> anyhow::Result<()> {
             l.p99
         );
     }
-    for ((name, e), (_, l)) in empty.reads.iter().zip(&loaded.reads) {
+    for (((name, e), (_, p)), (_, l)) in empty.reads.iter().zip(&plan.reads).zip(&loaded.reads) {
         println!(
-            "{name}: loaded / empty rate {:.2}; p50 {:.2} -> {:.2} ms, p99 {:.2} -> {:.2} ms",
+            "{name}: history / planned only rate {:.2}, loaded / empty {:.2}; p50 {:.2} / {:.2} / {:.2} ms, p99 {:.2} / {:.2} / {:.2} ms (empty / planned / history)",
+            l.rate / p.rate,
             l.rate / e.rate,
             e.p50,
+            p.p50,
             l.p50,
             e.p99,
+            p.p99,
             l.p99
         );
     }
+    Ok(())
+}
+
+/// 15-day cycles of the whole history (3 years) and of its planned part
+/// (`scripts/load-history.sql`'s defaults).
+const HISTORY_CYCLES: u64 = 73;
+const PLANNED_CYCLES: u64 = 6;
+
+/// Loads `bookings` bookings of `users` users over `cycles` cycles, the last
+/// [`PLANNED_CYCLES`] of them planned, on models `{model_prefix}-NN` and users
+/// `{user_prefix}NNNNNN`.
+async fn load(
+    pool: &PgPool,
+    bookings: u64,
+    users: u64,
+    cycles: u64,
+    model_prefix: &str,
+    user_prefix: &str,
+) -> anyhow::Result<()> {
+    println!(
+        "== loading {bookings} bookings of {users} users over {cycles} cycles (scripts/load-history.sql)"
+    );
+    let started = Instant::now();
+    let mut conn = pool.acquire().await?;
+    let settings = [
+        ("bookings", bookings.to_string()),
+        ("users", users.to_string()),
+        ("cycles", cycles.to_string()),
+        ("planned_cycles", PLANNED_CYCLES.to_string()),
+        ("model_prefix", model_prefix.to_owned()),
+        ("user_prefix", user_prefix.to_owned()),
+    ];
+    for (name, value) in &settings {
+        sqlx::query("SELECT set_config($1, $2, false)")
+            .bind(format!("gpu_booking_load.{name}"))
+            .bind(value)
+            .execute(&mut *conn)
+            .await?;
+    }
+    sqlx::raw_sql(LOADER).execute(&mut *conn).await?;
+    for (name, _) in &settings {
+        sqlx::raw_sql(&format!("RESET gpu_booking_load.{name}"))
+            .execute(&mut *conn)
+            .await?;
+    }
+    drop(conn);
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM booking")
+        .fetch_one(pool)
+        .await?;
+    println!(
+        "loaded in {:.1} s; bookings in the table: {count}",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -185,8 +239,13 @@ struct Bench {
 }
 
 impl Bench {
-    /// Every measure, on the models `{prefix}-00` ...
-    async fn phase(&self, pool: &PgPool, prefix: &'static str) -> anyhow::Result<Phase> {
+    /// Every measure, on the models `{prefix}-00` ... and the users `{users}000000` ...
+    async fn phase(
+        &self,
+        pool: &PgPool,
+        prefix: &'static str,
+        users: &'static str,
+    ) -> anyhow::Result<Phase> {
         let bare = bare_inserts(pool, POOL as usize, self.secs).await?;
         bare.print("bare one-row INSERT transactions, 32 clients");
         let c32 = self.creates(32, prefix).await?;
@@ -217,7 +276,7 @@ impl Bench {
             .read(|i| {
                 (
                     self.api
-                        .token(&format!("h{:06}", (i * 7919) % 100_000), None),
+                        .token(&format!("{users}{:06}", (i * 7919) % 100_000), None),
                     format!(
                         "{url}/api/v1/me/next-start?model={prefix}-{:02}",
                         i % MODELS
@@ -245,7 +304,7 @@ impl Bench {
                 (
                     admin.clone(),
                     format!(
-                        "{url}/api/v1/bookings?user=h{:06}&limit=100",
+                        "{url}/api/v1/bookings?user={users}{:06}&limit=100",
                         (i * 7919) % 100_000
                     ),
                 )
@@ -257,7 +316,7 @@ impl Bench {
                 (
                     service.clone(),
                     format!(
-                        "{url}/api/v1/schedulability?user=h{:06}",
+                        "{url}/api/v1/schedulability?user={users}{:06}",
                         (i * 7919) % 100_000
                     ),
                 )
