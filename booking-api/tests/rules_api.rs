@@ -1186,6 +1186,57 @@ async fn schedulability_by_user_and_by_slug(pool: PgPool) {
     assert_eq!(time_field(s, "earliest_booking"), Some(end + days(14)));
 }
 
+/// `/schedulability` answers most models from one sum of their overlapping units
+/// and reads the bookings of the others (`store::models::earliest_starts`); either
+/// way, each model's earliest booking is what `/me/next-start` says for it.
+#[sqlx::test(migrations = "../migrations")]
+async fn schedulability_earliest_booking_per_model_is_next_start(pool: PgPool) {
+    let api = Api::new(pool, &[("a100", 1), ("a6000", 2), ("l4", 2)]).await;
+    let now = api.now();
+    // a100: its one unit taken for 5 days, then again from day 6 to 8 with a one-day
+    // gap between: a one-day booking fits at day 5 exactly.
+    api.book("alice", "a100", now, now + days(5))
+        .await
+        .created();
+    api.book("bob", "a100", now + days(6), now + days(8))
+        .await
+        .created();
+    // a6000: one of two units taken (the sum leaves a unit); l4: two bookings of
+    // one unit each that never overlap, but their sum (2) leaves none, so its
+    // bookings are read and the answer is still now.
+    api.book("carol", "a6000", now, now + days(3))
+        .await
+        .created();
+    api.book("dave", "l4", now, now + hours(12) + days(1))
+        .await
+        .created();
+    api.book("erin", "l4", now + days(1) + hours(12), now + days(3))
+        .await
+        .created();
+    let s = api
+        .call(
+            Method::GET,
+            "/api/v1/schedulability?user=frank",
+            &service(),
+            None,
+        )
+        .await
+        .ok()
+        .clone();
+    let by_model = &s["earliest_booking_by_model"];
+    let expected = [("a100", now + days(5)), ("a6000", now), ("l4", now)];
+    for (model, start) in expected {
+        assert_eq!(time_field(by_model, model), Some(start), "{model}: {s}");
+        let n = api.next_start("frank", model, None).await;
+        assert_eq!(
+            time_field(&n, "earliest_start"),
+            Some(start),
+            "{model}: {n}"
+        );
+    }
+    assert_eq!(time_field(&s, "earliest_booking"), Some(now));
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn availability_per_day(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 2)]).await;

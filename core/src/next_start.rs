@@ -75,6 +75,17 @@ pub fn earliest_start(
     Ok(NextStart { start, reasons })
 }
 
+/// Whether the bookings that overlap `[from, from + duration)`, `from` being the
+/// user's earliest start by the rules, leave `need` of the model's `units` free
+/// throughout it, knowing only the sum of their units (`overlapping_units`): at no
+/// instant can they hold more than that sum. When they do, the earliest start is
+/// `from` and [`earliest_start`] with no bookings gives the whole answer, so a
+/// question about many models reads one sum per model instead of every booking in
+/// each model's horizon.
+pub fn free_throughout(units: u32, need: u32, overlapping_units: u64) -> bool {
+    overlapping_units.saturating_add(u64::from(need.max(1))) <= u64::from(units)
+}
+
 /// The first horizon to read a model's bookings up to when looking for the earliest
 /// start after `from`: the booking's length and a week more. [`settled_before`] says
 /// whether an answer from those bookings stands; if not, read up to [`wider`].
@@ -159,6 +170,54 @@ mod tests {
         assert_eq!(full.start, t("2026-11-20T00:00:00Z"));
     }
     use super::*;
+
+    proptest::proptest! {
+        /// When the overlapping bookings' units add up to few enough, the answer from
+        /// no bookings is the answer from all of them.
+        #[test]
+        fn a_sum_that_leaves_room_gives_the_answer_of_no_bookings(
+            bookings in proptest::collection::vec((0i64..400, 1i64..200), 0..12),
+            own in proptest::option::of((0i64..300, 1i64..100)),
+            units in 0u32..8,
+            need in 0u32..4,
+            hours in 1i64..96,
+        ) {
+            let now = t("2026-11-01T00:00:00Z");
+            let at = |h: i64| now + TimeDelta::hours(h - 100);
+            let booked: Vec<Window> = bookings
+                .iter()
+                .filter_map(|&(s, len)| Window::new(at(s), at(s + len)).ok())
+                .collect();
+            let own: Vec<Window> = own
+                .into_iter()
+                .filter_map(|(s, len)| Window::new(at(s), at(s + len)).ok())
+                .collect();
+            let policy = Policy::default();
+            let duration = TimeDelta::hours(hours);
+            let (from, _) = rules::earliest_start_for_user(&policy, now, &own);
+            let to = from + duration;
+            let overlapping = booked
+                .iter()
+                .filter(|b| b.start() < to && from < b.end())
+                .count() as u64;
+            if free_throughout(units, need, overlapping) {
+                let all = earliest_start(&policy, now, &own, "m", units, need, &booked, duration);
+                let none = earliest_start(&policy, now, &own, "m", units, need, &[], duration);
+                proptest::prop_assert_eq!(all, none);
+            }
+        }
+    }
+
+    #[test]
+    fn free_throughout_counts_the_units_asked_for() {
+        assert!(free_throughout(4, 1, 3));
+        assert!(!free_throughout(4, 1, 4));
+        assert!(!free_throughout(4, 2, 3));
+        // Zero is read as one, as in earliest_start; a model without units never fits.
+        assert!(!free_throughout(4, 0, 4));
+        assert!(!free_throughout(0, 1, 0));
+        assert!(!free_throughout(u32::MAX, 1, u64::MAX));
+    }
 
     fn t(s: &str) -> DateTime<Utc> {
         s.parse().unwrap()
