@@ -16,9 +16,10 @@
 -- prefixes, to tell what history costs from what the planned bookings cost.
 --
 -- What it writes, and why every constraint holds by construction:
--- - models `hist-00` ... (`{model_prefix}-NN`; units: the lanes per model below plus as many spare units,
---   so that new bookings fit), users `h000000` ... (`{user_prefix}NNNNNN`) with their label keys
---   (`user_key`; these names are their own escape and safe slugs);
+-- - models `hist-00` ... (`{model_prefix}-NN`; units: the lanes per model below plus
+--   as many spare units, so that new bookings fit), users `h000000` ...
+--   (`{user_prefix}NNNNNN`) with their label keys (`user_key`; these names are their
+--   own escape and safe slugs);
 -- - a "lane" is one unit of one model; time is cut into 15-day cycles, and each lane
 --   holds one booking per cycle, 1 to 14 days long, inside the cycle: no two bookings
 --   of a lane overlap (booking_slot_excl);
