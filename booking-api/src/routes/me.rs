@@ -80,8 +80,13 @@ pub async fn next_start(
         .ok_or_else(|| ApiError::unknown_model(&q.model))?;
     let own = bookings::user_windows(&state.pool, caller.user.as_str()).await?;
     // The same function as the webhook's "you can book from ..." (schedulability).
-    let next =
-        models::earliest_start(&state.pool, policy, now, &own, &model, need, duration).await??;
+    let question = models::StartQuestion {
+        policy,
+        now,
+        own: &own,
+        duration,
+    };
+    let next = models::earliest_start(&state.pool, &question, &model, need).await??;
     Ok(axum::Json(NextStart {
         model: model.name,
         days,

@@ -115,10 +115,13 @@ pub async fn get(
     let mut earliest_booking_by_model = BTreeMap::new();
     if let Some(own) = own {
         // What /me/next-start answers for each model, by the same function.
-        let duration = TimeDelta::days(next_start::default_days(&state.policy));
-        let answers =
-            models::earliest_starts(&state.pool, &state.policy, now, &own, &declared, duration)
-                .await?;
+        let question = models::StartQuestion {
+            policy: &state.policy,
+            now,
+            own: &own,
+            duration: TimeDelta::days(next_start::default_days(&state.policy)),
+        };
+        let answers = models::earliest_starts(&state.pool, &question, &declared).await?;
         for (model, next) in answers {
             if let (Ok(model), Ok(next)) = (ModelName::parse(&model), next) {
                 earliest_booking_by_model.insert(model, next.start);

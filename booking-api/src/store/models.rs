@@ -221,27 +221,58 @@ pub async fn booked_windows(
         .collect())
 }
 
-/// The earliest start of a booking of `need` units and `duration` on `model` for a
-/// user whose bookings are `own` (`core::next_start::earliest_start`). Most questions
-/// are answered by one sum of the units booked over the user's earliest window
-/// (`next_start::free_throughout`); the others read the model's bookings
-/// ([`earliest_start_from_bookings`]).
-#[allow(clippy::too_many_arguments)]
+/// A user's "when could I book, and for how long": what every earliest-start read
+/// below is asked.
+pub struct StartQuestion<'a> {
+    pub policy: &'a Policy,
+    pub now: DateTime<Utc>,
+    /// The user's bookings (not cancelled), by their windows.
+    pub own: &'a [Window],
+    /// The length of the booking asked about.
+    pub duration: TimeDelta,
+}
+
+impl StartQuestion<'_> {
+    /// The window from the earliest start the user's rules allow, `duration` long.
+    fn earliest_window(&self) -> (DateTime<Utc>, DateTime<Utc>) {
+        let (from, _) = rules::earliest_start_for_user(self.policy, self.now, self.own);
+        let to = from
+            .checked_add_signed(self.duration)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
+        (from, to)
+    }
+
+    /// `core::next_start::earliest_start` for `need` units of `model` given its
+    /// bookings `booked` (one window per unit).
+    fn answer(&self, model: &Model, need: u32, booked: &[Window]) -> Result<NextStart, Refusal> {
+        next_start::earliest_start(
+            self.policy,
+            self.now,
+            self.own,
+            &model.name,
+            u32::try_from(model.units).unwrap_or(0),
+            need,
+            booked,
+            self.duration,
+        )
+    }
+}
+
+/// The earliest start of a booking of `need` units on `model`
+/// (`core::next_start::earliest_start`). Most questions are answered by one sum of
+/// the units booked over the user's earliest window (`next_start::free_throughout`);
+/// the others read the model's bookings ([`earliest_start_from_bookings`]).
 pub async fn earliest_start(
     db: &sqlx::PgPool,
-    policy: &Policy,
-    now: DateTime<Utc>,
-    own: &[Window],
+    q: &StartQuestion<'_>,
     model: &Model,
     need: u32,
-    duration: TimeDelta,
 ) -> sqlx::Result<Result<NextStart, Refusal>> {
-    let sums =
-        overlapping_units(db, policy, now, own, std::slice::from_ref(model), duration).await?;
-    if let Some(next) = answer_from_sum(policy, now, own, model, need, duration, &sums) {
+    let sums = overlapping_units(db, q, std::slice::from_ref(model)).await?;
+    if let Some(next) = answer_from_sum(q, model, need, &sums) {
         return Ok(next);
     }
-    earliest_start_from_bookings(db, policy, now, own, model, need, duration).await
+    earliest_start_from_bookings(db, q, model, need).await
 }
 
 /// [`earliest_start`] of one unit for each of `models`: one statement sums the units
@@ -251,18 +282,15 @@ pub async fn earliest_start(
 /// the history bench's planned bookings on 40 models.)
 pub async fn earliest_starts(
     db: &sqlx::PgPool,
-    policy: &Policy,
-    now: DateTime<Utc>,
-    own: &[Window],
+    q: &StartQuestion<'_>,
     models: &[Model],
-    duration: TimeDelta,
 ) -> sqlx::Result<std::collections::BTreeMap<String, Result<NextStart, Refusal>>> {
-    let sums = overlapping_units(db, policy, now, own, models, duration).await?;
+    let sums = overlapping_units(db, q, models).await?;
     let mut answers = std::collections::BTreeMap::new();
     for m in models {
-        let next = match answer_from_sum(policy, now, own, m, 1, duration, &sums) {
+        let next = match answer_from_sum(q, m, 1, &sums) {
             Some(next) => next,
-            None => earliest_start_from_bookings(db, policy, now, own, m, 1, duration).await?,
+            None => earliest_start_from_bookings(db, q, m, 1).await?,
         };
         answers.insert(m.name.clone(), next);
     }
@@ -270,22 +298,16 @@ pub async fn earliest_starts(
 }
 
 /// Per model, the units of its bookings (not cancelled) that overlap the user's
-/// earliest window: `duration` from the earliest start the user's rules allow.
+/// earliest window.
 async fn overlapping_units(
     db: &sqlx::PgPool,
-    policy: &Policy,
-    now: DateTime<Utc>,
-    own: &[Window],
+    q: &StartQuestion<'_>,
     models: &[Model],
-    duration: TimeDelta,
 ) -> sqlx::Result<std::collections::HashMap<String, i64>> {
-    let (from, _) = rules::earliest_start_for_user(policy, now, own);
-    let to = from
-        .checked_add_signed(duration)
-        .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    let (from, to) = q.earliest_window();
     let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
-    // A LATERAL aggregate, so that each model's sum is one search of the slot
-    // constraint's index by model and period.
+    // A LATERAL aggregate, so that each model's sum is one search of
+    // booking_model_period_idx by model and period.
     let rows = sqlx::query!(
         r#"SELECT m.name AS "name!", COALESCE(b.units, 0) AS "units!"
          FROM unnest($1::text[]) AS m(name)
@@ -306,19 +328,14 @@ async fn overlapping_units(
 /// (`sums`) leave `need` free: then no booking is in the way, and the answer is the
 /// one from no bookings.
 fn answer_from_sum(
-    policy: &Policy,
-    now: DateTime<Utc>,
-    own: &[Window],
+    q: &StartQuestion<'_>,
     model: &Model,
     need: u32,
-    duration: TimeDelta,
     sums: &std::collections::HashMap<String, i64>,
 ) -> Option<Result<NextStart, Refusal>> {
     let units = u32::try_from(model.units).unwrap_or(0);
     let booked = u64::try_from(*sums.get(&model.name)?).ok()?;
-    next_start::free_throughout(units, need, booked).then(|| {
-        next_start::earliest_start(policy, now, own, &model.name, units, need, &[], duration)
-    })
+    next_start::free_throughout(units, need, booked).then(|| q.answer(model, need, &[]))
 }
 
 /// [`earliest_start`] from the model's bookings, reading them only from the earliest
@@ -328,31 +345,17 @@ fn answer_from_sum(
 /// booking of the model was read on each question.
 async fn earliest_start_from_bookings(
     db: &sqlx::PgPool,
-    policy: &Policy,
-    now: DateTime<Utc>,
-    own: &[Window],
+    q: &StartQuestion<'_>,
     model: &Model,
     need: u32,
-    duration: TimeDelta,
 ) -> sqlx::Result<Result<NextStart, Refusal>> {
-    let units = u32::try_from(model.units).unwrap_or(0);
-    let (from, _) = rules::earliest_start_for_user(policy, now, own);
-    let mut horizon = next_start::first_horizon(from, duration);
+    let (from, _) = q.earliest_window();
+    let mut horizon = next_start::first_horizon(from, q.duration);
     loop {
         // Bookings that end before `from` are never in the way.
         let booked = booked_windows(db, &model.name, from, horizon).await?;
-        let next = next_start::earliest_start(
-            policy,
-            now,
-            own,
-            &model.name,
-            units,
-            need,
-            &booked,
-            duration,
-        );
-        match next {
-            Ok(next) if !next_start::settled_before(&next, duration, horizon) => {}
+        match q.answer(model, need, &booked) {
+            Ok(next) if !next_start::settled_before(&next, q.duration, horizon) => {}
             other => return Ok(other),
         }
         horizon = next_start::wider(from, horizon);
