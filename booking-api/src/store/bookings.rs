@@ -368,8 +368,9 @@ pub struct Filter<'a> {
 
 /// Bookings by the filters given, newest start first. Only the filters given go into
 /// the statement, so that Postgres plans each shape for its own index (a user's by
-/// `booking_user_start_idx`, a model's over a window by `booking_model_end_idx`)
-/// instead of one generic plan for `($1 IS NULL OR ...)` that reads every booking.
+/// `booking_user_start_idx`, a model's by `booking_model_start_idx`, both read in the
+/// order asked) instead of one generic plan for `($1 IS NULL OR ...)` that reads
+/// every booking.
 /// Built at run time, so the one read of bookings that sqlx cannot check when it
 /// compiles: the tests of `GET /api/v1/bookings` run every filter.
 pub async fn list(db: impl PgExecutor<'_>, f: Filter<'_>) -> sqlx::Result<Vec<BookingRow>> {
