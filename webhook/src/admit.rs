@@ -7,17 +7,18 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use gpu_booking_client::AuditReport;
 use gpu_booking_core::admission::{
-    controller_copy, decide, detect_gpu, plan, plan_unmarked, trusted_identity, what_to_ask,
+    controller_copy, decide, detect_gpu, plan_owned, plan_unmarked, trusted_identity, what_to_ask,
     AdmissionConfig, Decision, GpuRequest, Identity, LendLedger, Lookup, Schedulability,
     OUR_KEY_STEM,
 };
+use serde::de::IgnoredAny;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
 use crate::booking_source::BookingSource;
 use crate::error::BookingError;
 use crate::metrics::Metrics;
-use crate::review::{answer_version, RequestIn, ReviewIn, ReviewOut, API_VERSION_V1};
+use crate::review::{read_lenient, read_typed, Envelope, RequestIn, ReviewOut, API_VERSION_V1};
 
 /// The admission logic with its booking client and metrics; shared by all connections.
 pub struct Webhook {
@@ -97,92 +98,45 @@ impl Webhook {
         out
     }
 
-    async fn review_counted(&self, body: &[u8]) -> (ReviewOut, &'static str) {
-        if let Some(answer) = self.skim(body) {
-            return answer;
-        }
-        let review: ReviewIn = match serde_json::from_slice(body) {
-            Ok(review) => review,
-            Err(e) => {
-                let out =
-                    ReviewOut::invalid(API_VERSION_V1, "", format!("not an AdmissionReview: {e}"));
-                return (out, "invalid");
+    async fn review_counted(&self, body: &[u8]) -> Answer {
+        // The common case, a pod without a GPU that carries no mark of ours: when no
+        // GPU resource name and no mark can be spelled anywhere in the body (byte
+        // searches), the pod is skipped unbuilt. A mark goes the full way, which
+        // removes it.
+        if self.surely_unmarked(body) && self.surely_no_gpu(body) {
+            if let Some(review) = read_typed::<IgnoredAny>(body) {
+                return match pod_creation(review) {
+                    Ok((version, request, _)) => {
+                        (ReviewOut::allow(version, &request.uid), "no_gpu")
+                    }
+                    Err(answer) => *answer,
+                };
             }
+        }
+        // One typed pass builds the pod; only a review it cannot read is read again,
+        // leniently, for its uid.
+        let review = match read_typed::<Value>(body) {
+            Some(review) => review,
+            None => match read_lenient(body) {
+                Ok(review) => review,
+                Err(message) => {
+                    return (ReviewOut::invalid(API_VERSION_V1, "", message), "invalid");
+                }
+            },
         };
-        let version = answer_version(&review);
-        let request = RequestIn::from_value(review.request.unwrap_or(Value::Null));
-        let uid = request.uid.clone();
-        let invalid = |message: &str| (ReviewOut::invalid(version, &uid, message), "invalid");
-        let kind = review.kind.as_ref();
-        if kind.is_some_and(|k| k.as_str() != Some("AdmissionReview")) {
-            return invalid("kind must be AdmissionReview");
-        }
-        if uid.is_empty() {
-            return invalid("the review has no request with a uid");
-        }
-        let is_pod = request.kind.as_deref() == Some("Pod")
-            && request.group.as_deref().unwrap_or("").is_empty();
-        if !is_pod || request.operation.as_deref() != Some("CREATE") {
-            // Not ours to judge (the webhook configuration should not even send these).
-            return (ReviewOut::allow(version, &uid), "ignored");
-        }
-        let Some(pod) = request.object.as_ref().filter(|o| o.is_object()) else {
-            return invalid("a pod creation without a pod object");
+        let (version, request, pod) = match pod_creation(review) {
+            Ok(parts) => parts,
+            Err(answer) => return *answer,
         };
         let span = tracing::info_span!(
             "admission",
-            uid = %uid,
+            uid = %request.uid,
             namespace = request.namespace.as_deref().unwrap_or(""),
-            pod = %pod_name(&request, pod),
+            pod = %pod_name(&request, &pod),
         );
         self.admit_pod(version, &request, pod)
             .instrument(span)
             .await
-    }
-
-    /// The fast path for the common case, a pod without a GPU (or a review that is not
-    /// a pod creation). When no GPU resource name can occur in the body at all
-    /// ([`Webhook::surely_no_gpu`]), a skim that builds only the uid and kind answers
-    /// it; otherwise a skim that also builds the containers' resources, on which the
-    /// same [`detect_gpu`] as the full path decides. `None` sends the review through
-    /// the full path (GPU pods, and anything a skim cannot read).
-    fn skim(&self, body: &[u8]) -> Option<(ReviewOut, &'static str)> {
-        // A pod that may carry marks of ours goes the full way, which removes them.
-        let unmarked = self.surely_unmarked(body);
-        if unmarked && self.surely_no_gpu(body) {
-            let review: skim::Review<'_, serde::de::IgnoredAny> =
-                serde_json::from_slice(body).ok()?;
-            let (version, uid, creation, object) = review.parts()?;
-            if !creation {
-                return Some((ReviewOut::allow(version, &uid), "ignored"));
-            }
-            object?;
-            return Some((ReviewOut::allow(version, &uid), "no_gpu"));
-        }
-        let review: skim::Review<'_, skim::Pod> = serde_json::from_slice(body).ok()?;
-        let (version, uid, creation, pod) = review.parts()?;
-        if !creation {
-            return Some((ReviewOut::allow(version, &uid), "ignored"));
-        }
-        let spec = pod?.spec.unwrap_or_default();
-        let list = |containers: Option<Vec<skim::Container>>| {
-            let containers = containers.unwrap_or_default().into_iter().map(|c| {
-                let mut map = serde_json::Map::new();
-                map.insert("resources".into(), c.resources.unwrap_or(Value::Null));
-                Value::Object(map)
-            });
-            Value::Array(containers.collect())
-        };
-        let mut spec_map = serde_json::Map::new();
-        spec_map.insert("containers".into(), list(spec.containers));
-        spec_map.insert("initContainers".into(), list(spec.init_containers));
-        let mut pod_map = serde_json::Map::new();
-        pod_map.insert("spec".into(), Value::Object(spec_map));
-        let resources = Value::Object(pod_map);
-        match guarded(|| detect_gpu(&resources, &self.cfg)) {
-            Ok(None) if unmarked => Some((ReviewOut::allow(version, &uid), "no_gpu")),
-            _ => None,
-        }
     }
 
     /// True when no mark of ours can be written in `body` (see `mark_names`); a
@@ -198,19 +152,14 @@ impl Webhook {
         !has_escapes(body) && self.gpu_names.iter().all(|name| name.find(body).is_none())
     }
 
-    async fn admit_pod(
-        &self,
-        version: &str,
-        req: &RequestIn,
-        pod: &Value,
-    ) -> (ReviewOut, &'static str) {
+    async fn admit_pod(&self, version: &str, req: &RequestIn, pod: Value) -> Answer {
         let allow = || ReviewOut::allow(version, &req.uid);
-        let gpu = match guarded(|| detect_gpu(pod, &self.cfg)) {
+        let gpu = match guarded(|| detect_gpu(&pod, &self.cfg)) {
             Ok(Some(gpu)) => gpu,
             Ok(None) => {
                 // No GPU: nothing to decide, but no mark of ours its creator wrote
                 // survives either (issue 13).
-                let out = match guarded(|| plan_unmarked(pod, &self.cfg)) {
+                let out = match guarded(|| plan_unmarked(&pod, &self.cfg)) {
                     Ok(patch) => allow().with_patch(&patch),
                     Err(()) => allow().with_warning(Some(INTERNAL.into())),
                 };
@@ -226,7 +175,7 @@ impl Webhook {
         // The controller's own lent copy of a pod it ended: admitted as it decided
         // (the free count may still count the original), and kept in the ledger.
         if let Ok(Some(decision)) =
-            guarded(|| controller_copy(&req.user_info, pod, &gpu, &self.cfg))
+            guarded(|| controller_copy(&req.user_info, &pod, &gpu, &self.cfg))
         {
             return self.admit_controller_copy(version, req, pod, &gpu, decision);
         }
@@ -235,7 +184,7 @@ impl Webhook {
             &self.cfg.spawners,
             &req.user_info,
             req.namespace.as_deref(),
-            pod,
+            &pod,
             self.cfg.name_case,
         );
         let answer = match what_to_ask(identity.as_ref(), &self.cfg) {
@@ -251,6 +200,8 @@ impl Webhook {
             (_, Some(message)) => Lookup::Failed(message),
             _ => Lookup::NoIdentity,
         };
+        // Taken before the pod goes to the planner, which edits it in place.
+        let subject = subject(req, &pod);
         let planned = guarded(|| {
             let now = Utc::now();
             let decision = match lookup {
@@ -263,7 +214,7 @@ impl Webhook {
                     .decide(&gpu, answer, &self.cfg, now, !req.dry_run),
                 _ => decide(&gpu, lookup, &self.cfg, now),
             };
-            let patch = plan(pod, &decision, &self.cfg);
+            let patch = plan_owned(pod, &decision, &self.cfg);
             (decision, patch)
         });
         let Ok((decision, patch)) = planned else {
@@ -280,7 +231,7 @@ impl Webhook {
         }
         let facts = Facts {
             req,
-            pod,
+            subject,
             gpu: &gpu,
             identity: identity.as_ref(),
             answer: answer.as_ref().and_then(|a| a.as_ref().ok()).map(|a| &**a),
@@ -297,12 +248,13 @@ impl Webhook {
         &self,
         version: &str,
         req: &RequestIn,
-        pod: &Value,
+        pod: Value,
         gpu: &GpuRequest,
         decision: Decision,
-    ) -> (ReviewOut, &'static str) {
+    ) -> Answer {
         let allow = || ReviewOut::allow(version, &req.uid);
-        let Ok(patch) = guarded(|| plan(pod, &decision, &self.cfg)) else {
+        let subject = subject(req, &pod);
+        let Ok(patch) = guarded(|| plan_owned(pod, &decision, &self.cfg)) else {
             return (
                 allow().with_warning(Some(INTERNAL.into())),
                 "internal_error",
@@ -320,7 +272,7 @@ impl Webhook {
         );
         let facts = Facts {
             req,
-            pod,
+            subject,
             gpu,
             identity: None,
             answer: None,
@@ -335,7 +287,6 @@ impl Webhook {
     /// the controller preempts for booked pods it sees Pending, so that no review, real
     /// or forged, can end a pod.
     fn report(&self, facts: &Facts<'_>, decision: &Decision, ops: usize) {
-        let subject = facts.subject();
         let user = facts.user();
         tracing::info!(
             decision = decision.kind(),
@@ -365,7 +316,7 @@ impl Webhook {
             };
             self.booking.audit(AuditReport {
                 action: action.to_owned(),
-                subject: Some(subject),
+                subject: Some(facts.subject.clone()),
                 user,
                 booking_id,
                 // Evidence, free-form by the audit contract.
@@ -391,7 +342,39 @@ fn has_escapes(body: &[u8]) -> bool {
     memchr::memchr_iter(b'\\', body).any(|i| matches!(body.get(i + 1), Some(b'u' | b'/')))
 }
 
+/// A pod creation's answer version, request and pod; or the answer to a review that
+/// is not one (malformed, or not ours to judge: the webhook configuration should not
+/// even send those).
+fn pod_creation<O>(review: Envelope<O>) -> Result<(&'static str, RequestIn<O>, O), Box<Answer>> {
+    let Envelope {
+        version,
+        is_review,
+        mut request,
+    } = review;
+    let invalid =
+        |uid: &str, message: &str| Box::new((ReviewOut::invalid(version, uid, message), "invalid"));
+    if !is_review {
+        return Err(invalid(&request.uid, "kind must be AdmissionReview"));
+    }
+    if request.uid.is_empty() {
+        return Err(invalid("", "the review has no request with a uid"));
+    }
+    if !request.is_pod_creation() {
+        return Err(Box::new((
+            ReviewOut::allow(version, &request.uid),
+            "ignored",
+        )));
+    }
+    match request.object.take() {
+        Some(pod) => Ok((version, request, pod)),
+        None => Err(invalid(&request.uid, "a pod creation without a pod object")),
+    }
+}
+
 const INTERNAL: &str = "gpu-booking: internal error in the webhook; pod admitted unchanged";
+
+/// An answer and the kind of admission it counts as (the metrics' label).
+type Answer = (ReviewOut, &'static str);
 
 /// Runs pure code, turning a panic (a bug) into an error instead of a dropped connection.
 fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, ()> {
@@ -403,31 +386,25 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, ()> {
 /// What is known about one admission, for logs and reports.
 struct Facts<'a> {
     req: &'a RequestIn,
-    pod: &'a Value,
+    /// `namespace/name` of the pod ([`subject`]).
+    subject: String,
     gpu: &'a GpuRequest,
     identity: Option<&'a Identity>,
     answer: Option<&'a Schedulability>,
     failure: Option<&'a BookingError>,
 }
 
+/// The audit log's subject for a pod: `namespace/name`, at most 512 characters.
+fn subject(req: &RequestIn, pod: &Value) -> String {
+    let namespace = req
+        .namespace
+        .as_deref()
+        .or_else(|| pod.pointer("/metadata/namespace").and_then(Value::as_str));
+    let subject = format!("{}/{}", namespace.unwrap_or(""), pod_name(req, pod));
+    subject.chars().take(512).collect()
+}
+
 impl Facts<'_> {
-    fn namespace(&self) -> Option<&str> {
-        self.req.namespace.as_deref().or_else(|| {
-            self.pod
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-        })
-    }
-
-    fn name(&self) -> String {
-        pod_name(self.req, self.pod)
-    }
-
-    fn subject(&self) -> String {
-        let subject = format!("{}/{}", self.namespace().unwrap_or(""), self.name());
-        subject.chars().take(512).collect()
-    }
-
     /// The user the booking service resolved, else the one we know from the pod.
     fn user(&self) -> Option<String> {
         self.answer.and_then(|a| a.user.clone()).or_else(|| {
@@ -447,114 +424,5 @@ fn pod_name(req: &RequestIn, pod: &Value) -> String {
         (None, None) => text("generateName")
             .map(|g| format!("{g}*"))
             .unwrap_or_default(),
-    }
-}
-
-/// Borrowed, partial views of a review: only the fields the fast path reads; serde
-/// skips everything else without building it.
-mod skim {
-    use std::borrow::Cow;
-
-    use serde::Deserialize;
-    use serde_json::Value;
-
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    #[serde(bound(deserialize = "O: Deserialize<'de>"))]
-    pub struct Review<'a, O> {
-        #[serde(borrow, default)]
-        pub api_version: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        pub kind: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        pub request: Option<Request<'a, O>>,
-    }
-
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    #[serde(bound(deserialize = "O: Deserialize<'de>"))]
-    pub struct Request<'a, O> {
-        #[serde(default)]
-        pub uid: Option<String>,
-        #[serde(default)]
-        pub kind: Option<Kind>,
-        #[serde(borrow, default)]
-        pub operation: Option<Cow<'a, str>>,
-        #[serde(default)]
-        pub object: Option<MapOnly<O>>,
-    }
-
-    impl<O> Review<'_, O> {
-        /// (answer version, uid, is a pod creation, the object) when the review is
-        /// well-formed as far as the fast path can tell; `None` sends it the full way.
-        pub fn parts(self) -> Option<(&'static str, String, bool, Option<O>)> {
-            if self.kind.as_deref().is_some_and(|k| k != "AdmissionReview") {
-                return None;
-            }
-            let version = match self.api_version.as_deref() {
-                Some(crate::review::API_VERSION_V1BETA1) => crate::review::API_VERSION_V1BETA1,
-                _ => crate::review::API_VERSION_V1,
-            };
-            let request = self.request?;
-            let uid = request.uid.filter(|u| !u.is_empty())?;
-            let kind = request.kind.unwrap_or_default();
-            let is_pod = kind.kind.as_deref() == Some("Pod")
-                && kind.group.as_deref().unwrap_or("").is_empty();
-            let creation = is_pod && request.operation.as_deref() == Some("CREATE");
-            let object = request.object.map(|MapOnly(o)| o);
-            Some((version, uid, creation, object))
-        }
-    }
-
-    /// `T` read from a JSON object only (serde would also read a struct from an
-    /// array, which the full path refuses).
-    pub struct MapOnly<T>(pub T);
-
-    impl<'de, T: Deserialize<'de>> Deserialize<'de> for MapOnly<T> {
-        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            struct Visit<T>(std::marker::PhantomData<T>);
-            impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
-                type Value = MapOnly<T>;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("a JSON object")
-                }
-                fn visit_map<A: serde::de::MapAccess<'de>>(
-                    self,
-                    map: A,
-                ) -> Result<Self::Value, A::Error> {
-                    T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(MapOnly)
-                }
-            }
-            deserializer.deserialize_map(Visit(std::marker::PhantomData))
-        }
-    }
-
-    #[derive(Deserialize, Default)]
-    pub struct Kind {
-        #[serde(default)]
-        pub group: Option<String>,
-        #[serde(default)]
-        pub kind: Option<String>,
-    }
-
-    #[derive(Deserialize)]
-    pub struct Pod {
-        #[serde(default)]
-        pub spec: Option<Spec>,
-    }
-
-    #[derive(Deserialize, Default)]
-    #[serde(rename_all = "camelCase")]
-    pub struct Spec {
-        #[serde(default)]
-        pub containers: Option<Vec<Container>>,
-        #[serde(default)]
-        pub init_containers: Option<Vec<Container>>,
-    }
-
-    #[derive(Deserialize)]
-    pub struct Container {
-        #[serde(default)]
-        pub resources: Option<Value>,
     }
 }

@@ -56,7 +56,8 @@ pub use marks::{
 #[cfg(feature = "clap")]
 pub use options::AdmissionArgs;
 pub use patch::{
-    plan, plan_cpu_only, plan_cpu_only_because, plan_demoted, plan_node_resource, plan_unmarked,
+    plan, plan_cpu_only, plan_cpu_only_because, plan_demoted, plan_node_resource, plan_owned,
+    plan_unmarked,
 };
 pub use quantity::parse_quantity;
 pub use replica::{AdmissionState, Replica};

@@ -26,8 +26,14 @@ use crate::gpu_model::ModelName;
 /// first (issue 13: a self-written `priority=high` or `terminate-at` must not
 /// survive any path, [`super::marks`]).
 pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
+    plan_owned(pod.clone(), decision, cfg)
+}
+
+/// [`plan`] on a pod the caller has no further use for (the webhook's, read from the
+/// review): the planner's working copy is the pod itself, not a copy of it.
+pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
     let mut ed = PodEditor::new(pod);
-    if !pod.is_object() {
+    if !ed.pod.is_object() {
         return ed.finish();
     }
     let written: Vec<&str> = match decision {
@@ -99,7 +105,7 @@ pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
 /// and our high priority class taken away (it is only for booked GPU pods). Empty
 /// for a pod that has none (the usual case).
 pub fn plan_unmarked(pod: &Value, cfg: &AdmissionConfig) -> Patch {
-    let mut ed = PodEditor::new(pod);
+    let mut ed = PodEditor::new(pod.clone());
     if pod.is_object() {
         ed.unmark(cfg, &[]);
         let current = ed.pod.pointer("/spec/priorityClassName");
@@ -118,7 +124,7 @@ pub fn plan_unmarked(pod: &Value, cfg: &AdmissionConfig) -> Patch {
 /// `terminate-at`, model node selector and priority class dropped. The controller
 /// applies it to recreate a pod without its GPU.
 pub fn plan_cpu_only(pod: &Value, cfg: &AdmissionConfig) -> Patch {
-    let mut ed = PodEditor::new(pod);
+    let mut ed = PodEditor::new(pod.clone());
     if pod.is_object() {
         ed.cpu_only(cfg);
     }
@@ -127,7 +133,7 @@ pub fn plan_cpu_only(pod: &Value, cfg: &AdmissionConfig) -> Patch {
 
 /// [`plan_cpu_only`] plus the `gpu-booking.io/gpu-removed` annotation with `reason`.
 pub fn plan_cpu_only_because(pod: &Value, cfg: &AdmissionConfig, reason: &str) -> Patch {
-    let mut ed = PodEditor::new(pod);
+    let mut ed = PodEditor::new(pod.clone());
     if pod.is_object() {
         ed.cpu_only(cfg);
         ed.set_annotation(GPU_REMOVED_ANNOTATION, reason);
@@ -159,7 +165,7 @@ pub fn plan_demoted(pod: &Value, cfg: &AdmissionConfig) -> Option<Patch> {
 /// needs it, the `/` in the name is escaped (`~1`), an absent member is never
 /// removed, and the patch is empty when the node says so already.
 pub fn plan_node_resource(node: &Value, resource: &str, amount: Option<u64>) -> Patch {
-    let mut ed = PodEditor::new(node);
+    let mut ed = PodEditor::new(node.clone());
     for field in ["capacity", "allocatable"] {
         match amount {
             Some(n) => ed.set(&["status", field, resource], json!(n.to_string())),
@@ -176,9 +182,9 @@ struct PodEditor {
 }
 
 impl PodEditor {
-    fn new(pod: &Value) -> Self {
+    fn new(pod: Value) -> Self {
         Self {
-            pod: pod.clone(),
+            pod,
             ops: Vec::new(),
         }
     }
