@@ -275,11 +275,11 @@ pub fn replan(
             .filter_map(|s| usize::try_from(*s).ok())
             .filter(|s| *s < busy_until.len() && free_at(&busy_until[*s], start))
             .collect();
-        for s in 0..busy_until.len() {
+        for (s, busy) in busy_until.iter().enumerate() {
             if slots.len() >= h.slots.len() {
                 break;
             }
-            if free_at(&busy_until[s], start) && !slots.contains(&s) {
+            if free_at(busy, start) && !slots.contains(&s) {
                 slots.push(s);
             }
         }
