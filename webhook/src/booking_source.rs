@@ -32,11 +32,11 @@ const CACHE_SWEEP_AT: usize = 4096;
 const AUDIT_QUEUE: usize = 4096;
 /// Audit reports sent in one batch at most: all the service takes.
 const AUDIT_BATCH: usize = MAX_AUDIT_BATCH;
-/// How long the first report of a batch waits for more before the batch is sent. At
-/// 2,000 admissions/s without it, a batch went out for every one or two reports (as
-/// many as fit in one call's round trip): a thousand calls, and booking-service
-/// transactions, a second; with it, 20 batches of about 100. A flush (shutdown) does
-/// not wait.
+/// How long the first report of a batch waits for more before the batch is sent.
+/// Without it a batch went out as soon as the previous call returned: with the audit
+/// rate raised to match 2,000 admissions/s, a call (and a booking-service
+/// transaction) for every one or two reports; with it, 20 batches of about 100 a
+/// second. A flush (shutdown) does not wait.
 const AUDIT_LINGER: Duration = Duration::from_millis(50);
 /// Tries of one batch before its reports are dropped (and counted).
 const AUDIT_TRIES: u32 = 3;
@@ -305,6 +305,37 @@ impl BookingSource {
     }
 }
 
+/// The reports of one batch, from `first` on: those that arrive within
+/// [`AUDIT_LINGER`] of it, at most [`AUDIT_BATCH`]; a flush (shutdown) ends the batch
+/// at once, and so does the queue's end. Also the flushes it met, to answer once the
+/// batch is sent.
+async fn next_batch(
+    rx: &mut mpsc::Receiver<AuditMessage>,
+    first: AuditMessage,
+) -> (Vec<AuditReport>, Vec<tokio::sync::oneshot::Sender<()>>) {
+    let mut batch = Vec::new();
+    let mut flushes = Vec::new();
+    let linger_until = tokio::time::Instant::now() + AUDIT_LINGER;
+    let mut next = Some(first);
+    while let Some(message) = next.take() {
+        match message {
+            AuditMessage::Report(report) => batch.push(report),
+            AuditMessage::Flush(done) => flushes.push(done),
+        }
+        if batch.len() >= AUDIT_BATCH || !flushes.is_empty() {
+            break;
+        }
+        next = match rx.try_recv() {
+            Ok(message) => Some(message),
+            Err(_) => tokio::time::timeout_at(linger_until, rx.recv())
+                .await
+                .ok()
+                .flatten(),
+        };
+    }
+    (batch, flushes)
+}
+
 /// Sends the queued reports in batches until every sender is gone.
 async fn send_audits(
     mut rx: mpsc::Receiver<AuditMessage>,
@@ -321,28 +352,7 @@ async fn send_audits(
             .inc_by(n as u64);
     };
     while let Some(first) = rx.recv().await {
-        let mut batch = Vec::new();
-        let mut flushes = Vec::new();
-        let linger_until = tokio::time::Instant::now() + AUDIT_LINGER;
-        let mut next = Some(first);
-        while let Some(message) = next.take() {
-            match message {
-                AuditMessage::Report(report) => batch.push(report),
-                AuditMessage::Flush(done) => flushes.push(done),
-            }
-            // A flush (shutdown) sends at once; otherwise the batch waits for more
-            // reports until it is full or has lingered.
-            if batch.len() >= AUDIT_BATCH || !flushes.is_empty() {
-                break;
-            }
-            next = match rx.try_recv() {
-                Ok(message) => Some(message),
-                Err(_) => tokio::time::timeout_at(linger_until, rx.recv())
-                    .await
-                    .ok()
-                    .flatten(),
-            };
-        }
+        let (batch, flushes) = next_batch(&mut rx, first).await;
         if !batch.is_empty() {
             let batch = AuditBatch { reports: batch };
             let mut tries = 0;
@@ -384,5 +394,68 @@ async fn send_audits(
         for done in flushes {
             let _ = done.send(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(n: i64) -> AuditMessage {
+        AuditMessage::Report(AuditReport {
+            action: "webhook.booked".into(),
+            subject: None,
+            user: None,
+            booking_id: Some(n),
+            details: serde_json::Value::Null,
+        })
+    }
+
+    fn ids(batch: &[AuditReport]) -> Vec<i64> {
+        batch.iter().filter_map(|r| r.booking_id).collect()
+    }
+
+    /// A batch holds the reports within 50 ms of its first; a flush sends at once
+    /// what came before it; a full batch does not wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_gathers_its_linger_and_a_flush_or_a_full_batch_ends_it() {
+        let (tx, mut rx) = mpsc::channel(AUDIT_BATCH * 2);
+        let sender = tokio::spawn(async move {
+            // At 0, 10, 20, 30 and 40 ms, then at 65, 75 and 85 ms.
+            for n in 0..8 {
+                tx.send(report(n)).await.unwrap();
+                let gap = if n == 4 { 25 } else { 10 };
+                tokio::time::sleep(Duration::from_millis(gap)).await;
+            }
+            let (done, answered) = tokio::sync::oneshot::channel();
+            tx.send(report(8)).await.unwrap();
+            tx.send(AuditMessage::Flush(done)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for n in 0..AUDIT_BATCH as i64 + 1 {
+                tx.send(report(100 + n)).await.unwrap();
+            }
+            answered
+        });
+        let first = rx.recv().await.unwrap();
+        let started = tokio::time::Instant::now();
+        let (batch, flushes) = next_batch(&mut rx, first).await;
+        // The one at 65 ms is past the first's linger.
+        assert_eq!(ids(&batch), [0, 1, 2, 3, 4]);
+        assert!(flushes.is_empty());
+        assert_eq!(started.elapsed(), AUDIT_LINGER);
+        let first = rx.recv().await.unwrap();
+        let (batch, flushes) = next_batch(&mut rx, first).await;
+        assert_eq!(ids(&batch), [5, 6, 7, 8], "the flush ends the batch");
+        assert_eq!(flushes.len(), 1);
+        for done in flushes {
+            done.send(()).unwrap();
+        }
+        let first = rx.recv().await.unwrap();
+        let (batch, _) = next_batch(&mut rx, first).await;
+        assert_eq!(batch.len(), AUDIT_BATCH, "a full batch goes at once");
+        let first = rx.recv().await.unwrap();
+        let (batch, _) = next_batch(&mut rx, first).await;
+        assert_eq!(ids(&batch), [100 + AUDIT_BATCH as i64]);
+        sender.await.unwrap().await.unwrap();
     }
 }
