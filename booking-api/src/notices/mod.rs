@@ -304,7 +304,9 @@ impl Worker {
     /// deliveries, then old notices pruned.
     pub async fn round(&self) -> sqlx::Result<Round> {
         let mut round = Round {
-            queued: self.from_audit().await? + self.reminders().await? + self.idle_nudges().await?,
+            queued: self.queue_audit_notices().await?
+                + self.reminders().await?
+                + self.idle_nudges().await?,
             ..Round::default()
         };
         self.dispatch(&mut round).await?;
@@ -324,13 +326,13 @@ impl Worker {
     }
 
     /// Notices from new audit rows; the cursor row's lock makes replicas take turns.
-    async fn from_audit(&self) -> sqlx::Result<usize> {
+    async fn queue_audit_notices(&self) -> sqlx::Result<usize> {
         let mut tx = self.pool.begin().await?;
         let cursor: i64 = sqlx::query_scalar!("SELECT audit_id FROM notice_cursor FOR UPDATE")
             .fetch_one(&mut *tx)
             .await?;
         // `user_name` and the details' text are not null here.
-        let rows: Vec<(i64, String, Option<String>, String, Option<i64>, String)> = sqlx::query!(
+        let rows = sqlx::query!(
             r#"SELECT a.id, a.action, a.subject, a.user_name AS "user_name!", a.booking_id,
                       a.details::text AS "details!"
                  FROM audit_event a
@@ -341,23 +343,21 @@ impl Worker {
             rules::SOURCE_ACTIONS.as_slice() as _,
             AUDIT_BATCH
         )
-        .map(|a| {
-            (
-                a.id,
-                a.action,
-                a.subject,
-                a.user_name,
-                a.booking_id,
-                a.details,
-            )
-        })
         .fetch_all(&mut *tx)
         .await?;
         let now = self.clock.now();
         let mut queued = 0;
         let mut last = cursor;
         let read = rows.len();
-        for (id, action, subject, user, booking_id, details) in rows {
+        for row in rows {
+            let (id, action, subject, user, booking_id, details) = (
+                row.id,
+                row.action,
+                row.subject,
+                row.user_name,
+                row.booking_id,
+                row.details,
+            );
             last = last.max(id);
             let details = audit::read_details(id, &details);
             let Some(kind) = rules::from_audit(&action, &details) else {
