@@ -25,8 +25,9 @@
 //! Two measurements per target: closed loop (16 connections sending back to back:
 //! throughput; three rounds in which the targets take turns, the median round is
 //! reported) and open loop at a fixed rate (2,000 requests/s over 16 connections:
-//! latency; the targets take turns over three rounds too). Latency runs from the
-//! moment a request is written to its full response.
+//! latency; the targets take turns over three rounds too). Each round starts one
+//! target further on than the one before. Latency runs from the moment a request is
+//! written to its full response.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -205,9 +206,14 @@ fn main() {
     }
     // Throughput: the targets take turns, round after round, so that a drift of the
     // machine's speed hits them alike; each target's rate is its median round.
+    // Each round starts one target further on, so that no target always follows the
+    // same one (or is always first after the closed loops).
+    let count = targets.len();
+    let order = move |round: usize| (0..count).map(move |k| (k + round) % count);
     let mut rounds: Vec<Vec<Measured>> = targets.iter().map(|_| Vec::new()).collect();
-    for _ in 0..settings.rounds {
-        for (i, (_, addr, body)) in targets.iter().enumerate() {
+    for round in 0..settings.rounds {
+        for i in order(round) {
+            let (_, addr, body) = &targets[i];
             rounds[i].push(client_rt.block_on(closed_loop(&client, *addr, body, &settings)));
         }
     }
@@ -221,8 +227,9 @@ fn main() {
         ..settings
     };
     let mut open_rounds: Vec<Vec<Measured>> = targets.iter().map(|_| Vec::new()).collect();
-    for _ in 0..settings.rounds {
-        for (i, (_, addr, body)) in targets.iter().enumerate() {
+    for round in 0..settings.rounds {
+        for i in order(round) {
+            let (_, addr, body) = &targets[i];
             let open = client_rt.block_on(open_loop(&client, *addr, body, &open_settings));
             open_rounds[i].push(open);
         }
