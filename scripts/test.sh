@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+# A one-off build gains nothing from the incremental cache, which is several GB of
+# target/ (CI ran out of disk with it); a developer's own cargo commands keep it.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 # The offline data of sqlx's checked queries (.sqlx/) against the queries and the
 # migrations as they are: stale data fails here. (Builds never read DATABASE_URL's
