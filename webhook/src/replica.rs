@@ -312,16 +312,10 @@ async fn follow(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClien
     }
 }
 
-/// How often the refresher forgets ended bookings. Pruning walks every booking
-/// under the state's write lock, which every admission's read waits for: with
-/// 20,600 bookings (the admission bench), doing it at each refresh (every second)
-/// made the warm admissions' p99 at 2,000/s 1.13-1.25 ms, against 0.67-0.77 ms once a
-/// minute (docs/webhook.md). Answers do not depend on it (they read bookings by their
-/// times); it only bounds memory.
-const PRUNE_EVERY: Duration = Duration::from_secs(60);
-
-/// Reads the figures every `refresh` until the handle is dropped; forgets ended
-/// bookings every [`PRUNE_EVERY`].
+/// Reads the figures every `refresh` until the handle is dropped, and forgets the
+/// bookings that ended since the last refresh (a prune reads only those: it used
+/// to walk every booking under the write lock, which was the warm admissions' p99
+/// tail, docs/webhook.md).
 async fn refresh(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClient>) {
     let every = match handle.upgrade() {
         Some(this) => this.options.refresh.max(Duration::from_millis(10)),
@@ -329,7 +323,6 @@ async fn refresh(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClie
     };
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut pruned = Instant::now();
     loop {
         tick.tick().await;
         let Some(this) = handle.upgrade() else {
@@ -349,10 +342,7 @@ async fn refresh(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClie
                     .as_mut()
                 {
                     replica.apply_figures(&state);
-                    if pruned.elapsed() >= PRUNE_EVERY {
-                        replica.prune(Utc::now());
-                        pruned = Instant::now();
-                    }
+                    replica.prune(Utc::now());
                 }
                 this.mark(None, Some(started));
                 this.read_counted("figures", "ok");

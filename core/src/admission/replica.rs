@@ -12,13 +12,15 @@
 //! [`crate::next_start::earliest_start`], as `/me/next-start` computes them).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
 
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::Schedulability;
 use crate::booking_policy::Policy;
 use crate::gpu_model::ModelName;
-use crate::next_start;
+use crate::next_start::{self, NextStart};
+use crate::rules;
 use crate::username::{slugs, NameCase, SlugMatch, Username};
 use crate::window::Window;
 pub use crate::wire::admission_state::{
@@ -72,6 +74,25 @@ pub struct Replica {
     by_user: HashMap<String, BTreeSet<i64>>,
     /// Lookup key (name, escape slug, safe slug) -> the users it names.
     keys: HashMap<String, BTreeSet<String>>,
+    /// Model -> its bookings by start, for the capacity question of an unbooked
+    /// user: it reads the bookings that can overlap a window, not all of them.
+    by_model: HashMap<String, ModelBookings>,
+    /// (end, id) of every booking: a prune reads only those that ended since the last.
+    by_end: BTreeSet<(DateTime<Utc>, i64)>,
+    /// The time of the last prune: every user's bookings that ended by then, but
+    /// their last, are gone.
+    pruned_through: Option<DateTime<Utc>>,
+}
+
+/// One model's bookings by (start, id), with their end and units (read without a
+/// lookup of each booking), and the longest of them: a booking that overlaps a
+/// window starts at most that long before the window does.
+#[derive(Debug, Clone, Default)]
+struct ModelBookings {
+    by_start: BTreeMap<(DateTime<Utc>, i64), (DateTime<Utc>, u32)>,
+    /// Only ever grows (a bound, not the exact longest): shrinking it would mean
+    /// reading every booking of the model when the longest goes.
+    longest: TimeDelta,
 }
 
 impl Replica {
@@ -85,6 +106,9 @@ impl Replica {
             bookings: BTreeMap::new(),
             by_user: HashMap::new(),
             keys: HashMap::new(),
+            by_model: HashMap::new(),
+            by_end: BTreeSet::new(),
+            pruned_through: None,
         };
         replica.apply_figures(&state);
         for user in state.users? {
@@ -131,19 +155,40 @@ impl Replica {
             .entry(booking.user.clone())
             .or_default()
             .insert(booking.id);
+        let model = self.by_model.entry(booking.model.clone()).or_default();
+        model
+            .by_start
+            .insert((booking.start, booking.id), (booking.end, booking.units));
+        model.longest = model.longest.max(booking.end - booking.start);
+        self.by_end.insert((booking.end, booking.id));
+        let user = booking.user.clone();
         self.bookings.insert(booking.id, booking);
+        // A booking that ends later than the user's last ended one (or one that now
+        // ends before the last prune) leaves an ended booking that a prune has
+        // already walked past.
+        if let Some(through) = self.pruned_through {
+            self.prune_user(&user, through);
+        }
     }
 
     /// A booking cancelled: it no longer counts anywhere.
     pub fn remove_booking(&mut self, id: i64) {
-        if let Some(old) = self.bookings.remove(&id) {
-            if let Some(ids) = self.by_user.get_mut(&old.user) {
-                ids.remove(&id);
-                if ids.is_empty() {
-                    self.by_user.remove(&old.user);
-                }
+        let Some(old) = self.bookings.remove(&id) else {
+            return;
+        };
+        if let Some(ids) = self.by_user.get_mut(&old.user) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.by_user.remove(&old.user);
             }
         }
+        if let Some(model) = self.by_model.get_mut(&old.model) {
+            model.by_start.remove(&(old.start, id));
+            if model.by_start.is_empty() {
+                self.by_model.remove(&old.model);
+            }
+        }
+        self.by_end.remove(&(old.end, id));
     }
 
     /// The bookings of `user`.
@@ -156,21 +201,48 @@ impl Replica {
     }
 
     /// Forgets ended bookings that no rule can see any more: all but each user's
-    /// last one (the cooldown counts from the latest end).
+    /// last ended one. The cooldown counts from the latest end; while a planned
+    /// booking ends later that one is it, but a cancellation hands the role back to
+    /// the last ended booking (the old prune kept only the latest of all, and lost
+    /// that cooldown: the proptest below found it). It reads only the
+    /// bookings that ended since the last prune, so that it can run at every refresh
+    /// without holding the replica for a walk over all of them (the walk was the
+    /// webhook's p99 tail: docs/webhook.md).
     pub fn prune(&mut self, now: DateTime<Utc>) {
-        let mut last: HashMap<&str, (DateTime<Utc>, i64)> = HashMap::new();
-        for b in self.bookings.values() {
-            let e = last.entry(b.user.as_str()).or_insert((b.end, b.id));
-            if b.end > e.0 {
-                *e = (b.end, b.id);
-            }
+        if self.pruned_through.is_some_and(|through| now <= through) {
+            return;
         }
-        let keep: BTreeSet<i64> = last.values().map(|(_, id)| *id).collect();
+        let after = self.pruned_through.unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let ended = (
+            Bound::Excluded((after, i64::MAX)),
+            Bound::Included((now, i64::MAX)),
+        );
+        let users: BTreeSet<String> = self
+            .by_end
+            .range(ended)
+            .filter_map(|(_, id)| self.bookings.get(id))
+            .map(|b| b.user.clone())
+            .collect();
+        for user in &users {
+            self.prune_user(user, now);
+        }
+        self.pruned_through = Some(now);
+    }
+
+    /// Forgets `user`'s bookings that ended by `through`, but the last of them.
+    fn prune_user(&mut self, user: &str, through: DateTime<Utc>) {
+        let Some(last) = self
+            .of_user(user)
+            .filter(|b| b.end <= through)
+            .max_by_key(|b| (b.end, b.id))
+        else {
+            return;
+        };
+        let last = last.id;
         let gone: Vec<i64> = self
-            .bookings
-            .iter()
-            .filter(|(id, b)| b.end <= now && !keep.contains(id))
-            .map(|(id, _)| *id)
+            .of_user(user)
+            .filter(|b| b.end <= through && b.id != last)
+            .map(|b| b.id)
             .collect();
         for id in gone {
             self.remove_booking(id);
@@ -256,29 +328,8 @@ impl Replica {
         };
         let mut earliest_booking_by_model = BTreeMap::new();
         if let Some(own) = own {
-            let mut ahead: BTreeMap<&str, Vec<Window>> = BTreeMap::new();
-            for b in self.bookings.values().filter(|b| b.end > now) {
-                if let Some(w) = b.window() {
-                    let list = ahead.entry(b.model.as_str()).or_default();
-                    list.extend(std::iter::repeat_n(w, b.units as usize));
-                }
-            }
-            let duration = TimeDelta::days(next_start::default_days(&self.policy));
             for m in &self.models {
-                let booked = ahead
-                    .get(m.name.as_str())
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
-                if let Ok(next) = next_start::earliest_start(
-                    &self.policy,
-                    now,
-                    &own,
-                    m.name.as_str(),
-                    m.units,
-                    1,
-                    booked,
-                    duration,
-                ) {
+                if let Some(next) = self.earliest_start(m, now, &own) {
                     earliest_booking_by_model.insert(m.name.clone(), next.start);
                 }
             }
@@ -292,6 +343,80 @@ impl Replica {
             schedulability: answer,
             ambiguous,
         })
+    }
+
+    /// The earliest start of a booking of the policy's shortest length on model `m`
+    /// for a user whose bookings are `own`, reading the model's bookings up to a
+    /// horizon that widens until the answer stands (as the service reads them for
+    /// `/me/next-start`), not every booking the replica holds.
+    fn earliest_start(
+        &self,
+        m: &ModelState,
+        now: DateTime<Utc>,
+        own: &[Window],
+    ) -> Option<NextStart> {
+        let duration = TimeDelta::days(next_start::default_days(&self.policy));
+        let (from, _) = rules::earliest_start_for_user(&self.policy, now, own);
+        let ask = |booked: &[Window]| {
+            next_start::earliest_start(
+                &self.policy,
+                now,
+                own,
+                m.name.as_str(),
+                m.units,
+                1,
+                booked,
+                duration,
+            )
+            .ok()
+        };
+        // As the service does: when the bookings over the user's earliest window
+        // leave a unit free even if all overlapped at once, no booking is in the way.
+        let first = from
+            .checked_add_signed(duration)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
+        let overlapping = self.windows_between(m.name.as_str(), from, first).len();
+        if next_start::free_throughout(m.units, 1, overlapping as u64) {
+            return ask(&[]);
+        }
+        let mut horizon = next_start::first_horizon(from, duration);
+        loop {
+            let next = ask(&self.windows_between(m.name.as_str(), from, horizon))?;
+            if next_start::settled_before(&next, duration, horizon) {
+                return Some(next);
+            }
+            horizon = next_start::wider(from, horizon);
+        }
+    }
+
+    /// The windows (one per unit) of `model`'s bookings that overlap
+    /// `[from, horizon)`: those that start before `horizon`, no earlier than the
+    /// model's longest booking before `from`, and end after `from`.
+    fn windows_between(
+        &self,
+        model: &str,
+        from: DateTime<Utc>,
+        horizon: DateTime<Utc>,
+    ) -> Vec<Window> {
+        let Some(bookings) = self.by_model.get(model) else {
+            return Vec::new();
+        };
+        let earliest = from
+            .checked_sub_signed(bookings.longest)
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let starts = (
+            Bound::Included((earliest, i64::MIN)),
+            Bound::Excluded((horizon, i64::MIN)),
+        );
+        let mut windows = Vec::new();
+        for (&(start, _), &(end, units)) in bookings.by_start.range(starts) {
+            if end > from {
+                if let Ok(w) = Window::new(start, end) {
+                    windows.extend(std::iter::repeat_n(w, units as usize));
+                }
+            }
+        }
+        windows
     }
 }
 
@@ -465,7 +590,7 @@ mod tests {
         let mut r = Replica::from_state(state(
             vec![
                 booking(1, "erin", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"),
-                booking(2, "erin", "2026-02-01T00:00:00Z", "2026-02-02T00:00:00Z"),
+                booking(2, "erin", "2026-03-04T00:00:00Z", "2026-03-05T00:00:00Z"),
                 booking(3, "erin", "2026-04-01T00:00:00Z", "2026-04-02T00:00:00Z"),
                 booking(4, "fred", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"),
             ],
@@ -474,10 +599,16 @@ mod tests {
         .unwrap();
         let before = r.answer(Query::User("erin"), now()).unwrap();
         r.prune(now());
-        // Erin's planned booking ends last, so her ended ones cannot matter; Fred's
-        // only (ended) booking stays for his cooldown.
-        assert_eq!(r.bookings(), 2);
+        // Erin's first booking can no longer matter; her last ended one can (below),
+        // and so can her planned one. Fred's only (ended) booking stays for his
+        // cooldown.
+        assert_eq!(r.bookings(), 3);
+        assert!(r.booking(1).is_none());
         assert_eq!(r.answer(Query::User("erin"), now()).unwrap(), before);
+        // Her planned booking cancelled: the cooldown counts from her last ended one.
+        r.remove_booking(3);
+        let a = r.answer(Query::User("erin"), now()).unwrap().schedulability;
+        assert_eq!(a.earliest_booking, Some(t("2026-03-19T00:00:00Z")));
     }
 
     #[test]
@@ -485,5 +616,132 @@ mod tests {
         let mut s = state(vec![], vec![]);
         s.bookings = None;
         assert!(Replica::from_state(s).is_none());
+    }
+
+    /// What the replica answered before it had indexes (issue 17): every booking
+    /// that has not ended counts. The indexed answers must be these, after any
+    /// sequence of changes and prunes.
+    fn answer_by_walking_all(
+        bookings: &BTreeMap<i64, BookingState>,
+        models: &[ModelState],
+        user: &str,
+        now: DateTime<Utc>,
+    ) -> Schedulability {
+        let policy = Policy::default();
+        let of_user = || bookings.values().filter(|b| b.user == user);
+        let active = of_user()
+            .filter(|b| b.start <= now && b.end > now)
+            .min_by_key(|b| (b.start, b.id));
+        if let Some(b) = active {
+            return Schedulability::booked(
+                models,
+                ActiveBooking {
+                    id: b.id,
+                    until: b.end,
+                    model: ModelName::parse(&b.model).ok(),
+                    user: b.user.clone(),
+                    units: u64::from(b.units),
+                    units_held: 0,
+                },
+            );
+        }
+        let own: Vec<Window> = of_user().filter_map(BookingState::window).collect();
+        let duration = TimeDelta::days(next_start::default_days(&policy));
+        let mut by_model = BTreeMap::new();
+        for m in models {
+            let booked: Vec<Window> = bookings
+                .values()
+                .filter(|b| b.model == m.name.as_str() && b.end > now)
+                .filter_map(|b| b.window().map(|w| (w, b.units)))
+                .flat_map(|(w, units)| std::iter::repeat_n(w, units as usize))
+                .collect();
+            let name = m.name.as_str();
+            if let Ok(next) =
+                next_start::earliest_start(&policy, now, &own, name, m.units, 1, &booked, duration)
+            {
+                by_model.insert(m.name.clone(), next.start);
+            }
+        }
+        Schedulability::unbooked(models, Some(user.to_owned()), by_model)
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Apply(i64, usize, usize, u32, i64, i64),
+        Remove(i64),
+        Prune(i64),
+        Ask(usize, i64),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0i64..12, 0usize..4, 0usize..2, 1u32..3, -400i64..600, 1i64..200)
+                .prop_map(|(id, u, m, n, s, len)| Step::Apply(id, u, m, n, s, len)),
+            1 => (0i64..12).prop_map(Step::Remove),
+            2 => (0i64..60).prop_map(Step::Prune),
+            3 => (0usize..4, 0i64..60).prop_map(|(u, h)| Step::Ask(u, h)),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The replica's indexes (bookings by model and start, by end, the
+        /// incremental prune) change no answer: after any changes and prunes, every
+        /// user's answer at or after the last prune is the one from walking every
+        /// booking there is.
+        #[test]
+        fn indexed_answers_are_those_of_walking_every_booking(
+            steps in proptest::collection::vec(step(), 1..40),
+        ) {
+            let users = ["ann", "ben", "cat", "dan"];
+            let names = ["a100", "h100"];
+            let models: Vec<ModelState> = vec![model("a100", 2, 0), model("h100", 1, 0)];
+            let hour = |h: i64| now() + TimeDelta::hours(h);
+            let mut s = state(vec![], vec![]);
+            s.models = models.clone();
+            s.held = BTreeMap::new();
+            let mut r = Replica::from_state(s).unwrap();
+            let mut all: BTreeMap<i64, BookingState> = BTreeMap::new();
+            let mut clock = 0i64;
+            for step in steps {
+                match step {
+                    // A change keeps the booking's user and model, and an ended
+                    // booking cannot change (PATCH /bookings/{id}, core::cancel).
+                    Step::Apply(id, ..) if all.get(&id).is_some_and(|b| b.end <= hour(clock)) => {}
+                    Step::Apply(id, u, m, units, start, len) => {
+                        let (user, model) = match all.get(&id) {
+                            Some(b) => (b.user.clone(), b.model.clone()),
+                            None => (users[u].to_owned(), names[m].to_owned()),
+                        };
+                        let b = BookingState {
+                            id,
+                            user,
+                            model,
+                            units,
+                            start: hour(start),
+                            end: hour(start + len),
+                        };
+                        all.insert(id, b.clone());
+                        r.apply_booking(b);
+                    }
+                    // Only a booking that has not ended can be cancelled
+                    // (core::cancel); an ended one's end stays the cooldown's.
+                    Step::Remove(id) if all.get(&id).is_some_and(|b| b.end > hour(clock)) => {
+                        all.remove(&id);
+                        r.remove_booking(id);
+                    }
+                    Step::Remove(_) => {}
+                    Step::Prune(h) => {
+                        clock = clock.max(h);
+                        r.prune(hour(clock));
+                    }
+                    Step::Ask(u, h) => {
+                        let at = hour(clock.max(h));
+                        let got = r.answer(Query::User(users[u]), at).unwrap().schedulability;
+                        proptest::prop_assert_eq!(got, answer_by_walking_all(&all, &models, users[u], at));
+                    }
+                }
+            }
+        }
     }
 }
