@@ -434,7 +434,7 @@ mod tests {
             for n in 0..AUDIT_BATCH as i64 + 1 {
                 tx.send(report(100 + n)).await.unwrap();
             }
-            answered
+            answered.await.unwrap();
         });
         let first = rx.recv().await.unwrap();
         let started = tokio::time::Instant::now();
@@ -456,6 +456,6 @@ mod tests {
         let first = rx.recv().await.unwrap();
         let (batch, _) = next_batch(&mut rx, first).await;
         assert_eq!(ids(&batch), [100 + AUDIT_BATCH as i64]);
-        sender.await.unwrap().await.unwrap();
+        sender.await.unwrap();
     }
 }

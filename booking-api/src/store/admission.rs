@@ -100,7 +100,7 @@ pub async fn full(
     )
     .fetch_all(&mut *tx)
     .await?;
-    let (models, held) = figures(&mut *tx).await?;
+    let (models, held) = figures(&mut tx).await?;
     tx.commit().await?;
     Ok((
         models,
