@@ -204,10 +204,10 @@ impl Replica {
     /// last ended one. The cooldown counts from the latest end; while a planned
     /// booking ends later that one is it, but a cancellation hands the role back to
     /// the last ended booking (the old prune kept only the latest of all, and lost
-    /// that cooldown: the proptest below found it). It reads only the
-    /// bookings that ended since the last prune, so that it can run at every refresh
-    /// without holding the replica for a walk over all of them (the walk was the
-    /// webhook's p99 tail: docs/webhook.md).
+    /// that cooldown; the proptest below fails with that rule). It reads only the
+    /// bookings that ended since the last prune, so that it can run at every
+    /// refresh without holding the replica for a walk over all of them (the walk was
+    /// the webhook's p99 tail: docs/webhook.md).
     pub fn prune(&mut self, now: DateTime<Utc>) {
         if self.pruned_through.is_some_and(|through| now <= through) {
             return;
