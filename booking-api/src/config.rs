@@ -339,6 +339,10 @@ pub use gpu_booking_process::duration::parse_time_delta as parse_duration;
 /// The API's port limits: bodies up to 1 MiB by default (its requests are small JSON).
 pub type ApiLimits = gpu_booking_process::serve::ServerLimits<{ 1024 * 1024 }>;
 
+fn parse_sa_binding(s: &str) -> Result<((String, String), crate::role::Role), String> {
+    crate::service_accounts::parse_binding(s)
+}
+
 #[cfg(test)]
 mod oidc_tests {
     use super::*;
@@ -391,8 +395,4 @@ mod oidc_tests {
         .unwrap();
         assert_eq!(cli.oidc.oidc_token, OidcToken::IdToken);
     }
-}
-
-fn parse_sa_binding(s: &str) -> Result<((String, String), crate::role::Role), String> {
-    crate::service_accounts::parse_binding(s)
 }

@@ -69,8 +69,11 @@ pub struct ServiceAccounts {
     client: kube::Client,
     audience: String,
     roles: BTreeMap<(String, String), Role>,
-    cache: Mutex<HashMap<[u8; 32], (Instant, Option<Reviewed>)>>,
+    cache: Mutex<ReviewCache>,
 }
+
+/// Token digest -> when it was reviewed, and what the review said (`None`: refused).
+type ReviewCache = HashMap<[u8; 32], (Instant, Option<Reviewed>)>;
 
 impl ServiceAccounts {
     pub fn new(
@@ -140,7 +143,7 @@ impl ServiceAccounts {
         Ok(reviewed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], (Instant, Option<Reviewed>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReviewCache> {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 

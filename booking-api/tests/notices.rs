@@ -647,8 +647,10 @@ async fn failed_deliveries_are_retried_with_backoff_then_given_up(pool: PgPool) 
 
     // A receiver that always fails: given up after the set number of tries, audited.
     rx.fail_first.store(usize::MAX, Ordering::SeqCst);
-    let mut settings = Settings::default();
-    settings.max_attempts = 3;
+    let settings = Settings {
+        max_attempts: 3,
+        ..Settings::default()
+    };
     let w = Worker::new(pool.clone(), Arc::new(clock.clone()), s, settings);
     notices::enqueue(&mut conn, hook, new_notice("w2", "fay"), clock.now())
         .await
@@ -692,9 +694,11 @@ async fn two_replicas_send_each_notice_once(pool: PgPool) {
     let (rx, url) = Receiver::start(0).await;
     let replica = |pool: PgPool| {
         let (s, dir) = senders(None, Some((&url, WebhookFormat::Json)));
-        let mut settings = Settings::default();
-        // Small batches, so that the two interleave over many rounds.
-        settings.batch = 4;
+        let settings = Settings {
+            // Small batches, so that the two interleave over many rounds.
+            batch: 4,
+            ..Settings::default()
+        };
         (Worker::new(pool, Arc::new(clock.clone()), s, settings), dir)
     };
     let other = PgPoolOptions::new()
@@ -864,8 +868,10 @@ async fn claims_past_the_send_budget_are_handed_back(pool: PgPool) {
             .await
             .unwrap();
     }
-    let mut short = Settings::default();
-    short.lease = TimeDelta::seconds(40);
+    let short = Settings {
+        lease: TimeDelta::seconds(40),
+        ..Settings::default()
+    };
     let hasty = Worker::new(pool.clone(), Arc::new(clock.clone()), s.clone(), short);
     assert_eq!(hasty.round().await.unwrap(), notices::Round::default());
     let rows: Vec<(i32, Option<DateTime<Utc>>)> =

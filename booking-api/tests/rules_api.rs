@@ -20,8 +20,6 @@ use sqlx::PgPool;
 
 const SECRET: &[u8] = b"rules-api-test-secret-0123456789abcdef";
 
-/// A Monday, midnight UTC.
-
 fn admin() -> String {
     token_for(SECRET, "root@lab", Some("admin"))
 }

@@ -408,12 +408,14 @@ async fn idle_nudge_once_per_booking_and_retention(pool: PgPool) {
     let idle = api.book("ann", start, 3).await;
     let busy = api.book("bob", start, 3).await;
     let short = api.book("cat", start, 1).await;
-    let mut settings = Settings::default();
-    // No reminders: only nudges in this outbox.
-    settings.leads = Vec::new();
-    settings.idle_nudge_after = Some(TimeDelta::hours(4));
-    settings.page_url = Some("https://gpu.lab.example/".into());
-    settings.usage_retention = TimeDelta::days(30);
+    let settings = Settings {
+        // No reminders: only nudges in this outbox.
+        leads: Vec::new(),
+        idle_nudge_after: Some(TimeDelta::hours(4)),
+        page_url: Some("https://gpu.lab.example/".into()),
+        usage_retention: TimeDelta::days(30),
+        ..Settings::default()
+    };
     let w = Worker::new(
         pool.clone(),
         Arc::new(api.clock.clone()),

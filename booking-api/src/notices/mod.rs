@@ -412,19 +412,20 @@ impl Worker {
             return Ok(0);
         };
         let now = self.clock.now();
-        let rows: Vec<(i64, String, String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query!(
+        let rows = sqlx::query!(
             "SELECT id, user_name, model, start_at, end_at FROM booking
              WHERE cancelled_at IS NULL
                AND ((start_at > $1 AND start_at <= $2) OR (end_at > $1 AND end_at <= $2))",
             now,
             now + longest
         )
-        .map(|b| (b.id, b.user_name, b.model, b.start_at, b.end_at))
         .fetch_all(&self.pool)
         .await?;
         let mut queued = 0;
         let mut conn = self.pool.acquire().await?;
-        for (id, user, model, start, end) in rows {
+        for row in rows {
+            let (id, user, model, start, end) =
+                (row.id, row.user_name, row.model, row.start_at, row.end_at);
             for (kind, at) in [
                 (NoticeKind::BookingStarts, start),
                 (NoticeKind::BookingEnds, end),
