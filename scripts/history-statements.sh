@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The history bench with Postgres's per-statement figures for its `plan` and `hist`
+# phases: pg_stat_statements is reset when each phase starts and read when it ends,
+# so that `plan.txt` and `hist.txt` compare the same statements with and without the
+# past (calls, mean time, buffers a call). It needs pg_stat_statements in
+# shared_preload_libraries (a restart of Postgres); it does not change that itself.
+#
+#     scripts/history-statements.sh target/release/deps/history-<hash> target/history-statements
+#
+# Measured with it: docs/performance.md ("/schedulability, found").
+set -euo pipefail
+bin=$(realpath "$1")
+out=$(realpath -m "$2")
+mkdir -p "$out"
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+q() { psql "$DATABASE_URL" -Atqc "$1"; }
+if ! q 'SHOW shared_preload_libraries' | grep -q pg_stat_statements; then
+  echo "pg_stat_statements is not in shared_preload_libraries" >&2
+  exit 1
+fi
+q "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
+snapshot() {
+  psql "$DATABASE_URL" -c "SELECT calls, round(mean_exec_time::numeric, 3) AS mean_ms,
+      round(total_exec_time::numeric, 1) AS total_ms,
+      shared_blks_hit / greatest(calls, 1) AS hit_per_call,
+      shared_blks_read / greatest(calls, 1) AS read_per_call,
+      left(regexp_replace(query, '\s+', ' ', 'g'), 160) AS query
+    FROM pg_stat_statements WHERE calls > 100 ORDER BY total_exec_time DESC LIMIT 25" \
+    >"$out/$1.txt"
+}
+cd "$(dirname "$0")/../booking-api"
+"$bin" --bench 2>&1 | while IFS= read -r line; do
+  echo "$line"
+  case "$line" in
+    "== planned bookings only"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
+    "== cancelled the planned"*) snapshot plan ;;
+    "== planned bookings and the past"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
+    "== summary"*) snapshot hist ;;
+  esac
+done | tee "$out/bench.log"
+echo "per-statement figures: $out/plan.txt, $out/hist.txt"
