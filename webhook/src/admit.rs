@@ -314,7 +314,7 @@ impl Webhook {
                 }
                 _ => None,
             };
-            self.booking.audit(AuditReport {
+            self.booking.audit(action, || AuditReport {
                 action: action.to_owned(),
                 subject: Some(facts.subject.clone()),
                 user,

@@ -191,8 +191,9 @@ impl BookingSource {
                     users = users.len(),
                     "a slug names several users; resolved to nobody"
                 );
-                self.audit(AuditReport {
-                    action: "webhook.ambiguous_slug".to_owned(),
+                let action = "webhook.ambiguous_slug";
+                self.audit(action, || AuditReport {
+                    action: action.to_owned(),
                     subject: Some(value.chars().take(512).collect()),
                     user: None,
                     booking_id: None,
@@ -265,14 +266,22 @@ impl BookingSource {
     /// bounded queue that one task sends in batches (one call for the reports of up
     /// to [`AUDIT_LINGER`], at most [`AUDIT_BATCH`]), so that a burst of spawns costs
     /// a few calls and no admission waits for one.
-    pub fn audit(&self, report: AuditReport) {
-        if !self.audit_allowed(&report.action) {
+    /// Queues the report of `action` that `report` builds, unless the action's rate
+    /// is exceeded: then it is counted and never built (its details are JSON, and an
+    /// admission at the bench's 2,000/s built one for every review to drop almost
+    /// all of them).
+    pub fn audit(&self, action: &str, report: impl FnOnce() -> AuditReport) {
+        if !self.audit_allowed(action) {
             tracing::debug!("audit rate exceeded; report dropped");
             self.count_side_call("audit", "rate_limited");
             return;
         }
         self.side_calls_started.fetch_add(1, Ordering::SeqCst);
-        if self.queue().try_send(AuditMessage::Report(report)).is_err() {
+        if self
+            .queue()
+            .try_send(AuditMessage::Report(report()))
+            .is_err()
+        {
             tracing::warn!("audit queue full; report dropped");
             self.count_side_call("audit", "dropped");
         }
@@ -307,11 +316,15 @@ impl BookingSource {
     /// Takes a token from the bucket of the report's action.
     fn audit_allowed(&self, action: &str) -> bool {
         let mut buckets = self.audit_rate.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if let Some(bucket) = buckets.get_mut(action) {
+            return bucket.allow(now);
+        }
         let (burst, per_second) = self.audit_limits;
         buckets
             .entry(action.to_owned())
             .or_insert_with(|| TokenBucket::new(burst, per_second))
-            .allow(Instant::now())
+            .allow(now)
     }
 
     fn count_side_call(&self, call: &'static str, outcome: &'static str) {
@@ -431,6 +444,35 @@ mod tests {
         })
     }
 
+    /// A report over its action's rate is counted and never built; one within it
+    /// is built once and queued.
+    #[tokio::test]
+    async fn a_report_over_the_rate_is_never_built() {
+        let source = BookingSource::new(
+            "http://127.0.0.1:9",
+            gpu_booking_client::TokenSource::Static("t".into()),
+            Duration::from_secs(1),
+            Duration::from_secs(3),
+            Arc::new(Metrics::new()),
+        )
+        .unwrap()
+        .with_audit_rate(2, 0.0);
+        let built = std::sync::atomic::AtomicUsize::new(0);
+        for n in 0..5 {
+            source.audit("webhook.booked", || {
+                built.fetch_add(1, Ordering::SeqCst);
+                audit_report(n)
+            });
+        }
+        assert_eq!(built.load(Ordering::SeqCst), 2, "the burst, and no more");
+        // Another action has a bucket of its own.
+        source.audit("webhook.stripped", || {
+            built.fetch_add(1, Ordering::SeqCst);
+            audit_report(9)
+        });
+        assert_eq!(built.load(Ordering::SeqCst), 3);
+    }
+
     /// Sweeps come as the cache doubles, not at every miss, and they remove what
     /// expired, lookups that never answered included.
     #[test]
@@ -460,14 +502,18 @@ mod tests {
         assert_eq!(cache.sweep_at, 2 * (CACHE_SWEEP_AT - 1));
     }
 
-    fn report(n: i64) -> AuditMessage {
-        AuditMessage::Report(AuditReport {
+    fn audit_report(n: i64) -> AuditReport {
+        AuditReport {
             action: "webhook.booked".into(),
             subject: None,
             user: None,
             booking_id: Some(n),
             details: serde_json::Value::Null,
-        })
+        }
+    }
+
+    fn report(n: i64) -> AuditMessage {
+        AuditMessage::Report(audit_report(n))
     }
 
     fn ids(batch: &[AuditReport]) -> Vec<i64> {

@@ -428,7 +428,7 @@ async fn a_clean_shutdown_sends_the_queued_audit_reports(pool: sqlx::PgPool) {
     .unwrap()
     .with_audit_rate(10_000, 0.0);
     for i in 0..1200 {
-        booking.audit(AuditReport {
+        booking.audit("webhook.low_priority", || AuditReport {
             action: "webhook.low_priority".into(),
             subject: Some(format!("jhub/pod-{i}")),
             user: Some("bob".into()),
