@@ -301,17 +301,8 @@ impl Replica {
             _ => None,
         };
         if let Some(b) = active {
-            let answer = Schedulability::booked(
-                &self.models,
-                ActiveBooking {
-                    id: b.id,
-                    until: b.end,
-                    model: ModelName::parse(&b.model).ok(),
-                    user: b.user.clone(),
-                    units: u64::from(b.units),
-                    units_held: self.held.get(&b.id).copied().unwrap_or(0),
-                },
-            );
+            let units_held = self.held.get(&b.id).copied().unwrap_or(0);
+            let answer = Schedulability::booked(&self.models, active_booking(b, units_held));
             return Ok(Answer {
                 schedulability: answer,
                 ambiguous,
@@ -417,6 +408,18 @@ impl Replica {
             }
         }
         windows
+    }
+}
+
+/// `b` as the booking an admission is answered with.
+fn active_booking(b: &BookingState, units_held: u64) -> ActiveBooking {
+    ActiveBooking {
+        id: b.id,
+        until: b.end,
+        model: ModelName::parse(&b.model).ok(),
+        user: b.user.clone(),
+        units: u64::from(b.units),
+        units_held,
     }
 }
 
@@ -633,17 +636,7 @@ mod tests {
             .filter(|b| b.start <= now && b.end > now)
             .min_by_key(|b| (b.start, b.id));
         if let Some(b) = active {
-            return Schedulability::booked(
-                models,
-                ActiveBooking {
-                    id: b.id,
-                    until: b.end,
-                    model: ModelName::parse(&b.model).ok(),
-                    user: b.user.clone(),
-                    units: u64::from(b.units),
-                    units_held: 0,
-                },
-            );
+            return Schedulability::booked(models, active_booking(b, 0));
         }
         let own: Vec<Window> = of_user().filter_map(BookingState::window).collect();
         let duration = TimeDelta::days(next_start::default_days(&policy));
