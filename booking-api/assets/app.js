@@ -445,6 +445,9 @@
     const box = $('book-earliest');
     if (!model) { box.replaceChildren(); return; }
     const seq = ++state.nextStartSeq;
+    // A start typed while the answer is on its way is the user's choice: the answer
+    // must not overwrite it (CI saw a typed start replaced by an earlier one).
+    const startAsked = $('book-start').value;
     box.replaceChildren(el('p', { class: 'muted', text: 'Finding the earliest start…' }));
     try {
       const ns = await api('GET', '/me/next-start?model=' + enc(model) + (days ? '&days=' + enc(days) : ''));
@@ -459,7 +462,7 @@
           el('ul', { class: 'reasons' }, reasons.map((r) => el('li', { 'data-code': r.code, text: reasonText(r) }))));
       }
       box.replaceChildren(...parts);
-      prefillStart(ns.earliest_start);
+      if ($('book-start').value === startAsked) prefillStart(ns.earliest_start);
     } catch (e) {
       if (seq !== state.nextStartSeq) return;
       box.replaceChildren(errorBox(e, 'No earliest start for this choice'));

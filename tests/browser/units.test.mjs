@@ -33,12 +33,27 @@ describe('multi-GPU bookings', () => {
     assert.equal(await gpus.getAttribute('max'), '2');
     assert.deepEqual(await unlabelled(page), [], 'every control has a label');
 
+    // The earliest start for a100 (now: both are booked or held) is held back until
+    // the start is typed: an answer that arrives after the user chose a start must not
+    // overwrite it (CI once booked "now" that way, and was refused).
+    let release;
+    const held = new Promise((resolve) => { release = resolve; });
+    const a100NextStart = (url) => url.pathname.endsWith('/me/next-start') && url.searchParams.get('model') === 'a100';
+    await page.route(a100NextStart, async (route) => { await held; await route.continue(); });
     await page.locator('#book-form').getByLabel('GPU model').selectOption('a100');
     await gpus.fill('2');
     const start = ceilMinute(new Date(Date.now() + 40 * DAY_MS));
     await page.locator('#book-form').getByLabel(/^Start/).fill(localInput(start));
+    release();
+    // The box said "Finding the earliest start…" since the model changed.
+    await page.locator('#book-earliest', { hasText: 'Earliest start:' }).waitFor();
+    assert.equal(await page.locator('#book-form').getByLabel(/^Start/).inputValue(), localInput(start),
+      'the typed start stays when the earliest start arrives');
+    await page.unroute(a100NextStart);
     await page.getByRole('button', { name: 'Book', exact: true }).click();
-    await page.locator('#book-ok').waitFor();
+    const result = page.locator('#book-ok, #book-result .refusal');
+    await result.first().waitFor();
+    assert.equal(await page.locator('#book-ok').count(), 1, `booked: ${await page.locator('#book-result').innerText()}`);
     await shot(page, 'units-01-two-gpu-booking.png');
     const mine = await api('GET', '/bookings', ADMIN_TOKEN);
     const made = mine.find((x) => x.model === 'a100' && x.status === 'planned');
