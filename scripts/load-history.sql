@@ -3,7 +3,7 @@
 -- months past, 3 months planned), in one transaction, in SQL (generate_series),
 -- in about a minute on a laptop. It needs the service's migrations applied and is
 -- meant for an otherwise idle database (it takes the booking table's exclusive lock
--- for a moment to switch the change-log trigger off and on).
+-- for a moment to switch the change-log and day-units triggers off and on).
 --
 --     psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f scripts/load-history.sql
 --
@@ -75,6 +75,9 @@ FROM load_param p, generate_series(0, p.users - 1) AS u
 ON CONFLICT (key) DO NOTHING;
 
 ALTER TABLE booking DISABLE TRIGGER booking_change_after;
+-- The units per model and day (migration 20261128000100) are counted once at the end,
+-- not one booking at a time.
+ALTER TABLE booking DISABLE TRIGGER booking_day_units_insert;
 
 -- h1..h4: deterministic pseudo-random numbers per booking (the same load every run).
 INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at,
@@ -104,6 +107,11 @@ FROM load_param p, load_time t, generate_series(0, p.bookings - 1) AS n,
                      NOT w0.cancelled AND r.h3 % 100 BETWEEN 3 AND 7 AND w0.e <= now() AS early) AS w(s, e, c, cancelled, early);
 
 ALTER TABLE booking ENABLE TRIGGER booking_change_after;
+ALTER TABLE booking ENABLE TRIGGER booking_day_units_insert;
+DO $$ BEGIN
+    PERFORM booking_day_units_recount(format('%s-%s', p.model_prefix, lpad(m::text, 2, '0')))
+    FROM load_param p, generate_series(0, p.models - 1) AS m;
+END $$;
 
 UPDATE booking_change_horizon SET txid = GREATEST(txid, pg_current_xact_id()::text::bigint);
 

@@ -264,6 +264,15 @@ async fn storm(pool: PgPool, size: Storm) {
         .unwrap();
         assert!(multi > 0, "the storm created multi-unit bookings");
     }
+    // The units per day that /schedulability reads, kept by a trigger under the same
+    // contention (migration 20261128000100).
+    let day_units = gpu_booking_api::testing::day_units_mismatches(&mut *db)
+        .await
+        .unwrap();
+    assert_eq!(
+        day_units, 0,
+        "booking_day_units disagrees with the bookings"
+    );
     // Closed here rather than handed back: a connection still on its way back to the
     // pool when the test returns can outlive sqlx's close of the pool (a race in
     // sqlx 0.8's Pool::close, launchbadge/sqlx#3217), and then its DROP DATABASE

@@ -259,6 +259,13 @@ impl Api {
             )
             .await;
         assert_eq!(over, 0, "a model is booked past its units");
+        let day_units = gpu_booking_api::testing::day_units_mismatches(&self.pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            day_units, 0,
+            "booking_day_units disagrees with the bookings"
+        );
     }
 }
 
@@ -935,6 +942,7 @@ async fn next_start_in_each_situation(pool: PgPool) {
     api.book("alice", "a100", now + days(16), now + days(17))
         .await
         .created();
+    api.assert_invariants().await;
 }
 
 // ---------------------------------------------------------------------------
@@ -1199,18 +1207,27 @@ async fn schedulability_earliest_booking_per_model_is_next_start(pool: PgPool) {
     api.book("bob", "a100", now + days(6), now + days(8))
         .await
         .created();
-    // a6000: one of two units taken (the sum leaves a unit); l4: two bookings of
-    // one unit each that never overlap, but their sum (2) leaves none, so its
-    // bookings are read and the answer is still now.
+    // a6000: one of two units taken (the bound leaves a unit); l4: two bookings of
+    // one unit each that never overlap, but both touch day 0 (an admin's import
+    // since noon yesterday, and one from noon today), so the units booked that day
+    // (2) leave none: its bookings are read and the answer is still now.
     api.book("carol", "a6000", now, now + days(3))
         .await
         .created();
-    api.book("dave", "l4", now, now + hours(12) + days(1))
+    api.admin_book("dave", "l4", now - hours(12), now + hours(12), true)
         .await
         .created();
-    api.book("erin", "l4", now + days(1) + hours(12), now + days(3))
+    api.book("erin", "l4", now + hours(12), now + days(3))
         .await
         .created();
+    assert_eq!(
+        api.sql_count(&format!(
+            "SELECT units::bigint FROM booking_day_units WHERE model = 'l4' AND day = {}",
+            now.timestamp().div_euclid(86_400)
+        ))
+        .await,
+        2
+    );
     let s = api
         .call(
             Method::GET,
@@ -1233,6 +1250,81 @@ async fn schedulability_earliest_booking_per_model_is_next_start(pool: PgPool) {
         );
     }
     assert_eq!(time_field(&s, "earliest_booking"), Some(now));
+}
+
+/// The bound next-start and `/schedulability` read first (`booking_day_units`,
+/// migration 20261128000100) keeps a booking's units on each UTC day its window
+/// touches, and a booking of more than 31 days (an admin's override) is read from
+/// the bookings instead: both stand in the way of what they hold.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_units_per_day_and_a_booking_too_long_for_them_stand_in_the_way(pool: PgPool) {
+    let api = Api::new(pool, &[("one", 1), ("two", 2)]).await;
+    let now = api.now(); // midnight of day 0
+    let day0 = now.timestamp().div_euclid(86_400);
+    // Two days from midnight: days 0 and 1, not day 2 (the end is not in the window).
+    api.book("alice", "two", now, now + days(2)).await.created();
+    let days_of = |model: &'static str| {
+        format!(
+            "SELECT coalesce(string_agg((day - {day0})::text, ',' ORDER BY day), '')
+             FROM booking_day_units WHERE model = '{model}' AND units > 0"
+        )
+    };
+    let counted: String = sqlx::query_scalar(&days_of("two"))
+        .fetch_one(&api.pool)
+        .await
+        .unwrap();
+    assert_eq!(counted, "0,1");
+
+    // 41 days for zed on "one": more than 31, so not counted per day.
+    let long = api
+        .admin_book("zed", "one", now, now + days(41), true)
+        .await
+        .id();
+    let counted: String = sqlx::query_scalar(&days_of("one"))
+        .fetch_one(&api.pool)
+        .await
+        .unwrap();
+    assert_eq!(counted, "", "a 41-day booking is not kept per day");
+    let n = api.next_start("dave", "one", None).await;
+    assert_eq!(
+        time_field(&n, "earliest_start"),
+        Some(now + days(41)),
+        "{n}"
+    );
+    let s = api
+        .call(
+            Method::GET,
+            "/api/v1/schedulability?user=dave",
+            &service(),
+            None,
+        )
+        .await
+        .ok()
+        .clone();
+    let by_model = &s["earliest_booking_by_model"];
+    assert_eq!(time_field(by_model, "one"), Some(now + days(41)), "{s}");
+    assert_eq!(time_field(by_model, "two"), Some(now), "{s}");
+
+    // Ended early on day 3 (3 days 6 hours in): free from then.
+    let early = now + days(3) + hours(6);
+    api.clock.set(early);
+    api.call(
+        Method::DELETE,
+        &format!("/api/v1/bookings/{long}"),
+        &admin(),
+        None,
+    )
+    .await
+    .ok();
+    let n = api.next_start("dave", "one", None).await;
+    assert_eq!(time_field(&n, "earliest_start"), Some(early), "{n}");
+    // Now 4 days long: kept per day, on days 0 to 3.
+    let counted: String = sqlx::query_scalar(&days_of("one"))
+        .fetch_one(&api.pool)
+        .await
+        .unwrap();
+    assert_eq!(counted, "0,1,2,3");
+    api.assert_invariants().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]

@@ -77,8 +77,9 @@ pub fn earliest_start(
 
 /// Whether the bookings that overlap `[from, from + duration)`, `from` being the
 /// user's earliest start by the rules, leave `need` of the model's `units` free
-/// throughout it, knowing only the sum of their units (`overlapping_units`): at no
-/// instant can they hold more than that sum. When they do, the earliest start is
+/// throughout it, knowing only a bound on the units they hold at any instant of it
+/// (`overlapping_units`: the sum of their units, or the most units booked on one of
+/// the days the window touches). When they do, the earliest start is
 /// `from` and [`earliest_start`] with no bookings gives the whole answer, so a
 /// question about many models reads one sum per model instead of every booking in
 /// each model's horizon.

@@ -259,25 +259,26 @@ impl StartQuestion<'_> {
 }
 
 /// The earliest start of a booking of `need` units on `model`
-/// (`core::next_start::earliest_start`). Most questions are answered by one sum of
-/// the units booked over the user's earliest window (`next_start::free_throughout`);
-/// the others read the model's bookings ([`earliest_start_from_bookings`]).
+/// (`core::next_start::earliest_start`). Most questions are answered by a bound on
+/// the units booked at once over the user's earliest window
+/// (`next_start::free_throughout`, [`units_held_bound`]); the others read the model's
+/// bookings ([`earliest_start_from_bookings`]).
 pub async fn earliest_start(
     db: &sqlx::PgPool,
     q: &StartQuestion<'_>,
     model: &Model,
     need: u32,
 ) -> sqlx::Result<Result<NextStart, Refusal>> {
-    let sums = overlapping_units(db, q, std::slice::from_ref(model)).await?;
-    if let Some(next) = answer_from_sum(q, model, need, &sums) {
+    let bounds = units_held_bound(db, q, std::slice::from_ref(model)).await?;
+    if let Some(next) = answer_from_bound(q, model, need, &bounds) {
         return Ok(next);
     }
     earliest_start_from_bookings(db, q, model, need).await
 }
 
-/// [`earliest_start`] of one unit for each of `models`: one statement sums the units
-/// booked over the user's earliest window for every model, and only the models where
-/// that leaves no unit free read their bookings. (Reading every model's bookings
+/// [`earliest_start`] of one unit for each of `models`: one statement bounds the units
+/// booked at once over the user's earliest window for every model, and only the
+/// models where that leaves no unit free read their bookings. (Reading every model's bookings
 /// over its horizon, one read per model, sent ~13,000 rows for each question with
 /// the history bench's planned bookings on 40 models.)
 pub async fn earliest_starts(
@@ -285,10 +286,10 @@ pub async fn earliest_starts(
     q: &StartQuestion<'_>,
     models: &[Model],
 ) -> sqlx::Result<std::collections::BTreeMap<String, Result<NextStart, Refusal>>> {
-    let sums = overlapping_units(db, q, models).await?;
+    let bounds = units_held_bound(db, q, models).await?;
     let mut answers = std::collections::BTreeMap::new();
     for m in models {
-        let next = match answer_from_sum(q, m, 1, &sums) {
+        let next = match answer_from_bound(q, m, 1, &bounds) {
             Some(next) => next,
             None => earliest_start_from_bookings(db, q, m, 1).await?,
         };
@@ -297,24 +298,37 @@ pub async fn earliest_starts(
     Ok(answers)
 }
 
-/// Per model, the units of its bookings (not cancelled) that overlap the user's
-/// earliest window.
-async fn overlapping_units(
+/// Per model, a bound on the units its bookings (not cancelled) hold at any instant of
+/// the user's earliest window: the most units booked on any UTC day the window touches
+/// (`booking_day_units`, kept by a trigger: migration 20261128000100), plus the units
+/// of the few bookings too long to be kept per day. Every booking active at an
+/// instant touches that instant's day, so no instant holds more. One primary-key
+/// range per model, a row per day of the window, whatever the history: the sum of
+/// the overlapping bookings' units through the GiST index `(model, period)`, which
+/// this replaced, read more of the index the more past bookings it held.
+async fn units_held_bound(
     db: &sqlx::PgPool,
     q: &StartQuestion<'_>,
     models: &[Model],
 ) -> sqlx::Result<std::collections::HashMap<String, i64>> {
     let (from, to) = q.earliest_window();
     let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
-    // A LATERAL aggregate, so that each model's sum is one search of
-    // booking_model_period_idx by model and period.
+    // LATERAL, so that each model is one range of each index. The long bookings'
+    // predicate is the partial index's own (booking_long_period_idx).
     let rows = sqlx::query!(
-        r#"SELECT m.name AS "name!", COALESCE(b.units, 0) AS "units!"
+        r#"SELECT m.name AS "name!", COALESCE(d.units, 0) + COALESCE(l.units, 0) AS "units!"
          FROM unnest($1::text[]) AS m(name)
          CROSS JOIN LATERAL (
+             SELECT max(units)::bigint AS units FROM booking_day_units
+             WHERE model = m.name
+               AND day BETWEEN booking_day($2::timestamptz) AND booking_day($3::timestamptz - interval '1 microsecond')
+         ) d
+         CROSS JOIN LATERAL (
              SELECT sum(units)::bigint AS units FROM booking
-             WHERE model = m.name AND cancelled_at IS NULL AND period && tstzrange($2, $3, '[)')
-         ) b"#,
+             WHERE model = m.name AND cancelled_at IS NULL
+               AND NOT booking_counted_by_day(start_at, end_at)
+               AND period && tstzrange($2, $3, '[)')
+         ) l"#,
         &names,
         from,
         to
@@ -324,17 +338,17 @@ async fn overlapping_units(
     Ok(rows.into_iter().map(|r| (r.name, r.units)).collect())
 }
 
-/// The answer for `model` when the units booked over the user's earliest window
-/// (`sums`) leave `need` free: then no booking is in the way, and the answer is the
-/// one from no bookings.
-fn answer_from_sum(
+/// The answer for `model` when the units its bookings can hold at once over the
+/// user's earliest window (`bounds`: [`units_held_bound`]) leave `need` free:
+/// then no booking is in the way, and the answer is the one from no bookings.
+fn answer_from_bound(
     q: &StartQuestion<'_>,
     model: &Model,
     need: u32,
-    sums: &std::collections::HashMap<String, i64>,
+    bounds: &std::collections::HashMap<String, i64>,
 ) -> Option<Result<NextStart, Refusal>> {
     let units = u32::try_from(model.units).unwrap_or(0);
-    let booked = u64::try_from(*sums.get(&model.name)?).ok()?;
+    let booked = u64::try_from(*bounds.get(&model.name)?).ok()?;
     next_start::free_throughout(units, need, booked).then(|| q.answer(model, need, &[]))
 }
 
