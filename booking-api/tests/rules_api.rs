@@ -1327,6 +1327,50 @@ async fn the_units_per_day_and_a_booking_too_long_for_them_stand_in_the_way(pool
     api.assert_invariants().await;
 }
 
+/// The webhook's full read (`/admission-state`) holds each user's last ended booking
+/// while its cooldown runs, the only rule an ended booking takes part in, and not
+/// after: it read every user's whole history before.
+#[sqlx::test(migrations = "../migrations")]
+async fn admission_state_holds_an_ended_booking_while_its_cooldown_runs(pool: PgPool) {
+    let api = Api::new(pool, &[("a100", 4)]).await;
+    let now = api.now();
+    let alice = api.book("alice", "a100", now, now + days(1)).await.id();
+    let bob = api.book("bob", "a100", now, now + days(2)).await.id();
+    let carol = api
+        .book("carol", "a100", now + days(20), now + days(21))
+        .await
+        .id();
+    let ids = |api_answer: &Value| -> Vec<i64> {
+        let mut ids: Vec<i64> = api_answer["bookings"]
+            .as_array()
+            .expect("a full answer lists bookings")
+            .iter()
+            .filter_map(|b| b["id"].as_i64())
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    async fn state(api: &Api) -> Value {
+        api.call(Method::GET, "/api/v1/admission-state", &service(), None)
+            .await
+            .ok()
+            .clone()
+    }
+    api.clock.set(now + days(3));
+    assert_eq!(ids(&state(&api).await), vec![alice, bob, carol]);
+    // Alice's cooldown ends exactly now; Bob's runs another day.
+    api.clock.set(now + days(1) + days(14));
+    assert_eq!(ids(&state(&api).await), vec![bob, carol]);
+    let n = api.next_start("alice", "a100", None).await;
+    assert_eq!(time_field(&n, "earliest_start"), Some(api.now()), "{n}");
+    let n = api.next_start("bob", "a100", None).await;
+    assert_eq!(
+        time_field(&n, "earliest_start"),
+        Some(now + days(2) + days(14)),
+        "{n}"
+    );
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn availability_per_day(pool: PgPool) {
     let api = Api::new(pool, &[("a100", 2)]).await;

@@ -17,7 +17,8 @@ use crate::store::admission;
 #[serde(deny_unknown_fields)]
 pub struct AdmissionStateQuery {
     /// `true` (the default): also the bookings that can matter to an admission (not
-    /// cancelled and not over, and each user's last ended one), the known users with
+    /// cancelled and not over, and each user's last ended one if its cooldown is not
+    /// over), the known users with
     /// their KubeSpawner slugs, and the change stream `position` to follow from.
     /// `false`: the per-model figures and units held only.
     pub full: Option<bool>,
@@ -49,7 +50,7 @@ pub async fn get(
         users: None,
     };
     if q.full.unwrap_or(true) {
-        let (models, held, full) = admission::full(&state.pool, now).await?;
+        let (models, held, full) = admission::full(&state.pool, now, state.policy.cooldown).await?;
         answer.models = models;
         answer.held = held;
         answer.position = Some(full.position);

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::admission::replica::{BookingState, KnownUser, ModelState};
 use gpu_booking_core::gpu_model::ModelName;
 use sqlx::{PgConnection, PgPool};
@@ -54,12 +54,19 @@ pub async fn figures(db: &mut PgConnection) -> sqlx::Result<(Vec<ModelState>, BT
 }
 
 /// Everything, from one snapshot: the figures, and the bookings not cancelled that
-/// end after `now` with each user's last ended one, the users, and the position
-/// (as a listing of the change stream gives it: every transaction below it is over
-/// and visible here).
+/// end after `now` with each user's last ended one where it ended less than
+/// `cooldown` ago, the users, and the position (as a listing of the change stream
+/// gives it: every transaction below it is over and visible here).
+///
+/// An ended booking matters to an admission only through the cooldown after it
+/// (`core::rules`), so one that ended `cooldown` or longer ago never will again.
+/// Reading only the recent ones keeps this read to the bookings of the last
+/// `cooldown` and the future: it read every ended booking of every user (a sort of
+/// the whole history) before.
 pub async fn full(
     pool: &PgPool,
     now: DateTime<Utc>,
+    cooldown: TimeDelta,
 ) -> sqlx::Result<(Vec<ModelState>, BTreeMap<i64, u64>, Full)> {
     let mut tx = pool.begin().await?;
     sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -70,16 +77,23 @@ pub async fn full(
     )
     .fetch_one(&mut *tx)
     .await?;
+    let since = now
+        .checked_sub_signed(cooldown.max(TimeDelta::zero()))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
     // A union's columns may be null as far as sqlx can tell: each is a booking's
-    // column, none of them null.
+    // column, none of them null. Both parts search by period (an index's), not by
+    // `end_at` alone, which no index serves.
     let rows = sqlx::query!(
         r#"(SELECT id AS "id!", user_name AS "user_name!", model AS "model!", units AS "units!",
                    start_at AS "start_at!", end_at AS "end_at!" FROM booking
-           WHERE cancelled_at IS NULL AND end_at > $1)
+           WHERE cancelled_at IS NULL AND period && tstzrange($1, NULL))
          UNION ALL
          (SELECT DISTINCT ON (user_name) id, user_name, model, units, start_at, end_at FROM booking
-           WHERE cancelled_at IS NULL AND end_at <= $1 ORDER BY user_name, end_at DESC, id DESC)"#,
-        now
+           WHERE cancelled_at IS NULL AND period && tstzrange($2, $1, '[]')
+             AND end_at <= $1 AND end_at > $2
+           ORDER BY user_name, end_at DESC, id DESC)"#,
+        now,
+        since
     )
     .fetch_all(&mut *tx)
     .await?;
