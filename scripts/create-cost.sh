@@ -20,6 +20,8 @@
 #   async       the full create with synchronous_commit off (a created booking may be
 #               lost in a crash of the database), beside `bare` with it off
 #   no-audit    without the audit row (the audit trail of every create)
+#   no-days     also without the units per model and day (booking_day_units: the
+#               bound that /schedulability and /me/next-start read first)
 #   no-changes  also without the change-log trigger (what the controller and the
 #               webhook's replica follow)
 #   no-locks    also without the locks and reads (the decision: user and capacity
@@ -138,6 +140,8 @@ run create create.sql
 run bare-async bare.sql -c synchronous_commit=off
 run async create.sql -c synchronous_commit=off
 run no-audit no-audit.sql
+psql "$scratch_url" -q -c "ALTER TABLE booking DISABLE TRIGGER booking_day_units_insert"
+run no-days no-audit.sql
 psql "$scratch_url" -q -c "ALTER TABLE booking DISABLE TRIGGER booking_change_after"
 run no-changes no-audit.sql
 run no-locks no-locks.sql
@@ -146,7 +150,7 @@ run no-excl no-locks.sql
 echo
 echo "== ratios (x bare INSERT of the same run; the step is what the guarantee taken away cost)"
 prev=""
-for name in create no-audit no-changes no-locks no-excl; do
+for name in create no-audit no-days no-changes no-locks no-excl; do
   ratio=$(awk -v a="${tps[$name]}" -v b="${tps[bare]}" 'BEGIN {printf "%.2f", a / b}')
   if [ -n "$prev" ]; then
     step=$(awk -v a="${tps[$name]}" -v b="${tps[$prev]}" 'BEGIN {printf "%.2f", a / b}')

@@ -122,7 +122,8 @@ pub struct AdmissionState {
     #[serde(default)]
     pub position: Option<i64>,
     /// Full answers only: bookings not cancelled that end after `at`, and each
-    /// user's last ended one (the cooldown counts from it).
+    /// user's last ended one if it ended less than the cooldown before `at` (the
+    /// cooldown counts from it; no rule looks at one that ended earlier).
     #[serde(default)]
     pub bookings: Option<Vec<BookingState>>,
     /// Full answers only: every known user with their slugs.
