@@ -1263,28 +1263,31 @@ async fn the_units_per_day_and_a_booking_too_long_for_them_stand_in_the_way(pool
     let day0 = now.timestamp().div_euclid(86_400);
     // Two days from midnight: days 0 and 1, not day 2 (the end is not in the window).
     api.book("alice", "two", now, now + days(2)).await.created();
-    let days_of = |model: &'static str| {
-        format!(
+    let counted = |model: &'static str| {
+        let sql = format!(
             "SELECT coalesce(string_agg((day - {day0})::text, ',' ORDER BY day), '')
              FROM booking_day_units WHERE model = '{model}' AND units > 0"
-        )
+        );
+        let pool = api.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(&sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
     };
-    let counted: String = sqlx::query_scalar(&days_of("two"))
-        .fetch_one(&api.pool)
-        .await
-        .unwrap();
-    assert_eq!(counted, "0,1");
+    assert_eq!(counted("two").await, "0,1");
 
     // 41 days for zed on "one": more than 31, so not counted per day.
     let long = api
         .admin_book("zed", "one", now, now + days(41), true)
         .await
         .id();
-    let counted: String = sqlx::query_scalar(&days_of("one"))
-        .fetch_one(&api.pool)
-        .await
-        .unwrap();
-    assert_eq!(counted, "", "a 41-day booking is not kept per day");
+    assert_eq!(
+        counted("one").await,
+        "",
+        "a 41-day booking is not kept per day"
+    );
     let n = api.next_start("dave", "one", None).await;
     assert_eq!(
         time_field(&n, "earliest_start"),
@@ -1319,11 +1322,7 @@ async fn the_units_per_day_and_a_booking_too_long_for_them_stand_in_the_way(pool
     let n = api.next_start("dave", "one", None).await;
     assert_eq!(time_field(&n, "earliest_start"), Some(early), "{n}");
     // Now 4 days long: kept per day, on days 0 to 3.
-    let counted: String = sqlx::query_scalar(&days_of("one"))
-        .fetch_one(&api.pool)
-        .await
-        .unwrap();
-    assert_eq!(counted, "0,1,2,3");
+    assert_eq!(counted("one").await, "0,1,2,3");
     api.assert_invariants().await;
 }
 
