@@ -10,23 +10,26 @@
 -- evaluated on every insert into `booking`. A CPU profile of `scripts/create-cost.sh`
 -- (perf, 32 clients, 2026-11-26) put 13 % of Postgres's time in that executor.
 --
--- The same values from immutable operators: the difference of two timestamptz is an
--- interval of days and time whatever the time zone, and its epoch is exact.
--- `booking_counted_by_day` needs the day of a window's last instant, `end - 1 µs`:
--- for an end counted in whole microseconds that is ceil(end / day) - 1, which needs no
--- `timestamptz - interval`. Same arguments, same results (the test
--- `the_day_functions_are_inlined_and_give_the_same_days` compares them with the old
--- bodies), so the index that uses `booking_counted_by_day` stays valid.
+-- The same values from immutable operators, in whole days: the instant as a UTC
+-- timestamp (`AT TIME ZONE 'UTC'`), its date, and a difference of dates. The day of
+-- a window's last instant, `end - 1 µs`, is taken on the UTC timestamp, where
+-- subtracting an interval is immutable. (A first try, epoch seconds divided by
+-- 86,400 as numeric, lost the microsecond in the division's rounding for dates far
+-- ahead; dates are exact everywhere Postgres holds a timestamp.) Same arguments,
+-- same results (the test `the_day_functions_are_inlined_and_give_the_same_days` in
+-- booking-api/tests/day_functions.rs compares them with the old bodies, from the
+-- first to nearly the last day Postgres holds), so the index that uses
+-- `booking_counted_by_day` stays valid.
 
 CREATE OR REPLACE FUNCTION booking_day(p_at timestamptz) RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT floor(extract(epoch FROM p_at - timestamptz '1970-01-01 00:00:00+00') / 86400)::integer
+    SELECT (p_at AT TIME ZONE 'UTC')::date - date '1970-01-01'
 $$;
 
 CREATE OR REPLACE FUNCTION booking_counted_by_day(p_start timestamptz, p_end timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT ceil(extract(epoch FROM p_end - timestamptz '1970-01-01 00:00:00+00') / 86400)::integer - 1
-         - floor(extract(epoch FROM p_start - timestamptz '1970-01-01 00:00:00+00') / 86400)::integer < 31
+    SELECT ((p_end AT TIME ZONE 'UTC') - interval '1 microsecond')::date
+         - (p_start AT TIME ZONE 'UTC')::date < 31
 $$;
 
 -- Generic plans for the create's own statements in plpgsql. A plpgsql statement with
@@ -37,7 +40,8 @@ $$;
 -- functions by running them (the same profile: 11 % of Postgres's time in planning
 -- within these two functions). Their generic plans are the ones the custom plans
 -- choose: the primary key of `booking_day_units`; the user's bookings and the
--- model's over the window through their indexes (`EXPLAIN` in the same test).
+-- model's over the window through their indexes (the test
+-- `the_creates_plpgsql_runs_on_generic_plans_that_use_the_indexes`).
 ALTER FUNCTION booking_day_units_add(text, timestamptz, timestamptz, integer)
     SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION booking_lock_and_read(text, text, timestamptz, timestamptz)

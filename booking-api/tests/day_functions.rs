@@ -6,7 +6,9 @@ use sqlx::{PgConnection, PgPool, Row};
 
 /// Instants around the edges that matter: midnights UTC, a microsecond on either
 /// side, before 1970, and a window's end at midnight (half-open: it does not touch
-/// the next day).
+/// the next day). Within 1965-2125: there the first bodies were exact (they divided
+/// epoch seconds as numeric, whose rounding loses a microsecond in dates far from
+/// 1970; see `the_day_functions_hold_at_the_ends_of_postgres_time`).
 const EDGES: &str = "
     SELECT s, s + d AS e FROM unnest(ARRAY[
         timestamptz '2026-11-26 00:00:00+00', timestamptz '2026-11-25 23:59:59.999999+00',
@@ -64,7 +66,48 @@ async fn the_day_functions_are_inlined_and_give_the_same_days(pool: PgPool) {
         !plan.contains("booking_day(") && !plan.contains("booking_counted_by_day("),
         "not inlined:\n{plan}"
     );
-    assert!(plan.contains("EXTRACT(epoch"), "{plan}");
+    assert!(plan.contains("AT TIME ZONE 'UTC'"), "{plan}");
+}
+
+/// Where the first bodies were not exact any more, the days are still whole: the
+/// first and nearly the last day Postgres holds (the days since 1970 computed apart,
+/// with the civil-calendar algorithm), and windows of exactly 31 days (kept per
+/// day) and 31 days and a microsecond (not kept) there.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_day_functions_hold_at_the_ends_of_postgres_time(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    for zone in ["UTC", "Pacific/Kiritimati"] {
+        sqlx::query(&format!("SET TimeZone = '{zone}'"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for (at, day) in [
+            ("1970-01-01 00:00:00+00", 0),
+            ("1969-12-31 23:59:59.999999+00", -1),
+            ("2026-11-26 12:00:00+00", 20_783),
+            ("294276-12-31 23:59:59.999999+00", 106_762_939),
+            ("4714-11-24 00:00:00+00 BC", -2_440_588),
+        ] {
+            let got: i32 = sqlx::query_scalar("SELECT booking_day($1::text::timestamptz)")
+                .bind(at)
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            assert_eq!(got, day, "{at} in {zone}");
+        }
+        for start in ["294276-06-01 00:00:00+00", "4713-12-01 00:00:00+00 BC"] {
+            let (exact, over): (bool, bool) = sqlx::query_as(
+                "SELECT booking_counted_by_day(s, s + interval '31 days'),
+                        booking_counted_by_day(s, s + interval '31 days 1 microsecond')
+                 FROM (SELECT $1::text::timestamptz AS s) t",
+            )
+            .bind(start)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+            assert!(exact && !over, "{start} in {zone}: {exact} {over}");
+        }
+    }
 }
 
 /// The generic plan of one of the create's reads, as `booking_lock_and_read` runs it
