@@ -6,9 +6,10 @@ use sqlx::{PgConnection, PgPool, Row};
 
 /// Instants around the edges that matter: midnights UTC, a microsecond on either
 /// side, before 1970, and a window's end at midnight (half-open: it does not touch
-/// the next day). Within 1965-2125: there the first bodies were exact (they divided
-/// epoch seconds as numeric, whose rounding loses a microsecond in dates far from
-/// 1970; see `the_day_functions_hold_at_the_ends_of_postgres_time`).
+/// the next day), and random instants of 1965-2025. All within 1960-2101, where the
+/// first bodies were exact (they divided epoch seconds as numeric, whose rounding
+/// loses a microsecond in dates far from 1970; see
+/// `the_day_functions_hold_at_the_ends_of_postgres_time`).
 const EDGES: &str = "
     SELECT s, s + d AS e FROM unnest(ARRAY[
         timestamptz '2026-11-26 00:00:00+00', timestamptz '2026-11-25 23:59:59.999999+00',
@@ -70,9 +71,9 @@ async fn the_day_functions_are_inlined_and_give_the_same_days(pool: PgPool) {
 }
 
 /// Where the first bodies were not exact any more, the days are still whole: the
-/// first and nearly the last day Postgres holds (the days since 1970 computed apart,
-/// with the civil-calendar algorithm), and windows of exactly 31 days (kept per
-/// day) and 31 days and a microsecond (not kept) there.
+/// first and nearly the last day Postgres holds (the days since 1970 computed apart:
+/// Julian day 0, and the civil-calendar algorithm), and windows of exactly 31 days
+/// (kept per day) and 31 days and a microsecond (not kept) there.
 #[sqlx::test(migrations = "../migrations")]
 async fn the_day_functions_hold_at_the_ends_of_postgres_time(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
