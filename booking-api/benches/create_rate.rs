@@ -7,6 +7,8 @@
 //! GPU_BOOKING_BENCH_SECS sets the time given to each of the two (default 10), cut in
 //! GPU_BOOKING_BENCH_ROUNDS rounds (default 5) that alternate, so that a change in the
 //! machine's load hits both alike; the medians of the rounds are reported.
+//! GPU_BOOKING_BENCH_API_POOL=n gives the API a pool of its own of n connections (the
+//! service's `--db-max-connections`); by default it shares the baseline's 32.
 
 mod common;
 
@@ -64,7 +66,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let (baseline, created) = (median(baseline), median(created));
     println!(
-        "clients: {CLIENTS}, {rounds} rounds of {:.1} s each, Postgres pool: 32 connections",
+        "clients: {CLIENTS}, {rounds} rounds of {:.1} s each, Postgres pool: 32 connections (the API's: GPU_BOOKING_BENCH_API_POOL, else the same)",
         phase.as_secs_f64()
     );
     println!("bare one-row INSERT transactions: {baseline:>9.0} /s (median)");
@@ -201,7 +203,7 @@ struct Creates {
 
 impl Creates {
     async fn start(pool: &PgPool, secs: u64) -> anyhow::Result<Self> {
-        let api = TestApi::start(pool.clone()).await?;
+        let api = TestApi::start(common::api_pool(pool).await?).await?;
         let admin = api.token("admin@example.com", Some("admin"));
         let http = reqwest::Client::new();
         for m in 0..MODELS {

@@ -66,7 +66,7 @@ async fn main() -> anyhow::Result<()> {
     sqlx::query("CREATE TABLE bench_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL, at timestamptz NOT NULL)")
         .execute(&pool)
         .await?;
-    let api = Arc::new(TestApi::start(pool.clone()).await?);
+    let api = Arc::new(TestApi::start(common::api_pool(&pool).await?).await?);
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(400)
         .build()?;

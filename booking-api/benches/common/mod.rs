@@ -25,3 +25,22 @@ pub async fn fresh_database(base: &str, name: &str, connections: u32) -> anyhow:
         .connect(&url)
         .await?)
 }
+
+/// The pool the API under test gets: `pool` itself, or, with
+/// `GPU_BOOKING_BENCH_API_POOL=n`, a pool of its own of `n` connections to the same
+/// database (the service's `--db-max-connections`, 16 by default), so that creates can
+/// be measured with the service's pool size while the baseline keeps its clients.
+pub async fn api_pool(pool: &PgPool) -> anyhow::Result<PgPool> {
+    match std::env::var("GPU_BOOKING_BENCH_API_POOL")
+        .ok()
+        .and_then(|n| n.parse::<u32>().ok())
+        .filter(|&n| n > 0)
+    {
+        Some(n) => Ok(PgPoolOptions::new()
+            .max_connections(n)
+            .acquire_timeout(Duration::from_secs(120))
+            .connect_with((*pool.connect_options()).clone())
+            .await?),
+        None => Ok(pool.clone()),
+    }
+}
