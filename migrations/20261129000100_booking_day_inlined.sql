@@ -16,10 +16,11 @@
 -- subtracting an interval is immutable. (A first try, epoch seconds divided by
 -- 86,400 as numeric, lost the microsecond in the division's rounding for dates far
 -- ahead; dates are exact everywhere Postgres holds a timestamp.) Same arguments,
--- same results (the test `the_day_functions_are_inlined_and_give_the_same_days` in
--- booking-api/tests/day_functions.rs compares them with the old bodies, from the
--- first to nearly the last day Postgres holds), so the index that uses
--- `booking_counted_by_day` stays valid.
+-- same results, so the index that uses `booking_counted_by_day` stays valid
+-- (booking-api/tests/day_functions.rs: `the_day_functions_are_inlined_and_give_the_same_days`
+-- compares them with the old bodies over 1960-2101, where those were exact;
+-- `the_day_functions_hold_at_the_ends_of_postgres_time` checks the first and nearly
+-- the last day Postgres holds).
 
 CREATE OR REPLACE FUNCTION booking_day(p_at timestamptz) RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$
