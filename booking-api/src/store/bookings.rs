@@ -69,10 +69,12 @@ impl BookingRow {
     }
 }
 
-/// A row of `booking_lock_and_read` (migrations): `m` with the model's units in
-/// `o_slot`, `u` a booking of the user, `o` a booking of the model over the window.
-/// Every column of a function may be null as far as sqlx can tell.
+/// A row of `booking_lock_and_read_batch` (migrations): for the batch's create
+/// `o_req` (from 1), `m` with the model's units in `o_slot`, `u` a booking of the
+/// user, `o` a booking of the model over the window. Every column of a function may be
+/// null as far as sqlx can tell.
 struct LockedRead {
+    o_req: Option<i32>,
     o_kind: Option<String>,
     o_id: Option<i64>,
     o_start: Option<DateTime<Utc>>,
@@ -82,6 +84,7 @@ struct LockedRead {
 }
 
 /// A booking request after authentication.
+#[derive(Clone, Copy)]
 pub struct NewBooking<'a> {
     pub user: &'a Username,
     pub model: &'a str,
@@ -103,6 +106,80 @@ enum Scope {
     Model,
 }
 
+/// What a create's locked reads found: the model's units (`None`: no such model),
+/// the user's bookings and the model's bookings over the window.
+#[derive(Default)]
+struct Found {
+    units: Option<u32>,
+    own: Vec<Window>,
+    overlapping: Vec<Held>,
+}
+
+impl Found {
+    fn add(&mut self, row: LockedRead) {
+        let held = match (row.o_id, row.o_start, row.o_end, row.o_slots) {
+            (Some(id), Some(s), Some(e), Some(slots)) => Window::new(s, e)
+                .ok()
+                .map(|window| Held { id, window, slots }),
+            _ => None,
+        };
+        match (row.o_kind.as_deref(), held) {
+            (Some("m"), _) => {
+                self.units = Some(u32::try_from(row.o_slot.unwrap_or(0)).unwrap_or(0))
+            }
+            (Some("u"), Some(h)) => self.own.push(h.window),
+            (Some("o"), Some(h)) => self.overlapping.push(h),
+            _ => {}
+        }
+    }
+}
+
+/// A create that passed the checks made before any lock.
+#[derive(Clone)]
+struct Checked<'r, 'a> {
+    now: DateTime<Utc>,
+    req: &'r NewBooking<'a>,
+    window: Window,
+    need: u32,
+}
+
+/// The decision on one create from what its locks read (`core`'s rules and capacity).
+enum Judged {
+    /// Created on these units.
+    Slots(Vec<i32>),
+    /// It fits by count, but only if planned bookings move to other units.
+    NeedsMoves,
+    /// It does not fit: refused, with the earliest start that would.
+    Full,
+}
+
+fn judge(policy: &Policy, c: &Checked<'_, '_>, found: &Found) -> Result<Judged, StoreError> {
+    let units = found
+        .units
+        .ok_or_else(|| StoreError::UnknownModel(c.req.model.to_owned()))?;
+    rules::check_user(policy, c.now, &c.window, &found.own, c.req.override_rules)?;
+    let overlapping_windows =
+        capacity::unit_windows(found.overlapping.iter().map(|h| (h.window, h.units())));
+    if !capacity::fits_units(units, &overlapping_windows, &c.window, c.need) {
+        return Ok(Judged::Full);
+    }
+    Ok(
+        match capacity::free_slots(units, &found.overlapping, &c.window, c.need) {
+            Some(slots) => Judged::Slots(slots),
+            None => Judged::NeedsMoves,
+        },
+    )
+}
+
+/// What became of one create of a batch.
+enum Outcome {
+    Created(BookingRow),
+    Refused(StoreError),
+    /// Needs planned bookings moved, which its locks do not allow: it starts again
+    /// under its model's lock exclusive.
+    NeedsModelLock,
+}
+
 /// Creates a booking: every rule checked in one transaction under the user's lock
 /// and the locks of the model's days that the window touches (DESIGN.md, Booking
 /// store; migration 20261125000200). The exclusion constraints only back this up.
@@ -114,14 +191,106 @@ pub async fn create(
     now: DateTime<Utc>,
     req: NewBooking<'_>,
 ) -> Result<BookingRow, StoreError> {
-    let mut tx = pool.begin().await?;
-    if let Some(row) = create_locked(&mut tx, policy, now, &req, Scope::Days).await? {
-        tx.commit().await.map_err(constraint_refusal)?;
-        return Ok(row);
+    create_many(pool, policy, &[(now, req)])
+        .await
+        .pop()
+        .unwrap_or_else(|| Err(StoreError::Database(sqlx::Error::RowNotFound)))
+}
+
+/// Creates that arrived together (`crate::create_queue`), each with the time it
+/// arrived: one transaction takes the locks of all of them (in the global order,
+/// migration 20261130000100) and reads for each, `core` judges each alone in the
+/// order given, counting the ones before it that it accepted, and one statement per
+/// table writes the accepted ones. The answers are those of creating them one after
+/// the other in that order. Should the batch's writing fail (a database refusal
+/// that no rule foresaw, such as a user whose label keys another user holds), each
+/// is created alone instead, so that one create's failure is its own.
+pub async fn create_many(
+    pool: &PgPool,
+    policy: &Policy,
+    reqs: &[(DateTime<Utc>, NewBooking<'_>)],
+) -> Vec<Result<BookingRow, StoreError>> {
+    let mut answers: Vec<Option<Result<BookingRow, StoreError>>> = Vec::new();
+    let mut checked = Vec::new();
+    for (i, (now, req)) in reqs.iter().enumerate() {
+        answers.push(None);
+        match check(policy, *now, req) {
+            Ok(c) => checked.push((i, c)),
+            Err(e) => answers[i] = Some(Err(e)),
+        }
     }
-    tx.rollback().await?;
+    let batch: Vec<Checked<'_, '_>> = checked.iter().map(|(_, c)| c.clone()).collect();
+    let outcomes = match in_one_transaction(pool, policy, &batch).await {
+        Ok(outcomes) => outcomes,
+        Err(e) if batch.len() <= 1 => vec![Outcome::Refused(constraint_refusal(e))],
+        Err(e) => {
+            tracing::info!(error = %e, creates = batch.len(), "a batch of creates failed; creating each alone");
+            let mut alone = Vec::new();
+            for c in &batch {
+                alone.push(
+                    match in_one_transaction(pool, policy, std::slice::from_ref(c)).await {
+                        Ok(mut o) => o.pop().unwrap_or(Outcome::NeedsModelLock),
+                        Err(e) => Outcome::Refused(constraint_refusal(e)),
+                    },
+                );
+            }
+            alone
+        }
+    };
+    for ((i, c), outcome) in checked.iter().zip(outcomes) {
+        answers[*i] = Some(match outcome {
+            Outcome::Created(row) => Ok(row),
+            Outcome::Refused(e) => Err(e),
+            Outcome::NeedsModelLock => create_moving(pool, policy, c).await,
+        });
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| Err(StoreError::Database(sqlx::Error::RowNotFound))))
+        .collect()
+}
+
+/// The checks made before any lock.
+fn check<'r, 'a>(
+    policy: &Policy,
+    now: DateTime<Utc>,
+    req: &'r NewBooking<'a>,
+) -> Result<Checked<'r, 'a>, StoreError> {
+    let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
+    let need = rules::check_units(policy, req.units, req.override_rules)?;
+    Ok(Checked {
+        now,
+        req,
+        window,
+        need,
+    })
+}
+
+/// The batch in a transaction of its own, committed; an error of the database
+/// (the transaction's, its writing's or its commit's) undoes all of it.
+async fn in_one_transaction(
+    pool: &PgPool,
+    policy: &Policy,
+    batch: &[Checked<'_, '_>],
+) -> Result<Vec<Outcome>, sqlx::Error> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut tx = pool.begin().await?;
-    let row = create_in(&mut tx, policy, now, req).await?;
+    let outcomes = create_locked(&mut tx, policy, batch, Scope::Days).await?;
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// A create that needs other bookings moved: again, under its model's lock
+/// exclusive.
+async fn create_moving(
+    pool: &PgPool,
+    policy: &Policy,
+    c: &Checked<'_, '_>,
+) -> Result<BookingRow, StoreError> {
+    let mut tx = pool.begin().await?;
+    let row = create_in(&mut tx, policy, c.now, *c.req).await?;
     tx.commit().await.map_err(constraint_refusal)?;
     Ok(row)
 }
@@ -137,114 +306,228 @@ pub async fn create_in(
     req: NewBooking<'_>,
 ) -> Result<BookingRow, StoreError> {
     // Checked before any lock, as under the day locks.
-    rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
-    rules::check_units(policy, req.units, req.override_rules)?;
+    let c = check(policy, now, &req)?;
     lock_user_and_model(tx, req.user.as_str(), req.model).await?;
-    create_locked(tx, policy, now, &req, Scope::Model)
-        .await?
-        .ok_or(StoreError::Capacity(CapacityRefusal::NoUnitAssignable))
+    match create_locked(tx, policy, std::slice::from_ref(&c), Scope::Model)
+        .await
+        .map_err(constraint_refusal)?
+        .pop()
+    {
+        Some(Outcome::Created(row)) => Ok(row),
+        Some(Outcome::Refused(e)) => Err(e),
+        _ => Err(StoreError::Capacity(CapacityRefusal::NoUnitAssignable)),
+    }
 }
 
-/// The create under `scope`'s locks (which it takes with its reads); `None` when the
-/// booking needs other bookings moved and `scope` does not allow that.
+/// The batch's creates under `scope`'s locks (which it takes with its reads), in
+/// order. A create that needs other bookings moved gets them moved under the model's
+/// lock (`Scope::Model`, one create) or is answered `NeedsModelLock`.
 async fn create_locked(
     tx: &mut Transaction<'_, Postgres>,
     policy: &Policy,
-    now: DateTime<Utc>,
-    req: &NewBooking<'_>,
+    batch: &[Checked<'_, '_>],
     scope: Scope,
-) -> Result<Option<BookingRow>, StoreError> {
-    let window = rules::check_request(policy, now, req.start, req.end, req.override_rules)?;
-    let need = rules::check_units(policy, req.units, req.override_rules)?;
-    // The locks, then the user's bookings and the model's bookings over the window:
-    // one round trip, so the model stays locked for as little as possible.
+) -> Result<Vec<Outcome>, sqlx::Error> {
+    // The locks, then each create's reads: one round trip, so the model stays
+    // locked for as little as possible.
+    let users: Vec<&str> = batch.iter().map(|c| c.req.user.as_str()).collect();
+    let models: Vec<&str> = batch.iter().map(|c| c.req.model).collect();
+    let starts: Vec<DateTime<Utc>> = batch.iter().map(|c| c.window.start()).collect();
+    let ends: Vec<DateTime<Utc>> = batch.iter().map(|c| c.window.end()).collect();
     let rows: Vec<LockedRead> = sqlx::query_as!(
         LockedRead,
-        "SELECT * FROM booking_lock_and_read($1, $2, $3, $4)",
-        req.user.as_str(),
-        req.model,
-        window.start(),
-        window.end()
+        "SELECT * FROM booking_lock_and_read_batch($1, $2, $3, $4)",
+        &users as &[&str],
+        &models as &[&str],
+        &starts,
+        &ends
     )
     .fetch_all(&mut **tx)
     .await?;
-    let mut units = None;
-    let mut own = Vec::new();
-    let mut overlapping = Vec::new();
+    let mut found: Vec<Found> = batch.iter().map(|_| Found::default()).collect();
     for row in rows {
-        let held = match (row.o_id, row.o_start, row.o_end, row.o_slots) {
-            (Some(id), Some(s), Some(e), Some(slots)) => Window::new(s, e)
-                .ok()
-                .map(|window| Held { id, window, slots }),
-            _ => None,
-        };
-        match (row.o_kind.as_deref(), held) {
-            (Some("m"), _) => units = Some(u32::try_from(row.o_slot.unwrap_or(0)).unwrap_or(0)),
-            (Some("u"), Some(h)) => own.push(h.window),
-            (Some("o"), Some(h)) => overlapping.push(h),
-            _ => {}
+        let i = row.o_req.and_then(|i| usize::try_from(i).ok());
+        if let Some(f) = i
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| found.get_mut(i))
+        {
+            f.add(row);
         }
     }
-    let units = units.ok_or_else(|| StoreError::UnknownModel(req.model.to_owned()))?;
 
-    rules::check_user(policy, now, &window, &own, req.override_rules)?;
-    let overlapping_windows =
-        capacity::unit_windows(overlapping.iter().map(|h| (h.window, h.units())));
-    if !capacity::fits_units(units, &overlapping_windows, &window, need) {
-        return Err(capacity_refusal(tx, req.model, units, &window, need)
-            .await?
-            .into());
+    // Each judged alone, in order, with the ones before it that it accepted counted
+    // as bookings already made (`made`). A refusal for capacity names the earliest
+    // start that would fit from the same bookings: those in the database and those
+    // made before it.
+    let mut made: Vec<(&str, Held)> = Vec::new();
+    // Per create: its units, `None` if it needs other bookings moved; or its refusal.
+    let mut verdicts: Vec<Result<Option<Vec<i32>>, StoreError>> = Vec::with_capacity(batch.len());
+    for (i, c) in batch.iter().enumerate() {
+        let units = found[i].units.unwrap_or(0);
+        let verdict = match judge(policy, c, &found[i]) {
+            Ok(Judged::Slots(slots)) => Ok(Some(slots)),
+            Ok(Judged::NeedsMoves) if scope == Scope::Model => {
+                reassign_slots(tx, c.req.model, units, c.now, &c.window, c.need, None)
+                    .await
+                    .map(Some)
+            }
+            Ok(Judged::NeedsMoves) => Ok(None),
+            Ok(Judged::Full) => {
+                let before: Vec<&Held> = made
+                    .iter()
+                    .filter(|(model, _)| *model == c.req.model)
+                    .map(|(_, h)| h)
+                    .collect();
+                let refusal =
+                    capacity_refusal(tx, c.req.model, units, &c.window, c.need, &before).await?;
+                Err(refusal.into())
+            }
+            Err(e) => Err(e),
+        };
+        if let Ok(Some(slots)) = &verdict {
+            let pending = Held {
+                // Not in the database yet: no id to collide with one that is.
+                id: -1 - i as i64,
+                window: c.window,
+                slots: slots.clone(),
+            };
+            for (later, f) in batch.iter().zip(found.iter_mut()).skip(i + 1) {
+                if later.req.user.as_str() == c.req.user.as_str() {
+                    f.own.push(c.window);
+                }
+                if later.req.model == c.req.model && later.window.overlaps(&c.window) {
+                    f.overlapping.push(pending.clone());
+                }
+            }
+            made.push((c.req.model, pending));
+        }
+        verdicts.push(verdict);
     }
-    let slots = match capacity::free_slots(units, &overlapping, &window, need) {
-        Some(slots) => slots,
-        None if scope == Scope::Days => return Ok(None),
-        None => reassign_slots(tx, req.model, units, now, &window, need, None).await?,
-    };
 
-    // The user (for slug look-ups), the booking and its audit row in one statement.
-    let action = if req.override_rules {
-        "booking.create_override"
-    } else {
-        "booking.create"
-    };
-    let user_slugs = slugs(req.user.as_str());
-    // A new user's label keys (name and both slugs) go with it; one that another user
-    // holds fails `user_key_pkey` (migration 20261123000010): username_collision.
-    let keys: Vec<String> = req.user.lookup_keys().into_iter().collect();
-    let row: BookingRow = sqlx::query_as!(
+    let accepted: Vec<(&Checked<'_, '_>, &[i32])> = batch
+        .iter()
+        .zip(&verdicts)
+        .filter_map(|(c, v)| match v {
+            Ok(Some(slots)) => Some((c, slots.as_slice())),
+            _ => None,
+        })
+        .collect();
+    let mut written = insert_created(tx, &accepted).await?;
+
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for (c, verdict) in batch.iter().zip(verdicts) {
+        outcomes.push(match verdict {
+            Ok(Some(_)) => {
+                let at = written.iter().position(|row| {
+                    row.user_name == c.req.user.as_str() && row.start_at == c.window.start()
+                });
+                match at {
+                    Some(at) => Outcome::Created(written.swap_remove(at)),
+                    None => return Err(sqlx::Error::RowNotFound),
+                }
+            }
+            Ok(None) => Outcome::NeedsModelLock,
+            Err(e) => Outcome::Refused(e),
+        });
+    }
+    Ok(outcomes)
+}
+
+/// Writes the accepted creates: their users (for slug look-ups) with their label
+/// keys, the bookings and their audit rows, in one statement. A new user's label keys
+/// (name and both slugs) go with it; one that another user holds fails
+/// `user_key_pkey` (migration 20261123000010): username_collision.
+async fn insert_created(
+    tx: &mut Transaction<'_, Postgres>,
+    accepted: &[(&Checked<'_, '_>, &[i32])],
+) -> Result<Vec<BookingRow>, sqlx::Error> {
+    if accepted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut users = Vec::new();
+    let mut models = Vec::new();
+    let mut starts = Vec::new();
+    let mut ends = Vec::new();
+    let mut overrides = Vec::new();
+    let mut creators = Vec::new();
+    let mut ats = Vec::new();
+    let (mut slot_from, mut slot_to, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut escapes, mut safes) = (Vec::new(), Vec::new());
+    let (mut keys, mut key_users) = (Vec::new(), Vec::new());
+    for (c, unit_slots) in accepted {
+        let user = c.req.user.as_str();
+        if !users.contains(&user) {
+            for key in c.req.user.lookup_keys() {
+                keys.push(key);
+                key_users.push(user);
+            }
+        }
+        let user_slugs = slugs(user);
+        users.push(user);
+        escapes.push(user_slugs.escape);
+        safes.push(user_slugs.safe);
+        models.push(c.req.model);
+        starts.push(c.window.start());
+        ends.push(c.window.end());
+        overrides.push(c.req.override_rules);
+        creators.push(c.req.created_by);
+        ats.push(c.now);
+        // Postgres arrays of arrays are rectangular: one flat array, with each
+        // booking's bounds in it (1-based, inclusive).
+        slot_from.push(slots.len() as i32 + 1);
+        slots.extend_from_slice(unit_slots);
+        slot_to.push(slots.len() as i32);
+    }
+    sqlx::query_as!(
         BookingRow,
-        r#"WITH known AS (
-            INSERT INTO app_user (name, escape_slug, safe_slug) VALUES ($1, $9, $10) ON CONFLICT (name) DO NOTHING
+        r#"WITH r AS (
+            SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::boolean[],
+                                 $6::text[], $7::timestamptz[], $8::integer[], $9::integer[], $11::text[], $12::text[])
+                WITH ORDINALITY AS r(user_name, model, start_at, end_at, override, created_by, at, slot_from, slot_to,
+                                     escape_slug, safe_slug, i)
+         ), known AS (
+            INSERT INTO app_user (name, escape_slug, safe_slug)
+            SELECT DISTINCT ON (user_name) user_name, escape_slug, safe_slug FROM r ORDER BY user_name, i
+            ON CONFLICT (name) DO NOTHING
             RETURNING name
          ), keys AS (
-            INSERT INTO user_key (key, user_name) SELECT k, known.name FROM known, unnest($12::text[]) AS k
+            INSERT INTO user_key (key, user_name)
+            SELECT k.key, k.user_name FROM unnest($13::text[], $14::text[]) AS k(key, user_name)
+            JOIN known ON known.name = k.user_name
          ), created AS (
             INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at)
-            VALUES ($1, $2, $3, cardinality($3::integer[]), $4, $5, $5, $6, $7, $8, $8) RETURNING *
+            SELECT user_name, model, ($10::integer[])[slot_from:slot_to], slot_to - slot_from + 1, start_at, end_at, end_at,
+                   override, created_by, at, at
+            FROM r ORDER BY i
+            RETURNING *
          ), audited AS (
             INSERT INTO audit_event (at, actor, action, subject, user_name, booking_id, details)
-            SELECT $8, $7, $11, $2, $1, id, jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot, 'units', units, 'slots', slots) FROM created
+            SELECT created_at, created_by,
+                   CASE WHEN override THEN 'booking.create_override' ELSE 'booking.create' END,
+                   model, user_name, id,
+                   jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot, 'units', units, 'slots', slots)
+            FROM created
          )
          SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
                 cancelled_at, ended_early_at, override AS override_rules, created_at
          FROM created"#,
-        req.user.as_str(),
-        req.model,
+        &users as &[&str],
+        &models as &[&str],
+        &starts,
+        &ends,
+        &overrides,
+        &creators as &[&str],
+        &ats,
+        &slot_from,
+        &slot_to,
         &slots,
-        window.start(),
-        window.end(),
-        req.override_rules,
-        req.created_by,
-        now,
-        &user_slugs.escape,
-        &user_slugs.safe,
-        action,
-        &keys
+        &escapes,
+        &safes,
+        &keys,
+        &key_users as &[&str]
     )
-    .fetch_one(&mut **tx)
+    .fetch_all(&mut **tx)
     .await
-    .map_err(constraint_refusal)?;
-    Ok(Some(row))
 }
 
 /// The user's bookings that are not cancelled, by their effective windows.
@@ -319,16 +602,27 @@ async fn reassign_slots(
 }
 
 /// The refusal of a booking that does not fit: with the earliest start from which
-/// one of the same length and units would (`capacity::refuse_full`).
+/// one of the same length and units would (`capacity::refuse_full`), counting the
+/// model's bookings in the database and `made`, those of its batch not written yet.
 async fn capacity_refusal(
     tx: &mut Transaction<'_, Postgres>,
     model: &str,
     units: u32,
     window: &Window,
     need: u32,
-) -> Result<CapacityRefusal, StoreError> {
+    made: &[&Held],
+) -> sqlx::Result<CapacityRefusal> {
     let later = held(&mut **tx, model, window.start(), DateTime::<Utc>::MAX_UTC).await?;
-    let windows = capacity::unit_windows(later.iter().map(|h| (h.window, h.units())));
+    let made_later = made
+        .iter()
+        .copied()
+        .filter(|h| h.window.end() > window.start());
+    let windows = capacity::unit_windows(
+        later
+            .iter()
+            .chain(made_later)
+            .map(|h| (h.window, h.units())),
+    );
     Ok(capacity::refuse_full(model, units, need, window, &windows))
 }
 
@@ -546,7 +840,7 @@ pub async fn change_window(
     let windows = capacity::unit_windows(overlapping.iter().map(|h| (h.window, h.units())));
     if !capacity::fits_units(units_u32(units), &windows, &window, need) {
         return Err(
-            capacity_refusal(&mut tx, &row.model, units_u32(units), &window, need)
+            capacity_refusal(&mut tx, &row.model, units_u32(units), &window, need, &[])
                 .await?
                 .into(),
         );
