@@ -6,6 +6,7 @@ pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod create_queue;
 pub mod declared;
 pub mod error;
 pub mod extract;

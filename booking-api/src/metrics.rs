@@ -74,6 +74,8 @@ pub struct Metrics {
     pub duration: Family<RouteLabels, Histogram>,
     /// Booking create attempts by result: `created` or the refusing rule's code.
     pub booking_creates: Family<ResultLabels, Counter>,
+    /// Creates written together (`crate::create_queue`): 1 when a worker was idle.
+    pub create_batch_size: Histogram,
     pub state: StateGauges,
 }
 
@@ -99,6 +101,12 @@ impl Default for Metrics {
             "booking_creates",
             "Booking create attempts by result",
             booking_creates.clone(),
+        );
+        let create_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 4));
+        registry.register(
+            "booking_create_batch_size",
+            "Booking creates decided and written in one transaction",
+            create_batch_size.clone(),
         );
         let state = StateGauges::default();
         registry.register(
@@ -136,6 +144,7 @@ impl Default for Metrics {
             requests,
             duration,
             booking_creates,
+            create_batch_size,
             state,
         }
     }

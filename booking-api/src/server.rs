@@ -61,12 +61,19 @@ pub fn authenticator(auth: &AuthArgs) -> anyhow::Result<Authenticator> {
 }
 
 pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
+    let policy = Arc::new(args.policy.policy());
+    let metrics = Arc::new(Metrics::default());
     AppState {
+        creates: crate::create_queue::CreateQueue::new(
+            pool.clone(),
+            policy.clone(),
+            metrics.clone(),
+        ),
         pool,
-        policy: Arc::new(args.policy.policy()),
+        policy,
         clock: Arc::new(SystemClock),
         auth,
-        metrics: Arc::new(Metrics::default()),
+        metrics,
         page: crate::page::Page::new(&args.oidc),
         names: gpu_booking_core::username::NameCase::from_switch(args.case_sensitive_names),
         ambiguity_audit: crate::state::ambiguity_audit_bucket(),

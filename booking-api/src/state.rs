@@ -36,6 +36,8 @@ pub struct AppState {
     pub notices: crate::notices::Channels,
     /// Wakes long polls of `/api/v1/booking-changes` (one watch per process).
     pub changes: crate::store::changes::ChangeFeed,
+    /// Booking creates wait here to be written in batches (`crate::create_queue`).
+    pub creates: crate::create_queue::CreateQueue,
 }
 
 /// Audit rows for ambiguous slugs at once, and per second after that.

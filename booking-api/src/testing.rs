@@ -20,6 +20,8 @@ pub struct TestApi {
     pub url: String,
     pub addr: SocketAddr,
     pub pool: PgPool,
+    /// The API's metrics, as its `/metrics` would show them.
+    pub metrics: Arc<Metrics>,
     secret: Vec<u8>,
 }
 
@@ -36,6 +38,7 @@ impl TestApi {
     ) -> anyhow::Result<TestApi> {
         let secret = random_secret();
         let state = test_state(pool.clone(), policy, clock, &secret);
+        let metrics = state.metrics.clone();
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let app = crate::app::router(state);
@@ -46,6 +49,7 @@ impl TestApi {
             url: format!("http://{addr}"),
             addr,
             pool,
+            metrics,
             secret,
         })
     }
@@ -58,12 +62,19 @@ impl TestApi {
 
 /// State for driving the router without a socket.
 pub fn test_state(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>, secret: &[u8]) -> AppState {
+    let policy = Arc::new(policy);
+    let metrics = Arc::new(Metrics::default());
     AppState {
+        creates: crate::create_queue::CreateQueue::new(
+            pool.clone(),
+            policy.clone(),
+            metrics.clone(),
+        ),
         pool,
-        policy: Arc::new(policy),
+        policy,
         clock,
         auth: Authenticator::new(Some(secret), None),
-        metrics: Arc::new(Metrics::default()),
+        metrics,
         page: crate::page::Page::default(),
         names: gpu_booking_core::username::NameCase::default(),
         ambiguity_audit: crate::state::ambiguity_audit_bucket(),

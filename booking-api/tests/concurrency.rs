@@ -191,7 +191,24 @@ async fn storm(pool: PgPool, size: Storm) {
         tally.refused.load(Ordering::Relaxed),
         tally.cancelled.load(Ordering::Relaxed),
     );
-    println!("created {created}, refused {refused}, cancelled {cancelled}");
+    // Creates that met in the queue were written together (`create_queue`).
+    let metrics = api.metrics.encode();
+    let count = |line: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let batches = count("gpu_booking_api_booking_create_batch_size_count ");
+    let alone = count("gpu_booking_api_booking_create_batch_size_bucket{le=\"1.0\"} ");
+    println!(
+        "created {created}, refused {refused}, cancelled {cancelled}; {batches} batches, {alone} of one create"
+    );
+    assert!(
+        batches > alone,
+        "the storm's creates met in batches of more than one"
+    );
     assert_eq!(
         tally.server_errors.load(Ordering::Relaxed),
         0,

@@ -8,11 +8,12 @@ use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::Caller;
+use crate::create_queue::Create;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
 use crate::metrics::ResultLabels;
 use crate::state::AppState;
-use crate::store::bookings::{self, NewBooking};
+use crate::store::bookings;
 use gpu_booking_core::wire::Booking;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -60,22 +61,22 @@ pub async fn create(
         None => caller.user.clone(),
     };
     let now = state.clock.now();
-    let result = bookings::create(
-        &state.pool,
-        &state.policy,
-        now,
-        NewBooking {
-            user: &user,
-            model: &body.model,
-            units: body.units,
-            start: body.start,
-            end: body.end,
-            override_rules: body.override_rules,
-            created_by: caller.user.as_str(),
-        },
-    )
-    .await
-    .map_err(ApiError::from);
+    let result = state
+        .creates
+        .create(
+            now,
+            Create {
+                user,
+                model: body.model,
+                units: body.units,
+                start: body.start,
+                end: body.end,
+                override_rules: body.override_rules,
+                created_by: caller.user.as_str().to_owned(),
+            },
+        )
+        .await
+        .map_err(ApiError::from);
     let outcome = match &result {
         Ok(_) => "created",
         Err(e) => e.code(),
