@@ -385,17 +385,20 @@ async fn create_locked(
             Err(e) => Err(e),
         };
         if let Ok(Some(slots)) = &verdict {
+            // As the database will hold it, which is what a create after it alone
+            // would read.
+            let window = stored(&c.window);
             let pending = Held {
                 // Not in the database yet: no id to collide with one that is.
                 id: -1 - i as i64,
-                window: c.window,
+                window,
                 slots: slots.clone(),
             };
             for (later, f) in batch.iter().zip(found.iter_mut()).skip(i + 1) {
                 if later.req.user.as_str() == c.req.user.as_str() {
-                    f.own.push(c.window);
+                    f.own.push(window);
                 }
-                if later.req.model == c.req.model && later.window.overlaps(&c.window) {
+                if later.req.model == c.req.model && later.window.overlaps(&window) {
                     f.overlapping.push(pending.clone());
                 }
             }
@@ -412,20 +415,19 @@ async fn create_locked(
             _ => None,
         })
         .collect();
-    let mut written = insert_created(tx, &accepted).await?;
+    let written = insert_created(tx, &accepted).await?;
+    if written.len() != accepted.len() {
+        return Err(sqlx::Error::RowNotFound);
+    }
 
+    let mut written = written.into_iter();
     let mut outcomes = Vec::with_capacity(batch.len());
-    for (c, verdict) in batch.iter().zip(verdicts) {
+    for verdict in verdicts {
         outcomes.push(match verdict {
-            Ok(Some(_)) => {
-                let at = written.iter().position(|row| {
-                    row.user_name == c.req.user.as_str() && row.start_at == c.window.start()
-                });
-                match at {
-                    Some(at) => Outcome::Created(written.swap_remove(at)),
-                    None => return Err(sqlx::Error::RowNotFound),
-                }
-            }
+            Ok(Some(_)) => match written.next() {
+                Some(row) => Outcome::Created(row),
+                None => return Err(sqlx::Error::RowNotFound),
+            },
             Ok(None) => Outcome::NeedsModelLock,
             Err(e) => Outcome::Refused(e),
         });
@@ -433,8 +435,23 @@ async fn create_locked(
     Ok(outcomes)
 }
 
+/// `window` as Postgres keeps it: in whole microseconds, cut as sqlx sends them
+/// (the microseconds since 2000-01-01, toward zero).
+fn stored(window: &Window) -> Window {
+    let epoch = DateTime::<Utc>::from_timestamp(946_684_800, 0).unwrap_or_default();
+    let cut = |t: DateTime<Utc>| {
+        (t - epoch)
+            .num_microseconds()
+            .map(|us| epoch + TimeDelta::microseconds(us))
+            .unwrap_or(t)
+    };
+    Window::new(cut(window.start()), cut(window.end())).unwrap_or(*window)
+}
+
 /// Writes the accepted creates: their users (for slug look-ups) with their label
-/// keys, the bookings and their audit rows, in one statement. A new user's label keys
+/// keys, the bookings and their audit rows, in one statement; the bookings come back
+/// in the order of `accepted` (a user's accepted creates never start at one instant:
+/// their windows do not overlap). A new user's label keys
 /// (name and both slugs) go with it; one that another user holds fails
 /// `user_key_pkey` (migration 20261123000010): username_collision.
 async fn insert_created(
@@ -508,9 +525,10 @@ async fn insert_created(
                    jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot, 'units', units, 'slots', slots)
             FROM created
          )
-         SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
-                cancelled_at, ended_early_at, override AS override_rules, created_at
-         FROM created"#,
+         SELECT c.id, c.user_name, c.model, c.slot AS "slot!", c.units, c.slots, c.start_at, c.end_at,
+                c.booked_end_at, c.cancelled_at, c.ended_early_at, c.override AS override_rules, c.created_at
+         FROM created c JOIN r ON r.user_name = c.user_name AND r.start_at = c.start_at
+         ORDER BY r.i"#,
         &users as &[&str],
         &models as &[&str],
         &starts,
