@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What each guarantee of a booking create costs (issue 17), measured with pgbench on
 # the statements the service sends for a create (store::bookings::create_locked:
-# `booking_lock_and_read`, then the one statement that writes the user, the booking
-# and its audit row), taking one guarantee away at a time, against a bare one-row
-# INSERT transaction in the same run. Not a test: it prints transactions/s, latency
-# and the ratios.
+# `booking_lock_and_read_batch`, then insert_created, the one statement that writes
+# the users, the bookings and their audit rows), taking one guarantee away at a time,
+# against a bare one-row INSERT transaction in the same run; and the same creates in
+# the batches that the API's create queue makes of creates that meet. Not a test: it
+# prints transactions/s, latency and the ratios.
 #
 #   scripts/create-cost.sh [seconds per variant, default 10] [clients, default 32]
 #
@@ -19,6 +20,8 @@
 #   create      the service's statements: every guarantee
 #   async       the full create with synchronous_commit off (a created booking may be
 #               lost in a crash of the database), beside `bare` with it off
+#   batch4,     every guarantee, 4 (8) creates a transaction at a quarter (an
+#   batch8      eighth) of the clients: as many creates in flight as `create`
 #   no-audit    without the audit row (the audit trail of every create)
 #   no-days     also without the units per model and day (booking_day_units: the
 #               bound that /schedulability and /me/next-start read first)
@@ -84,34 +87,43 @@ INSERT INTO bench_row (v, at) VALUES (:v, now());
 END;
 SQL
 
-# The create's two statements, as in store::bookings::create_locked; the parameters
-# are the ones the service would bind (the slugs and label keys of a plain name are
-# the name itself).
-create_script() { # $1: with the locks and reads (1/0), $2: with the audit row (1/0)
-  cat <<'SQL'
-\set u random(1, 4611686018427387903)
-\set m random(0, 39)
-\set h random(1, 8760)
-\set d random(1, 3)
-BEGIN;
+# The create's two statements, as in store::bookings::create_locked and
+# insert_created (a batch of `k` creates: the API's create queue batches the creates
+# that meet); the parameters are the ones the service would bind (the slugs and label
+# keys of a plain name are the name itself).
+create_script() { # $1: creates per transaction, $2: with the locks and reads (1/0), $3: with the audit row (1/0)
+  local k="$1" i sep="" users="" models="" starts="" ends=""
+  for i in $(seq 1 "$k"); do
+    cat <<SQL
+\set u$i random(1, 4611686018427387903)
+\set m$i random(0, 39)
+\set h$i random(1, 8760)
+\set d$i random(1, 3)
 SQL
-  if [ "$1" = 1 ]; then
-    cat <<'SQL'
-SELECT * FROM booking_lock_and_read('pgb' || :u, 'pg-' || lpad(:m::text, 2, '0'), date_trunc('hour', now()) + make_interval(hours => :h), date_trunc('hour', now()) + make_interval(hours => :h, days => :d));
-SQL
+    users+="$sep'pgb' || :u$i"
+    models+="$sep'pg-' || lpad(:m$i::text, 2, '0')"
+    starts+="${sep}date_trunc('hour', now()) + make_interval(hours => :h$i)"
+    ends+="${sep}date_trunc('hour', now()) + make_interval(hours => :h$i, days => :d$i)"
+    sep=", "
+  done
+  echo "BEGIN;"
+  if [ "$2" = 1 ]; then
+    echo "SELECT * FROM booking_lock_and_read_batch(ARRAY[$users], ARRAY[$models], ARRAY[$starts], ARRAY[$ends]);"
   fi
   local audited=""
-  if [ "$2" = 1 ]; then
-    audited=", audited AS (INSERT INTO audit_event (at, actor, action, subject, user_name, booking_id, details) SELECT now(), 'pgb' || :u, 'booking.create', 'pg-' || lpad(:m::text, 2, '0'), 'pgb' || :u, id, jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot, 'units', units, 'slots', slots) FROM created)"
+  if [ "$3" = 1 ]; then
+    audited=", audited AS (INSERT INTO audit_event (at, actor, action, subject, user_name, booking_id, details) SELECT created_at, created_by, 'booking.create', model, user_name, id, jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot, 'units', units, 'slots', slots) FROM created)"
   fi
   cat <<SQL
-WITH known AS (INSERT INTO app_user (name, escape_slug, safe_slug) VALUES ('pgb' || :u, 'pgb' || :u, 'pgb' || :u) ON CONFLICT (name) DO NOTHING RETURNING name), keys AS (INSERT INTO user_key (key, user_name) SELECT k, known.name FROM known, unnest(ARRAY['pgb' || :u]) AS k), created AS (INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at) VALUES ('pgb' || :u, 'pg-' || lpad(:m::text, 2, '0'), ARRAY[nextval('bench_slot')::integer], 1, date_trunc('hour', now()) + make_interval(hours => :h), date_trunc('hour', now()) + make_interval(hours => :h, days => :d), date_trunc('hour', now()) + make_interval(hours => :h, days => :d), false, 'pgb' || :u, now(), now()) RETURNING *)$audited SELECT id, user_name, model, slot, units, slots, start_at, end_at, booked_end_at, cancelled_at, ended_early_at, override, created_at FROM created;
+WITH r AS (SELECT * FROM unnest(ARRAY[$users], ARRAY[$models], ARRAY[$starts], ARRAY[$ends]) WITH ORDINALITY AS r(user_name, model, start_at, end_at, i)), known AS (INSERT INTO app_user (name, escape_slug, safe_slug) SELECT DISTINCT ON (user_name) user_name, user_name, user_name FROM r ORDER BY user_name, i ON CONFLICT (name) DO NOTHING RETURNING name), keys AS (INSERT INTO user_key (key, user_name) SELECT name, name FROM known), created AS (INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at) SELECT user_name, model, ARRAY[nextval('bench_slot')::integer], 1, start_at, end_at, end_at, false, user_name, now(), now() FROM r ORDER BY i RETURNING *)$audited SELECT c.id, c.user_name, c.model, c.slot, c.units, c.slots, c.start_at, c.end_at, c.booked_end_at, c.cancelled_at, c.ended_early_at, c.override, c.created_at FROM created c JOIN r ON r.user_name = c.user_name AND r.start_at = c.start_at ORDER BY r.i;
 END;
 SQL
 }
-create_script 1 1 >"$work/create.sql"
-create_script 1 0 >"$work/no-audit.sql"
-create_script 0 0 >"$work/no-locks.sql"
+create_script 1 1 1 >"$work/create.sql"
+create_script 1 1 0 >"$work/no-audit.sql"
+create_script 1 0 0 >"$work/no-locks.sql"
+create_script 4 1 1 >"$work/batch4.sql"
+create_script 8 1 1 >"$work/batch8.sql"
 
 declare -A tps p50 p99
 run() { # $1: name, $2: script, further: extra options for PGOPTIONS
@@ -119,7 +131,7 @@ run() { # $1: name, $2: script, further: extra options for PGOPTIONS
   shift 2
   rm -f "$work"/log.*
   psql "$scratch_url" -q -c "CHECKPOINT" >/dev/null
-  PGOPTIONS="${*:-}" "$pgbench" -n -M prepared -c "$clients" -j 2 -T "$secs" \
+  PGOPTIONS="${*:-}" "$pgbench" -n -M prepared -c "${CLIENTS:-$clients}" -j 2 -T "$secs" \
     -f "$work/$script" -l --log-prefix="$work/log" "$scratch_url" >"$work/$name.out" 2>&1 || {
     cat "$work/$name.out" >&2
     exit 1
@@ -139,6 +151,12 @@ run bare bare.sql
 run create create.sql
 run bare-async bare.sql -c synchronous_commit=off
 run async create.sql -c synchronous_commit=off
+# The same creates in batches: as many creates waiting at once as in `create`, in
+# transactions of 4 and of 8 (the queue's workers take what waits).
+CLIENTS=$((clients / 4)) run batch4 batch4.sql
+tps[batch4]=$(awk -v t="${tps[batch4]}" 'BEGIN {print t * 4}')
+CLIENTS=$((clients / 8)) run batch8 batch8.sql
+tps[batch8]=$(awk -v t="${tps[batch8]}" 'BEGIN {print t * 8}')
 run no-audit no-audit.sql
 psql "$scratch_url" -q -c "ALTER TABLE booking DISABLE TRIGGER booking_day_units_insert"
 run no-days no-audit.sql
@@ -159,5 +177,8 @@ for name in create no-audit no-days no-changes no-locks no-excl; do
     echo "$name: $ratio x bare"
   fi
   prev="$name"
+done
+for name in batch4 batch8; do
+  echo "$name: $(awk -v a="${tps[$name]}" -v b="${tps[bare]}" 'BEGIN {printf "%.2f", a / b}') x bare ($(printf '%.0f' "${tps[$name]}") creates/s; its p50/p99 are of a transaction of ${name#batch} creates); $(awk -v a="${tps[$name]}" -v b="${tps[create]}" 'BEGIN {printf "%.2f", a / b}') x create"
 done
 echo "async: $(awk -v a="${tps[async]}" -v b="${tps[bare-async]}" 'BEGIN {printf "%.2f", a / b}') x bare-async; $(awk -v a="${tps[async]}" -v b="${tps[create]}" 'BEGIN {printf "%.2f", a / b}') x create"

@@ -23,11 +23,13 @@ use crate::store::bookings::{self, BookingRow, NewBooking};
 use crate::store::StoreError;
 
 /// Workers, each writing one batch at a time (each holds at most one of the pool's
-/// connections while it does).
-const WORKERS: usize = 8;
+/// connections while it does). Four and batches of up to 16 ran at 0.25 x the bare
+/// INSERT rate, eight and batches of up to 8 at 0.24 (`create_rate` bench, 32
+/// clients, 2026-11-26): fewer transactions at once meet fewer of each other's locks.
+const WORKERS: usize = 4;
 /// The most creates in one batch: the longer a batch, the longer each of its
 /// creates waits for the others' locks and writing.
-pub const MAX_BATCH: usize = 8;
+pub const MAX_BATCH: usize = 16;
 /// Creates that may wait for a worker; beyond that a request waits to be queued.
 const QUEUE: usize = 1024;
 
