@@ -9,6 +9,12 @@ mod demo_signin;
 
 use clap::Parser;
 
+/// mimalloc rather than glibc's malloc: a webhook review builds and drops a JSON tree
+/// of a few hundred allocations, and glibc's allocator was 13 % of a GPU review's
+/// profile (docs/webhook.md, "The allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();

@@ -50,6 +50,11 @@ use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+/// The `gpu-booking` binary's allocator (src/main.rs), so that the webhook is measured
+/// as it runs; the baseline in the same process gets it too.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const CONNECTIONS: usize = 16;
 /// Distinct booked users of the cold path (each review another one).
 const COLD_USERS: usize = 20_000;
@@ -206,10 +211,19 @@ fn main() {
     }
     // Throughput: the targets take turns, round after round, so that a drift of the
     // machine's speed hits them alike; each target's rate is its median round.
-    // Each round starts one target further on, so that no target always follows the
-    // same one (or is always first after the closed loops).
+    // Each round takes the targets in another order: round r starts at target r and
+    // steps by the r-th number prime to the count (1, 3, 5 for 8 targets), so that the
+    // target before each one differs from round to round (rotating one order, as
+    // before 2026-11-26, kept every target behind the same one: the warm path always
+    // ran right after the pod without GPU) and none is always first.
     let count = targets.len();
-    let order = move |round: usize| (0..count).map(move |k| (k + round) % count);
+    let order = move |round: usize| {
+        let step = (1..)
+            .filter(|m| gcd(*m, count) == 1)
+            .nth(round)
+            .unwrap_or(1);
+        (0..count).map(move |j| (j * step + round) % count)
+    };
     let mut rounds: Vec<Vec<Measured>> = targets.iter().map(|_| Vec::new()).collect();
     for round in 0..settings.rounds {
         for i in order(round) {
@@ -331,6 +345,14 @@ fn main() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     drop(server_rt);
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 struct Pki {
