@@ -102,7 +102,7 @@ impl Default for Metrics {
             "Booking create attempts by result",
             booking_creates.clone(),
         );
-        let create_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 4));
+        let create_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 5));
         registry.register(
             "booking_create_batch_size",
             "Booking creates decided and written in one transaction",

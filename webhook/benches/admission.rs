@@ -25,8 +25,9 @@
 //! Two measurements per target: closed loop (16 connections sending back to back:
 //! throughput; three rounds in which the targets take turns, the median round is
 //! reported) and open loop at a fixed rate (2,000 requests/s over 16 connections:
-//! latency; the targets take turns over three rounds too). Each round starts one
-//! target further on than the one before. Latency runs from the moment a request is
+//! latency; the targets take turns over three rounds too). Each round takes the
+//! targets in another order, so that none always follows the same one (`order`
+//! below). Latency runs from the moment a request is
 //! written to its full response.
 
 use std::collections::BTreeMap;
