@@ -143,15 +143,23 @@ impl Worker {
     async fn run(self) {
         while let Some(batch) = self.next_batch().await {
             self.metrics.create_batch_size.observe(batch.len() as f64);
-            let reqs: Vec<(DateTime<Utc>, NewBooking<'_>)> = batch
-                .iter()
-                .map(|job| (job.now, job.create.borrowed()))
-                .collect();
-            let answers = bookings::create_many(&self.pool, &self.policy, &reqs).await;
-            drop(reqs);
-            for (job, answer) in batch.into_iter().zip(answers) {
-                // Its client may have gone: the booking stands all the same.
-                let _ = job.answer.send(answer);
+            // On a task of its own, awaited: a panic (a bug) costs its batch's answers
+            // (their requests get an error) and not the worker.
+            let (pool, policy) = (self.pool.clone(), self.policy.clone());
+            let written = tokio::spawn(async move {
+                let reqs: Vec<(DateTime<Utc>, NewBooking<'_>)> = batch
+                    .iter()
+                    .map(|job| (job.now, job.create.borrowed()))
+                    .collect();
+                let answers = bookings::create_many(&pool, &policy, &reqs).await;
+                drop(reqs);
+                for (job, answer) in batch.into_iter().zip(answers) {
+                    // Its client may have gone: the booking stands all the same.
+                    let _ = job.answer.send(answer);
+                }
+            });
+            if let Err(e) = written.await {
+                tracing::error!(error = %e, "a batch of booking creates failed");
             }
         }
     }
