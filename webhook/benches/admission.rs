@@ -9,8 +9,8 @@
 //! - (a) the webhook, a KubeSpawner pod without GPU (no call to anyone);
 //! - (b) the webhook, a booked user's GPU pod, decided from its replica of the
 //!   booking service (a local stub that serves the admission state, an idle change
-//!   stream and the audit batch endpoint): the warm path, one user; and the same with
-//!   `dryRun` (no audit report);
+//!   stream and the audit batch endpoint): the warm path, one user; the same with
+//!   `dryRun` (no audit report); and the same user with a new uid each time;
 //! - (c) the cold path from the replica: every review a different booked user
 //!   (`COLD_USERS` of them);
 //! - (d), (e) the same warm and cold paths with `--decide-from lookup` (one
@@ -129,6 +129,15 @@ fn main() {
         vec![Bytes::from(serde_json::to_vec(&v).unwrap())]
     };
     let cold: Vec<Bytes> = (0..COLD_USERS).map(|i| review_for(&gpu[0], i)).collect();
+    // The warm path's user with a new uid each time: whether the warm path's tail
+    // comes from sending the very same review again and again.
+    let warm_uids: Vec<Bytes> = (0..2_000)
+        .map(|i| {
+            let mut v: Value = serde_json::from_slice(&gpu[0]).unwrap();
+            v["request"]["uid"] = json!(format!("bench-warm-{i}"));
+            Bytes::from(serde_json::to_vec(&v).unwrap())
+        })
+        .collect();
     // The storm's users are none of the cold path's (a lookup cache never saw them).
     let storm_bodies: Vec<Bytes> = (COLD_USERS..COLD_USERS + STORM_USERS)
         .map(|i| review_for(&gpu[0], i))
@@ -178,6 +187,7 @@ fn main() {
         ("(a) webhook, pod without GPU", webhook, &nogpu),
         ("(b) webhook, booked GPU pod (warm)", webhook, &gpu),
         ("(b) same, dryRun (no audit report)", webhook, &gpu_dry),
+        ("(b) same user, a new uid each time", webhook, &warm_uids),
         ("(c) webhook, cold: each a new user", webhook, &cold),
         ("(d) lookup webhook, warm", lookup, &gpu),
         ("(e) lookup webhook, cold", lookup, &cold),
@@ -326,7 +336,7 @@ fn main() {
     let Some((base, base_p99)) = find("baseline").map(|r| (r.1.rate, r.2.p(0.99))) else {
         return;
     };
-    for prefix in ["(b) webhook", "(c)", "(d)", "(e)"] {
+    for prefix in ["(b) webhook", "(b) same user", "(c)", "(d)", "(e)"] {
         if let Some((name, _, open)) = find(prefix) {
             println!(
                 "{name}: p99 at {:.0} req/s is {:.2} x the baseline's ({:.3} ms)",
