@@ -132,7 +132,11 @@ async fn generic_plan(conn: &mut PgConnection, name: &str, statement: &str, args
 #[sqlx::test(migrations = "../migrations")]
 async fn the_creates_plpgsql_runs_on_generic_plans_that_use_the_indexes(pool: PgPool) {
     // Planned once per connection, not per create.
-    for function in ["booking_lock_and_read", "booking_day_units_add"] {
+    for function in [
+        "booking_lock_and_read",
+        "booking_day_slots_add",
+        "booking_slots_minus",
+    ] {
         let config: Option<Vec<String>> =
             sqlx::query_scalar("SELECT proconfig FROM pg_proc WHERE proname = $1")
                 .bind(function)
@@ -182,4 +186,20 @@ async fn the_creates_plpgsql_runs_on_generic_plans_that_use_the_indexes(pool: Pg
     let plan = generic_plan(&mut conn, "own", own, "'u7'").await;
     assert!(plan.contains("Index"), "the user's bookings:\n{plan}");
     assert!(!plan.contains("Seq Scan"), "the user's bookings:\n{plan}");
+    // The window's days and the bookings too long to be kept per day, which a create
+    // reads in place of the bookings over its window (migration 20261201000100).
+    let days = "SELECT g.day, coalesce(d.units, 0), coalesce(d.slots, '{}')
+        FROM generate_series(booking_day($2::timestamptz), booking_day($3::timestamptz - interval '1 microsecond')) AS g(day)
+        LEFT JOIN booking_day_units d ON d.model = $1 AND d.day = g.day";
+    let plan = generic_plan(&mut conn, "days", days, args).await;
+    assert!(plan.contains("booking_day_units_pkey"), "the days:\n{plan}");
+    let long = "SELECT b.id, b.start_at, b.end_at, b.slot, b.slots FROM booking b
+        WHERE b.model = $1 AND b.cancelled_at IS NULL
+          AND NOT booking_counted_by_day(b.start_at, b.end_at)
+          AND b.period && tstzrange($2, $3, '[)')";
+    let plan = generic_plan(&mut conn, "long", long, args).await;
+    assert!(
+        plan.contains("booking_long_period_idx"),
+        "the long bookings:\n{plan}"
+    );
 }
