@@ -113,8 +113,10 @@ SELECT booking_day_units_recount(m.model) FROM (SELECT DISTINCT model FROM booki
 -- place of the bookings over it where the window is kept per day:
 --   'm'  the model's units in o_slot;
 --   'u'  a booking of the user;
---   'd'  a day of the window (o_id: the day since 1970), every one of them, with the
---        units (o_slot) and slots (o_slots) its counted bookings hold;
+--   'k'  one row: the window is kept per day, and what follows are its days;
+--   'd'  a day of the window that bookings touch (o_id: the day since 1970), with the
+--        units (o_slot) and slots (o_slots) its counted bookings hold (a day not
+--        listed holds nothing);
 --   'l'  a booking over the window too long to be kept per day;
 --   'o'  for a window too long to be kept per day (the model's lock exclusive), the
 --        model's bookings over it, as before.
@@ -134,10 +136,14 @@ BEGIN
     RETURN QUERY SELECT 'u'::text, b.id, b.start_at, b.end_at, b.slot, b.slots FROM booking b
         WHERE b.user_name = p_user AND b.cancelled_at IS NULL;
     IF booking_counted_by_day(p_start, p_end) THEN
-        RETURN QUERY SELECT 'd'::text, g.day::bigint, NULL::timestamptz, NULL::timestamptz,
-                            coalesce(d.units, 0), coalesce(d.slots, '{}')
-            FROM generate_series(booking_day(p_start), booking_day(p_end - interval '1 microsecond')) AS g(day)
-            LEFT JOIN booking_day_units d ON d.model = p_model AND d.day = g.day;
+        RETURN QUERY SELECT 'k'::text, NULL::bigint, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::integer[];
+        -- One range of the primary key. (A join of the window's days with the table,
+        -- which would give a row for every day, is planned generically as a hash
+        -- join over all the model's days: a scan that grows with history.)
+        RETURN QUERY SELECT 'd'::text, d.day::bigint, NULL::timestamptz, NULL::timestamptz, d.units, d.slots
+            FROM booking_day_units d
+            WHERE d.model = p_model
+              AND d.day BETWEEN booking_day(p_start) AND booking_day(p_end - interval '1 microsecond');
         -- The partial index's own predicate (booking_long_period_idx).
         RETURN QUERY SELECT 'l'::text, b.id, b.start_at, b.end_at, b.slot, b.slots FROM booking b
             WHERE b.model = p_model AND b.cancelled_at IS NULL

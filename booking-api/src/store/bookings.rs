@@ -71,7 +71,8 @@ impl BookingRow {
 
 /// A row of `booking_lock_and_read_batch` (migrations): for the batch's create
 /// `o_req` (from 1), `m` with the model's units in `o_slot`, `u` a booking of the
-/// user, `d` a day of the window (its units in `o_slot`, its slots in `o_slots`), `l`
+/// user, `k` that the window is kept per day, `d` a day of the window that bookings
+/// touch (its units in `o_slot`, its slots in `o_slots`), `l`
 /// a booking of the model over the window too long to be kept per day, `o` (for a
 /// window that long itself) a booking of the model over the window (migration
 /// 20261201000100). Every column of a function may be null as far as sqlx can tell.
@@ -130,6 +131,9 @@ impl Found {
         let count = u32::try_from(row.o_slot.unwrap_or(0)).unwrap_or(0);
         match row.o_kind.take().as_deref() {
             Some("m") => self.units = Some(count),
+            Some("k") => {
+                self.days.get_or_insert_default();
+            }
             Some("d") => self
                 .days
                 .get_or_insert_default()
