@@ -23,9 +23,8 @@
 #   batch4,     every guarantee, 4 (8) creates a transaction at a quarter (an
 #   batch8      eighth) of the clients: as many creates in flight as `create`
 #   no-audit    without the audit row (the audit trail of every create)
-#   no-days     also without the units and slots per model and day
-#               (booking_day_units: what a create decides from, and the bound that
-#               /schedulability and /me/next-start read first)
+#   no-days     also without the units per model and day (booking_day_units: the
+#               bound that /schedulability and /me/next-start read first)
 #   no-changes  also without the change-log trigger (what the controller and the
 #               webhook's replica follow)
 #   no-locks    also without the locks and reads (the decision: user and capacity

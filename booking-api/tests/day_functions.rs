@@ -132,11 +132,7 @@ async fn generic_plan(conn: &mut PgConnection, name: &str, statement: &str, args
 #[sqlx::test(migrations = "../migrations")]
 async fn the_creates_plpgsql_runs_on_generic_plans_that_use_the_indexes(pool: PgPool) {
     // Planned once per connection, not per create.
-    for function in [
-        "booking_lock_and_read",
-        "booking_day_slots_add",
-        "booking_slots_minus",
-    ] {
+    for function in ["booking_lock_and_read", "booking_day_units_add"] {
         let config: Option<Vec<String>> =
             sqlx::query_scalar("SELECT proconfig FROM pg_proc WHERE proname = $1")
                 .bind(function)
@@ -171,8 +167,7 @@ async fn the_creates_plpgsql_runs_on_generic_plans_that_use_the_indexes(pool: Pg
                 s, s + interval '1 day', s + interval '1 day', 'test', now(), now()
          FROM generate_series(0, 19999) i,
               LATERAL (SELECT now() - interval '900 days' + (i / 2000) * interval '100 days' + (i % 7) * interval '1 hour' AS s) t;
-         ANALYZE booking;
-         ANALYZE booking_day_units;",
+         ANALYZE booking;",
     )
     .execute(&mut *conn)
     .await
@@ -187,23 +182,4 @@ async fn the_creates_plpgsql_runs_on_generic_plans_that_use_the_indexes(pool: Pg
     let plan = generic_plan(&mut conn, "own", own, "'u7'").await;
     assert!(plan.contains("Index"), "the user's bookings:\n{plan}");
     assert!(!plan.contains("Seq Scan"), "the user's bookings:\n{plan}");
-    // The window's days and the bookings too long to be kept per day, which a create
-    // reads in place of the bookings over its window (migration 20261201000100).
-    // A join of the window's days with the table was planned as a hash join over
-    // every day of the model.
-    let days = "SELECT d.day, d.units, d.slots FROM booking_day_units d
-        WHERE d.model = $1
-          AND d.day BETWEEN booking_day($2::timestamptz) AND booking_day($3::timestamptz - interval '1 microsecond')";
-    let plan = generic_plan(&mut conn, "days", days, args).await;
-    assert!(plan.contains("booking_day_units_pkey"), "the days:\n{plan}");
-    assert!(!plan.contains("Seq Scan") && !plan.contains("Hash"), "the days:\n{plan}");
-    let long = "SELECT b.id, b.start_at, b.end_at, b.slot, b.slots FROM booking b
-        WHERE b.model = $1 AND b.cancelled_at IS NULL
-          AND NOT booking_counted_by_day(b.start_at, b.end_at)
-          AND b.period && tstzrange($2, $3, '[)')";
-    let plan = generic_plan(&mut conn, "long", long, args).await;
-    assert!(
-        plan.contains("booking_long_period_idx"),
-        "the long bookings:\n{plan}"
-    );
 }
