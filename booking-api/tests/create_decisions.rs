@@ -124,7 +124,7 @@ async fn a_unit_free_for_part_of_a_day_is_free_then(pool: PgPool) {
     assert_eq!(day_units_mismatches(&pool).await.unwrap(), 0);
 }
 
-/// Random creates, cancels and early ends on small models, each create's answer
+/// Random creates and cancels on small models, each create's answer
 /// checked against the decision from every booking of its model over its window
 /// (`core::capacity`): created exactly when it fits by count, on slots no booking
 /// over the window holds. The units per day stay equal to a count of the bookings.
