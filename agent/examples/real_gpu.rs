@@ -3,7 +3,7 @@
 //! with an NVIDIA GPU and root; CI never runs it (`scripts/agent-real-gpu.sh` does, on
 //! a lent GPU machine).
 //!
-//!     real_gpu <pid> [rounds]
+//!     real_gpu <pid> [rounds] [budget MiB]
 //!
 //! `<pid>` is a CUDA process that holds GPU memory (idle, or computing). The example
 //! puts a JupyterHub notebook pod on node `gpu-node`, moves the process into a cgroup
@@ -14,7 +14,10 @@
 //! Rounds carry times a minute apart (as the agent's tests do) and are a second apart
 //! in real time, so NVML's utilisation is real. Each round's report is printed as
 //! JSON; after the last, whether the process still runs, the pod's annotations, the
-//! Events and the audit rows.
+//! Events and the audit rows. With a budget, the pod has that VRAM budget (the
+//! `gpu-booking.io/gpumem` the webhook sets) and the watchdog acts (not a dry run):
+//! when the card has less than 1,536 MiB free, a pod over its budget loses its GPU
+//! processes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +44,7 @@ async fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("usage: real_gpu <pid of an idle CUDA process> [rounds]"))?
         .parse()?;
     let rounds: i64 = args.next().map(|r| r.parse()).transpose()?.unwrap_or(40);
+    let budget_mib: Option<u64> = args.next().map(|b| b.parse()).transpose()?;
 
     let server = FakeApiServer::new();
     let pod: Pod = serde_json::from_value(json!({
@@ -53,6 +57,14 @@ async fn main() -> anyhow::Result<()> {
             "containerID": format!("containerd://{CONTAINER}"),
             "image": "jupyter", "imageID": "", "ready": true, "restartCount": 0}]}
     }))?;
+    let mut pod = pod;
+    if let (Some(mib), Some(spec)) = (budget_mib, pod.spec.as_mut()) {
+        let budget = serde_json::from_value(json!({
+            "limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": mib.to_string()},
+            "requests": {"gpu-booking.io/gpumem": mib.to_string()}
+        }))?;
+        spec.containers[0].resources = Some(budget);
+    }
     let pod = server.put(&pod);
     let uid = pod.metadata.uid.clone().unwrap_or_default();
 
@@ -79,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
     println!("NVML driver {:?}", nvml.driver_version());
     let mut cfg = AgentConfig::defaults(NODE);
     cfg.term_grace = Duration::from_secs(5);
+    cfg.vram_dry_run = budget_mib.is_none();
     let audit = Arc::new(RecordingAudit::default());
     let metrics = Arc::new(Metrics::new());
     let agent = Agent::new(
