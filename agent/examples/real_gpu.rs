@@ -41,30 +41,30 @@ async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let pid: u32 = args
         .next()
-        .ok_or_else(|| anyhow::anyhow!("usage: real_gpu <pid of an idle CUDA process> [rounds]"))?
+        .ok_or_else(|| {
+            anyhow::anyhow!("usage: real_gpu <pid of a CUDA process> [rounds] [budget MiB]")
+        })?
         .parse()?;
     let rounds: i64 = args.next().map(|r| r.parse()).transpose()?.unwrap_or(40);
     let budget_mib: Option<u64> = args.next().map(|b| b.parse()).transpose()?;
 
     let server = FakeApiServer::new();
+    // With a budget, the notebook container carries it as the webhook sets it.
+    let resources = match budget_mib {
+        Some(mib) => json!({
+            "limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": mib.to_string()},
+            "requests": {"gpu-booking.io/gpumem": mib.to_string()}}),
+        None => json!({"limits": {"nvidia.com/gpu": "1"}}),
+    };
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "jupyter-alice", "namespace": "jhub",
             "annotations": {"hub.jupyter.org/username": "alice"},
             "labels": {"component": "singleuser-server"}},
-        "spec": {"nodeName": NODE, "containers": [
-            {"name": "notebook", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "spec": {"nodeName": NODE, "containers": [{"name": "notebook", "resources": resources}]},
         "status": {"phase": "Running", "containerStatuses": [{"name": "notebook",
             "containerID": format!("containerd://{CONTAINER}"),
             "image": "jupyter", "imageID": "", "ready": true, "restartCount": 0}]}
     }))?;
-    let mut pod = pod;
-    if let (Some(mib), Some(spec)) = (budget_mib, pod.spec.as_mut()) {
-        let budget = serde_json::from_value(json!({
-            "limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": mib.to_string()},
-            "requests": {"gpu-booking.io/gpumem": mib.to_string()}
-        }))?;
-        spec.containers[0].resources = Some(budget);
-    }
     let pod = server.put(&pod);
     let uid = pod.metadata.uid.clone().unwrap_or_default();
 
