@@ -7,8 +7,10 @@
 //! batch saves is the work paid per transaction and per statement (the round
 //! trips, the commit, the executor's start-up): `docs/performance.md`.
 //!
-//! A request whose client goes away while its create waits is still created (as one
-//! whose client goes away during the commit is): the answer then goes nowhere.
+//! A create whose request is dropped while it waits in the queue (its client went
+//! away, or the server's request timeout ended it) is dropped too: the client was
+//! told nothing, or that it failed, so nothing is booked. Once a worker has taken
+//! it, it is decided and written whatever happens to the request (as a commit is).
 
 use std::sync::{Arc, OnceLock};
 
@@ -165,17 +167,30 @@ impl Worker {
     }
 
     /// The first create that waits (waiting for one), with those that wait behind it,
-    /// up to [`MAX_BATCH`]; `None` once the queue is closed and empty.
+    /// up to [`MAX_BATCH`], leaving out those whose request is gone; `None` once the
+    /// queue is closed and empty.
     async fn next_batch(&self) -> Option<Vec<Job>> {
         let mut queue = self.queue.lock().await;
-        let first = queue.recv().await?;
-        let mut batch = vec![first];
+        let mut batch = Vec::new();
+        while batch.is_empty() {
+            let first = queue.recv().await?;
+            batch.extend(wanted(first));
+        }
         while batch.len() < MAX_BATCH {
             match queue.try_recv() {
-                Ok(job) => batch.push(job),
+                Ok(job) => batch.extend(wanted(job)),
                 Err(_) => break,
             }
         }
         Some(batch)
     }
+}
+
+/// The job, unless nobody waits for its answer any more.
+fn wanted(job: Job) -> Option<Job> {
+    if job.answer.is_closed() {
+        tracing::debug!(user = %job.create.user, model = %job.create.model, "a queued create's request is gone: not created");
+        return None;
+    }
+    Some(job)
 }

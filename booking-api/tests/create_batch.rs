@@ -365,3 +365,101 @@ async fn a_create_that_needs_moves_in_a_batch_gets_them(pool: PgPool) {
     .unwrap();
     assert_eq!(clashes, 0);
 }
+
+/// A create whose request is dropped while it waits in the queue (its client went
+/// away) is not made; the ones taken by a worker, and one still wanted, are.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_queued_create_whose_request_is_gone_is_not_made(pool: PgPool) {
+    use gpu_booking_api::create_queue::{Create, CreateQueue};
+    models(&pool).await;
+    // The test's pool is too small for four waiting workers, the lock's holder and
+    // the looks at who waits.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let queue = CreateQueue::new(
+        pool.clone(),
+        std::sync::Arc::new(Policy::default()),
+        Default::default(),
+    );
+    let now = Utc::now();
+    let base = next_hour() + TimeDelta::days(1);
+    let create = |i: i64| Create {
+        user: Username::parse(&format!("q{i}@example.com")).unwrap(),
+        model: "two".into(),
+        units: 1,
+        start: base + TimeDelta::days(2 * i),
+        end: base + TimeDelta::days(2 * i + 1),
+        override_rules: false,
+        created_by: format!("q{i}@example.com"),
+    };
+    // The model's lock, held exclusive from outside: every worker that takes a create
+    // on it waits.
+    let mut holder = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(7264, hashtext('two'))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let waiting = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        n
+    };
+    // One create per worker, each taken before the next is queued.
+    let mut taken = Vec::new();
+    for i in 0..4 {
+        let (queue, create) = (queue.clone(), create(i));
+        taken.push(tokio::spawn(async move { queue.create(now, create).await }));
+        for _ in 0..500 {
+            if waiting().await > i {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(waiting().await, i + 1, "worker {i} never waited");
+    }
+    // Every worker waits: the next create waits in the queue, and its request is
+    // dropped there; the one after it is still wanted.
+    let gone = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        queue.create(now, create(4)),
+    )
+    .await;
+    assert!(
+        gone.is_err(),
+        "the create was answered while every worker waited"
+    );
+    let wanted = tokio::spawn({
+        let (queue, create) = (queue.clone(), create(5));
+        async move { queue.create(now, create).await }
+    });
+    sqlx::query("SELECT pg_advisory_unlock(7264, hashtext('two'))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    for t in taken {
+        t.await.unwrap().expect("taken by a worker: created");
+    }
+    wanted.await.unwrap().expect("still wanted: created");
+    let users: Vec<String> = sqlx::query_scalar("SELECT user_name FROM booking ORDER BY user_name")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        users,
+        [
+            "q0@example.com",
+            "q1@example.com",
+            "q2@example.com",
+            "q3@example.com",
+            "q5@example.com"
+        ]
+    );
+}
