@@ -93,6 +93,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         models: Default::default(),
         log_format: LogFormat::Plain,
         change_retention: std::time::Duration::from_secs(7 * 86_400),
+        archive_after: TimeDelta::days(1),
     };
     // The lab's webhook, controller and agents authenticate with their ServiceAccount
     // tokens (TokenReview against the lab's API server); the HS256 secret signs the

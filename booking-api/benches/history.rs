@@ -8,7 +8,12 @@
 //! - `hist`: the whole history (`scripts/load-history.sql`: by default 1,000,000
 //!   bookings of 100,000 users on 40 models over 3 years, the same planned part and
 //!   2 years 9 months past), after the `plan` phase's bookings are cancelled (so
-//!   that both phases have 40 models with live bookings beside the empty phase's).
+//!   that both phases have 40 models with live bookings beside the empty phase's),
+//!   and after the API's archiving job has run over it (`--archive-after`, a day:
+//!   the bookings that ended before then leave the exclusion constraints' indexes)
+//!   and VACUUM after it. Creates are measured once with the constraints' indexes
+//!   as the job leaves them (emptied pages not given back), then with the indexes
+//!   rebuilt, as a deployment has them (see `main`).
 //!
 //! A read's answer grows with the bookings in its window (a year's availability of a
 //! model reads its ~2,000 planned bookings; the empty table has none), so
@@ -116,6 +121,47 @@ async fn main() -> anyhow::Result<()> {
     sqlx::query("ANALYZE booking").execute(&pool).await?;
     println!("== cancelled the planned-only phase's {cancelled} bookings");
     load(&pool, bookings, users, HISTORY_CYCLES, "hist", "h").await?;
+    // What the API's archiving job (`--archive-after`, default a day) does within 10
+    // minutes of the load, and what autovacuum does after it: the bookings that ended
+    // more than a day ago leave the exclusion constraints' indexes.
+    let started = Instant::now();
+    let archived = gpu_booking_api::store::archive::archive_ended(
+        &pool,
+        Utc::now() - TimeDelta::days(1),
+        gpu_booking_api::store::archive::ARCHIVE_BATCH,
+    )
+    .await?;
+    let archiving = started.elapsed();
+    sqlx::raw_sql("VACUUM ANALYZE booking")
+        .execute(&pool)
+        .await?;
+    println!(
+        "== archived {archived} bookings that ended more than a day ago in {:.1} s (then VACUUM: {:.1} s)",
+        archiving.as_secs_f64(),
+        (started.elapsed() - archiving).as_secs_f64()
+    );
+    // The indexes as the job leaves them after archiving a whole history at once:
+    // emptied pages, not given back ...
+    let bare = bare_inserts(&pool, POOL as usize, secs).await?;
+    let unrebuilt = bench.creates(32, "hist").await?;
+    println!(
+        "booking creates, 32 clients, indexes not rebuilt: {:.2} x bare INSERT ({:.0}/s), {:.2} x the empty table's ratio; p99 {:.1} ms",
+        unrebuilt.rate / bare.rate,
+        bare.rate,
+        (unrebuilt.rate / bare.rate) / (empty.c32.rate / empty.bare.rate),
+        unrebuilt.p99
+    );
+    // ... and rebuilt, as a deployment's are: the migration that brought archiving
+    // archives an existing history before it builds them, and from then on they hold
+    // what is planned or recent (each booking leaves a day after it ends).
+    let started = Instant::now();
+    sqlx::raw_sql("REINDEX INDEX booking_slot_excl; REINDEX INDEX booking_user_excl")
+        .execute(&pool)
+        .await?;
+    println!(
+        "== the exclusion constraints' indexes rebuilt in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     println!("== planned bookings and the past");
     let loaded = bench.phase(&pool, "hist", "h").await?;
 

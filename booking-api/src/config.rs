@@ -56,6 +56,13 @@ pub struct ApiArgs {
     /// `/api/v1/booking-changes`; one resuming from further back lists again (410).
     #[arg(long, env = "GPU_BOOKING_CHANGE_RETENTION", default_value = "7days", value_parser = gpu_booking_process::duration::parse_duration)]
     pub change_retention: std::time::Duration,
+
+    /// Bookings that ended longer ago than this leave the exclusion constraints'
+    /// indexes (archived, every 10 minutes), so that creates do not slow down as
+    /// history grows; the database still refuses a booking that would overlap one of
+    /// them (a trigger), and the rules still see them.
+    #[arg(long, env = "GPU_BOOKING_ARCHIVE_AFTER", default_value = "1day", value_parser = parse_duration)]
+    pub archive_after: TimeDelta,
 }
 
 impl DatabaseArgs {

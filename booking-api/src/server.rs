@@ -148,6 +148,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %args.listen, "booking API listening");
     crate::store::changes::spawn_pruner(pool.clone(), args.change_retention, CHANGE_PRUNE_EVERY);
+    crate::store::archive::spawn_archiver(pool.clone(), args.archive_after);
     let state = state(pool, &args, auth);
     let _sweep = spawn_waitlist_sweep(state.clone(), sweep_interval(&args));
     let notices = tokio::spawn(notice_worker(&state, &args.notices)?.run());

@@ -1533,6 +1533,24 @@ async fn the_exclusion_constraints_are_a_backstop(pool: PgPool) {
     api.assert_invariants().await;
 }
 
+/// On the 2-unit model `gpu`: a on slot 0 over days [-10,-5), b on slot 1 over
+/// [-4,5) (x held slot 0 over [1,5) when b was booked, then cancelled). Returns a's id.
+async fn fragmented_past(api: &Api) -> i64 {
+    let now = api.now();
+    let a = api
+        .admin_book("a", "gpu", now - days(10), now - days(5), true)
+        .await;
+    assert_eq!(a.created()["slot"], 0);
+    let x = api.book("x", "gpu", now + days(1), now + days(5)).await;
+    assert_eq!(x.created()["slot"], 0);
+    let b = api
+        .admin_book("b", "gpu", now - days(4), now + days(5), true)
+        .await;
+    assert_eq!(b.created()["slot"], 1);
+    api.delete("x", x.id()).await.ok();
+    a.id()
+}
+
 /// DESIGN.md (Booking store): "any booking that fits by count gets a slot". An
 /// admin importing a past booking (override, start before now) that fits by
 /// count must get one even when the slots are fragmented by started bookings:
@@ -1541,20 +1559,7 @@ async fn the_exclusion_constraints_are_a_backstop(pool: PgPool) {
 async fn override_past_window_that_fits_by_count_gets_a_slot(pool: PgPool) {
     let api = Api::new(pool, &[("gpu", 2)]).await;
     let now = api.now();
-    // Slot 0: a, ended on day -5.
-    let a = api
-        .admin_book("a", "gpu", now - days(10), now - days(5), true)
-        .await;
-    assert_eq!(a.created()["slot"], 0);
-    // x holds slot 0 over [1,5) so that b, running since day -4, gets slot 1;
-    // then x cancels.
-    let x = api.book("x", "gpu", now + days(1), now + days(5)).await;
-    assert_eq!(x.created()["slot"], 0);
-    let b = api
-        .admin_book("b", "gpu", now - days(4), now + days(5), true)
-        .await;
-    assert_eq!(b.created()["slot"], 1);
-    api.delete("x", x.id()).await.ok();
+    fragmented_past(&api).await;
     // d over [-8,-2): with a on [-10,-5) and b on [-4,5), at most 2 at once.
     let r = api
         .admin_book("d", "gpu", now - days(8), now - days(2), true)
@@ -1565,6 +1570,60 @@ async fn override_past_window_that_fits_by_count_gets_a_slot(pool: PgPool) {
         "fits by count (2 units, never more than 2 at once) but was refused: {}",
         r.text
     );
+    api.assert_invariants().await;
+}
+
+/// Archived bookings (migration 20261201000100: out of the exclusion constraints'
+/// indexes) still count for every rule, are still listed, and an admin's past
+/// import may still move their slots, as above.
+#[sqlx::test(migrations = "../migrations")]
+async fn archived_bookings_still_count(pool: PgPool) {
+    let api = Api::new(pool.clone(), &[("gpu", 2), ("t4", 1)]).await;
+    let now = api.now();
+    let a = fragmented_past(&api).await;
+    let alice = api
+        .admin_book("alice", "t4", now - days(9), now - days(3), true)
+        .await
+        .id();
+    let archived = gpu_booking_api::store::archive::archive_ended(&pool, now - days(1), 100)
+        .await
+        .unwrap();
+    assert_eq!(archived, 2, "a and alice");
+    // The cooldown counts from an archived booking's end ...
+    api.book("alice", "t4", now + days(1), now + days(2))
+        .await
+        .refused(409, "cooldown", Some(now - days(3) + days(14)));
+    // ... and an override over it is the user's overlap, not a database error.
+    api.admin_book("alice", "t4", now - days(4), now - days(2), true)
+        .await
+        .refused(409, "overlap", None);
+    // Listed as before.
+    let listed = api
+        .call(Method::GET, "/api/v1/bookings?user=alice", &admin(), None)
+        .await;
+    assert!(
+        listed
+            .ok()
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["id"] == alice),
+        "{}",
+        listed.text
+    );
+    // d over [-8,-2) fits by count only if a's slot moves (a is archived).
+    let d = api
+        .admin_book("d", "gpu", now - days(8), now - days(2), true)
+        .await;
+    assert_eq!(d.status, StatusCode::CREATED, "{}", d.text);
+    // A moved booking is back in the constraints (only the job archives).
+    let a_row: (Vec<i32>, bool) =
+        sqlx::query_as("SELECT slots, archived FROM booking WHERE id = $1")
+            .bind(a)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(a_row == (vec![0], true) || !a_row.1, "{a_row:?}");
     api.assert_invariants().await;
 }
 

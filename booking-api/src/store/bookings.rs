@@ -608,7 +608,7 @@ async fn reassign_slots(
     future.retain(|h| Some(h.id) != changing);
     let plan = capacity::replan(units, keep_before, &future, window, need)
         .ok_or(CapacityRefusal::NoUnitAssignable)?;
-    sqlx::query!("SET CONSTRAINTS booking_slot_excl DEFERRED")
+    sqlx::query!("SET CONSTRAINTS booking_slot_excl, booking_archived_excl DEFERRED")
         .execute(&mut **tx)
         .await?;
     for (id, slots) in &plan.moves {

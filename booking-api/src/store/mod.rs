@@ -1,6 +1,7 @@
 //! Everything that talks to Postgres. Handlers call these; rules come from `core`.
 
 pub mod admission;
+pub mod archive;
 pub mod audit;
 pub mod bookings;
 pub mod changes;
