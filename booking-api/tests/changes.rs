@@ -198,6 +198,80 @@ async fn the_stream_lists_then_follows_every_change_with_the_current_state(pool:
     assert_eq!(listed["changes"][0]["kind"], "current");
 }
 
+/// A move of a multi-unit booking's later units (what a create's replan writes) is a
+/// change: the trigger compared only the first unit (`slot`) before migration
+/// 20261202000100, and a follower kept the old `slots`. An update that changes nothing
+/// a follower sees writes none.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_move_of_any_unit_is_a_change(pool: PgPool) {
+    let api = Api::start(pool.clone(), Arc::new(SystemClock)).await;
+    let r = api
+        .send(
+            reqwest::Method::PUT,
+            "/api/v1/models/v100",
+            &api.admin.clone(),
+            Some(json!({"units": 3})),
+        )
+        .await;
+    assert_eq!(r.0, 200, "{}", r.1);
+    let t = hour();
+    let (status, body) = api
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/bookings",
+            &api.admin,
+            Some(json!({"model": "v100", "units": 2, "start": t, "end": t + TimeDelta::days(1), "user": "carol", "override": true})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_i64().unwrap();
+    assert_eq!(body["slots"], json!([0, 1]), "{body}");
+    let (_, listed) = api.changes(None, 0).await;
+    let mut next = listed["next"].as_i64().unwrap();
+    let created = changes_logged(&pool, id).await;
+    for (round, (slots, wire, moved)) in [
+        ("{0,2}", json!([0, 2]), true),
+        ("{0,2}", json!([0, 2]), false),
+        ("{1,2}", json!([1, 2]), true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let before = changes_logged(&pool, id).await;
+        sqlx::query("UPDATE booking SET slots = $2::int[], updated_at = now() WHERE id = $1")
+            .bind(id)
+            .bind(slots)
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes_logged(&pool, id).await - before,
+            i64::from(moved),
+            "round {round}: {slots}"
+        );
+        if moved {
+            let (changes, after) = api.follow(next, 1).await;
+            let seen: Vec<(&str, &Value)> = changes
+                .iter()
+                .map(|c| (c["kind"].as_str().unwrap(), &c["booking"]["slots"]))
+                .collect();
+            assert_eq!(seen, [("updated", &wire)], "round {round}");
+            next = after;
+        }
+    }
+    assert_eq!(changes_logged(&pool, id).await, created + 2);
+}
+
+/// The change-log rows of booking `id`, read from the table (the trigger writes them
+/// in the booking's own transaction).
+async fn changes_logged(pool: &PgPool, id: i64) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM booking_change WHERE booking_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn only_services_and_admins_follow_and_bad_input_is_refused(pool: PgPool) {
     let api = Api::start(pool, Arc::new(SystemClock)).await;
