@@ -2,7 +2,8 @@
 # The history bench with Postgres's per-statement figures for its `plan` and `hist`
 # phases: pg_stat_statements is reset when each phase starts and read when it ends,
 # so that `plan.txt` and `hist.txt` compare the same statements with and without the
-# past (calls, mean time, buffers a call). It needs pg_stat_statements in
+# past (calls, mean time, buffers a call). The last phase's reads alternate between
+# the planned-only models and the history's, so `hist.txt` holds both kinds of call. It needs pg_stat_statements in
 # shared_preload_libraries (a restart of Postgres); it does not change that itself.
 #
 #     scripts/history-statements.sh target/release/deps/history-<hash> target/history-statements
@@ -29,13 +30,17 @@ snapshot() {
     >"$out/$1.txt"
 }
 cd "$(dirname "$0")/../booking-api"
-"$bin" --bench 2>&1 | while IFS= read -r line; do
-  echo "$line"
-  case "$line" in
-    "== planned bookings only"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
-    "== cancelled the planned"*) snapshot plan ;;
-    "== planned bookings and the past"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
-    "== summary"*) snapshot hist ;;
-  esac
-done | tee "$out/bench.log"
+# The planned-only phase ends where the history's load begins (the second "== loading").
+"$bin" --bench 2>&1 | {
+  in_plan=
+  while IFS= read -r line; do
+    echo "$line"
+    case "$line" in
+      "== planned bookings only"*) q "SELECT pg_stat_statements_reset()" >/dev/null; in_plan=1 ;;
+      "== loading"*) if [ -n "$in_plan" ]; then snapshot plan; in_plan=; fi ;;
+      "== planned bookings and the past"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
+      "== summary"*) snapshot hist ;;
+    esac
+  done
+} | tee "$out/bench.log"
 echo "per-statement figures: $out/plan.txt, $out/hist.txt"
