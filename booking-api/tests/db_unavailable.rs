@@ -1,6 +1,7 @@
 //! A database that cannot answer is the documented 503 with `Retry-After`, never a
 //! 500: a pool pointed at a closed port, and a backend terminated (as a Postgres
-//! restart or failover does) while a request waits on it.
+//! restart or failover does) while a request waits on it. A connection whose backend
+//! was terminated while it sat idle is replaced before a request gets it.
 //!
 //! Runs on the real Postgres (`DATABASE_URL`); `#[sqlx::test]` gives each test a
 //! fresh, migrated database.
@@ -182,4 +183,37 @@ async fn a_backend_terminated_mid_request_answers_503(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
+}
+
+/// The service's pool hands a connection used within the last second out as it is
+/// (sqlx's default pings every one: a round trip more per statement), and pings one
+/// idle for longer first: a connection whose backend was terminated while it sat idle
+/// (a Postgres restart, a failover) is replaced, not handed to a request.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_connection_terminated_while_idle_is_replaced(pool: PgPool) {
+    let service = gpu_booking_api::server::pool_options(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let first = backend_pid(&service).await.unwrap();
+    // Used a moment ago: the same connection, not pinged.
+    assert_eq!(backend_pid(&service).await.unwrap(), first);
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(killed);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = backend_pid(&service)
+        .await
+        .expect("an idle connection whose backend is gone is pinged and replaced");
+    assert_ne!(second, first);
+    service.close().await;
+}
+
+async fn backend_pid(pool: &PgPool) -> sqlx::Result<i32> {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(pool)
+        .await
 }

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 
 /// Drops and creates database `name` next to `base` (a `DATABASE_URL`), and connects
-/// a pool of `connections` to it (acquiring may wait long: a loaded phase queues).
+/// a pool of `connections` to it with the service's settings (acquiring may wait
+/// long: a loaded phase queues).
 pub async fn fresh_database(base: &str, name: &str, connections: u32) -> anyhow::Result<PgPool> {
     let mut admin = PgConnection::connect(base).await?;
     sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -19,8 +19,7 @@ pub async fn fresh_database(base: &str, name: &str, connections: u32) -> anyhow:
         Some(i) => format!("{}/{name}", &base[..i]),
         None => anyhow::bail!("DATABASE_URL has no database part"),
     };
-    Ok(PgPoolOptions::new()
-        .max_connections(connections)
+    Ok(gpu_booking_api::server::pool_options(connections)
         .acquire_timeout(Duration::from_secs(120))
         .connect(&url)
         .await?)
@@ -36,8 +35,7 @@ pub async fn api_pool(pool: &PgPool) -> anyhow::Result<PgPool> {
         .and_then(|n| n.parse::<u32>().ok())
         .filter(|&n| n > 0)
     {
-        Some(n) => Ok(PgPoolOptions::new()
-            .max_connections(n)
+        Some(n) => Ok(gpu_booking_api::server::pool_options(n)
             .acquire_timeout(Duration::from_secs(120))
             .connect_with((*pool.connect_options()).clone())
             .await?),
