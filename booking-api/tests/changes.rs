@@ -214,6 +214,11 @@ async fn a_move_of_any_unit_is_a_change(pool: PgPool) {
         )
         .await;
     assert_eq!(r.0, 200, "{}", r.1);
+    // The position before the create; following from it until the create is served
+    // puts `next` after it (a change is served once every older transaction in the
+    // cluster has finished, so a listing right after the create may come before it).
+    let (_, listed) = api.changes(None, 0).await;
+    let before = listed["next"].as_i64().unwrap();
     let t = hour();
     let (status, body) = api
         .send(
@@ -226,8 +231,12 @@ async fn a_move_of_any_unit_is_a_change(pool: PgPool) {
     assert_eq!(status, 201, "{body}");
     let id = body["id"].as_i64().unwrap();
     assert_eq!(body["slots"], json!([0, 1]), "{body}");
-    let (_, listed) = api.changes(None, 0).await;
-    let mut next = listed["next"].as_i64().unwrap();
+    let (changes, mut next) = api.follow(before, 1).await;
+    let kinds: Vec<&str> = changes
+        .iter()
+        .map(|c| c["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["created"]);
     let created = changes_logged(&pool, id).await;
     for (round, (slots, wire, moved)) in [
         ("{0,2}", json!([0, 2]), true),
