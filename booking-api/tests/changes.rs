@@ -359,6 +359,87 @@ async fn a_long_poll_wakes_on_a_change(pool: PgPool) {
     assert_eq!(body["changes"][0]["booking"]["id"], id, "{body}");
 }
 
+/// Transaction ids are the Postgres server's, not the database's: the stream used to
+/// wait for every transaction on the server older than a change, so one long write
+/// in another database held back every booking change for as long as it ran
+/// (migration 20261203000100). It passes them now; a transaction of this database
+/// still holds back the changes after it (when it commits, its own come first).
+#[sqlx::test(migrations = "../migrations")]
+async fn a_long_transaction_elsewhere_on_the_server_does_not_hold_the_stream_back(pool: PgPool) {
+    use sqlx::{Connection, PgConnection};
+    let api = Api::start(pool.clone(), Arc::new(SystemClock)).await;
+    let (_, listed) = api.changes(None, 0).await;
+    let from = listed["next"].as_i64().unwrap();
+    // The database the tests' databases are made from, with a transaction that holds
+    // an id and stays open until the end.
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let mut other = PgConnection::connect(&url).await.unwrap();
+    let database = "SELECT current_database()::text";
+    let there: String = sqlx::query_scalar(database)
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    let here: String = sqlx::query_scalar(database).fetch_one(&pool).await.unwrap();
+    assert_ne!(there, here);
+    let mut elsewhere = other.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *elsewhere)
+        .await
+        .unwrap();
+
+    let t = hour();
+    let first = api.book("alice", "a100", t, t + TimeDelta::days(1)).await;
+    let (served, after) = changes_within(&api, from, std::time::Duration::from_secs(20)).await;
+    assert_eq!(
+        served.first().map(|c| c["booking"]["id"].clone()),
+        Some(json!(first)),
+        "a booking change waited for a transaction of another database"
+    );
+
+    // The same in this database: held back until it ends.
+    let mut here_tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *here_tx)
+        .await
+        .unwrap();
+    let later = t + TimeDelta::days(2);
+    let second = api
+        .book("bob", "a100", later, later + TimeDelta::days(1))
+        .await;
+    let (held, after) = changes_within(&api, after, std::time::Duration::from_secs(2)).await;
+    assert!(
+        held.is_empty(),
+        "served past a transaction in flight: {held:?}"
+    );
+    here_tx.rollback().await.unwrap();
+    let (served, _) = changes_within(&api, after, std::time::Duration::from_secs(20)).await;
+    assert_eq!(
+        served.first().map(|c| c["booking"]["id"].clone()),
+        Some(json!(second))
+    );
+    elsewhere.rollback().await.unwrap();
+}
+
+/// The changes served after `after` within `limit` (polls of a second, stopping at
+/// the first answer with changes), and the position to go on from.
+async fn changes_within(
+    api: &Api,
+    mut after: i64,
+    limit: std::time::Duration,
+) -> (Vec<Value>, i64) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        let (status, body) = api.changes(Some(after), 1).await;
+        assert_eq!(status, 200, "{body}");
+        after = body["next"].as_i64().unwrap();
+        let changes = body["changes"].as_array().unwrap().clone();
+        if !changes.is_empty() {
+            return (changes, after);
+        }
+    }
+    (Vec::new(), after)
+}
+
 /// The watch behind long polls wakes a waiter when a change is committed, with no
 /// recheck: a waiter asked to wait an hour returns on the change (the guard only
 /// turns a missing wake into a failure instead of a hang).

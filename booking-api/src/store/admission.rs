@@ -68,12 +68,14 @@ pub async fn full(
     now: DateTime<Utc>,
     cooldown: TimeDelta,
 ) -> sqlx::Result<(Vec<ModelState>, BTreeMap<i64, u64>, Full)> {
+    let elsewhere = super::changes::elsewhere(pool).await?;
     let mut tx = pool.begin().await?;
     sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
-    let xmin = sqlx::query_scalar!(
-        r#"SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS "xmin!""#
+    let below = sqlx::query_scalar!(
+        r#"SELECT booking_change_settled_below($1) AS "below!""#,
+        &elsewhere
     )
     .fetch_one(&mut *tx)
     .await?;
@@ -120,7 +122,7 @@ pub async fn full(
         models,
         held,
         Full {
-            position: xmin - 1,
+            position: below - 1,
             bookings,
             users,
         },

@@ -23,18 +23,32 @@ use super::bookings::BookingRow;
 pub const WATCH_EVERY: Duration = Duration::from_millis(100);
 
 /// What a look reads: the newest change, and the oldest transaction whose changes
-/// are not servable yet. Changes become servable in transaction order (below
-/// `pg_snapshot_xmin`), so the ones not servable yet are those from that transaction
-/// on: the pair changes exactly when a change is written or becomes servable.
+/// are not servable yet. Changes become servable in transaction order (below the
+/// horizon, [`elsewhere`]), so the ones not servable yet are those from that
+/// transaction on: the pair changes exactly when a change is written or becomes
+/// servable.
 async fn look(pool: &PgPool) -> sqlx::Result<(Option<i64>, Option<i64>)> {
+    let elsewhere = elsewhere(pool).await?;
     let found = sqlx::query!(
         "SELECT (SELECT max(seq) FROM booking_change) AS newest,
         (SELECT min(txid) FROM booking_change
-          WHERE txid >= pg_snapshot_xmin(pg_current_snapshot())::text::bigint) AS oldest_pending"
+          WHERE txid >= booking_change_settled_below($1)) AS oldest_pending",
+        &elsewhere
     )
     .fetch_one(pool)
     .await?;
     Ok((found.newest, found.oldest_pending))
+}
+
+/// The transactions in flight in the Postgres server's other databases, which never
+/// write a change: the horizon (`booking_change_settled_below`, migration
+/// 20261203000100) passes them, so that a long transaction elsewhere on the server
+/// does not hold back the stream. Read before the snapshot that the horizon is taken
+/// from, in a statement of its own (the migration says why).
+pub(crate) async fn elsewhere(pool: &PgPool) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar!(r#"SELECT booking_change_elsewhere() AS "xids!""#)
+        .fetch_one(pool)
+        .await
 }
 
 /// At most this many transactions' changes per answer (each transaction's changes
@@ -72,21 +86,24 @@ struct ChangeMeta {
 /// instead, as `kind = "current"`, with the position from which the stream goes
 /// on: a follower lists with it, then follows from `next` without a gap.
 pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx::Result<Read> {
+    let elsewhere = elsewhere(pool).await?;
     let mut tx = pool.begin().await?;
-    // One snapshot for the position and the rows: every transaction below its
-    // xmin has finished, and those that committed are visible in it.
+    // One snapshot for the position and the rows: every transaction of this
+    // database below its horizon has finished, and those that committed are visible
+    // in it.
     sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
     let position = sqlx::query!(
-        r#"SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS "xmin!", txid AS horizon FROM booking_change_horizon"#
+        r#"SELECT booking_change_settled_below($1) AS "below!", txid AS horizon FROM booking_change_horizon"#,
+        &elsewhere
     )
     .fetch_one(&mut *tx)
     .await?;
-    let (xmin, horizon) = (position.xmin, position.horizon);
-    // Everything below xmin is settled: the position to resume from when this
+    let (below, horizon) = (position.below, position.horizon);
+    // Everything below that is settled: the position to resume from when this
     // answer holds all that is settled.
-    let settled = xmin - 1;
+    let settled = below - 1;
     let Some(after) = after else {
         let rows: Vec<BookingRow> = sqlx::query_as!(
             BookingRow,
@@ -127,7 +144,7 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
          FROM booking_change c JOIN t USING (txid) JOIN booking b ON b.id = c.booking_id
          ORDER BY c.txid, c.seq"#,
         after,
-        xmin,
+        below,
         MAX_TRANSACTIONS
     )
     .map(|row| {
