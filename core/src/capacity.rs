@@ -198,21 +198,33 @@ pub struct SlotPlan {
 
 /// `need` slots free over `window` among `overlapping` (the model's bookings that
 /// overlap it), without moving anything: the common, cheap case. The lowest free
-/// ones, ascending.
+/// ones, ascending. The slots held over the window are gathered once and sorted, so
+/// that the cost is that of the bookings' slots, not of the slots times the bookings
+/// (a create on a crowded model walks past every held slot below the first free one).
 pub fn free_slots(
     units: u32,
     overlapping: &[Held],
     window: &Window,
     need: u32,
 ) -> Option<Vec<i32>> {
-    let slots: Vec<i32> = (0..units as i32)
-        .filter(|slot| {
-            !overlapping
-                .iter()
-                .any(|h| h.slots.contains(slot) && h.window.overlaps(window))
-        })
-        .take(need as usize)
+    let mut held: Vec<i32> = overlapping
+        .iter()
+        .filter(|h| h.window.overlaps(window))
+        .flat_map(|h| h.slots.iter().copied())
         .collect();
+    held.sort_unstable();
+    held.dedup();
+    let mut held = held.into_iter().peekable();
+    let mut slots = Vec::new();
+    for slot in 0..i32::try_from(units).unwrap_or(i32::MAX) {
+        if slots.len() == need as usize {
+            break;
+        }
+        while held.next_if(|&h| h < slot).is_some() {}
+        if held.next_if_eq(&slot).is_none() {
+            slots.push(slot);
+        }
+    }
     (need > 0 && slots.len() == need as usize).then_some(slots)
 }
 
