@@ -4,6 +4,13 @@ use std::time::Duration;
 
 use sqlx::{Connection, PgConnection, PgPool};
 
+/// The `gpu-booking` binary's allocator (src/main.rs), so that the API is measured as
+/// it runs. Without it the benches measured glibc's malloc, which the service does not
+/// use: 16-18 % of the history bench's process during creates (`perf`, 2026-11-27).
+/// The baselines in the same process get it too.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Drops and creates database `name` next to `base` (a `DATABASE_URL`), and connects
 /// a pool of `connections` to it with the service's settings (acquiring may wait
 /// long: a loaded phase queues).
