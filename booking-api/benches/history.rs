@@ -30,8 +30,11 @@
 //! measure (default 6); GPU_BOOKING_BENCH_READS, requests per read measure (default
 //! 2000); GPU_BOOKING_HISTORY_BOOKINGS and GPU_BOOKING_HISTORY_USERS, the history's
 //! size (default 1,000,000 and 100,000); GPU_BOOKING_HISTORY_PLANNED_ONLY=1 stops after
-//! the `plan` phase and prints its ratios to the empty phase: what the planned bookings
-//! over a create's window cost it, in about 4 minutes instead of 19.
+//! the `plan` phase and prints its ratios to the empty phase, then measures creates in
+//! alternating rounds on the empty phase's models, on the planned models and in a
+//! second database whose booking table is empty: what the bookings over a create's
+//! window cost it and what the table's size does, at the same moments, in about 6
+//! minutes instead of 19.
 //!
 //! Creates: each request a new user, one of the 40 models, a window of 1 to 3 days
 //! starting at a random hour of the next year (refusals are counted apart). The API
@@ -85,17 +88,7 @@ async fn main() -> anyhow::Result<()> {
     // The empty phase books models of its own (`empty-00` ...), so that the loader's
     // models (`hist-00` ..., declared here with the same units; the loader keeps the
     // larger count) hold only the history when it loads.
-    let admin = api.token("admin@example.com", Some("admin"));
-    for m in
-        (0..MODELS).flat_map(|m| ["empty", "plan", "hist"].map(|prefix| format!("{prefix}-{m:02}")))
-    {
-        http.put(format!("{}/api/v1/models/{m}", api.url))
-            .bearer_auth(&admin)
-            .json(&json!({"units": 1000, "patterns": [], "gpumem_mib": 1024}))
-            .send()
-            .await?
-            .error_for_status()?;
-    }
+    declare_models(&http, &api, &["empty", "plan", "hist"]).await?;
     let bench = Bench {
         api,
         http,
@@ -125,28 +118,48 @@ async fn main() -> anyhow::Result<()> {
             empty.c32.p99,
             plan.c32.p99
         );
-        // The same two kinds of create side by side: the empty phase's models (a few
-        // bookings of the empty phase's own) and the planned ones, in alternating
-        // rounds, the order swapped each round.
-        let (mut on_empty, mut on_plan) = (Vec::new(), Vec::new());
+        // The same creates side by side, in alternating rounds (the order swapped
+        // each round): on the empty phase's models (a few bookings of that phase's
+        // own), on the planned models, and on a database of their own with an empty
+        // booking table, served by an API of its own in this process. Planned /
+        // empty models says what the bookings over a create's window cost; planned
+        // / empty database adds what the table's size costs, at the same moments.
+        let empty_db =
+            common::fresh_database(&base, "gpu_booking_bench_history_empty", POOL).await?;
+        gpu_booking_api::MIGRATOR.run(&empty_db).await?;
+        let other = Bench {
+            api: Arc::new(TestApi::start(common::api_pool(&empty_db).await?).await?),
+            http: bench.http.clone(),
+            secs,
+            reads,
+            next_user: bench.next_user.clone(),
+        };
+        declare_models(&other.http, &other.api, &["plan"]).await?;
+        let (mut on_empty, mut on_plan, mut on_empty_db) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..PAIRED_ROUNDS / 2 {
-            for prefix in if round % 2 == 0 {
-                ["empty", "plan"]
-            } else {
-                ["plan", "empty"]
-            } {
-                let stats = bench.creates(32, prefix).await?;
-                if prefix == "empty" {
-                    on_empty.push(stats)
-                } else {
-                    on_plan.push(stats)
+            let mut order = [0, 1, 2];
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for which in order {
+                match which {
+                    0 => on_empty.push(bench.creates(32, "empty").await?),
+                    1 => on_plan.push(bench.creates(32, "plan").await?),
+                    _ => on_empty_db.push(other.creates(32, "plan").await?),
                 }
             }
         }
-        for (round, (e, p)) in on_empty.iter().zip(&on_plan).enumerate() {
+        for (round, ((e, p), d)) in on_empty.iter().zip(&on_plan).zip(&on_empty_db).enumerate() {
             println!(
-                "alternating round {round}: creates on planned models / on empty models {:.2} ({:.0} / {:.0} per s), p99 {:.1} / {:.1} ms",
-                p.rate / e.rate, p.rate, e.rate, p.p99, e.p99
+                "alternating round {round}: creates on planned models / on empty models {:.2}, / in an empty database {:.2} ({:.0} / {:.0} / {:.0} per s), p99 {:.1} / {:.1} / {:.1} ms",
+                p.rate / e.rate,
+                p.rate / d.rate,
+                p.rate,
+                e.rate,
+                d.rate,
+                p.p99,
+                e.p99,
+                d.p99
             );
         }
         return Ok(());
@@ -237,6 +250,28 @@ async fn main() -> anyhow::Result<()> {
             pb.p99,
             h.p99
         );
+    }
+    Ok(())
+}
+
+/// Declares models `{prefix}-00` ... of 1,000 units each on `api`.
+async fn declare_models(
+    http: &reqwest::Client,
+    api: &TestApi,
+    prefixes: &[&str],
+) -> anyhow::Result<()> {
+    let admin = api.token("admin@example.com", Some("admin"));
+    for m in (0..MODELS).flat_map(|m| {
+        prefixes
+            .iter()
+            .map(move |prefix| format!("{prefix}-{m:02}"))
+    }) {
+        http.put(format!("{}/api/v1/models/{m}", api.url))
+            .bearer_auth(&admin)
+            .json(&json!({"units": 1000, "patterns": [], "gpumem_mib": 1024}))
+            .send()
+            .await?
+            .error_for_status()?;
     }
     Ok(())
 }
