@@ -33,7 +33,7 @@
 //! the `plan` phase and prints its ratios to the empty phase, then measures creates in
 //! alternating rounds on the empty phase's models, on the planned models and in a
 //! second database whose booking table is empty: what the bookings over a create's
-//! window cost it and what the table's size does, at the same moments, in about 6
+//! window cost it and what the table's size does, at the same moments, in about 3
 //! minutes instead of 19.
 //!
 //! Creates: each request a new user, one of the 40 models, a window of 1 to 3 days
