@@ -114,8 +114,8 @@ impl Api {
     }
 
     /// Follows from `after` until `count` changes came (a change is served once
-    /// every older transaction in the Postgres cluster has finished, so it may
-    /// take a poll or two); the changes and the position.
+    /// every older transaction of its database has finished, so it may take a poll
+    /// or two); the changes and the position.
     async fn follow(&self, mut after: i64, count: usize) -> (Vec<Value>, i64) {
         let mut got = Vec::new();
         for _ in 0..60 {
@@ -215,8 +215,8 @@ async fn a_move_of_any_unit_is_a_change(pool: PgPool) {
         .await;
     assert_eq!(r.0, 200, "{}", r.1);
     // The position before the create; following from it until the create is served
-    // puts `next` after it (a change is served once every older transaction in the
-    // cluster has finished, so a listing right after the create may come before it).
+    // puts `next` after it (a change is served once every older transaction of the
+    // database has finished, so a listing right after the create may come before it).
     let (_, listed) = api.changes(None, 0).await;
     let before = listed["next"].as_i64().unwrap();
     let t = hour();
