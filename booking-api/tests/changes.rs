@@ -420,6 +420,81 @@ async fn a_long_transaction_elsewhere_on_the_server_does_not_hold_the_stream_bac
     elsewhere.rollback().await.unwrap();
 }
 
+/// A transaction of the booking database that stays open holds back every change
+/// made after it began, and the stream says by how much (`behind_ms`, which the
+/// webhook's replica counts as staleness): nothing while no change waits behind it,
+/// at least the time a held change has waited, and nothing again once it ends.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_stream_says_how_far_a_long_transaction_holds_it_back(pool: PgPool) {
+    const HELD: std::time::Duration = std::time::Duration::from_millis(1200);
+    let api = Api::start(pool.clone(), Arc::new(SystemClock)).await;
+    let (_, listed) = api.changes(None, 0).await;
+    assert_eq!(listed["behind_ms"], json!(0), "{listed}");
+    let from = listed["next"].as_i64().unwrap();
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    let (_, idle) = api.changes(Some(from), 0).await;
+    assert_eq!(
+        idle["behind_ms"],
+        json!(0),
+        "a transaction with no change behind it holds nothing back: {idle}"
+    );
+
+    let t = hour();
+    let id = api.book("bob", "a100", t, t + TimeDelta::days(1)).await;
+    tokio::time::sleep(HELD).await;
+    let (status, held) = api.changes(Some(from), 0).await;
+    assert_eq!(status, 200, "{held}");
+    assert_eq!(
+        held["changes"],
+        json!([]),
+        "served past a transaction in flight"
+    );
+    assert_eq!(held["more"], json!(false));
+    let behind = held["behind_ms"].as_u64().unwrap();
+    // The change's transaction began before `book` returned, the read after the sleep.
+    assert!(
+        behind >= HELD.as_millis() as u64,
+        "the change waited {HELD:?}, the stream says {behind} ms"
+    );
+
+    open.rollback().await.unwrap();
+    let (status, served) = api.changes(Some(from), 0).await;
+    assert_eq!(status, 200, "{served}");
+    assert_eq!(served["changes"][0]["booking"]["id"], json!(id), "{served}");
+    assert_eq!(served["behind_ms"], json!(0), "{served}");
+}
+
+/// An answer holds at most 500 transactions' changes and says when more wait
+/// (`more`), so that a follower does not take itself for current in the middle of
+/// a backlog.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_full_answer_says_more_changes_wait(pool: PgPool) {
+    let api = Api::start(pool.clone(), Arc::new(SystemClock)).await;
+    let t = hour();
+    let id = api.book("carol", "a100", t, t + TimeDelta::days(1)).await;
+    let (_, listed) = api.changes(None, 0).await;
+    let from = listed["next"].as_i64().unwrap();
+    // 501 transactions, each with one change of the booking.
+    for _ in 0..501 {
+        sqlx::query("INSERT INTO booking_change (booking_id, kind) VALUES ($1, 'moved')")
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let (status, first) = api.changes(Some(from), 0).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["changes"].as_array().unwrap().len(), 500);
+    assert_eq!(first["more"], json!(true));
+    let (_, rest) = api.changes(first["next"].as_i64(), 0).await;
+    assert_eq!(rest["changes"].as_array().unwrap().len(), 1, "{rest}");
+    assert_eq!(rest["more"], json!(false), "{rest}");
+}
+
 /// The changes served after `after` within `limit` (polls of a second, stopping at
 /// the first answer with changes), and the position to go on from.
 async fn changes_within(

@@ -535,6 +535,8 @@ async fn start_stub() -> SocketAddr {
                 axum::Json(wire::BookingChanges {
                     changes: Vec::new(),
                     next: 1,
+                    behind_ms: 0,
+                    more: false,
                 })
             }),
         )

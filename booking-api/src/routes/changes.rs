@@ -1,5 +1,5 @@
-//! `/api/v1/booking-changes`: the stream of booking changes that the controller (and
-//! later the webhook's replica of active bookings) follows, with resume and long poll.
+//! `/api/v1/booking-changes`: the stream of booking changes that the controller and
+//! the webhook's replica follow, with resume and long poll.
 
 use std::time::Duration;
 
@@ -52,7 +52,9 @@ pub struct ChangesGone {
 #[utoipa::path(get, path = "/api/v1/booking-changes", tag = "bookings", params(ChangesQuery),
     description = "Every change to a booking (created, cancelled, ended early, start or end moved), by anyone, \
                    in commit-safe order: a change is served once every transaction older than it has finished, \
-                   so a follower that resumes from `next` sees each change exactly once. Service and admin roles. \
+                   so a follower that resumes from `next` sees each change exactly once; a long transaction of the booking \
+                   database holds back the changes after it, and `behind_ms` says how long the oldest of them has waited. \
+                   Service and admin roles. \
                    Without `after`: the current bookings and the position to follow from. A resume point older \
                    than the retention answers 410: list again (no `after`).",
     responses((status = 200, body = BookingChanges), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
@@ -93,7 +95,12 @@ pub async fn list(
                 };
                 return Ok((StatusCode::GONE, axum::Json(body)).into_response());
             }
-            Read::Changes { changes, next } => {
+            Read::Changes {
+                changes,
+                next,
+                behind,
+                more,
+            } => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 match &mut waiter {
                     Some(w) if changes.is_empty() && !left.is_zero() => {
@@ -111,6 +118,8 @@ pub async fn list(
                                 })
                                 .collect(),
                             next,
+                            behind_ms: u64::try_from(behind.num_milliseconds()).unwrap_or(0),
+                            more,
                         };
                         return Ok(axum::Json(body).into_response());
                     }

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::PgPool;
 use tokio::sync::{watch, Semaphore};
 
@@ -68,7 +68,19 @@ pub struct Change {
 #[derive(Debug)]
 pub enum Read {
     /// The changes after the position, in commit-safe order, and where to resume.
-    Changes { changes: Vec<Change>, next: i64 },
+    Changes {
+        changes: Vec<Change>,
+        next: i64,
+        /// How far the stream lags the database: every change committed more than
+        /// this before the read is in this answer or an earlier one (unless `more`).
+        /// Zero while every transaction finishes quickly; a transaction of this
+        /// database that runs long holds back every change after it (the
+        /// horizon), and this grows from the oldest change so held.
+        behind: TimeDelta,
+        /// The answer holds [`MAX_TRANSACTIONS`]: more changes wait beyond it (read
+        /// again at once); `behind` speaks only of those past the horizon.
+        more: bool,
+    },
     /// The position is older than what retention kept (or not from this log): the
     /// follower must re-list.
     Gone { oldest: i64 },
@@ -94,13 +106,25 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
     sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
+    // The changes committed in the snapshot but held back by the horizon: the oldest
+    // one's `at` (its transaction's start, before its commit) bounds how long any
+    // of them has waited. Measured from the changes, not from the transaction that
+    // holds the horizon: one that runs long while no booking changes holds nothing
+    // back (and its start is hidden from roles without `pg_read_all_stats`).
     let position = sqlx::query!(
-        r#"SELECT booking_change_settled_below($1) AS "below!", txid AS horizon FROM booking_change_horizon"#,
+        r#"SELECT s.below AS "below!", h.txid AS horizon, statement_timestamp() AS "read_at!",
+                  (SELECT min(c.at) FROM booking_change c WHERE c.txid >= s.below) AS held_since
+           FROM booking_change_horizon h,
+                LATERAL (SELECT booking_change_settled_below($1) AS below) s"#,
         &elsewhere
     )
     .fetch_one(&mut *tx)
     .await?;
     let (below, horizon) = (position.below, position.horizon);
+    let behind = position
+        .held_since
+        .map_or(TimeDelta::zero(), |since| position.read_at - since)
+        .max(TimeDelta::zero());
     // Everything below that is settled: the position to resume from when this
     // answer holds all that is settled.
     let settled = below - 1;
@@ -124,9 +148,13 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
             })
             .collect();
         tx.commit().await?;
+        // The listing reads the bookings themselves, not the changes: it is as
+        // current as its snapshot, whatever holds the horizon.
         return Ok(Read::Changes {
             changes,
             next: settled,
+            behind: TimeDelta::zero(),
+            more: false,
         });
     };
     if after < horizon || after > settled {
@@ -184,9 +212,9 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
     }
     // A full answer resumes after its last transaction; otherwise everything
     // settled has been served.
-    let next = match last {
-        Some(txid) if transactions >= MAX_TRANSACTIONS => txid,
-        _ => settled,
+    let (next, more) = match last {
+        Some(txid) if transactions >= MAX_TRANSACTIONS => (txid, true),
+        _ => (settled, false),
     };
     let changes = rows
         .into_iter()
@@ -197,7 +225,12 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
             booking,
         })
         .collect();
-    Ok(Read::Changes { changes, next })
+    Ok(Read::Changes {
+        changes,
+        next,
+        behind,
+        more,
+    })
 }
 
 /// Deletes the changes recorded before `before` and moves the horizon past them;

@@ -32,4 +32,18 @@ pub struct BookingChanges {
     pub changes: Vec<BookingChange>,
     /// Pass as `after` to get what comes next.
     pub next: i64,
+    /// How far the stream lags the database, in milliseconds: every change committed
+    /// more than this before the answer is in it or in an earlier one (unless
+    /// `more`). About 0 while all is well. A change is served only once every older
+    /// transaction of the booking database has finished, so one that runs long (a
+    /// bulk load, a migration, a session left open) holds back every booking change
+    /// made after it began, and this grows until it ends: a follower counts it as
+    /// staleness (the webhook's replica does). Absent from older services: 0.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(example = 0))]
+    pub behind_ms: u64,
+    /// The answer is full: more changes wait beyond `next` (read again at once), and
+    /// the follower is not current until an answer without `more`.
+    #[serde(default)]
+    pub more: bool,
 }
