@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_booking_core::wire::{Booking, BookingChange, BookingChanges};
@@ -47,12 +48,27 @@ pub enum Followed {
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 
+/// Told what each answer said the stream lags the database (`behind_ms`; `None`
+/// for a full answer, with more to read at once): see [`Follower::on_lag`].
+pub type LagReport = Arc<dyn Fn(Option<Duration>) + Send + Sync>;
+
 /// Follows the stream: call [`Follower::next`] in a loop.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Follower {
     after: Option<i64>,
     wait: Duration,
     failures: u32,
+    on_lag: Option<LagReport>,
+}
+
+impl std::fmt::Debug for Follower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Follower")
+            .field("after", &self.after)
+            .field("wait", &self.wait)
+            .field("failures", &self.failures)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Follower {
@@ -62,7 +78,16 @@ impl Follower {
             after: None,
             wait,
             failures: 0,
+            on_lag: None,
         }
+    }
+
+    /// Reports each answer's lag (a long transaction in the booking database holds
+    /// the stream back; the answers meanwhile have no changes, so [`Follower::next`]
+    /// does not return them): for a gauge.
+    pub fn on_lag(mut self, report: LagReport) -> Self {
+        self.on_lag = Some(report);
+        self
     }
 
     /// Where the next step resumes (`None`: it lists).
@@ -94,6 +119,9 @@ impl Follower {
             match source.booking_changes(self.after, wait).await {
                 Ok(page) => {
                     self.failures = 0;
+                    if let Some(report) = &self.on_lag {
+                        report((!page.more).then(|| Duration::from_millis(page.behind_ms)));
+                    }
                     let listing = self.after.is_none();
                     self.after = Some(page.next);
                     if listing {
@@ -177,6 +205,8 @@ mod tests {
                 })
                 .collect(),
             next,
+            behind_ms: 0,
+            more: false,
         })
     }
 
@@ -222,6 +252,42 @@ mod tests {
                 Some(15),
                 None,
                 Some(40)
+            ]
+        );
+    }
+
+    /// Every answer's lag is reported, those with no changes too (they are how a
+    /// held-back stream shows); a full answer reports none.
+    #[tokio::test]
+    async fn reports_each_answers_lag() {
+        let with = |next: i64, ids: &[i64], behind_ms: u64, more: bool| {
+            page(next, ids).map(|mut p| {
+                p.behind_ms = behind_ms;
+                p.more = more;
+                p
+            })
+        };
+        let script = Script {
+            answers: Mutex::new(VecDeque::from([
+                with(10, &[], 0, false),
+                with(10, &[], 2500, false),
+                with(12, &[1], 0, true),
+            ])),
+            asked: Mutex::new(Vec::new()),
+        };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let mut f = Follower::new(Duration::from_secs(1)).on_lag(Arc::new(move |lag| {
+            record.lock().unwrap().push(lag);
+        }));
+        assert!(matches!(f.next(&script).await, Followed::Listed(_)));
+        assert!(matches!(f.next(&script).await, Followed::Changed(c) if c.len() == 1));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                Some(Duration::ZERO),
+                Some(Duration::from_millis(2500)),
+                None
             ]
         );
     }

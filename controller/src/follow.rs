@@ -40,7 +40,10 @@ pub fn spawn(ctx: Arc<Ctx>) -> Option<(JoinHandle<()>, mpsc::Receiver<Followed>)
         let Some(source) = ctx.booking.changes() else {
             return;
         };
-        let mut follower = Follower::new(WAIT);
+        let behind = ctx.metrics.booking_changes_behind.clone();
+        let mut follower = Follower::new(WAIT).on_lag(Arc::new(move |lag| {
+            behind.set(lag.map_or(f64::NAN, |d| d.as_secs_f64()));
+        }));
         loop {
             let step = follower.next(source).await;
             match &step {

@@ -75,6 +75,11 @@ pub struct Metrics {
     pub is_leader: Gauge,
     /// Expiry timers armed now.
     pub timers: Gauge,
+    /// How far the booking change stream lagged the booking database at its last
+    /// answer: a long transaction there holds back every booking change made after
+    /// it began, so cancellations and moves reach pods that much later. NaN before
+    /// the first answer and while a backlog is read.
+    pub booking_changes_behind: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -121,6 +126,14 @@ impl Metrics {
         );
         let timers = Gauge::default();
         registry.register("expiry_timers", "Expiry timers armed", timers.clone());
+        let booking_changes_behind = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        booking_changes_behind.set(f64::NAN);
+        registry.register_with_unit(
+            "booking_changes_behind",
+            "How far the booking change stream lagged the booking database at its last answer (NaN before it and during a backlog)",
+            Unit::Seconds,
+            booking_changes_behind.clone(),
+        );
         let inventory = InventoryGauges::default();
         registry.register(
             "model_cards",
@@ -167,6 +180,7 @@ impl Metrics {
             reconcile_errors,
             is_leader,
             timers,
+            booking_changes_behind,
         }
     }
 

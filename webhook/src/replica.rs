@@ -53,8 +53,10 @@ impl Default for ReplicaOptions {
 /// When each part of the replica was last known to be current.
 #[derive(Debug, Clone, Copy, Default)]
 struct Fresh {
-    /// Start of the last stream read (or listing) that succeeded: every booking
-    /// change committed before it is applied.
+    /// Every booking change committed before this is applied: the start of the
+    /// last listing, or of the last stream read less what the stream said it lags
+    /// (`behind_ms`: a long transaction in the booking database holds changes
+    /// back), or that of an earlier read while the stream has more to send.
     stream: Option<Instant>,
     /// Start of the last figures read that succeeded.
     figures: Option<Instant>,
@@ -188,8 +190,10 @@ impl ReplicaHandle {
     fn mark(&self, stream: Option<Instant>, figures: Option<Instant>) {
         {
             let mut fresh = self.fresh.lock().unwrap_or_else(|e| e.into_inner());
+            // Each read's bound holds, so the newest of them does: a later read
+            // that errs further on the old side does not make the replica older.
             if stream.is_some() {
-                fresh.stream = stream;
+                fresh.stream = fresh.stream.max(stream);
             }
             if figures.is_some() {
                 fresh.figures = figures;
@@ -268,9 +272,10 @@ async fn follow(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClien
                 {
                     Ok(page) => {
                         let n = page.changes.len();
+                        let current = current_as_of(started, &page);
                         this.apply(page.changes);
                         after = Some(page.next);
-                        this.mark(Some(started), None);
+                        this.mark(current, None);
                         this.read_counted("changes", "ok");
                         if n > 0 {
                             tracing::debug!(
@@ -310,6 +315,18 @@ async fn follow(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClien
             tokio::time::sleep(pause).await;
         }
     }
+}
+
+/// Up to when a stream read that started at `started` makes the replica current:
+/// back by what the stream says it lags (the service measured that at its read,
+/// which came after `started`, so this errs on the old side); `None` (no newer
+/// than before) while the stream has more to send, or when the lag goes back
+/// beyond this process's clock.
+fn current_as_of(started: Instant, page: &gpu_booking_client::BookingChanges) -> Option<Instant> {
+    if page.more {
+        return None;
+    }
+    started.checked_sub(Duration::from_millis(page.behind_ms))
 }
 
 /// Reads the figures every `refresh` until the handle is dropped, and forgets the
@@ -353,5 +370,30 @@ async fn refresh(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClie
                 tracing::debug!(error = %e, "admission replica cannot refresh its figures");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(behind_ms: u64, more: bool) -> gpu_booking_client::BookingChanges {
+        gpu_booking_client::BookingChanges {
+            changes: Vec::new(),
+            next: 1,
+            behind_ms,
+            more,
+        }
+    }
+
+    #[test]
+    fn a_read_is_current_as_of_its_start_less_the_streams_lag() {
+        let started = Instant::now();
+        assert_eq!(current_as_of(started, &page(0, false)), Some(started));
+        assert_eq!(
+            current_as_of(started, &page(1500, false)),
+            started.checked_sub(Duration::from_millis(1500))
+        );
+        assert_eq!(current_as_of(started, &page(0, true)), None);
     }
 }

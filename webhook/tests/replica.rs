@@ -2,7 +2,8 @@
 //! API on the real Postgres: it answers exactly as `GET /api/v1/schedulability`
 //! does, follows booking changes within a second or two, lists again after a lost
 //! resume point, keeps deciding while the service is down (within its staleness
-//! bound, and not past it), and a clean shutdown sends the queued audit reports.
+//! bound, and not past it), counts a stream held back by a long transaction as
+//! staleness, and a clean shutdown sends the queued audit reports.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -390,6 +391,61 @@ async fn past_its_bound_the_replica_counts_as_the_service_down(pool: sqlx::PgPoo
     };
     assert!(matches!(err, BookingError::Stale(_)), "{err}");
     assert!(!replica.is_current());
+}
+
+/// A transaction of the booking database that stays open holds back every booking
+/// change after it (the stream serves changes in transaction order), while the
+/// service answers every call: the replica counts what the stream says it lags as
+/// staleness, so past its bound it counts the service as down instead of answering
+/// "not booked" for a user who booked; once the transaction ends, the booking
+/// arrives and the replica is current again.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_transaction_holding_back_the_stream_counts_as_staleness(pool: sqlx::PgPool) {
+    let api = Api::start(pool.clone()).await;
+    lab(&api).await;
+    // Well above a read's own age (a long poll of 1 s), which alone would pass a
+    // bound of 1.5 s now and then.
+    let booking = client(
+        &api,
+        ReplicaOptions {
+            max_staleness: Duration::from_secs(4),
+            ..fast()
+        },
+    );
+    assert!(!answer(&booking, "user", "frank").await.schedulable);
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    let id = api.book("frank", "a6000", -TimeDelta::minutes(1), 1).await;
+    let replica = booking.replica().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let err = loop {
+        match replica.schedulability("user", "frank").await {
+            Err(e) => break e,
+            Ok(a) if tokio::time::Instant::now() < deadline => {
+                assert!(!a.schedulable, "the held change arrived: {a:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(_) => panic!("still answering \"not booked\" with the booking held back"),
+        }
+    };
+    assert!(matches!(err, BookingError::Stale(_)), "{err}");
+
+    open.rollback().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        match replica.schedulability("user", "frank").await {
+            Ok(a) if a.schedulable => break a,
+            _ if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("the booking did not arrive: {other:?}"),
+        }
+    };
+    assert_eq!(got.booking_id, Some(id));
+    assert!(replica.is_current());
 }
 
 #[sqlx::test(migrations = "../migrations")]
