@@ -33,6 +33,13 @@
 #
 # KEEP=1 keeps the pgbench scripts, outputs and logs in the folder it prints.
 #
+# CREATE_COST_AGAINST_EMPTY=1: what the history costs each guarantee. A second
+# scratch database gets the same models and no history, and every variant runs on
+# both in turn (the order swapped from one variant to the next), so that each
+# variant's loaded / empty ratio is taken minutes, not a run, apart. Both have the
+# ended bookings archived, as the API's job (`--archive-after`) leaves them, and the
+# exclusion constraints' indexes rebuilt after that one large pass (docs/deploy.md).
+#
 # Needs Postgres with trust auth and pgbench (Debian: postgresql-15, in
 # /usr/lib/postgresql/15/bin). A scratch database is created and dropped from
 # SQLX_ADMIN_URL, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
@@ -43,8 +50,17 @@ secs="${1:-10}"
 clients="${2:-32}"
 history="${CREATE_COST_HISTORY:-100000}"
 admin_url="${SQLX_ADMIN_URL:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}}"
-scratch_db="gpu_booking_create_cost_$$"
-scratch_url="${admin_url%/*}/$scratch_db"
+# The databases, each with its history: `history` always, `empty` to compare.
+declare -A history_of=([history]="$history")
+dbs=(history)
+if [ "${CREATE_COST_AGAINST_EMPTY:-0}" = 1 ]; then
+  history_of[empty]=0
+  dbs+=(empty)
+fi
+declare -A url
+for db in "${dbs[@]}"; do
+  url[$db]="${admin_url%/*}/gpu_booking_create_cost_${db}_$$"
+done
 work="$(mktemp -d)"
 if [ -n "${KEEP:-}" ]; then
   echo "pgbench scripts, outputs and logs: $work"
@@ -56,16 +72,20 @@ if [ -z "$pgbench" ]; then
 fi
 
 cleanup() {
-  psql "$admin_url" -q -c "DROP DATABASE IF EXISTS $scratch_db WITH (FORCE)" >/dev/null || true
+  for db in "${dbs[@]}"; do
+    psql "$admin_url" -q -c "DROP DATABASE IF EXISTS ${url[$db]##*/} WITH (FORCE)" >/dev/null || true
+  done
   [ -n "${KEEP:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 
-psql "$admin_url" -q -v ON_ERROR_STOP=1 -c "CREATE DATABASE $scratch_db"
-for migration in migrations/*.sql; do
-  psql "$scratch_url" -q -v ON_ERROR_STOP=1 --single-transaction -f "$migration" >/dev/null
-done
-psql "$scratch_url" -q -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
+setup() { # $1: database (a key of url)
+  local db_url="${url[$1]}" n="${history_of[$1]}"
+  psql "$admin_url" -q -v ON_ERROR_STOP=1 -c "CREATE DATABASE ${db_url##*/}"
+  for migration in migrations/*.sql; do
+    psql "$db_url" -q -v ON_ERROR_STOP=1 --single-transaction -f "$migration" >/dev/null
+  done
+  psql "$db_url" -q -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
 CREATE TABLE bench_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL, at timestamptz NOT NULL);
 -- New bookings take units above the history's (35 per model).
 CREATE SEQUENCE bench_slot START 1000;
@@ -73,12 +93,27 @@ INSERT INTO gpu_model (name, position, units, patterns, gpumem_mib, created_at, 
 SELECT format('pg-%s', lpad(m::text, 2, '0')), m, 1000000000, '{}', 1024, now(), now()
 FROM generate_series(0, 39) AS m;
 SQL
-# A history to decide against, with the planner's statistics of a running system:
-# on a table whose statistics say it is empty, the generic plan of the capacity read
-# took the user constraint's index for a search by period alone (4.4 against 0.2
-# ms per read with 20,000 bookings), which a running system's autoanalyze corrects.
-PGOPTIONS="-c gpu_booking_load.bookings=$history -c gpu_booking_load.users=$((history / 10)) -c gpu_booking_load.model_prefix=pg -c gpu_booking_load.user_prefix=q" \
-  psql "$scratch_url" -q -v ON_ERROR_STOP=1 -f scripts/load-history.sql >/dev/null
+  # A history to decide against, with the planner's statistics of a running system:
+  # on a table whose statistics say it is empty, the generic plan of the capacity
+  # read took the user constraint's index for a search by period alone (4.4 against
+  # 0.2 ms per read with 20,000 bookings), which a running system's autoanalyze
+  # corrects.
+  if [ "$n" -gt 0 ]; then
+    PGOPTIONS="-c gpu_booking_load.bookings=$n -c gpu_booking_load.users=$((n / 10)) -c gpu_booking_load.model_prefix=pg -c gpu_booking_load.user_prefix=q" \
+      psql "$db_url" -q -v ON_ERROR_STOP=1 -f scripts/load-history.sql >/dev/null
+  fi
+  if [ "${CREATE_COST_AGAINST_EMPTY:-0}" = 1 ]; then
+    # As an upgrade with history leaves it after docs/deploy.md's VACUUM and REINDEX
+    # (the history bench does the same): archived in one pass, the constraints'
+    # indexes would otherwise keep the emptied pages of the archived bookings.
+    psql "$db_url" -q -v ON_ERROR_STOP=1 -c "SELECT booking_archive_pass(now(), 2000000000)" >/dev/null
+    psql "$db_url" -q -v ON_ERROR_STOP=1 -c "VACUUM ANALYZE" \
+      -c "REINDEX INDEX booking_slot_excl" -c "REINDEX INDEX booking_user_excl" >/dev/null
+  fi
+}
+for db in "${dbs[@]}"; do
+  setup "$db"
+done
 
 cat >"$work/bare.sql" <<'SQL'
 \set v random(1, 1000000)
@@ -126,24 +161,40 @@ create_script 4 1 1 >"$work/batch4.sql"
 create_script 8 1 1 >"$work/batch8.sql"
 
 declare -A tps p50 p99
+# The figures of the first database (`history`) are tps[name]; those of `empty`,
+# tps[empty/name].
+turn=0
 run() { # $1: name, $2: script, further: extra options for PGOPTIONS
-  local name="$1" script="$2"
+  local name="$1" script="$2" order=("${dbs[@]}")
   shift 2
-  rm -f "$work"/log.*
-  psql "$scratch_url" -q -c "CHECKPOINT" >/dev/null
-  PGOPTIONS="${*:-}" "$pgbench" -n -M prepared -c "${CLIENTS:-$clients}" -j 2 -T "$secs" \
-    -f "$work/$script" -l --log-prefix="$work/log" "$scratch_url" >"$work/$name.out" 2>&1 || {
-    cat "$work/$name.out" >&2
-    exit 1
-  }
-  tps[$name]=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$work/$name.out" | head -1)
-  # Per-transaction log: the third column is the latency in microseconds.
-  read -r p50[$name] p99[$name] < <(cat "$work"/log.* | awk '{print $3}' | sort -n |
-    awk '{a[NR]=$1} END {printf "%.2f %.2f\n", a[int(NR*0.5)+1]/1000, a[int(NR*0.99)+1]/1000}')
-  printf '%-12s %9.0f tx/s  p50 %6.2f ms  p99 %6.2f ms\n' "$name" "${tps[$name]}" "${p50[$name]}" "${p99[$name]}"
+  # With two databases, which goes first alternates from one variant to the next.
+  if [ $((turn++ % 2)) = 1 ] && [ "${#dbs[@]}" = 2 ]; then
+    order=("${dbs[1]}" "${dbs[0]}")
+  fi
+  for db in "${order[@]}"; do
+    local key="$name"
+    [ "$db" = history ] || key="$db/$name"
+    rm -f "$work"/log.*
+    psql "${url[$db]}" -q -c "CHECKPOINT" >/dev/null
+    PGOPTIONS="${*:-}" "$pgbench" -n -M prepared -c "${CLIENTS:-$clients}" -j 2 -T "$secs" \
+      -f "$work/$script" -l --log-prefix="$work/log" "${url[$db]}" >"$work/$db-$name.out" 2>&1 || {
+      cat "$work/$db-$name.out" >&2
+      exit 1
+    }
+    tps[$key]=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$work/$db-$name.out" | head -1)
+    # Per-transaction log: the third column is the latency in microseconds.
+    read -r p50[$key] p99[$key] < <(cat "$work"/log.* | awk '{print $3}' | sort -n |
+      awk '{a[NR]=$1} END {printf "%.2f %.2f\n", a[int(NR*0.5)+1]/1000, a[int(NR*0.99)+1]/1000}')
+    printf '%-18s %9.0f tx/s  p50 %6.2f ms  p99 %6.2f ms\n' "$key" "${tps[$key]}" "${p50[$key]}" "${p99[$key]}"
+  done
+}
+everywhere() { # $1: SQL, run in every database
+  for db in "${dbs[@]}"; do
+    psql "${url[$db]}" -q -v ON_ERROR_STOP=1 -c "$1"
+  done
 }
 
-echo "== $clients clients, ${secs}s each, $(psql "$scratch_url" -Atc 'SHOW server_version')"
+echo "== $clients clients, ${secs}s each, $(psql "${url[history]}" -Atc 'SHOW server_version')"
 # A first, unreported pass warms the caches (catalog, plans, the tables' pages), so
 # that the first variant is not measured cold.
 run warm-up create.sql >/dev/null
@@ -154,16 +205,17 @@ run async create.sql -c synchronous_commit=off
 # The same creates in batches: as many creates waiting at once as in `create`, in
 # transactions of 4 and of 8 (the queue's workers take what waits).
 CLIENTS=$((clients / 4)) run batch4 batch4.sql
-tps[batch4]=$(awk -v t="${tps[batch4]}" 'BEGIN {print t * 4}')
 CLIENTS=$((clients / 8)) run batch8 batch8.sql
-tps[batch8]=$(awk -v t="${tps[batch8]}" 'BEGIN {print t * 8}')
+for key in batch4 batch8 empty/batch4 empty/batch8; do
+  [ -n "${tps[$key]:-}" ] && tps[$key]=$(awk -v t="${tps[$key]}" -v k="${key##*batch}" 'BEGIN {print t * k}')
+done
 run no-audit no-audit.sql
-psql "$scratch_url" -q -c "ALTER TABLE booking DISABLE TRIGGER booking_day_units_insert"
+everywhere "ALTER TABLE booking DISABLE TRIGGER booking_day_units_insert"
 run no-days no-audit.sql
-psql "$scratch_url" -q -c "ALTER TABLE booking DISABLE TRIGGER booking_change_after"
+everywhere "ALTER TABLE booking DISABLE TRIGGER booking_change_after"
 run no-changes no-audit.sql
 run no-locks no-locks.sql
-psql "$scratch_url" -q -c "ALTER TABLE booking DROP CONSTRAINT booking_slot_excl, DROP CONSTRAINT booking_user_excl"
+everywhere "ALTER TABLE booking DROP CONSTRAINT booking_slot_excl, DROP CONSTRAINT booking_user_excl"
 run no-excl no-locks.sql
 echo
 echo "== ratios (x bare INSERT of the same run; the step is what the guarantee taken away cost)"
@@ -182,3 +234,10 @@ for name in batch4 batch8; do
   echo "$name: $(awk -v a="${tps[$name]}" -v b="${tps[bare]}" 'BEGIN {printf "%.2f", a / b}') x bare ($(printf '%.0f' "${tps[$name]}") creates/s; its p50/p99 are of a transaction of ${name#batch} creates); $(awk -v a="${tps[$name]}" -v b="${tps[create]}" 'BEGIN {printf "%.2f", a / b}') x create"
 done
 echo "async: $(awk -v a="${tps[async]}" -v b="${tps[bare-async]}" 'BEGIN {printf "%.2f", a / b}') x bare-async; $(awk -v a="${tps[async]}" -v b="${tps[create]}" 'BEGIN {printf "%.2f", a / b}') x create"
+if [ "${#dbs[@]}" = 2 ]; then
+  echo
+  echo "== with the history ($history bookings) / empty, each variant's creates/s"
+  for name in create no-audit no-days no-changes no-locks no-excl batch4 batch8 async bare; do
+    echo "$name: $(awk -v a="${tps[$name]}" -v b="${tps[empty/$name]}" 'BEGIN {printf "%.2f", a / b}')"
+  done
+fi

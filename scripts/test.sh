@@ -9,14 +9,27 @@ export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres
 # target/ (CI ran out of disk with it); a developer's own cargo commands keep it.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
+# What each step took, so that a slow run says where its time went (CI stops at 40
+# minutes).
+began=$(date +%s)
+last=$began
+took() { # $1: the step just finished
+  local now
+  now=$(date +%s)
+  echo "== $1: $((now - last)) s (all so far: $((now - began)) s)"
+  last=$now
+}
+
 # The offline data of sqlx's checked queries (.sqlx/) against the queries and the
 # migrations as they are: stale data fails here. (Builds never read DATABASE_URL's
 # database: .cargo/config.toml sets SQLX_OFFLINE, so a query whose text changed
 # without .sqlx/ fails to compile anywhere.)
 ./scripts/sqlx-prepare.sh --check
+took "sqlx offline data checked"
 
 started="$(date -u +'%Y-%m-%d %H:%M:%S+00')"
 cargo test --workspace
+took "cargo test --workspace"
 # Every test passed (set -e), so sqlx should have dropped every test database. Its
 # Pool::close can return while a connection is still on its way back to the pool
 # (launchbadge/sqlx#3217); DROP DATABASE then fails and the database stays (seen:
@@ -33,19 +46,24 @@ done
 # The API's tokens against a real OIDC provider (npm oidc-provider, installed into
 # tests/oidc/node_modules on first use; skipped with a message without node).
 ./scripts/oidc-test.sh
+took "OIDC provider tests"
 # Benchmarks are not run here (they print figures, they do not pass or fail) but must compile.
 cargo check --workspace --all-targets
+took "benchmarks compiled (cargo check)"
 
 # helm lint/template, kubernetes-validate, and the rendered-manifest tests (installs
 # helm and kubernetes-validate under target/chart-tools on first use); the binary
 # checks that every option the chart renders is one it accepts.
 cargo build -p gpu-booking
 GPU_BOOKING_BIN="$PWD/target/debug/gpu-booking" ./scripts/chart-test.sh
+took "chart checks"
 # The OpenAPI document validated, then schemathesis against a running API as a user,
 # an admin and a service (installs schemathesis under target/ on first use).
 GPU_BOOKING_BIN="$PWD/target/debug/gpu-booking" ./scripts/api-fuzz.sh
+took "API fuzzing (schemathesis)"
 
 if [ -x tests/browser/run.sh ]; then
   cargo build -p gpu-booking
   GPU_BOOKING_BIN="$PWD/target/debug/gpu-booking" tests/browser/run.sh
+  took "browser tests"
 fi
