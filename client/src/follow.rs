@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpu_booking_core::wire::{Booking, BookingChange, BookingChanges};
 
@@ -59,6 +59,10 @@ pub struct Follower {
     wait: Duration,
     failures: u32,
     on_lag: Option<LagReport>,
+    /// See [`Follower::relist_after`].
+    relist_after: Option<Duration>,
+    /// When the last listing was asked for.
+    listed_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for Follower {
@@ -79,7 +83,25 @@ impl Follower {
             wait,
             failures: 0,
             on_lag: None,
+            relist_after: None,
+            listed_at: None,
         }
+    }
+
+    /// Lists again when the stream says it has been held back for `age` or more (a
+    /// long transaction in the booking database: the changes after it wait for its
+    /// end) and the last listing is that old: a listing reads the bookings
+    /// themselves, which the hold does not delay, so what follows stays at most
+    /// about `age` behind them. At most one listing per `age`.
+    pub fn relist_after(mut self, age: Duration) -> Self {
+        self.relist_after = Some(age);
+        self
+    }
+
+    /// Whether an answer that says the stream lags `behind` calls for a listing.
+    fn held_too_long(&self, behind: Duration) -> bool {
+        self.relist_after
+            .is_some_and(|age| behind >= age && self.listed_at.is_none_or(|at| at.elapsed() >= age))
     }
 
     /// Reports each answer's lag (a long transaction in the booking database holds
@@ -114,16 +136,22 @@ impl Follower {
             let wait = if self.after.is_some() {
                 self.wait
             } else {
+                self.listed_at = Some(Instant::now());
                 Duration::ZERO
             };
             match source.booking_changes(self.after, wait).await {
                 Ok(page) => {
                     self.failures = 0;
+                    let behind = Duration::from_millis(page.behind_ms);
                     if let Some(report) = &self.on_lag {
-                        report((!page.more).then(|| Duration::from_millis(page.behind_ms)));
+                        report((!page.more).then_some(behind));
                     }
                     let listing = self.after.is_none();
                     self.after = Some(page.next);
+                    if !listing && self.held_too_long(behind) {
+                        // This answer's changes first (if any); the next step lists.
+                        self.after = None;
+                    }
                     if listing {
                         return Followed::Listed(
                             page.changes.into_iter().map(|c| c.booking).collect(),
@@ -289,6 +317,41 @@ mod tests {
                 Some(Duration::from_millis(2500)),
                 None
             ]
+        );
+    }
+
+    /// Held back for longer than `relist_after`: the answer's changes, then a
+    /// listing; not again until the listing is that old.
+    #[tokio::test]
+    async fn lists_again_when_held_back_too_long() {
+        let with = |next: i64, ids: &[i64], behind_ms: u64| {
+            page(next, ids).map(|mut p| {
+                p.behind_ms = behind_ms;
+                p
+            })
+        };
+        let script = Script {
+            answers: Mutex::new(VecDeque::from([
+                with(10, &[], 0),
+                with(10, &[], 500),
+                with(11, &[1], 2_000),
+                with(11, &[], 3_000),
+                with(12, &[3], 0),
+            ])),
+            asked: Mutex::new(Vec::new()),
+        };
+        let mut f = Follower::new(Duration::from_secs(1)).relist_after(Duration::from_secs(1));
+        assert!(matches!(f.next(&script).await, Followed::Listed(_)));
+        // Under the bound: followed on. Over it, but listed less than 1 s ago: too.
+        // (The listing above was just now.)
+        assert!(matches!(f.next(&script).await, Followed::Changed(c) if c[0].seq == 1));
+        assert_eq!(f.position(), Some(11));
+        // Once the listing is old enough, an answer held back that long lists again.
+        f.listed_at = Some(Instant::now() - Duration::from_secs(2));
+        assert!(matches!(f.next(&script).await, Followed::Listed(b) if b[0].id == 3));
+        assert_eq!(
+            *script.asked.lock().unwrap(),
+            [None, Some(10), Some(10), Some(11), None]
         );
     }
 

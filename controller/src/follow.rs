@@ -31,6 +31,12 @@ use crate::pods::{PodInfo, Priority};
 /// Each long poll's wait: well under the service's cap of 30 s.
 pub const WAIT: Duration = Duration::from_secs(25);
 
+/// While a long transaction in the booking database holds the change stream back,
+/// the bookings are listed again this often (a listing reads them directly, which the
+/// hold does not delay, and every booked pod is then checked against them), so that
+/// a cancellation or a move reaches its pods at most about this late.
+pub const RELIST_AFTER: Duration = Duration::from_secs(30);
+
 /// Starts following, if the booking service can be followed; the loop receives
 /// each step on the returned channel (bounded: the follower waits for the loop).
 pub fn spawn(ctx: Arc<Ctx>) -> Option<(JoinHandle<()>, mpsc::Receiver<Followed>)> {
@@ -41,9 +47,11 @@ pub fn spawn(ctx: Arc<Ctx>) -> Option<(JoinHandle<()>, mpsc::Receiver<Followed>)
             return;
         };
         let behind = ctx.metrics.booking_changes_behind.clone();
-        let mut follower = Follower::new(WAIT).on_lag(Arc::new(move |lag| {
-            behind.set(lag.map_or(f64::NAN, |d| d.as_secs_f64()));
-        }));
+        let mut follower = Follower::new(WAIT)
+            .relist_after(RELIST_AFTER)
+            .on_lag(Arc::new(move |lag| {
+                behind.set(lag.map_or(f64::NAN, |d| d.as_secs_f64()));
+            }));
         loop {
             let step = follower.next(source).await;
             match &step {

@@ -145,6 +145,14 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_REPLICA_WAIT", default_value = "5s", value_parser = parse_duration)]
     pub replica_wait: Duration,
 
+    /// While a long transaction in the booking database holds the change stream back
+    /// (the stream says so), the replica lists the bookings again once its own are
+    /// this old: a listing reads them directly, which the hold does not delay, so
+    /// decisions stay about this current instead of growing stale. 0s: never (the
+    /// replica then grows stale until the transaction ends).
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_REPLICA_RELIST_AFTER", default_value = "30s", value_parser = parse_duration)]
+    pub replica_relist_after: Duration,
+
     /// What to do with a GPU pod when the booking service fails or is too slow.
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_ON_BOOKING_ERROR", value_enum, default_value_t = OnBookingError::Allow)]
     pub on_booking_error: OnBookingError,
@@ -265,6 +273,7 @@ impl WebhookArgs {
             replica_max_staleness: Duration::from_secs(300),
             replica_refresh: Duration::from_secs(1),
             replica_wait: Duration::from_secs(5),
+            replica_relist_after: Duration::from_secs(30),
             on_booking_error: OnBookingError::Allow,
             admission: AdmissionArgs::default(),
             default_gpumem_mib: None,

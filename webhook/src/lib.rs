@@ -78,6 +78,7 @@ impl WebhookServer {
                 wait: args.replica_wait.min(std::time::Duration::from_secs(30)),
                 refresh: args.replica_refresh,
                 max_staleness: args.replica_max_staleness,
+                relist_after: args.replica_relist_after,
             });
         }
         let certs = CertStore::load(args.tls_cert.clone(), args.tls_key.clone(), metrics.clone())?;

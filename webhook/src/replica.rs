@@ -38,6 +38,9 @@ pub struct ReplicaOptions {
     pub refresh: Duration,
     /// Past this age the replica is not used (the service counts as down).
     pub max_staleness: Duration,
+    /// While the stream says it is held back, the bookings are listed again once the
+    /// replica's are this old (`--replica-relist-after`; zero: never).
+    pub relist_after: Duration,
 }
 
 impl Default for ReplicaOptions {
@@ -46,6 +49,7 @@ impl Default for ReplicaOptions {
             wait: Duration::from_secs(5),
             refresh: Duration::from_secs(1),
             max_staleness: Duration::from_secs(300),
+            relist_after: Duration::from_secs(30),
         }
     }
 }
@@ -99,6 +103,13 @@ impl ReplicaHandle {
         let fresh = *self.fresh.lock().unwrap_or_else(|e| e.into_inner());
         let oldest = fresh.stream?.min(fresh.figures?);
         Some(oldest.elapsed())
+    }
+
+    /// Whether the bookings (as the stream or a listing brought them) are `age` or
+    /// older; never for a zero `age`.
+    fn bookings_older_than(&self, age: Duration) -> bool {
+        let fresh = *self.fresh.lock().unwrap_or_else(|e| e.into_inner());
+        !age.is_zero() && fresh.stream.is_some_and(|at| at.elapsed() >= age)
     }
 
     /// Whether it has listed once and is within its bound.
@@ -273,9 +284,17 @@ async fn follow(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClien
                     Ok(page) => {
                         let n = page.changes.len();
                         let current = current_as_of(started, &page);
+                        let held = page.behind_ms > 0;
                         this.apply(page.changes);
                         after = Some(page.next);
                         this.mark(current, None);
+                        if held && this.bookings_older_than(this.options.relist_after) {
+                            tracing::info!(
+                                behind_ms = page.behind_ms,
+                                "a long transaction in the booking database holds the change stream back; listing again"
+                            );
+                            after = None;
+                        }
                         this.read_counted("changes", "ok");
                         if n > 0 {
                             tracing::debug!(

@@ -169,6 +169,7 @@ fn fast() -> ReplicaOptions {
         wait: Duration::from_secs(1),
         refresh: Duration::from_millis(100),
         max_staleness: Duration::from_secs(300),
+        relist_after: Duration::from_secs(30),
     }
 }
 
@@ -396,9 +397,9 @@ async fn past_its_bound_the_replica_counts_as_the_service_down(pool: sqlx::PgPoo
 /// A transaction of the booking database that stays open holds back every booking
 /// change after it (the stream serves changes in transaction order), while the
 /// service answers every call: the replica counts what the stream says it lags as
-/// staleness, so past its bound it counts the service as down instead of answering
-/// "not booked" for a user who booked; once the transaction ends, the booking
-/// arrives and the replica is current again.
+/// staleness, so past its bound (relisting off) it counts the service as down
+/// instead of answering "not booked" for a user who booked; once the transaction
+/// ends, the booking arrives and the replica is current again.
 #[sqlx::test(migrations = "../migrations")]
 async fn a_transaction_holding_back_the_stream_counts_as_staleness(pool: sqlx::PgPool) {
     let api = Api::start(pool.clone()).await;
@@ -409,6 +410,7 @@ async fn a_transaction_holding_back_the_stream_counts_as_staleness(pool: sqlx::P
         &api,
         ReplicaOptions {
             max_staleness: Duration::from_secs(4),
+            relist_after: Duration::ZERO,
             ..fast()
         },
     );
@@ -446,6 +448,45 @@ async fn a_transaction_holding_back_the_stream_counts_as_staleness(pool: sqlx::P
     };
     assert_eq!(got.booking_id, Some(id));
     assert!(replica.is_current());
+}
+
+/// The same hold with relisting on: once the replica's bookings are
+/// `relist_after` old while the stream is held back, it lists them again (a listing
+/// reads the bookings themselves), so the booking arrives while the transaction
+/// is still open and the replica stays current.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_held_back_stream_is_caught_up_by_listing_again(pool: sqlx::PgPool) {
+    let api = Api::start(pool.clone()).await;
+    lab(&api).await;
+    let booking = client(
+        &api,
+        ReplicaOptions {
+            max_staleness: Duration::from_secs(60),
+            relist_after: Duration::from_secs(2),
+            ..fast()
+        },
+    );
+    assert!(!answer(&booking, "user", "frank").await.schedulable);
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    let id = api.book("frank", "a6000", -TimeDelta::minutes(1), 1).await;
+    let got = until(&booking, "user", "frank", |a| a.schedulable).await;
+    assert_eq!(got.booking_id, Some(id), "the held booking did not arrive");
+    assert!(booking.replica().unwrap().is_current());
+    // Still held: the stream has not served it, a listing brought it.
+    let served: Option<i64> = sqlx::query_scalar(
+        "SELECT count(*) FROM booking_change c WHERE c.booking_id = $1
+           AND c.txid >= booking_change_settled_below(booking_change_elsewhere())",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(served, Some(1), "the change is not held back any more");
+    open.rollback().await.unwrap();
 }
 
 #[sqlx::test(migrations = "../migrations")]
