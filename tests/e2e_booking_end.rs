@@ -1,7 +1,8 @@
 //! End to end, on the simulated lab: a booked notebook ends with its booking and
 //! comes back CPU-only, at the booked end and when the booking is ended early or
 //! cancelled; when the booking's end moves, the notebook follows (the controller
-//! follows the booking service's change stream).
+//! follows the booking service's change stream); and all of it while a transaction
+//! left open in the booking database holds that stream back.
 //!
 //! Runs on the real Postgres (`DATABASE_URL`), each test on a fresh database.
 
@@ -13,6 +14,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use common::*;
 use gpu_booking_core::admission::{GPU_REMOVED_ANNOTATION, PRIORITY_LABEL};
 use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
+use gpu_booking_sim::SimCluster;
 use k8s_openapi::api::core::v1::Pod;
 use sqlx::PgPool;
 
@@ -309,5 +311,47 @@ async fn a_booking_starting_under_a_lent_pod_tells_its_user_to_restart(pool: PgP
         told_at >= start,
         "told at {told_at}, before the booking started at {start}"
     );
+    lab.shutdown().await;
+}
+
+/// A transaction left open in the booking database holds back every booking change
+/// made after it began (the stream serves changes in transaction order). The
+/// webhook and the controller list the bookings again while it lasts (here after 1
+/// s; 30 s by default): a booking made behind it still books the notebook, and
+/// ending it early still ends the pod, with the transaction still open.
+#[sqlx::test(migrations = "./migrations")]
+async fn bookings_reach_pods_while_a_long_transaction_holds_the_stream_back(pool: PgPool) {
+    let builder = SimCluster::builder()
+        .webhook_arg("--replica-relist-after=1s")
+        .webhook_arg("--replica-wait=1s")
+        .controller(|args| args.booking_relist_after = std::time::Duration::from_secs(1));
+    let lab = Lab::start_with(pool.clone(), builder).await;
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+
+    // `book` waits until the webhook's replica holds the booking.
+    let booking = lab.book(ALICE, "a100", TimeDelta::hours(2)).await;
+    let uid = booked_notebook(&lab).await;
+    lab.end_early(&booking).await;
+    comes_back_cpu_only(
+        &lab,
+        &uid,
+        "alice ended her booking early behind an open transaction, but her notebook kept its GPU (the controller did not list the bookings again)",
+    )
+    .await;
+    // The stream has served neither change: listings brought them.
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM booking_change WHERE booking_id = $1
+           AND txid >= booking_change_settled_below(booking_change_elsewhere())",
+    )
+    .bind(booking.id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(held, 2, "the booking's changes are not held back any more");
+    open.rollback().await.unwrap();
     lab.shutdown().await;
 }

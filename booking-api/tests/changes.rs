@@ -460,6 +460,17 @@ async fn the_stream_says_how_far_a_long_transaction_holds_it_back(pool: PgPool) 
         behind >= HELD.as_millis() as u64,
         "the change waited {HELD:?}, the stream says {behind} ms"
     );
+    // Meanwhile a long poll answers at its first wake (within about a second), so
+    // that a follower sees the lag grow, not after the 30 s it asked to wait.
+    let (status, polled) = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        api.changes(Some(from), 30),
+    )
+    .await
+    .expect("a long poll did not answer while the stream was held back");
+    assert_eq!(status, 200, "{polled}");
+    assert_eq!(polled["changes"], json!([]));
+    assert!(polled["behind_ms"].as_u64().unwrap() >= behind, "{polled}");
 
     open.rollback().await.unwrap();
     let (status, served) = api.changes(Some(from), 0).await;

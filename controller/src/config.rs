@@ -150,6 +150,14 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_IDENTITY")]
     pub identity: Option<String>,
 
+    /// While a long transaction in the booking database holds the booking change
+    /// stream back (the stream says so), the leader lists the bookings again this
+    /// often (a listing reads them directly; every booked pod is then checked
+    /// against them), so that a cancellation or a move reaches its pods at most about
+    /// this late. 0s: never (they wait for the transaction to end).
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_BOOKING_RELIST_AFTER", default_value = "30s", value_parser = parse_duration)]
+    pub booking_relist_after: Duration,
+
     /// How often Pending booked pods are looked at.
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub preemption_interval: Duration,
@@ -223,6 +231,7 @@ impl ControllerArgs {
             lease_duration: Duration::from_secs(15),
             lease_renew: Duration::from_secs(3),
             identity: None,
+            booking_relist_after: Duration::from_secs(30),
             preemption_interval: Duration::from_secs(2),
             preemption_retry: Duration::from_secs(60),
             lent_pending_grace: Duration::from_secs(30),

@@ -31,15 +31,14 @@ use crate::pods::{PodInfo, Priority};
 /// Each long poll's wait: well under the service's cap of 30 s.
 pub const WAIT: Duration = Duration::from_secs(25);
 
-/// While a long transaction in the booking database holds the change stream back,
-/// the bookings are listed again this often (a listing reads them directly, which the
-/// hold does not delay, and every booked pod is then checked against them), so that
-/// a cancellation or a move reaches its pods at most about this late.
-pub const RELIST_AFTER: Duration = Duration::from_secs(30);
-
 /// Starts following, if the booking service can be followed; the loop receives
 /// each step on the returned channel (bounded: the follower waits for the loop).
-pub fn spawn(ctx: Arc<Ctx>) -> Option<(JoinHandle<()>, mpsc::Receiver<Followed>)> {
+/// While the stream says it is held back, the bookings are listed again every
+/// `relist_after` (`--booking-relist-after`; zero: never).
+pub fn spawn(
+    ctx: Arc<Ctx>,
+    relist_after: Duration,
+) -> Option<(JoinHandle<()>, mpsc::Receiver<Followed>)> {
     ctx.booking.changes()?;
     let (tx, rx) = mpsc::channel(4);
     let task = tokio::spawn(async move {
@@ -47,11 +46,12 @@ pub fn spawn(ctx: Arc<Ctx>) -> Option<(JoinHandle<()>, mpsc::Receiver<Followed>)
             return;
         };
         let behind = ctx.metrics.booking_changes_behind.clone();
-        let mut follower = Follower::new(WAIT)
-            .relist_after(RELIST_AFTER)
-            .on_lag(Arc::new(move |lag| {
-                behind.set(lag.map_or(f64::NAN, |d| d.as_secs_f64()));
-            }));
+        let mut follower = Follower::new(WAIT).on_lag(Arc::new(move |lag| {
+            behind.set(lag.map_or(f64::NAN, |d| d.as_secs_f64()));
+        }));
+        if !relist_after.is_zero() {
+            follower = follower.relist_after(relist_after);
+        }
         loop {
             let step = follower.next(source).await;
             match &step {

@@ -53,7 +53,8 @@ pub struct ChangesGone {
     description = "Every change to a booking (created, cancelled, ended early, start or end moved), by anyone, \
                    in commit-safe order: a change is served once every transaction older than it has finished, \
                    so a follower that resumes from `next` sees each change exactly once; a long transaction of the booking \
-                   database holds back the changes after it, and `behind_ms` says how long the oldest of them has waited. \
+                   database holds back the changes after it, and `behind_ms` says how long the oldest of them has waited \
+                   (meanwhile a long poll answers within about a second). \
                    Service and admin roles. \
                    Without `after`: the current bookings and the position to follow from. A resume point older \
                    than the retention answers 410: list again (no `after`).",
@@ -80,6 +81,7 @@ pub async fn list(
         (0, _) | (_, None) => None,
         _ => state.changes.waiter(&state.pool),
     };
+    let mut first = true;
     loop {
         let now = state.clock.now();
         match changes::read(&state.pool, q.after, now).await? {
@@ -102,8 +104,14 @@ pub async fn list(
                 more,
             } => {
                 let left = deadline.saturating_duration_since(Instant::now());
+                // While a transaction holds the stream back, a long poll answers at
+                // its first wake (a change made, or the recheck within a second)
+                // instead of at its end: the follower sees the lag grow and may
+                // list again (`gpu_booking_client::Follower::relist_after`).
+                let held = !behind.is_zero() && !first;
+                first = false;
                 match &mut waiter {
-                    Some(w) if changes.is_empty() && !left.is_zero() => {
+                    Some(w) if changes.is_empty() && !left.is_zero() && !held => {
                         w.changed(left.min(RECHECK)).await;
                     }
                     _ => {

@@ -29,6 +29,8 @@ pub(super) struct Follower {
     ctx: Arc<Ctx>,
     /// The node label that names a node's model.
     model_node_label: String,
+    /// `--booking-relist-after`.
+    relist_after: std::time::Duration,
     /// Following the booking change stream (the leader only).
     following: Option<(tokio::task::JoinHandle<()>, mpsc::Receiver<Followed>)>,
     /// The current bookings as the stream last said, once listed (pods are checked
@@ -45,10 +47,15 @@ pub(super) struct Follower {
 }
 
 impl Follower {
-    pub(super) fn new(ctx: Arc<Ctx>, model_node_label: String) -> Self {
+    pub(super) fn new(
+        ctx: Arc<Ctx>,
+        model_node_label: String,
+        relist_after: std::time::Duration,
+    ) -> Self {
         Self {
             ctx,
             model_node_label,
+            relist_after,
             following: None,
             bookings: None,
             listed_at: None,
@@ -65,7 +72,7 @@ impl Follower {
     pub(super) fn start_following(&mut self) {
         if self.following.is_none() {
             self.bookings = None;
-            self.following = follow::spawn(self.ctx.clone());
+            self.following = follow::spawn(self.ctx.clone(), self.relist_after);
         }
     }
 

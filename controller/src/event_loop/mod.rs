@@ -89,7 +89,11 @@ impl Loop {
             expiry: Expiry::new(ctx.clone(), tx.clone()),
             inventory: Inventory::new(ctx.clone(), args.clone(), tx.clone()),
             preemption: Preemption::new(ctx.clone(), args.clone(), tx),
-            follower: Follower::new(ctx.clone(), args.admission.model_node_label.clone()),
+            follower: Follower::new(
+                ctx.clone(),
+                args.admission.model_node_label.clone(),
+                args.booking_relist_after,
+            ),
             ctx,
             args,
             base_cfg: cfg.clone(),
