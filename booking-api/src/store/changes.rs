@@ -106,14 +106,18 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
     sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
-    // The changes committed in the snapshot but held back by the horizon: the oldest
-    // one's `at` (its transaction's start, before its commit) bounds how long any
-    // of them has waited. Measured from the changes, not from the transaction that
-    // holds the horizon: one that runs long while no booking changes holds nothing
-    // back (and its start is hidden from roles without `pg_read_all_stats`).
+    // How long the changes committed in the snapshot but held back by the horizon
+    // have waited, at most: from `at` (its transaction's start) of the held change
+    // with the lowest transaction id. Every other held change's transaction took
+    // its id later, hence began or committed later too, so none of them committed
+    // before that (one index probe, however many are held). Measured from the
+    // changes, not from the transaction that holds the horizon: one that runs long
+    // while no booking changes holds nothing back (and its start is hidden from
+    // roles without `pg_read_all_stats`).
     let position = sqlx::query!(
         r#"SELECT s.below AS "below!", h.txid AS horizon, statement_timestamp() AS "read_at!",
-                  (SELECT min(c.at) FROM booking_change c WHERE c.txid >= s.below) AS held_since
+                  (SELECT c.at FROM booking_change c WHERE c.txid >= s.below
+                    ORDER BY c.txid, c.seq LIMIT 1) AS held_since
            FROM booking_change_horizon h,
                 LATERAL (SELECT booking_change_settled_below($1) AS below) s"#,
         &elsewhere
