@@ -318,7 +318,11 @@ async fn a_booking_starting_under_a_lent_pod_tells_its_user_to_restart(pool: PgP
 /// made after it began (the stream serves changes in transaction order). The
 /// webhook and the controller list the bookings again while it lasts (here after 1
 /// s; 30 s by default): a booking made behind it still books the notebook, and
-/// ending it early still ends the pod, with the transaction still open.
+/// shortening it still ends the pod at the new end, with the transaction still
+/// open. (Shortened, not ended early: a booking ended early leaves the listing, and
+/// a pod is ended for its booking's absence only once it is 30 s older than the
+/// listing, `core::booking_end::LISTING_MARGIN`; the shortened one is listed with
+/// its new end.)
 #[sqlx::test(migrations = "./migrations")]
 async fn bookings_reach_pods_while_a_long_transaction_holds_the_stream_back(pool: PgPool) {
     let builder = SimCluster::builder()
@@ -335,11 +339,11 @@ async fn bookings_reach_pods_while_a_long_transaction_holds_the_stream_back(pool
     // `book` waits until the webhook's replica holds the booking.
     let booking = lab.book(ALICE, "a100", TimeDelta::hours(2)).await;
     let uid = booked_notebook(&lab).await;
-    lab.end_early(&booking).await;
+    move_end(&lab, &booking, Utc::now() + TimeDelta::seconds(3)).await;
     comes_back_cpu_only(
         &lab,
         &uid,
-        "alice ended her booking early behind an open transaction, but her notebook kept its GPU (the controller did not list the bookings again)",
+        "alice shortened her booking behind an open transaction, but her notebook kept its GPU past the new end (the controller did not list the bookings again)",
     )
     .await;
     // The stream has served neither change: listings brought them.

@@ -394,6 +394,21 @@ async fn past_its_bound_the_replica_counts_as_the_service_down(pool: sqlx::PgPoo
     assert!(!replica.is_current());
 }
 
+/// Once the replica has listed (frank not booked), a transaction of the booking
+/// database that takes an id and stays open: every booking change after it waits.
+async fn hold_the_stream(
+    booking: &BookingSource,
+    pool: &sqlx::PgPool,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    assert!(!answer(booking, "user", "frank").await.schedulable);
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    open
+}
+
 /// A transaction of the booking database that stays open holds back every booking
 /// change after it (the stream serves changes in transaction order), while the
 /// service answers every call: the replica counts what the stream says it lags as
@@ -414,12 +429,7 @@ async fn a_transaction_holding_back_the_stream_counts_as_staleness(pool: sqlx::P
             ..fast()
         },
     );
-    assert!(!answer(&booking, "user", "frank").await.schedulable);
-    let mut open = pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()")
-        .execute(&mut *open)
-        .await
-        .unwrap();
+    let open = hold_the_stream(&booking, &pool).await;
     let id = api.book("frank", "a6000", -TimeDelta::minutes(1), 1).await;
     let replica = booking.replica().unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -466,12 +476,7 @@ async fn a_held_back_stream_is_caught_up_by_listing_again(pool: sqlx::PgPool) {
             ..fast()
         },
     );
-    assert!(!answer(&booking, "user", "frank").await.schedulable);
-    let mut open = pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()")
-        .execute(&mut *open)
-        .await
-        .unwrap();
+    let open = hold_the_stream(&booking, &pool).await;
     let id = api.book("frank", "a6000", -TimeDelta::minutes(1), 1).await;
     let got = until(&booking, "user", "frank", |a| a.schedulable).await;
     assert_eq!(got.booking_id, Some(id), "the held booking did not arrive");
