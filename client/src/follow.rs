@@ -35,8 +35,9 @@ impl ChangeSource for BookingClient {
 /// What one step of following gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Followed {
-    /// Every current booking (planned or running): the follower's state starts
-    /// over from this (at the start and after a 410).
+    /// Every current booking (planned or running) and those that ended lately
+    /// (`core::booking_end::LISTED_AFTER_END`): the follower's state starts over
+    /// from this (at the start, after a 410, and while the stream is held back).
     Listed(Vec<Booking>),
     /// Changes since the last step, in order.
     Changed(Vec<BookingChange>),
@@ -59,10 +60,11 @@ pub struct Follower {
     wait: Duration,
     failures: u32,
     on_lag: Option<LagReport>,
-    /// See [`Follower::relist_after`].
-    relist_after: Option<Duration>,
-    /// When the last listing was asked for.
-    listed_at: Option<Instant>,
+    /// See [`Follower::relist_after`] (zero: never).
+    relist_after: Duration,
+    /// Up to when what it has followed is current (`BookingChanges::current_as_of`;
+    /// a listing: its start).
+    current_as_of: Option<Instant>,
 }
 
 impl std::fmt::Debug for Follower {
@@ -83,25 +85,20 @@ impl Follower {
             wait,
             failures: 0,
             on_lag: None,
-            relist_after: None,
-            listed_at: None,
+            relist_after: Duration::ZERO,
+            current_as_of: None,
         }
     }
 
-    /// Lists again when the stream says it has been held back for `age` or more (a
-    /// long transaction in the booking database: the changes after it wait for its
-    /// end) and the last listing is that old: a listing reads the bookings
-    /// themselves, which the hold does not delay, so what follows stays at most
-    /// about `age` behind them. At most one listing per `age`.
+    /// Lists again while the stream is held back (a long transaction in the booking
+    /// database: the changes after it wait for its end) and what it has followed is
+    /// `age` old: the rule of `BookingChanges::calls_for_listing`, which the
+    /// webhook's replica follows too. A listing reads the bookings themselves, which
+    /// the hold does not delay, so what follows stays at most about `age` behind
+    /// them. At most one listing per `age`; zero: never.
     pub fn relist_after(mut self, age: Duration) -> Self {
-        self.relist_after = Some(age);
+        self.relist_after = age;
         self
-    }
-
-    /// Whether an answer that says the stream lags `behind` calls for a listing.
-    fn held_too_long(&self, behind: Duration) -> bool {
-        self.relist_after
-            .is_some_and(|age| behind >= age && self.listed_at.is_none_or(|at| at.elapsed() >= age))
     }
 
     /// Reports each answer's lag (a long transaction in the booking database holds
@@ -133,22 +130,25 @@ impl Follower {
     /// something. A 410 lists again at once; another failure pauses, then returns.
     pub async fn next(&mut self, source: &dyn ChangeSource) -> Followed {
         loop {
-            let wait = if self.after.is_some() {
-                self.wait
-            } else {
-                self.listed_at = Some(Instant::now());
-                Duration::ZERO
-            };
+            let listing = self.after.is_none();
+            let wait = if listing { Duration::ZERO } else { self.wait };
+            let started = Instant::now();
             match source.booking_changes(self.after, wait).await {
                 Ok(page) => {
                     self.failures = 0;
-                    let behind = Duration::from_millis(page.behind_ms);
                     if let Some(report) = &self.on_lag {
-                        report((!page.more).then_some(behind));
+                        report(page.lag());
                     }
-                    let listing = self.after.is_none();
                     self.after = Some(page.next);
-                    if !listing && self.held_too_long(behind) {
+                    // A listing is current as of its start; a read, as the stream
+                    // says (each read's bound holds, so the newest of them does).
+                    let current = if listing {
+                        Some(started)
+                    } else {
+                        page.current_as_of(started)
+                    };
+                    self.current_as_of = self.current_as_of.max(current);
+                    if !listing && page.calls_for_listing(self.current_as_of, self.relist_after) {
                         // This answer's changes first (if any); the next step lists.
                         self.after = None;
                     }
@@ -346,8 +346,8 @@ mod tests {
         // (The listing above was just now.)
         assert!(matches!(f.next(&script).await, Followed::Changed(c) if c[0].seq == 1));
         assert_eq!(f.position(), Some(11));
-        // Once the listing is old enough, an answer held back that long lists again.
-        f.listed_at = Some(Instant::now() - Duration::from_secs(2));
+        // Once what it followed is old enough, an answer held back lists again.
+        f.current_as_of = Instant::now().checked_sub(Duration::from_secs(2));
         assert!(matches!(f.next(&script).await, Followed::Listed(b) if b[0].id == 3));
         assert_eq!(
             *script.asked.lock().unwrap(),

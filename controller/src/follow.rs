@@ -46,12 +46,11 @@ pub fn spawn(
             return;
         };
         let behind = ctx.metrics.booking_changes_behind.clone();
-        let mut follower = Follower::new(WAIT).on_lag(Arc::new(move |lag| {
-            behind.set(lag.map_or(f64::NAN, |d| d.as_secs_f64()));
-        }));
-        if !relist_after.is_zero() {
-            follower = follower.relist_after(relist_after);
-        }
+        let mut follower = Follower::new(WAIT)
+            .on_lag(Arc::new(move |lag| {
+                behind.set(lag.map_or(f64::NAN, |d| d.as_secs_f64()));
+            }))
+            .relist_after(relist_after);
         loop {
             let step = follower.next(source).await;
             match &step {

@@ -105,11 +105,9 @@ impl ReplicaHandle {
         Some(oldest.elapsed())
     }
 
-    /// Whether the bookings (as the stream or a listing brought them) are `age` or
-    /// older; never for a zero `age`.
-    fn bookings_older_than(&self, age: Duration) -> bool {
-        let fresh = *self.fresh.lock().unwrap_or_else(|e| e.into_inner());
-        !age.is_zero() && fresh.stream.is_some_and(|at| at.elapsed() >= age)
+    /// Up to when the bookings (as the stream or a listing brought them) are current.
+    fn bookings_current_as_of(&self) -> Option<Instant> {
+        self.fresh.lock().unwrap_or_else(|e| e.into_inner()).stream
     }
 
     /// Whether it has listed once and is within its bound.
@@ -281,14 +279,16 @@ async fn follow(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClien
                     .booking_changes(Some(position), this.options.wait)
                     .await
                 {
-                    Ok(page) => {
+                    Ok(mut page) => {
                         let n = page.changes.len();
-                        let current = current_as_of(started, &page);
-                        let held = page.behind_ms > 0;
-                        this.apply(page.changes);
+                        let current = page.current_as_of(started);
                         after = Some(page.next);
+                        this.apply(std::mem::take(&mut page.changes));
                         this.mark(current, None);
-                        if held && this.bookings_older_than(this.options.relist_after) {
+                        if page.calls_for_listing(
+                            this.bookings_current_as_of(),
+                            this.options.relist_after,
+                        ) {
                             tracing::info!(
                                 behind_ms = page.behind_ms,
                                 "a long transaction in the booking database holds the change stream back; listing again"
@@ -336,22 +336,6 @@ async fn follow(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClien
     }
 }
 
-/// Up to when a stream read that started at `started` makes the replica current:
-/// back by what the stream says it lags (the service measured that at its read,
-/// which came after `started`, so this errs on the old side); `None` (no newer
-/// than before) while the stream has more to send, or when the lag goes back
-/// beyond this process's clock.
-fn current_as_of(started: Instant, page: &gpu_booking_client::BookingChanges) -> Option<Instant> {
-    if page.more {
-        return None;
-    }
-    started.checked_sub(Duration::from_millis(page.behind_ms))
-}
-
-/// Reads the figures every `refresh` until the handle is dropped, and forgets the
-/// bookings that ended since the last refresh (a prune reads only those: it used
-/// to walk every booking under the write lock, which was the warm admissions' p99
-/// tail, docs/webhook.md).
 async fn refresh(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClient>) {
     let every = match handle.upgrade() {
         Some(this) => this.options.refresh.max(Duration::from_millis(10)),
@@ -389,30 +373,5 @@ async fn refresh(handle: std::sync::Weak<ReplicaHandle>, client: Arc<BookingClie
                 tracing::debug!(error = %e, "admission replica cannot refresh its figures");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn page(behind_ms: u64, more: bool) -> gpu_booking_client::BookingChanges {
-        gpu_booking_client::BookingChanges {
-            changes: Vec::new(),
-            next: 1,
-            behind_ms,
-            more,
-        }
-    }
-
-    #[test]
-    fn a_read_is_current_as_of_its_start_less_the_streams_lag() {
-        let started = Instant::now();
-        assert_eq!(current_as_of(started, &page(0, false)), Some(started));
-        assert_eq!(
-            current_as_of(started, &page(1500, false)),
-            started.checked_sub(Duration::from_millis(1500))
-        );
-        assert_eq!(current_as_of(started, &page(0, true)), None);
     }
 }

@@ -2,6 +2,8 @@
 //! and the webhook's replica follow (`gpu_booking_client::Follower`), with resume and
 //! long poll.
 
+use std::time::{Duration, Instant};
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -46,4 +48,91 @@ pub struct BookingChanges {
     /// the follower is not current until an answer without `more`.
     #[serde(default)]
     pub more: bool,
+}
+
+impl BookingChanges {
+    /// How far this answer says the stream lags the database; `None` for a full
+    /// answer (`more`): the follower is no newer than before until it has read on.
+    pub fn lag(&self) -> Option<Duration> {
+        (!self.more).then(|| Duration::from_millis(self.behind_ms))
+    }
+
+    /// Whether a long transaction in the booking database holds changes back.
+    pub fn held_back(&self) -> bool {
+        self.behind_ms > 0
+    }
+
+    /// Up to when a read that started at `started` makes its follower current: back
+    /// by [`BookingChanges::lag`] (the service measured it at its read, which came
+    /// after `started`, so this errs on the old side). `None` (no newer than before)
+    /// for a full answer, or when the lag goes back beyond the clock's origin.
+    pub fn current_as_of(&self, started: Instant) -> Option<Instant> {
+        started.checked_sub(self.lag()?)
+    }
+
+    /// Whether a follower that is current as of `current_as_of` should list again
+    /// after this answer: the stream is held back and what the follower holds is
+    /// `relist_after` old or older (never for a zero `relist_after`). A listing
+    /// reads the bookings themselves, which the hold does not delay, so a follower
+    /// that lists by this rule stays about `relist_after` behind them at most, and
+    /// lists at most once per `relist_after` (a listing makes it current as of its
+    /// start). The webhook's replica and the controller's follower both list by it.
+    pub fn calls_for_listing(
+        &self,
+        current_as_of: Option<Instant>,
+        relist_after: Duration,
+    ) -> bool {
+        self.held_back()
+            && !relist_after.is_zero()
+            && current_as_of.is_some_and(|at| at.elapsed() >= relist_after)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(behind_ms: u64, more: bool) -> BookingChanges {
+        BookingChanges {
+            changes: vec![],
+            next: 0,
+            behind_ms,
+            more,
+        }
+    }
+
+    #[test]
+    fn a_read_is_current_as_of_its_start_less_the_streams_lag() {
+        let started = Instant::now() + Duration::from_secs(10);
+        assert_eq!(page(0, false).current_as_of(started), Some(started));
+        assert_eq!(
+            page(1500, false).current_as_of(started),
+            Some(started - Duration::from_millis(1500))
+        );
+        assert_eq!(page(0, true).lag(), None);
+        assert_eq!(page(0, true).current_as_of(started), None);
+    }
+
+    #[test]
+    fn only_a_held_stream_with_old_bookings_calls_for_a_listing() {
+        let age = Duration::from_secs(30);
+        let old = Instant::now().checked_sub(Duration::from_secs(31));
+        let young = Some(Instant::now());
+        assert!(page(5, false).calls_for_listing(old, age));
+        // A full answer still counts as held back: it says nothing newer.
+        assert!(page(5, true).calls_for_listing(old, age));
+        assert!(!page(0, false).calls_for_listing(old, age), "not held back");
+        assert!(
+            !page(5, false).calls_for_listing(young, age),
+            "listed lately"
+        );
+        assert!(
+            !page(5, false).calls_for_listing(None, age),
+            "never current"
+        );
+        assert!(
+            !page(5, false).calls_for_listing(old, Duration::ZERO),
+            "off"
+        );
+    }
 }
