@@ -314,17 +314,12 @@ async fn a_booking_starting_under_a_lent_pod_tells_its_user_to_restart(pool: PgP
     lab.shutdown().await;
 }
 
-/// A transaction left open in the booking database holds back every booking change
-/// made after it began (the stream serves changes in transaction order). The
-/// webhook and the controller list the bookings again while it lasts (here after 1
-/// s; 30 s by default): a booking made behind it still books the notebook, and
-/// shortening it still ends the pod at the new end, with the transaction still
-/// open. (Shortened, not ended early: a booking ended early leaves the listing, and
-/// a pod is ended for its booking's absence only once it is 30 s older than the
-/// listing, `core::booking_end::LISTING_MARGIN`; the shortened one is listed with
-/// its new end.)
-#[sqlx::test(migrations = "./migrations")]
-async fn bookings_reach_pods_while_a_long_transaction_holds_the_stream_back(pool: PgPool) {
+/// The lab with the webhook and the controller listing again after 1 s of a held
+/// stream, and a transaction left open in its booking database (with an id: it
+/// holds back every booking change made after it).
+async fn lab_behind_an_open_transaction(
+    pool: &PgPool,
+) -> (Lab, sqlx::Transaction<'static, sqlx::Postgres>) {
     let builder = SimCluster::builder()
         .webhook_arg("--replica-relist-after=1s")
         .webhook_arg("--replica-wait=1s")
@@ -335,6 +330,30 @@ async fn bookings_reach_pods_while_a_long_transaction_holds_the_stream_back(pool
         .execute(&mut *open)
         .await
         .unwrap();
+    (lab, open)
+}
+
+/// How many of the booking's changes the stream still holds back.
+async fn held_changes(pool: &PgPool, booking_id: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM booking_change WHERE booking_id = $1
+           AND txid >= booking_change_settled_below(booking_change_elsewhere())",
+    )
+    .bind(booking_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A transaction left open in the booking database holds back every booking change
+/// made after it began (the stream serves changes in transaction order). The
+/// webhook and the controller list the bookings again while it lasts (here after 1
+/// s; 30 s by default): a booking made behind it still books the notebook, and
+/// shortening it still ends the pod at the new end, with the transaction still
+/// open.
+#[sqlx::test(migrations = "./migrations")]
+async fn bookings_reach_pods_while_a_long_transaction_holds_the_stream_back(pool: PgPool) {
+    let (lab, open) = lab_behind_an_open_transaction(&pool).await;
 
     // `book` waits until the webhook's replica holds the booking.
     let booking = lab.book(ALICE, "a100", TimeDelta::hours(2)).await;
@@ -347,15 +366,50 @@ async fn bookings_reach_pods_while_a_long_transaction_holds_the_stream_back(pool
     )
     .await;
     // The stream has served neither change: listings brought them.
-    let held: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM booking_change WHERE booking_id = $1
-           AND txid >= booking_change_settled_below(booking_change_elsewhere())",
+    assert_eq!(
+        held_changes(&pool, booking.id).await,
+        2,
+        "the booking's changes are not held back any more"
+    );
+    open.rollback().await.unwrap();
+    lab.shutdown().await;
+}
+
+/// Behind the same open transaction, a booking ended early: the controller's next
+/// listing holds it, over (a listing holds the bookings that ended in the last
+/// `LISTED_AFTER_END`), so the pod ends at once, before it is old enough
+/// (`LISTING_MARGIN` older than a listing) to be ended for its booking's absence,
+/// which is how it ended before listings held ended bookings.
+#[sqlx::test(migrations = "./migrations")]
+async fn ending_a_booking_early_behind_a_long_transaction_ends_its_pod_at_once(pool: PgPool) {
+    let (lab, open) = lab_behind_an_open_transaction(&pool).await;
+
+    let booking = lab.book(ALICE, "a100", TimeDelta::hours(2)).await;
+    let uid = booked_notebook(&lab).await;
+    let created = lab
+        .notebook(ALICE)
+        .and_then(|p| p.metadata.creation_timestamp)
+        .expect("the notebook's creation time")
+        .0;
+    lab.end_early(&booking).await;
+    let deleted_at = comes_back_cpu_only(
+        &lab,
+        &uid,
+        "alice ended her booking early behind an open transaction, but her notebook kept its GPU",
     )
-    .bind(booking.id)
-    .fetch_one(&pool)
     .await
-    .unwrap();
-    assert_eq!(held, 2, "the booking's changes are not held back any more");
+    .expect("the booked notebook was seen marked for deletion");
+    // Ended for its absence from a listing, it could not have been marked before
+    // it was LISTING_MARGIN old (the deletion mark has second precision).
+    assert!(
+        deleted_at < created + gpu_booking_core::booking_end::LISTING_MARGIN - TimeDelta::seconds(2),
+        "the notebook (created {created}) was ended at {deleted_at}: for its booking's absence from a listing, not for the booking's end the listing held"
+    );
+    assert_eq!(
+        held_changes(&pool, booking.id).await,
+        2,
+        "the booking's changes are not held back any more"
+    );
     open.rollback().await.unwrap();
     lab.shutdown().await;
 }

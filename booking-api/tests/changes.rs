@@ -198,6 +198,77 @@ async fn the_stream_lists_then_follows_every_change_with_the_current_state(pool:
     assert_eq!(listed["changes"][0]["kind"], "current");
 }
 
+/// A listing's bookings: (id, status).
+async fn listed(api: &Api) -> Vec<(i64, String)> {
+    let (status, body) = api.changes(None, 0).await;
+    assert_eq!(status, 200, "{body}");
+    body["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert_eq!(c["kind"], "current");
+            (
+                c["booking"]["id"].as_i64().unwrap(),
+                c["booking"]["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A listing also holds the bookings that ended in the last `LISTED_AFTER_END`
+/// (ended early or on time, as `ended`), so that a follower that lists again after
+/// missing their end ends their pods at once; not cancelled ones, nor those that
+/// ended longer ago.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_listing_holds_the_bookings_that_ended_lately(pool: PgPool) {
+    let t0 = hour() + TimeDelta::days(1);
+    let clock = ManualClock::new(t0 - TimeDelta::hours(1));
+    let api = Api::start(pool, Arc::new(clock.clone())).await;
+    let alice = api.book("alice", "a100", t0, t0 + TimeDelta::days(1)).await;
+    let bob = api.book("bob", "t4", t0, t0 + TimeDelta::days(2)).await;
+    let carol = api.book("carol", "t4", t0, t0 + TimeDelta::hours(1)).await;
+    let dave = api
+        .book(
+            "dave",
+            "t4",
+            t0 + TimeDelta::days(3),
+            t0 + TimeDelta::days(4),
+        )
+        .await;
+    clock.set(t0 + TimeDelta::minutes(30));
+    for id in [alice, dave] {
+        let r = api
+            .send(
+                reqwest::Method::DELETE,
+                &format!("/api/v1/bookings/{id}"),
+                &api.admin,
+                None,
+            )
+            .await;
+        assert_eq!(r.0, 200, "{}", r.1);
+    }
+    // Alice's ended early at t0 + 30 min, carol's on time at t0 + 1 h, dave's was
+    // cancelled before it started.
+    clock.set(t0 + TimeDelta::hours(1) + TimeDelta::minutes(1));
+    let ended = "ended".to_owned();
+    assert_eq!(
+        listed(&api).await,
+        [(bob, "active".to_owned()), (carol, ended.clone())]
+    );
+    clock.set(t0 + TimeDelta::minutes(35));
+    assert_eq!(
+        listed(&api).await,
+        [
+            (alice, ended.clone()),
+            (bob, "active".to_owned()),
+            (carol, "active".to_owned())
+        ]
+    );
+    clock.set(t0 + TimeDelta::hours(1) + gpu_booking_core::booking_end::LISTED_AFTER_END);
+    assert_eq!(listed(&api).await, [(bob, "active".to_owned())]);
+}
+
 /// A move of a multi-unit booking's later units (what a create's replan writes) is a
 /// change: the trigger compared only the first unit (`slot`) before migration
 /// 20261202000100, and a follower kept the old `slots`. An update that changes nothing

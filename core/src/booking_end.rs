@@ -14,6 +14,16 @@ pub const SAME_END: TimeDelta = TimeDelta::seconds(1);
 /// the listing's request is older than its answer).
 pub const LISTING_MARGIN: TimeDelta = TimeDelta::seconds(30);
 
+/// A full listing of the bookings (`/booking-changes` without `after`) also holds
+/// those that ended this recently (ended early or on time; cancelled ones never
+/// had booked pods), so that a follower that lists again, having missed their
+/// change (the stream held back by a long transaction, a lost resume point, a new
+/// leader), ends their pods at once: an absent booking ends only pods older than
+/// the listing by [`LISTING_MARGIN`]. Longer than that margin plus any staleness
+/// of the webhook that admitted them, so that a pod of a booking that ended
+/// before this is old enough to be ended by its booking's absence.
+pub const LISTED_AFTER_END: TimeDelta = TimeDelta::minutes(10);
+
 /// What the controller has read of a booked pod's booking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Seen {

@@ -28,8 +28,9 @@ const RECHECK: Duration = Duration::from_secs(1);
 #[serde(deny_unknown_fields)]
 pub struct ChangesQuery {
     /// The position to resume from (`next` of the previous answer). Without it, the
-    /// answer lists the current bookings (planned and running) as `kind: current`
-    /// and the position from which to follow: list, then follow, with no gap.
+    /// answer lists the current bookings (planned and running, and those that ended
+    /// in the last 10 minutes, status `ended`) as `kind: current` and the position
+    /// from which to follow: list, then follow, with no gap.
     pub after: Option<i64>,
     /// Seconds to wait for a change when there is none yet (long poll); 0 (the
     /// default) answers at once.
@@ -56,7 +57,8 @@ pub struct ChangesGone {
                    database holds back the changes after it, and `behind_ms` says how long the oldest of them has waited \
                    (meanwhile a long poll answers within about a second). \
                    Service and admin roles. \
-                   Without `after`: the current bookings and the position to follow from. A resume point older \
+                   Without `after`: the current bookings (and those that ended in the last 10 minutes, so that a \
+                   follower that lists again ends their pods at once) and the position to follow from. A resume point older \
                    than the retention answers 410: list again (no `after`).",
     responses((status = 200, body = BookingChanges), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
               (status = 410, body = ChangesGone, description = "The resume point is gone: list again without `after`."),

@@ -9,6 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
+use gpu_booking_core::booking_end::LISTED_AFTER_END;
 use sqlx::PgPool;
 use tokio::sync::{watch, Semaphore};
 
@@ -94,9 +95,10 @@ struct ChangeMeta {
 }
 
 /// The changes of the transactions after `after` (their ids above it) that have
-/// all finished; `after = None` reads the current bookings (planned or running)
-/// instead, as `kind = "current"`, with the position from which the stream goes
-/// on: a follower lists with it, then follows from `next` without a gap.
+/// all finished; `after = None` reads the current bookings (planned or running,
+/// and those that ended within [`LISTED_AFTER_END`]) instead, as `kind =
+/// "current"`, with the position from which the stream goes on: a follower lists
+/// with it, then follows from `next` without a gap.
 pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx::Result<Read> {
     let elsewhere = elsewhere(pool).await?;
     let mut tx = pool.begin().await?;
@@ -137,8 +139,10 @@ pub async fn read(pool: &PgPool, after: Option<i64>, now: DateTime<Utc>) -> sqlx
             BookingRow,
             r#"SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
                       cancelled_at, ended_early_at, override AS override_rules, created_at
-             FROM booking WHERE cancelled_at IS NULL AND end_at > $1 ORDER BY id"#,
-            now
+             FROM booking WHERE cancelled_at IS NULL AND NOT archived AND end_at > $1 ORDER BY id"#,
+            // Archived bookings ended at least `--archive-after` ago: the
+            // condition lets the archive job's index (by end) serve the listing.
+            now - LISTED_AFTER_END
         )
         .fetch_all(&mut *tx)
         .await?;

@@ -96,15 +96,14 @@ impl Follower {
         let now = self.ctx.clock.now();
         let changed = match step {
             Followed::Listed(bookings) => {
-                self.bookings = Some(
-                    bookings
-                        .into_iter()
-                        .filter(|b| !b.is_over())
-                        .map(|b| (b.id, b))
-                        .collect(),
-                );
+                // A listing holds the bookings that ended lately too: they go to the
+                // plan as changed (over), so that their pods end at once whatever
+                // their age, as if the stream had brought their end.
+                let (over, current): (Vec<_>, Vec<_>) =
+                    bookings.into_iter().partition(Booking::is_over);
+                self.bookings = Some(current.into_iter().map(|b| (b.id, b)).collect());
                 self.listed_at = Some(now);
-                Vec::new()
+                over
             }
             Followed::Changed(changes) => {
                 let changed: Vec<_> = changes.into_iter().map(|c| c.booking).collect();
