@@ -40,6 +40,13 @@
 # ended bookings archived, as the API's job (`--archive-after`) leaves them, and the
 # exclusion constraints' indexes rebuilt after that one large pass (docs/deploy.md).
 #
+# CREATE_COST_INDEX_IO=1 (with CREATE_COST_AGAINST_EMPTY=1): instead of the
+# variants, where the history's cost lies. The full create runs on both databases
+# in turn, each time from reset statistics, and for every table and index the
+# buffer accesses (hits and reads, `pg_statio_user_*`) per create are printed,
+# with the history's, the empty database's and their difference, largest first.
+# Counts of pages touched do not depend on the machine's load, as rates do.
+#
 # Needs Postgres with trust auth and pgbench (Debian: postgresql-15, in
 # /usr/lib/postgresql/15/bin). A scratch database is created and dropped from
 # SQLX_ADMIN_URL, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
@@ -198,6 +205,39 @@ echo "== $clients clients, ${secs}s each, $(psql "${url[history]}" -Atc 'SHOW se
 # A first, unreported pass warms the caches (catalog, plans, the tables' pages), so
 # that the first variant is not measured cold.
 run warm-up create.sql >/dev/null
+if [ "${CREATE_COST_INDEX_IO:-0}" = 1 ]; then
+  [ "${#dbs[@]}" = 2 ] || { echo "CREATE_COST_INDEX_IO needs CREATE_COST_AGAINST_EMPTY=1" >&2; exit 2; }
+  declare -A pages creates
+  for round in 1 2; do
+    for db in "${dbs[@]}"; do
+      before=$(psql "${url[$db]}" -Atc "SELECT count(*) FROM booking")
+      psql "${url[$db]}" -q -c "SELECT pg_stat_reset()" >/dev/null
+      "$pgbench" -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$work/create.sql" "${url[$db]}" >"$work/$db-io.out" 2>&1 || {
+        cat "$work/$db-io.out" >&2
+        exit 1
+      }
+      # The backends flush their counters as they exit.
+      sleep 2
+      creates[$db]=$(( $(psql "${url[$db]}" -Atc "SELECT count(*) FROM booking") - before ))
+      while IFS='|' read -r name n; do
+        pages[$db/$name]=$(( ${pages[$db/$name]:-0} + n ))
+      done < <(psql "${url[$db]}" -Atc "
+        SELECT 'table:' || relname, heap_blks_hit + heap_blks_read FROM pg_statio_user_tables
+        UNION ALL
+        SELECT 'index:' || indexrelname, idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes")
+      creates[$db/all]=$(( ${creates[$db/all]:-0} + ${creates[$db]} ))
+    done
+  done
+  echo "== buffer accesses per create, 2 runs of ${secs}s on each database ($history bookings / empty): ${creates[history/all]} / ${creates[empty/all]} creates"
+  for key in "${!pages[@]}"; do
+    [ "${key%%/*}" = history ] || continue
+    name="${key#*/}"
+    awk -v n="$name" -v h="${pages[$key]}" -v e="${pages[empty/$name]:-0}" \
+      -v ch="${creates[history/all]}" -v ce="${creates[empty/all]}" \
+      'BEGIN { a = h / ch; b = e / ce; if (a > 0.005 || b > 0.005) printf "%-40s %8.2f %8.2f %+8.2f\n", n, a, b, a - b }'
+  done | sort -k4 -g -r | { printf '%-40s %8s %8s %8s\n' "" history empty diff; cat; }
+  exit 0
+fi
 run bare bare.sql
 run create create.sql
 run bare-async bare.sql -c synchronous_commit=off
