@@ -134,7 +134,7 @@ SQL
 # that meet); the parameters are the ones the service would bind (the slugs and label
 # keys of a plain name are the name itself).
 create_script() { # $1: creates per transaction, $2: with the locks and reads (1/0), $3: with the audit row (1/0)
-  local k="$1" i sep="" users="" models="" starts="" ends=""
+  local k="$1" i sep="" users="" models="" starts="" ends="" own_from=""
   for i in $(seq 1 "$k"); do
     cat <<SQL
 \set u$i random(1, 4611686018427387903)
@@ -146,11 +146,14 @@ SQL
     models+="$sep'pg-' || lpad(:m$i::text, 2, '0')"
     starts+="${sep}date_trunc('hour', now()) + make_interval(hours => :h$i)"
     ends+="${sep}date_trunc('hour', now()) + make_interval(hours => :h$i, days => :d$i)"
+    # The user's bookings that can matter: from the start (later than now) less
+    # the default cooldown (rules::own_bookings_from).
+    own_from+="${sep}date_trunc('hour', now()) + make_interval(hours => :h$i, days => -14)"
     sep=", "
   done
   echo "BEGIN;"
   if [ "$2" = 1 ]; then
-    echo "SELECT * FROM booking_lock_and_read_batch(ARRAY[$users], ARRAY[$models], ARRAY[$starts], ARRAY[$ends]);"
+    echo "SELECT * FROM booking_lock_and_read_batch(ARRAY[$users], ARRAY[$models], ARRAY[$starts], ARRAY[$ends], ARRAY[$own_from]);"
   fi
   local audited=""
   if [ "$3" = 1 ]; then
@@ -210,7 +213,9 @@ if [ "${CREATE_COST_INDEX_IO:-0}" = 1 ]; then
   declare -A pages creates
   for round in 1 2; do
     for db in "${dbs[@]}"; do
-      before=$(psql "${url[$db]}" -Atc "SELECT count(*) FROM booking")
+      # Creates counted by the units they took (one each, from a sequence): a
+      # count(*) of the table would itself add its pages to the statistics.
+      before=$(psql "${url[$db]}" -Atc "SELECT last_value FROM bench_slot")
       psql "${url[$db]}" -q -c "SELECT pg_stat_reset()" >/dev/null
       "$pgbench" -n -M prepared -c "$clients" -j 2 -T "$secs" -f "$work/create.sql" "${url[$db]}" >"$work/$db-io.out" 2>&1 || {
         cat "$work/$db-io.out" >&2
@@ -218,7 +223,7 @@ if [ "${CREATE_COST_INDEX_IO:-0}" = 1 ]; then
       }
       # The backends flush their counters as they exit.
       sleep 2
-      creates[$db]=$(( $(psql "${url[$db]}" -Atc "SELECT count(*) FROM booking") - before ))
+      creates[$db]=$(( $(psql "${url[$db]}" -Atc "SELECT last_value FROM bench_slot") - before ))
       while IFS='|' read -r name n; do
         pages[$db/$name]=$(( ${pages[$db/$name]:-0} + n ))
       done < <(psql "${url[$db]}" -Atc "

@@ -177,9 +177,35 @@ async fn the_creates_plpgsql_runs_on_generic_plans_that_use_the_indexes(pool: Pg
         plan.contains("booking_model_period_idx"),
         "history:\n{plan}"
     );
+    // The user's bookings that can matter to the rules (migration 20261204000100):
+    // found by the user and the end, not read whole and filtered.
     let own = "SELECT b.id, b.start_at, b.end_at, b.slot, b.slots FROM booking b
-        WHERE b.user_name = $1 AND b.cancelled_at IS NULL";
-    let plan = generic_plan(&mut conn, "own", own, "'u7'").await;
-    assert!(plan.contains("Index"), "the user's bookings:\n{plan}");
-    assert!(!plan.contains("Seq Scan"), "the user's bookings:\n{plan}");
+        WHERE b.user_name = $1 AND b.cancelled_at IS NULL AND b.end_at > $2";
+    let plan = generic_plan(&mut conn, "own", own, "'u7', now() - interval '14 days'").await;
+    assert!(
+        plan.contains("booking_user_live_idx") && plan.contains("Index Cond"),
+        "the user's bookings:\n{plan}"
+    );
+    assert!(
+        plan.lines()
+            .filter(|l| l.contains("Index Cond"))
+            .any(|l| l.contains("end_at")),
+        "the user's bookings are not found by their end:\n{plan}"
+    );
+    // And the create's read gives those alone: u7 has ten bookings, 100 days apart,
+    // of which only the last ends within the cooldown (14 days) before now.
+    let (read, all, recent): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM booking_lock_and_read('u7', 'm-07', now(), now() + interval '2 days',
+                                                            now() - interval '14 days') r WHERE r.o_kind = 'u'),
+                (SELECT count(*) FROM booking WHERE user_name = 'u7'),
+                (SELECT count(*) FROM booking WHERE user_name = 'u7' AND end_at > now() - interval '14 days')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        (read, all, recent),
+        (1, 10, 1),
+        "the create's read of u7's bookings"
+    );
 }

@@ -48,13 +48,16 @@ impl Lab {
             .await
             .unwrap();
         sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
-        sqlx::query("SELECT * FROM booking_lock_and_read($1, 'a100', $2, $3)")
-            .bind(user)
-            .bind(start)
-            .bind(end)
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
+        // The user's bookings read from the start less the default cooldown.
+        sqlx::query(
+            "SELECT * FROM booking_lock_and_read($1, 'a100', $2, $3, $2 - interval '14 days')",
+        )
+        .bind(user)
+        .bind(start)
+        .bind(end)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
         conn
     }
 

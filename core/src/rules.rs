@@ -226,6 +226,24 @@ pub fn check_user(
     cooldown(policy, window, own)
 }
 
+/// The user's bookings that end at or before this cannot change [`check_user`]'s
+/// answer for a window that starts at `start` (nor [`earliest_start_for_user`]'s,
+/// with `start` = `now`), so the store reads only those that end later: a create
+/// reads the user's recent and planned bookings, not their whole history. Every
+/// rule looks at bookings that end after it: a running one ends after `now`, a
+/// planned one after `now`, one that overlaps the window after `start`, and one
+/// within the cooldown of the window after `start` less the cooldown.
+/// (`core/tests/rules_model.rs` composes the rules with this bound.)
+pub fn own_bookings_from(
+    policy: &Policy,
+    now: DateTime<Utc>,
+    start: DateTime<Utc>,
+) -> DateTime<Utc> {
+    now.min(start)
+        .checked_sub_signed(policy.cooldown.max(chrono::TimeDelta::zero()))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
 /// The user's running booking, when the policy allows no new booking while one runs.
 fn blocking_active<'a>(
     policy: &Policy,

@@ -287,10 +287,12 @@ impl Real {
         use rules::Refusal;
         let window = rules::check_request(&self.policy, self.now, start, end, over)?;
         let need = rules::check_units(&self.policy, 1, over)?;
-        // Under the user's lock and the model's row lock, in the store:
+        // Under the user's lock and the model's row lock, in the store, which reads
+        // only the user's bookings that end after `own_bookings_from`:
+        let from = rules::own_bookings_from(&self.policy, self.now, window.start());
         let own: Vec<Window> = self
             .live()
-            .filter(|(_, b)| b.user == user)
+            .filter(|(_, b)| b.user == user && b.window.end() > from)
             .map(|(_, b)| b.window)
             .collect();
         rules::check_user(&self.policy, self.now, &window, &own, over)?;

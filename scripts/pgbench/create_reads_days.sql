@@ -5,5 +5,5 @@
 \set d random(1, 365)
 \set u random(1, 2000000000)
 BEGIN;
-SELECT * FROM booking_lock_and_read('p' || :u, 'hist-' || lpad(:m::text, 2, '0'), date_trunc('hour', now()) + make_interval(days => :d), date_trunc('hour', now()) + make_interval(days => :d + 2));
+SELECT * FROM booking_lock_and_read('p' || :u, 'hist-' || lpad(:m::text, 2, '0'), date_trunc('hour', now()) + make_interval(days => :d), date_trunc('hour', now()) + make_interval(days => :d + 2), date_trunc('hour', now()) + make_interval(days => :d - 14));
 COMMIT;

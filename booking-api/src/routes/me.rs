@@ -78,7 +78,7 @@ pub async fn next_start(
     let model = models::get(&state.pool, &q.model)
         .await?
         .ok_or_else(|| ApiError::unknown_model(&q.model))?;
-    let own = bookings::user_windows(&state.pool, caller.user.as_str()).await?;
+    let own = bookings::user_windows(&state.pool, policy, now, caller.user.as_str()).await?;
     // The same function as the webhook's "you can book from ..." (schedulability).
     let question = models::StartQuestion {
         policy,

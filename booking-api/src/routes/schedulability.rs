@@ -108,7 +108,9 @@ pub async fn get(
         )));
     }
     let own = match &owner {
-        Owner::User(user) => Some(bookings::user_windows(&state.pool, user).await?),
+        Owner::User(user) => {
+            Some(bookings::user_windows(&state.pool, &state.policy, now, user).await?)
+        }
         Owner::Unknown => Some(Vec::new()),
         Owner::Anonymous | Owner::Ambiguous => None,
     };

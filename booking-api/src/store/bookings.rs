@@ -334,13 +334,19 @@ async fn create_locked(
     let models: Vec<&str> = batch.iter().map(|c| c.req.model).collect();
     let starts: Vec<DateTime<Utc>> = batch.iter().map(|c| c.window.start()).collect();
     let ends: Vec<DateTime<Utc>> = batch.iter().map(|c| c.window.end()).collect();
+    // Each create reads only its user's bookings that can matter to its rules.
+    let own_from: Vec<DateTime<Utc>> = batch
+        .iter()
+        .map(|c| rules::own_bookings_from(policy, c.now, c.window.start()))
+        .collect();
     let rows: Vec<LockedRead> = sqlx::query_as!(
         LockedRead,
-        "SELECT * FROM booking_lock_and_read_batch($1, $2, $3, $4)",
+        "SELECT * FROM booking_lock_and_read_batch($1, $2, $3, $4, $5)",
         &users as &[&str],
         &models as &[&str],
         &starts,
-        &ends
+        &ends,
+        &own_from
     )
     .fetch_all(&mut **tx)
     .await?;
@@ -546,20 +552,6 @@ async fn insert_created(
     )
     .fetch_all(&mut **tx)
     .await
-}
-
-/// The user's bookings that are not cancelled, by their effective windows.
-async fn own_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Vec<Window>> {
-    let rows = sqlx::query!(
-        "SELECT start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL",
-        user
-    )
-    .fetch_all(db)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|b| Window::new(b.start_at, b.end_at).ok())
-        .collect())
 }
 
 /// The model's bookings (not cancelled) overlapping `[from, to)`, with their slots.
@@ -829,10 +821,14 @@ pub async fn change_window(
             }))
         }
     };
+    // The user's other bookings that can matter to the new window (older ones
+    // cannot: `rules::own_bookings_from`).
+    let from = rules::own_bookings_from(policy, now, change.start.unwrap_or(current.start()));
     let others: Vec<Window> = sqlx::query!(
-        "SELECT id, start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL AND id <> $2",
+        "SELECT id, start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL AND id <> $2 AND end_at > $3",
         &row.user_name,
-        id
+        id,
+        from
     )
     .fetch_all(&mut *tx)
     .await?
@@ -938,9 +934,27 @@ fn units_u32(units: i32) -> u32 {
     u32::try_from(units).unwrap_or(0)
 }
 
-/// The user's (not cancelled) bookings' windows, for `next-start`.
-pub async fn user_windows(db: impl PgExecutor<'_>, user: &str) -> sqlx::Result<Vec<Window>> {
-    own_windows(db, user).await
+/// The user's (not cancelled) bookings' windows that can matter to a window that
+/// starts now or later (for `next-start`, `/schedulability` and the waitlist): those
+/// that end after `rules::own_bookings_from(policy, now, now)`.
+pub async fn user_windows(
+    db: impl PgExecutor<'_>,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    user: &str,
+) -> sqlx::Result<Vec<Window>> {
+    let from = rules::own_bookings_from(policy, now, now);
+    let rows = sqlx::query!(
+        "SELECT start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL AND end_at > $2",
+        user,
+        from
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|b| Window::new(b.start_at, b.end_at).ok())
+        .collect())
 }
 
 /// The active booking of any of `users` at `now`, if one.

@@ -342,7 +342,7 @@ pub async fn promote(
     let mut booked =
         super::models::booked_windows(&mut *tx, model, now, DateTime::<Utc>::MAX_UTC).await?;
     for entry in entries {
-        let own = bookings::user_windows(&mut *tx, &entry.user_name).await?;
+        let own = bookings::user_windows(&mut *tx, policy, now, &entry.user_name).await?;
         match waitlist::chance(policy, now, &entry.wish(), &own, units, &booked) {
             Chance::Waiting => {}
             Chance::Expired => {
