@@ -9,6 +9,16 @@
 //! machine's load hits both alike; the medians of the rounds are reported.
 //! GPU_BOOKING_BENCH_API_POOL=n gives the API a pool of its own of n connections (the
 //! service's `--db-max-connections`); by default it shares the baseline's 32.
+//!
+//! Then the rate each sustains with p99 within GPU_BOOKING_BENCH_P99_MS (default 25)
+//! in an open loop: requests arrive on a fixed schedule, as a lab's users do when a
+//! booking window opens, whether or not the earlier ones are answered, and each
+//! latency counts from its arrival (`common::open_loop`). Offered rates double from 50
+//! per second until the p99 misses, then the gap is bisected; each rate's p99 is the
+//! median of three trials of GPU_BOOKING_BENCH_TRIAL_SECS (default 2); bare INSERT
+//! and creates twice each, alternating. This is the figure for a p99 bound: the closed loop's 32 clients have
+//! a mean latency of 32 / rate by construction (Little's law), so their p99 cannot be
+//! within 25 ms below about 1,300 answers per second, however the time is spent.
 
 mod common;
 
@@ -79,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
         "(booking creates refused: {})",
         creates.refused.load(Ordering::Relaxed)
     );
+    sustained_rates(&pool, &creates).await?;
     // CPU time per operation does not depend on what else the machine runs, which the
     // rates do: on a machine whose cores are busy it is the fairer comparison.
     let (b_own, b_pg) = median_split(&baseline_cpu);
@@ -91,6 +102,65 @@ async fn main() -> anyhow::Result<()> {
             (b_own + b_pg) / (c_own + c_pg)
         );
     }
+    Ok(())
+}
+
+/// The open-loop rates that keep the p99 within the bound, bare INSERT and creates,
+/// twice each, alternating; the ratio of their medians.
+async fn sustained_rates(pool: &PgPool, creates: &Creates) -> anyhow::Result<()> {
+    let p99_ms = std::env::var("GPU_BOOKING_BENCH_P99_MS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|&ms| ms > 0.0)
+        .unwrap_or(25.0);
+    let trial = Duration::from_secs(
+        std::env::var("GPU_BOOKING_BENCH_TRIAL_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|&s| s > 0)
+            .unwrap_or(2),
+    );
+    let report = |name: &str, (met, tried): (Option<common::Trial>, Vec<common::Trial>)| {
+        let trace = common::trace(&tried);
+        match met {
+            Some(t) => println!(
+                "{name}: {:>6.0} /s with p99 {:.1} ms (p50 {:.2}) [{}]",
+                t.rate, t.p99, t.p50, trace
+            ),
+            None => println!("{name}: not even the first rate [{trace}]"),
+        }
+        met.map_or(0.0, |t| t.rate)
+    };
+    println!(
+        "open loop, p99 within {p99_ms} ms, median of 3 trials of {} s per rate:",
+        trial.as_secs()
+    );
+    let (mut bare, mut created) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        let found = common::sustained_rate(p99_ms, 50.0, 4, move |rate| {
+            common::open_loop(rate, trial, move |_| {
+                let pool = pool.clone();
+                async move {
+                    let mut tx = pool.begin().await?;
+                    sqlx::query("INSERT INTO bench_row (v, at) VALUES (0, now())")
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(true)
+                }
+            })
+        })
+        .await?;
+        bare.push(report("  bare one-row INSERT", found));
+        let found =
+            common::sustained_rate(p99_ms, 50.0, 4, |rate| creates.open_loop(rate, trial)).await?;
+        created.push(report("  booking creates    ", found));
+    }
+    let (bare, created) = (median(bare), median(created));
+    println!(
+        "sustained with p99 within {p99_ms} ms: bare INSERT {bare:.0} /s, creates {created:.0} /s, ratio {:.2}",
+        created / bare
+    );
     Ok(())
 }
 
@@ -199,6 +269,23 @@ struct Creates {
     /// Per client, the tokens of users it has not used yet.
     tokens: Vec<Arc<std::sync::Mutex<Vec<String>>>>,
     refused: Arc<AtomicU64>,
+    /// Users of the open-loop trials so far (each create is by a new one).
+    open_loop_users: std::sync::atomic::AtomicUsize,
+}
+
+/// A create's body: one of the models, a window of 1 to 14 days starting within five
+/// years, so that almost every create is accepted.
+fn new_window() -> serde_json::Value {
+    let (model, offset_h, days) = {
+        let mut rng = rand::rng();
+        (
+            rng.random_range(0..MODELS),
+            rng.random_range(1..5 * 365 * 24),
+            rng.random_range(1..=14),
+        )
+    };
+    let start = Utc::now() + TimeDelta::hours(offset_h);
+    json!({"model": format!("bench{model}"), "start": start, "end": start + TimeDelta::days(days)})
 }
 
 impl Creates {
@@ -229,7 +316,19 @@ impl Creates {
             http,
             tokens,
             refused: Arc::new(AtomicU64::new(0)),
+            open_loop_users: Default::default(),
         })
+    }
+
+    /// One open-loop trial of creates at `rate` per second, each by a new user (their
+    /// tokens minted before the schedule starts).
+    async fn open_loop(&self, rate: f64, trial: Duration) -> anyhow::Result<common::Schedule> {
+        let due = common::due(rate, trial);
+        let first = self.open_loop_users.fetch_add(due, Ordering::Relaxed);
+        let tokens: Vec<String> = (first..first + due)
+            .map(|u| self.api.token(&format!("open{u}"), None))
+            .collect();
+        common::open_loop_creates(&self.http, &self.api.url, &tokens, rate, trial, new_window).await
     }
 
     /// Creates per second during one phase, and how many.
@@ -247,18 +346,17 @@ impl Creates {
             );
             tasks.push(tokio::spawn(async move {
                 while started.elapsed() < phase {
-                    let Some(token) = tokens.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.pop() else {
+                    let Some(token) = tokens
+                        .lock()
+                        .map_err(|_| anyhow::anyhow!("poisoned"))?
+                        .pop()
+                    else {
                         break;
                     };
-                    let (model, offset_h, days) = {
-                        let mut rng = rand::rng();
-                        (rng.random_range(0..MODELS), rng.random_range(1..5 * 365 * 24), rng.random_range(1..=14))
-                    };
-                    let start = Utc::now() + TimeDelta::hours(offset_h);
                     let r = http
                         .post(format!("{url}/api/v1/bookings"))
                         .bearer_auth(&token)
-                        .json(&json!({"model": format!("bench{model}"), "start": start, "end": start + TimeDelta::days(days)}))
+                        .json(&new_window())
                         .send()
                         .await?;
                     if r.status() == 201 {

@@ -36,7 +36,13 @@
 //! window cost it and what the table's size does, at the same moments, in about 3
 //! minutes instead of 19.
 //!
-//! Creates: each request a new user, one of the 40 models, a window of 1 to 3 days
+//! Each phase also finds the highest rate of creates arriving on a schedule (an
+//! open loop, as users arrive when a booking window opens) whose p99 stays within 25
+//! ms (`common::sustained_rate`; the rate's p99 the median of three 2 s trials).
+//!
+//! Creates: each request a new user (in the last phase also, in alternating rounds
+//! with those, one of the history's users who holds no booking now or ahead, each
+//! once: `creates_by`), one of the 40 models, a window of 1 to 3 days
 //! starting at a random hour of the next year (refusals are counted apart). The API
 //! runs in this process with a pool of 32 Postgres connections, as one replica would;
 //! at 300 clients requests queue for them, and the latencies include that wait.
@@ -58,6 +64,10 @@ const POOL: u32 = 32;
 const READ_CLIENTS: usize = 8;
 /// Rounds of the paired read measures (`Bench::paired_reads`).
 const PAIRED_ROUNDS: usize = 8;
+/// The p99 bound of the open-loop measure (`Bench::phase`), ms.
+const P99_MS: f64 = 25.0;
+/// Each open-loop trial's length.
+const OPEN_LOOP_TRIAL: Duration = Duration::from_secs(2);
 const LOADER: &str = include_str!("../../scripts/load-history.sql");
 
 #[tokio::main]
@@ -210,6 +220,45 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("== planned bookings and the past");
     let loaded = bench.phase(&pool, "hist").await?;
+    // Creates by the history's own users (about ten bookings each over the three
+    // years) against creates by new users, on the same models, in alternating rounds:
+    // what a user's past costs a create. Only users who hold no booking now or ahead
+    // (about a fifth of them), each once: the default policy's one planned booking
+    // would refuse the others, and a refusal is not the create being measured.
+    let returning: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM app_user u WHERE name LIKE 'h%' AND NOT EXISTS \
+         (SELECT 1 FROM booking b WHERE b.user_name = u.name AND b.cancelled_at IS NULL AND b.end_at > now()) \
+         ORDER BY random()",
+    )
+    .fetch_all(&pool)
+    .await?;
+    println!(
+        "== creates by {} of the history's users with nothing booked ahead, and by new users",
+        returning.len()
+    );
+    let returning = Arc::new(std::sync::Mutex::new(returning));
+    // Rounds of 2 s, so that the users last (about 2,000 creates a round here).
+    let short = Bench {
+        api: bench.api.clone(),
+        http: bench.http.clone(),
+        secs: Duration::from_secs(2),
+        reads,
+        next_user: bench.next_user.clone(),
+    };
+    let (mut by_new, mut by_returning) = (Vec::new(), Vec::new());
+    for round in 0..PAIRED_ROUNDS / 2 {
+        for is_returning in [round % 2 == 1, round % 2 == 0] {
+            if is_returning {
+                by_returning.push(
+                    short
+                        .creates_by(32, "hist", Some(returning.clone()))
+                        .await?,
+                );
+            } else {
+                by_new.push(short.creates(32, "hist").await?);
+            }
+        }
+    }
     println!("== the hot reads, planned only and with history, in alternating rounds");
     let paired = bench.paired_reads(("plan", "p"), ("hist", "h")).await?;
 
@@ -223,6 +272,14 @@ async fn main() -> anyhow::Result<()> {
         (loaded.c32.rate / loaded.bare.rate) / (plan.c32.rate / plan.bare.rate),
         (plan.c32.rate / plan.bare.rate) / (empty.c32.rate / empty.bare.rate)
     );
+    let open = |p: &Phase| p.open.map_or(0.0, |t| t.rate);
+    println!(
+        "creates arriving on a schedule, the most per s with p99 within {P99_MS} ms: {:.0} empty, {:.0} planned only, {:.0} with history; loaded / empty {:.2}",
+        open(&empty),
+        open(&plan),
+        open(&loaded),
+        open(&loaded) / open(&empty)
+    );
     for (name, e, l) in [
         ("creates, 32 clients", &empty.c32, &loaded.c32),
         ("creates, 300 clients", &empty.c300, &loaded.c300),
@@ -234,6 +291,18 @@ async fn main() -> anyhow::Result<()> {
             (l.rate / loaded.bare.rate) / (e.rate / empty.bare.rate),
             e.p99,
             l.p99
+        );
+    }
+    for (round, (n, r)) in by_new.iter().zip(&by_returning).enumerate() {
+        println!(
+            "creates, 32 clients, alternating round {round}: by returning users / by new users {:.2} ({:.0} / {:.0} per s; refused {} / {}), p99 {:.1} / {:.1} ms",
+            r.rate / n.rate,
+            r.rate,
+            n.rate,
+            r.refused,
+            n.refused,
+            r.p99,
+            n.p99
         );
     }
     for (((name, e), (_, p)), (_, pb, h)) in empty_reads.iter().zip(&plan_reads).zip(&paired) {
@@ -369,6 +438,9 @@ struct Phase {
     bare: Stats,
     c32: Stats,
     c300: Stats,
+    /// The highest rate of creates arriving on a schedule (an open loop) whose p99
+    /// stays within `P99_MS`, if any.
+    open: Option<common::Trial>,
 }
 
 struct Bench {
@@ -388,7 +460,38 @@ impl Bench {
         c32.print("booking creates, 32 clients");
         let c300 = self.creates(300, prefix).await?;
         c300.print("booking creates, 300 clients");
-        Ok(Phase { bare, c32, c300 })
+        let (open, tried) =
+            common::sustained_rate(P99_MS, 50.0, 4, |rate| self.open_loop(rate, prefix)).await?;
+        println!(
+            "booking creates arriving on a schedule: {:.0} /s with p99 within {P99_MS} ms [{}]",
+            open.map_or(0.0, |t| t.rate),
+            common::trace(&tried)
+        );
+        Ok(Phase {
+            bare,
+            c32,
+            c300,
+            open,
+        })
+    }
+
+    /// One open-loop trial (`common::open_loop`) of creates by new users at `rate`
+    /// per second, for `OPEN_LOOP_TRIAL`, on the models `{prefix}-00` ...
+    async fn open_loop(&self, rate: f64, prefix: &'static str) -> anyhow::Result<common::Schedule> {
+        let due = common::due(rate, OPEN_LOOP_TRIAL) as u64;
+        let first = self.next_user.fetch_add(due, Ordering::Relaxed);
+        let tokens: Vec<String> = (first..first + due)
+            .map(|u| self.api.token(&format!("new{u}"), None))
+            .collect();
+        common::open_loop_creates(
+            &self.http,
+            &self.api.url,
+            &tokens,
+            rate,
+            OPEN_LOOP_TRIAL,
+            || new_window(prefix),
+        )
+        .await
     }
 
     /// Each hot read, once, on the models `{prefix}-00` ... and the users
@@ -539,38 +642,51 @@ impl Bench {
         ]
     }
 
-    /// Booking creates by `clients` concurrent HTTP clients for `self.secs`.
+    /// Booking creates by `clients` concurrent HTTP clients for `self.secs`, each by
+    /// a new user.
     async fn creates(&self, clients: usize, prefix: &'static str) -> anyhow::Result<Stats> {
+        self.creates_by(clients, prefix, None).await
+    }
+
+    /// Booking creates as `creates`, by a new user each, or with `returning` by the
+    /// users it holds, each taken once (a client stops when none is left).
+    async fn creates_by(
+        &self,
+        clients: usize,
+        prefix: &'static str,
+        returning: Option<Arc<std::sync::Mutex<Vec<String>>>>,
+    ) -> anyhow::Result<Stats> {
         let refused = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let mut tasks = Vec::new();
         for _ in 0..clients {
-            let (api, http, refused, next_user, secs) = (
+            let (api, http, refused, next_user, secs, returning) = (
                 self.api.clone(),
                 self.http.clone(),
                 refused.clone(),
                 self.next_user.clone(),
                 self.secs,
+                returning.clone(),
             );
             tasks.push(tokio::spawn(async move {
                 let mut ms = Vec::new();
                 while started.elapsed() < secs {
-                    let user = next_user.fetch_add(1, Ordering::Relaxed);
-                    let token = api.token(&format!("new{user}"), None);
-                    let (model, offset_h, days) = {
-                        let mut rng = rand::rng();
-                        (
-                            rng.random_range(0..MODELS),
-                            rng.random_range(1..365 * 24),
-                            rng.random_range(1..=3),
-                        )
+                    let user = match &returning {
+                        Some(users) => {
+                            let next = users.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.pop();
+                            match next {
+                                Some(user) => user,
+                                None => break,
+                            }
+                        }
+                        None => format!("new{}", next_user.fetch_add(1, Ordering::Relaxed)),
                     };
-                    let start = Utc::now() + TimeDelta::hours(offset_h);
+                    let token = api.token(&user, None);
                     let t = Instant::now();
                     let r = http
                         .post(format!("{}/api/v1/bookings", api.url))
                         .bearer_auth(&token)
-                        .json(&json!({"model": format!("{prefix}-{model:02}"), "start": start, "end": start + TimeDelta::days(days)}))
+                        .json(&new_window(prefix))
                         .send()
                         .await?;
                     let status = r.status();
@@ -637,6 +753,21 @@ impl Bench {
         }
         Ok(ms)
     }
+}
+
+/// A create's body: one of the models `{prefix}-00` ..., a window of 1 to 3 days
+/// starting at a random hour of the next year.
+fn new_window(prefix: &str) -> serde_json::Value {
+    let (model, offset_h, days) = {
+        let mut rng = rand::rng();
+        (
+            rng.random_range(0..MODELS),
+            rng.random_range(1..365 * 24),
+            rng.random_range(1..=3),
+        )
+    };
+    let start = Utc::now() + TimeDelta::hours(offset_h);
+    json!({"model": format!("{prefix}-{model:02}"), "start": start, "end": start + TimeDelta::days(days)})
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {

@@ -49,3 +49,198 @@ pub async fn api_pool(pool: &PgPool) -> anyhow::Result<PgPool> {
         None => Ok(pool.clone()),
     }
 }
+
+/// What one open-loop trial saw (`open_loop`).
+pub struct Schedule {
+    /// Latency of each operation that succeeded, in ms, from the moment it was due.
+    pub latencies_ms: Vec<f64>,
+    /// Operations that completed but were refused (a create the rules turned down).
+    pub refused: u64,
+    /// Operations never started: more than `MAX_IN_FLIGHT` were waiting, so the rate
+    /// was beyond what the system serves and the trial stopped there.
+    pub dropped: u64,
+}
+
+impl Schedule {
+    /// The `q` quantile (0..=1) of the latencies; infinite when the trial was cut
+    /// short, since the latencies of what it did not start would have been longer.
+    pub fn quantile(&self, q: f64) -> f64 {
+        if self.dropped > 0 || self.latencies_ms.is_empty() {
+            return f64::INFINITY;
+        }
+        let mut ms = self.latencies_ms.clone();
+        ms.sort_by(f64::total_cmp);
+        ms[((ms.len() as f64 * q) as usize).min(ms.len() - 1)]
+    }
+}
+
+/// Past this many operations started and not finished, an open-loop trial stops: the
+/// system is not keeping up, and waiting on would only grow the queue (and memory).
+const MAX_IN_FLIGHT: usize = 2_000;
+
+/// Operations started on a fixed schedule, `rate` per second for `duration`, whether or
+/// not the earlier ones have finished (an open loop: users arrive when they arrive),
+/// each latency measured from the moment the operation was due, so that a driver that
+/// falls behind counts its own delay too. A closed loop of N clients measures something
+/// else: its mean latency is N / its rate (Little's law), whatever the system under
+/// test, so its p99 says how many clients there were as much as how fast the system is.
+/// `op(i)` builds the i-th operation; it answers whether the operation succeeded.
+pub async fn open_loop<Op, Fut>(
+    rate: f64,
+    duration: Duration,
+    mut op: Op,
+) -> anyhow::Result<Schedule>
+where
+    Op: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>> + Send + 'static,
+{
+    let due_count = due(rate, duration);
+    let in_flight = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = tokio::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut dropped = 0;
+    for i in 0..due_count {
+        let due = started + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due).await;
+        if in_flight.load(std::sync::atomic::Ordering::Relaxed) >= MAX_IN_FLIGHT {
+            dropped = due_count - i;
+            break;
+        }
+        in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (operation, in_flight) = (op(i), in_flight.clone());
+        tasks.spawn(async move {
+            let succeeded = operation.await;
+            in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            succeeded.map(|ok| (ok, due.elapsed()))
+        });
+    }
+    let mut schedule = Schedule {
+        latencies_ms: Vec::with_capacity(due_count),
+        refused: 0,
+        dropped: dropped as u64,
+    };
+    while let Some(done) = tasks.join_next().await {
+        match done?? {
+            (true, took) => schedule.latencies_ms.push(took.as_secs_f64() * 1e3),
+            (false, _) => schedule.refused += 1,
+        }
+    }
+    Ok(schedule)
+}
+
+/// How many operations `open_loop` starts at `rate` per second over `duration`.
+pub fn due(rate: f64, duration: Duration) -> usize {
+    (rate * duration.as_secs_f64()).round() as usize
+}
+
+/// One open-loop trial of booking creates through the API at `api_url`, `rate` per
+/// second for `duration`: the i-th by the user of `tokens[i]` (minted beforehand, one
+/// for each of `due(rate, duration)`), with the body `body()` gives. A create succeeds
+/// when answered 201.
+pub async fn open_loop_creates(
+    http: &reqwest::Client,
+    api_url: &str,
+    tokens: &[String],
+    rate: f64,
+    duration: Duration,
+    mut body: impl FnMut() -> serde_json::Value,
+) -> anyhow::Result<Schedule> {
+    let url = format!("{api_url}/api/v1/bookings");
+    open_loop(rate, duration, |i| {
+        let (http, url, token, body) = (http.clone(), url.clone(), tokens[i].clone(), body());
+        async move {
+            let r = http.post(url).bearer_auth(token).json(&body).send().await?;
+            let created = r.status() == 201;
+            r.bytes().await?;
+            Ok(created)
+        }
+    })
+    .await
+}
+
+/// The trials of a `sustained_rate` search, for the record: rate, p50, p99.
+pub fn trace(tried: &[Trial]) -> String {
+    let trials: Vec<String> = tried
+        .iter()
+        .map(|t| format!("{:.0}/s p50 {:.1} p99 {:.1}", t.rate, t.p50, t.p99))
+        .collect();
+    trials.join(", ")
+}
+
+/// One trial of `sustained_rate`: the rate offered and the p50 / p99 it got.
+#[derive(Debug, Clone, Copy)]
+pub struct Trial {
+    pub rate: f64,
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// The highest rate (per second) whose open-loop p99 stays within `p99_ms`: offered
+/// rates double from `first` until one misses, then the gap is bisected (geometric
+/// mean) `steps` times; a rate's p99 is the median of three trials. `trial(rate)`
+/// runs one open-loop trial at that rate. Answers
+/// the best trial that met the bound (`None` if even `first` missed) and every trial,
+/// in order, for the record.
+pub async fn sustained_rate<T, Fut>(
+    p99_ms: f64,
+    first: f64,
+    steps: usize,
+    mut trial: T,
+) -> anyhow::Result<(Option<Trial>, Vec<Trial>)>
+where
+    T: FnMut(f64) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Schedule>>,
+{
+    let mut tried = Vec::new();
+    let (mut met, mut missed) = (None::<Trial>, None::<f64>);
+    let mut rate = first;
+    // Doubling, bounded so that a machine where everything meets the bound still ends.
+    for _ in 0..16 {
+        let t = measure(&mut trial, rate, &mut tried).await?;
+        if t.p99 <= p99_ms {
+            met = Some(t);
+            rate *= 2.0;
+        } else {
+            missed = Some(rate);
+            break;
+        }
+    }
+    if let (Some(mut low), Some(mut high)) = (met.map(|t| t.rate), missed) {
+        for _ in 0..steps {
+            let mid = (low * high).sqrt();
+            let t = measure(&mut trial, mid, &mut tried).await?;
+            if t.p99 <= p99_ms {
+                met = Some(t);
+                low = mid;
+            } else {
+                high = mid;
+            }
+        }
+    }
+    Ok((met, tried))
+}
+
+/// Trials of one rate: the p99 of one trial moves with the machine's pauses (a
+/// checkpoint, autovacuum), so the rate gets the median p99 of `TRIALS_PER_RATE`.
+const TRIALS_PER_RATE: usize = 3;
+
+/// `TRIALS_PER_RATE` trials at `rate`; the one with the median p99, recorded.
+async fn measure<T, Fut>(trial: &mut T, rate: f64, tried: &mut Vec<Trial>) -> anyhow::Result<Trial>
+where
+    T: FnMut(f64) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Schedule>>,
+{
+    let mut trials = Vec::with_capacity(TRIALS_PER_RATE);
+    for _ in 0..TRIALS_PER_RATE {
+        let schedule = trial(rate).await?;
+        trials.push(Trial {
+            rate,
+            p50: schedule.quantile(0.50),
+            p99: schedule.quantile(0.99),
+        });
+    }
+    trials.sort_by(|a, b| a.p99.total_cmp(&b.p99));
+    let t = trials[TRIALS_PER_RATE / 2];
+    tried.push(t);
+    Ok(t)
+}
