@@ -34,7 +34,7 @@
 //! alternating rounds on the empty phase's models, on the planned models and in a
 //! second database whose booking table is empty: what the bookings over a create's
 //! window cost it and what the table's size does, at the same moments, in about 3
-//! minutes instead of 19.
+//! minutes instead of about 30.
 //!
 //! Each phase also finds the highest rate of creates arriving on a schedule (an
 //! open loop, as users arrive when a booking window opens) whose p99 stays within 25
