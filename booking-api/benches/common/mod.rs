@@ -162,7 +162,14 @@ pub async fn open_loop_creates(
 pub fn trace(tried: &[Trial]) -> String {
     let trials: Vec<String> = tried
         .iter()
-        .map(|t| format!("{:.0}/s p50 {:.1} p99 {:.1}", t.rate, t.p50, t.p99))
+        .map(|t| match t.refused {
+            0 => format!("{:.0}/s p50 {:.1} p99 {:.1}", t.rate, t.p50, t.p99),
+            // Latencies are of the operations that succeeded: say how many did not.
+            n => format!(
+                "{:.0}/s p50 {:.1} p99 {:.1} refused {n}",
+                t.rate, t.p50, t.p99
+            ),
+        })
         .collect();
     trials.join(", ")
 }
@@ -173,6 +180,8 @@ pub struct Trial {
     pub rate: f64,
     pub p50: f64,
     pub p99: f64,
+    /// Operations refused in that trial (not in its latencies).
+    pub refused: u64,
 }
 
 /// The highest rate (per second) whose open-loop p99 stays within `p99_ms`: offered
@@ -237,6 +246,7 @@ where
             rate,
             p50: schedule.quantile(0.50),
             p99: schedule.quantile(0.99),
+            refused: schedule.refused,
         });
     }
     trials.sort_by(|a, b| a.p99.total_cmp(&b.p99));
