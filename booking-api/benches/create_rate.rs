@@ -16,9 +16,10 @@
 //! latency counts from its arrival (`common::open_loop`). Offered rates double from 50
 //! per second until the p99 misses, then the gap is bisected; each rate's p99 is the
 //! median of three trials of GPU_BOOKING_BENCH_TRIAL_SECS (default 2); bare INSERT
-//! and creates twice each, alternating. This is the figure for a p99 bound: the closed loop's 32 clients have
-//! a mean latency of 32 / rate by construction (Little's law), so their p99 cannot be
-//! within 25 ms below about 1,300 answers per second, however the time is spent.
+//! and creates twice each, alternating. This is the figure for a p99 bound: the
+//! closed loop's 32 clients have a mean latency of 32 / rate by construction (Little's
+//! law), so their p99 cannot be within 25 ms below about 1,300 answers per second,
+//! however the time is spent.
 
 mod common;
 
@@ -89,7 +90,8 @@ async fn main() -> anyhow::Result<()> {
         "(booking creates refused: {})",
         creates.refused.load(Ordering::Relaxed)
     );
-    sustained_rates(&pool, &creates).await?;
+    let trial = Duration::from_secs(env("GPU_BOOKING_BENCH_TRIAL_SECS", 2));
+    sustained_rates(&pool, &creates, trial).await?;
     // CPU time per operation does not depend on what else the machine runs, which the
     // rates do: on a machine whose cores are busy it is the fairer comparison.
     let (b_own, b_pg) = median_split(&baseline_cpu);
@@ -106,20 +108,13 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// The open-loop rates that keep the p99 within the bound, bare INSERT and creates,
-/// twice each, alternating; the ratio of each pair.
-async fn sustained_rates(pool: &PgPool, creates: &Creates) -> anyhow::Result<()> {
+/// twice each, alternating, in trials of `trial`; the ratio of each pair.
+async fn sustained_rates(pool: &PgPool, creates: &Creates, trial: Duration) -> anyhow::Result<()> {
     let p99_ms = std::env::var("GPU_BOOKING_BENCH_P99_MS")
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
         .filter(|&ms| ms > 0.0)
         .unwrap_or(25.0);
-    let trial = Duration::from_secs(
-        std::env::var("GPU_BOOKING_BENCH_TRIAL_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .filter(|&s| s > 0)
-            .unwrap_or(2),
-    );
     let report = |name: &str, (met, tried): (Option<common::Trial>, Vec<common::Trial>)| {
         let trace = common::trace(&tried);
         match met {
@@ -141,11 +136,7 @@ async fn sustained_rates(pool: &PgPool, creates: &Creates) -> anyhow::Result<()>
             common::open_loop(rate, trial, move |_| {
                 let pool = pool.clone();
                 async move {
-                    let mut tx = pool.begin().await?;
-                    sqlx::query("INSERT INTO bench_row (v, at) VALUES (0, now())")
-                        .execute(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
+                    common::bare_insert(&pool, 0).await?;
                     Ok(true)
                 }
             })
@@ -250,13 +241,7 @@ async fn bare_inserts(pool: &PgPool, phase: Duration) -> anyhow::Result<(f64, u6
         let (pool, done) = (pool.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             while started.elapsed() < phase {
-                let mut tx = pool.begin().await?;
-                sqlx::query("INSERT INTO bench_row (v, at) VALUES ($1, $2)")
-                    .bind(c as i64)
-                    .bind(Utc::now())
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
+                common::bare_insert(&pool, c as i64).await?;
                 done.fetch_add(1, Ordering::Relaxed);
             }
             anyhow::Ok(())

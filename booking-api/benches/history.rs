@@ -788,13 +788,7 @@ async fn bare_inserts(pool: &PgPool, clients: usize, secs: Duration) -> anyhow::
             let mut ms = Vec::new();
             while started.elapsed() < secs {
                 let t = Instant::now();
-                let mut tx = pool.begin().await?;
-                sqlx::query("INSERT INTO bench_row (v, at) VALUES ($1, $2)")
-                    .bind(c as i64)
-                    .bind(Utc::now())
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
+                common::bare_insert(&pool, c as i64).await?;
                 ms.push(t.elapsed().as_secs_f64() * 1e3);
             }
             anyhow::Ok(ms)

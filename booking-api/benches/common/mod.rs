@@ -50,6 +50,19 @@ pub async fn api_pool(pool: &PgPool) -> anyhow::Result<PgPool> {
     }
 }
 
+/// The baseline's one transaction: what this Postgres does for the smallest write
+/// (a row of `bench_row`, which each bench creates, with `v` in it).
+pub async fn bare_insert(pool: &PgPool, v: i64) -> anyhow::Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO bench_row (v, at) VALUES ($1, $2)")
+        .bind(v)
+        .bind(chrono::Utc::now())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// What one open-loop trial saw (`open_loop`).
 pub struct Schedule {
     /// Latency of each operation that succeeded, in ms, from the moment it was due.
