@@ -16,10 +16,12 @@
 //! latency counts from its arrival (`common::open_loop`). Offered rates double from 50
 //! per second until the p99 misses, then the gap is bisected; each rate's p99 is the
 //! median of three trials of GPU_BOOKING_BENCH_TRIAL_SECS (default 2); bare INSERT
-//! and creates twice each, alternating. This is the figure for a p99 bound: the
-//! closed loop's 32 clients have a mean latency of 32 / rate by construction (Little's
-//! law), so their p99 cannot be within 25 ms below about 1,300 answers per second,
-//! however the time is spent.
+//! and creates twice each, each pair of searches in lockstep (a trial of one, then a
+//! trial of the other) so that a pause of the machine falls on both, and each pair
+//! after a `CHECKPOINT` (`common::checkpoint`). This is the figure for
+//! a p99 bound: the closed loop's 32 clients have a mean latency of 32 / rate by
+//! construction (Little's law), so their p99 cannot be within 25 ms below about 1,300
+//! answers per second, however the time is spent.
 
 mod common;
 
@@ -75,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
         baseline.push(b);
         created.push(c);
     }
-    let (baseline, created) = (median(baseline), median(created));
+    let (baseline, created) = (common::median(baseline), common::median(created));
     println!(
         "clients: {CLIENTS}, {rounds} rounds of {:.1} s each, Postgres pool: 32 connections (the API's: GPU_BOOKING_BENCH_API_POOL, else the same)",
         phase.as_secs_f64()
@@ -132,22 +134,27 @@ async fn sustained_rates(pool: &PgPool, creates: &Creates, trial: Duration) -> a
     );
     let (mut bare, mut created) = (Vec::new(), Vec::new());
     for _ in 0..2 {
-        let found = common::sustained_rate(p99_ms, 50.0, 4, move |rate| {
-            common::open_loop(rate, trial, move |_| {
-                let pool = pool.clone();
-                async move {
-                    common::bare_insert(&pool, 0).await?;
-                    Ok(true)
-                }
-            })
-        })
+        common::checkpoint(pool).await?;
+        let [bare_found, created_found] = common::sustained_rates_alternating(
+            p99_ms,
+            50.0,
+            4,
+            move |rate| {
+                common::open_loop(rate, trial, move |_| {
+                    let pool = pool.clone();
+                    async move {
+                        common::bare_insert(&pool, 0).await?;
+                        Ok(true)
+                    }
+                })
+            },
+            |rate| creates.open_loop(rate, trial),
+        )
         .await?;
-        bare.push(report("  bare one-row INSERT", found));
-        let found =
-            common::sustained_rate(p99_ms, 50.0, 4, |rate| creates.open_loop(rate, trial)).await?;
-        created.push(report("  booking creates    ", found));
+        bare.push(report("  bare one-row INSERT", bare_found));
+        created.push(report("  booking creates    ", created_found));
     }
-    // Each search's creates against the bare INSERT search just before it: a median
+    // Each search's creates against the bare INSERT search beside it: a median
     // of two would be the larger of each and lean to one side.
     let ratios: Vec<String> = created
         .iter()
@@ -169,8 +176,8 @@ fn median_split(v: &[Option<(f64, f64)>]) -> (Option<f64>, Option<f64>) {
     let v: Option<Vec<(f64, f64)>> = v.iter().copied().collect();
     match v.filter(|v| !v.is_empty()) {
         Some(v) => (
-            Some(median(v.iter().map(|p| p.0).collect())),
-            Some(median(v.iter().map(|p| p.1).collect())),
+            Some(common::median(v.iter().map(|p| p.0).collect())),
+            Some(common::median(v.iter().map(|p| p.1).collect())),
         ),
         None => (None, None),
     }
@@ -225,11 +232,6 @@ fn proc_ticks(pid: &str) -> Option<u64> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // Fields 14 and 15 of proc(5), utime and stime; `rest` starts at field 3.
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The baseline: what this Postgres does for the smallest write transaction.

@@ -36,6 +36,16 @@
 //! window cost it and what the table's size does, at the same moments, in about 3
 //! minutes instead of about 30.
 //!
+//! Each phase starts after a `CHECKPOINT`, the loaded ones after `VACUUM ANALYZE`
+//! too (`common::settle`), so that they measure the store and not what a load leaves
+//! behind.
+//!
+//! After the `hist` phase, creates on its models are measured against the same
+//! models in a second database whose booking table is empty (an API of its own in
+//! this process), in alternating rounds: the loaded / empty at the same
+//! moments of the machine, where the phases' own ratios compare measures minutes
+//! apart, across a load, an archive and a VACUUM.
+//!
 //! Each phase also finds the highest rate of creates arriving on a schedule (an
 //! open loop, as users arrive when a booking window opens) whose p99 stays within 25
 //! ms (`common::sustained_rate`; the rate's p99 the median of three 2 s trials).
@@ -108,6 +118,7 @@ async fn main() -> anyhow::Result<()> {
     };
 
     println!("== empty booking table");
+    common::checkpoint(&pool).await?;
     let empty = bench.phase(&pool, "empty").await?;
     let empty_reads = bench.reads("empty", "h").await?;
     // The planned part alone: as many lanes per model as the whole history has
@@ -128,38 +139,16 @@ async fn main() -> anyhow::Result<()> {
             empty.c32.p99,
             plan.c32.p99
         );
-        // The same creates side by side, in alternating rounds (the order swapped
-        // each round): on the empty phase's models (a few bookings of that phase's
-        // own), on the planned models, and on a database of their own with an empty
-        // booking table, served by an API of its own in this process. Planned /
-        // empty models says what the bookings over a create's window cost; planned
-        // / empty database adds what the table's size costs, at the same moments.
-        let empty_db =
-            common::fresh_database(&base, "gpu_booking_bench_history_empty", POOL).await?;
-        gpu_booking_api::MIGRATOR.run(&empty_db).await?;
-        let other = Bench {
-            api: Arc::new(TestApi::start(common::api_pool(&empty_db).await?).await?),
-            http: bench.http.clone(),
-            secs,
-            reads,
-            next_user: bench.next_user.clone(),
-        };
-        declare_models(&other.http, &other.api, &["plan"]).await?;
-        let (mut on_empty, mut on_plan, mut on_empty_db) = (Vec::new(), Vec::new(), Vec::new());
-        for round in 0..PAIRED_ROUNDS / 2 {
-            let mut order = [0, 1, 2];
-            if round % 2 == 1 {
-                order.reverse();
-            }
-            for which in order {
-                match which {
-                    0 => on_empty.push(bench.creates(32, "empty").await?),
-                    1 => on_plan.push(bench.creates(32, "plan").await?),
-                    _ => on_empty_db.push(other.creates(32, "plan").await?),
-                }
-            }
-        }
-        for (round, ((e, p), d)) in on_empty.iter().zip(&on_plan).zip(&on_empty_db).enumerate() {
+        // The same creates side by side, in alternating rounds: on the empty phase's
+        // models (a few bookings of that phase's own), on the planned models, and in a
+        // database whose booking table is empty. Planned / empty models says what the
+        // bookings over a create's window cost; planned / empty database adds what the
+        // table's size costs, at the same moments.
+        let other = empty_database(&base, &bench, &["plan"]).await?;
+        let rounds =
+            alternating_creates(&[(&bench, "empty"), (&bench, "plan"), (&other, "plan")]).await?;
+        for (round, sides) in rounds.iter().enumerate() {
+            let [e, p, d] = sides[..] else { continue };
             println!(
                 "alternating round {round}: creates on planned models / on empty models {:.2}, / in an empty database {:.2} ({:.0} / {:.0} / {:.0} per s), p99 {:.1} / {:.1} / {:.1} ms",
                 p.rate / e.rate,
@@ -219,7 +208,21 @@ async fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     println!("== planned bookings and the past");
+    common::settle(&pool).await?;
     let loaded = bench.phase(&pool, "hist").await?;
+    // The reads first, while the `hist` models hold what the `plan` models do (their
+    // planned part and their phase's creates): the creates below add tens of
+    // thousands to the `hist` models' next year, which a year's availability reads
+    // (2026-11-27 13:22 run, with them before: history / planned 0.34 where it was 0.85).
+    println!("== the hot reads, planned only and with history, in alternating rounds");
+    let paired = bench.paired_reads(("plan", "p"), ("hist", "h")).await?;
+    // The loaded / empty, measured at the same moments: the history's models
+    // against the same models in a database whose booking table is empty, in
+    // alternating rounds. The phases' own ratios compare measures minutes apart, across
+    // a load, an archive and a VACUUM.
+    println!("== creates with the history and in an empty database, in alternating rounds");
+    let other = empty_database(&base, &bench, &["hist"]).await?;
+    let against_empty = alternating_creates(&[(&bench, "hist"), (&other, "hist")]).await?;
     // Creates by the history's own users (about ten bookings each over the three
     // years) against creates by new users, on the same models, in alternating rounds:
     // what a user's past costs a create. Only users who hold no booking now or ahead
@@ -259,8 +262,6 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
-    println!("== the hot reads, planned only and with history, in alternating rounds");
-    let paired = bench.paired_reads(("plan", "p"), ("hist", "h")).await?;
 
     println!("\n== summary (ratios first)");
     // What the past costs a create (history / planned), apart from what the planned
@@ -272,6 +273,30 @@ async fn main() -> anyhow::Result<()> {
         (loaded.c32.rate / loaded.bare.rate) / (plan.c32.rate / plan.bare.rate),
         (plan.c32.rate / plan.bare.rate) / (empty.c32.rate / empty.bare.rate)
     );
+    let same_moments: Vec<f64> = against_empty
+        .iter()
+        .filter_map(|sides| match sides[..] {
+            [h, e] => Some(h.rate / e.rate),
+            _ => None,
+        })
+        .collect();
+    println!(
+        "creates, 32 clients, with history / in an empty database at the same moments (alternating rounds): {}; median {:.2}",
+        same_moments
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        common::median(same_moments.clone())
+    );
+    for (round, sides) in against_empty.iter().enumerate() {
+        if let [h, e] = sides[..] {
+            println!(
+                "  round {round}: {:.0} / {:.0} per s, p99 {:.1} / {:.1} ms",
+                h.rate, e.rate, h.p99, e.p99
+            );
+        }
+    }
     let open = |p: &Phase| p.open.map_or(0.0, |t| t.rate);
     println!(
         "creates arriving on a schedule, the most per s with p99 within {P99_MS} ms: {:.0} empty, {:.0} planned only, {:.0} with history; loaded / empty {:.2}",
@@ -325,6 +350,44 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A database of its own with the models `{prefix}-00` ... of each of `prefixes` and
+/// an empty booking table, served by an API of its own in this process, with
+/// `bench`'s HTTP client and user numbering: creates measured on it and on `bench`
+/// in alternating rounds meet the same moments of the machine.
+async fn empty_database(base: &str, bench: &Bench, prefixes: &[&str]) -> anyhow::Result<Bench> {
+    let pool = common::fresh_database(base, "gpu_booking_bench_history_empty", POOL).await?;
+    gpu_booking_api::MIGRATOR.run(&pool).await?;
+    let other = Bench {
+        api: Arc::new(TestApi::start(common::api_pool(&pool).await?).await?),
+        http: bench.http.clone(),
+        secs: bench.secs,
+        reads: bench.reads,
+        next_user: bench.next_user.clone(),
+    };
+    declare_models(&other.http, &other.api, prefixes).await?;
+    Ok(other)
+}
+
+/// Creates at 32 clients on each side (a bench and its models' prefix), in
+/// `PAIRED_ROUNDS / 2` rounds, the order reversed every other round; per round, each
+/// side's figures in the order given.
+async fn alternating_creates(sides: &[(&Bench, &'static str)]) -> anyhow::Result<Vec<Vec<Stats>>> {
+    let mut rounds = Vec::new();
+    for round in 0..PAIRED_ROUNDS / 2 {
+        let mut order: Vec<usize> = (0..sides.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut got = vec![None; sides.len()];
+        for i in order {
+            let (bench, prefix) = sides[i];
+            got[i] = Some(bench.creates(32, prefix).await?);
+        }
+        rounds.push(got.into_iter().flatten().collect());
+    }
+    Ok(rounds)
 }
 
 /// Declares models `{prefix}-00` ... of 1,000 units each on `api`.
@@ -399,7 +462,7 @@ async fn load(
         "loaded in {:.1} s; bookings in the table: {count}",
         started.elapsed().as_secs_f64()
     );
-    Ok(())
+    common::settle(pool).await
 }
 
 #[derive(Debug, Clone, Copy)]
