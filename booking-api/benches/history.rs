@@ -150,7 +150,7 @@ async fn main() -> anyhow::Result<()> {
         for (round, sides) in rounds.iter().enumerate() {
             let [e, p, d] = sides[..] else { continue };
             println!(
-                "alternating round {round}: creates on planned models / on empty models {:.2}, / in an empty database {:.2} ({:.0} / {:.0} / {:.0} per s), p99 {:.1} / {:.1} / {:.1} ms",
+                "alternating round {round}: creates on planned models / on empty models {:.2}, / in an empty database {:.2} ({:.0} / {:.0} / {:.0} per s), p99 {:.1} / {:.1} / {:.1} ms, CPU per create {} / {} / {}",
                 p.rate / e.rate,
                 p.rate / d.rate,
                 p.rate,
@@ -158,7 +158,10 @@ async fn main() -> anyhow::Result<()> {
                 d.rate,
                 p.p99,
                 e.p99,
-                d.p99
+                d.p99,
+                cpu_split(p.cpu),
+                cpu_split(e.cpu),
+                cpu_split(d.cpu)
             );
         }
         return Ok(());
@@ -292,8 +295,13 @@ async fn main() -> anyhow::Result<()> {
     for (round, sides) in against_empty.iter().enumerate() {
         if let [h, e] = sides[..] {
             println!(
-                "  round {round}: {:.0} / {:.0} per s, p99 {:.1} / {:.1} ms",
-                h.rate, e.rate, h.p99, e.p99
+                "  round {round}: {:.0} / {:.0} per s, p99 {:.1} / {:.1} ms, CPU per create {} / {}",
+                h.rate,
+                e.rate,
+                h.p99,
+                e.p99,
+                cpu_split(h.cpu),
+                cpu_split(e.cpu)
             );
         }
     }
@@ -352,6 +360,14 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// "µs (this process + Postgres)" of a CPU split, or "?" where not measured.
+fn cpu_split(cpu: Option<(f64, f64)>) -> String {
+    match cpu {
+        Some((own, pg)) => format!("{:.0} µs ({own:.0} + {pg:.0})", own + pg),
+        None => "?".into(),
+    }
+}
+
 /// A database of its own with the models `{prefix}-00` ... of each of `prefixes` and
 /// an empty booking table, served by an API of its own in this process, with
 /// `bench`'s HTTP client and user numbering: creates measured on it and on `bench`
@@ -372,7 +388,9 @@ async fn empty_database(base: &str, bench: &Bench, prefixes: &[&str]) -> anyhow:
 
 /// Creates at 32 clients on each side (a bench and its models' prefix), in
 /// `PAIRED_ROUNDS / 2` rounds, the order reversed every other round; per round, each
-/// side's figures in the order given.
+/// side's figures in the order given, with the CPU per create of this process (the
+/// HTTP clients and the side's API: only one side runs at a time) and of the side's
+/// database's backends.
 async fn alternating_creates(sides: &[(&Bench, &'static str)]) -> anyhow::Result<Vec<Vec<Stats>>> {
     let mut rounds = Vec::new();
     for round in 0..PAIRED_ROUNDS / 2 {
@@ -383,7 +401,13 @@ async fn alternating_creates(sides: &[(&Bench, &'static str)]) -> anyhow::Result
         let mut got = vec![None; sides.len()];
         for i in order {
             let (bench, prefix) = sides[i];
-            got[i] = Some(bench.creates(32, prefix).await?);
+            let cpu = common::CpuTicks::now(&bench.api.pool).await;
+            let mut stats = bench.creates(32, prefix).await?;
+            stats.cpu = cpu.per_op(
+                &common::CpuTicks::now(&bench.api.pool).await,
+                stats.n as u64,
+            );
+            got[i] = Some(stats);
         }
         rounds.push(got.into_iter().flatten().collect());
     }
@@ -472,6 +496,9 @@ struct Stats {
     p99: f64,
     n: usize,
     refused: u64,
+    /// CPU per operation, µs: (this process, the database's Postgres backends), where
+    /// measured (`alternating_creates`).
+    cpu: Option<(f64, f64)>,
 }
 
 impl Stats {
@@ -490,6 +517,7 @@ impl Stats {
             p99: q(0.99),
             n: ms.len(),
             refused,
+            cpu: None,
         }
     }
 

@@ -406,3 +406,54 @@ fn median_trial(mut trials: Vec<Trial>) -> Trial {
     trials.sort_by(|a, b| a.p99.total_cmp(&b.p99));
     trials[trials.len() / 2]
 }
+
+/// CPU time used so far by this process and by the Postgres backends serving this
+/// benchmark's database, from /proc (Linux; `None` elsewhere). Only this database's
+/// backends count: other databases on the same server (other people's tests) would
+/// otherwise be charged to the benchmark. The pool keeps its connections, so each
+/// backend lives through the phases; WAL writing done by the server's own background
+/// processes is not counted (the backends flush their commits themselves).
+pub struct CpuTicks(Option<(u64, std::collections::HashMap<i32, u64>)>);
+
+impl CpuTicks {
+    /// Linux's USER_HZ, fixed at 100 on every architecture it exposes to /proc.
+    const PER_SEC: f64 = 100.0;
+
+    pub async fn now(pool: &PgPool) -> Self {
+        let Some(own) = proc_ticks("self") else {
+            return Self(None);
+        };
+        let pids: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default();
+        let backends = pids
+            .into_iter()
+            .filter_map(|pid| Some((pid, proc_ticks(&pid.to_string())?)))
+            .collect();
+        Self(Some((own, backends)))
+    }
+
+    /// Microseconds of CPU per operation from `self` to `later`: (this process,
+    /// Postgres). A backend that `self` did not see counts from its start.
+    pub fn per_op(&self, later: &Self, ops: u64) -> Option<(f64, f64)> {
+        let ((own0, pg0), (own1, pg1)) = (self.0.as_ref()?, later.0.as_ref()?);
+        let pg: u64 = pg1
+            .iter()
+            .map(|(pid, t)| t.saturating_sub(pg0.get(pid).copied().unwrap_or(0)))
+            .sum();
+        let us = |ticks: u64| ticks as f64 / Self::PER_SEC * 1e6 / ops as f64;
+        (ops > 0).then(|| (us(own1.saturating_sub(*own0)), us(pg)))
+    }
+}
+
+/// utime + stime of process `pid` ("self" for this one), in ticks.
+fn proc_ticks(pid: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of proc(5), utime and stime; `rest` starts at field 3.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
