@@ -65,7 +65,7 @@ pub async fn bare_insert(pool: &PgPool, v: i64) -> anyhow::Result<()> {
 
 /// VACUUM ANALYZE, then [`checkpoint`], before a measure on tables just loaded: a
 /// database with years of history has been vacuumed long since, and a phase measured
-/// right after a load measured its aftermath instead (2026-11-27 13:40 UTC: the
+/// right after a load measured its aftermath instead (2026-11-27 13:22 run: the
 /// history bench's planned phase missed a 25 ms p99 at 50 creates a second, p99 220
 /// ms, while autovacuum went over the loaded tables and the checkpoint the load's WAL
 /// asked for stalled commits). Not for empty tables: ANALYZE records them as empty, and
