@@ -3,12 +3,19 @@
 # phases: pg_stat_statements is reset when each phase starts and read when it ends,
 # so that `plan.txt` and `hist.txt` compare the same statements with and without the
 # past (calls, mean time, buffers a call). The last phase's reads alternate between
-# the planned-only models and the history's, so `hist.txt` holds both kinds of call. It needs pg_stat_statements in
-# shared_preload_libraries (a restart of Postgres); it does not change that itself.
+# the planned-only models and the history's, so `hist.txt` holds both kinds of call.
+# `rounds.txt` has the creates of the rounds that alternate the history's database
+# and an empty one (the issue's loaded / empty at the same moments), per database:
+# calls, mean time, rows, buffers and WAL a call. With `pg_stat_statements.track =
+# all` (ALTER SYSTEM and a reload) it has the statements inside the create's
+# functions and triggers too, which says which part of a create grows. It needs
+# pg_stat_statements in shared_preload_libraries (a restart of Postgres); it does not
+# change that itself.
 #
 #     scripts/history-statements.sh target/release/deps/history-<hash> target/history-statements
 #
-# Measured with it: docs/performance.md ("/schedulability, found").
+# Measured with it: docs/performance.md ("/schedulability, found"; "which statement of
+# a loaded create grows").
 set -euo pipefail
 bin=$(realpath "$1")
 out=$(realpath -m "$2")
@@ -29,6 +36,17 @@ snapshot() {
     FROM pg_stat_statements WHERE calls > 100 ORDER BY total_exec_time DESC LIMIT 25" \
     >"$out/$1.txt"
 }
+# The bench's two databases side by side, each statement's figures per call.
+by_database() {
+  psql "$DATABASE_URL" -c "SELECT d.datname, s.toplevel AS top, calls,
+      round(mean_exec_time::numeric, 4) AS mean_ms, rows / greatest(calls, 1) AS rows_per_call,
+      round(shared_blks_hit::numeric / greatest(calls, 1), 1) AS hit_per_call,
+      wal_bytes / greatest(calls, 1) AS wal_bytes_per_call,
+      left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query
+    FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+    WHERE d.datname LIKE 'gpu_booking_bench_history%' AND calls > 500
+    ORDER BY query, d.datname" >"$out/$1.txt"
+}
 cd "$(dirname "$0")/../booking-api"
 # The planned-only phase ends where the history's load begins (the second "== loading").
 "$bin" --bench 2>&1 | {
@@ -39,8 +57,13 @@ cd "$(dirname "$0")/../booking-api"
       "== planned bookings only"*) q "SELECT pg_stat_statements_reset()" >/dev/null; in_plan=1 ;;
       "== loading"*) if [ -n "$in_plan" ]; then snapshot plan; in_plan=; fi ;;
       "== planned bookings and the past"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
-      "== summary"*) snapshot hist ;;
+      # The history's phase and the paired reads end where the rounds begin.
+      "== creates with the history and in an empty database"*)
+        snapshot hist
+        q "SELECT pg_stat_statements_reset()" >/dev/null
+        ;;
+      "== creates by"*) by_database rounds ;;
     esac
   done
 } | tee "$out/bench.log"
-echo "per-statement figures: $out/plan.txt, $out/hist.txt"
+echo "per-statement figures: $out/plan.txt, $out/hist.txt, $out/rounds.txt"
