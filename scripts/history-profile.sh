@@ -26,14 +26,17 @@ else
   begins="== creates with the history and in an empty database"
 fi
 # The rounds take 6 s a side and round; the first seconds create the empty database.
-record() {
-  sleep 10
-  psql "$DATABASE_URL" -Atc "SELECT pid, datname FROM pg_stat_activity
-    WHERE datname LIKE 'gpu_booking_bench_history%'" >"$out/pids.txt"
-  perf record -a -g -F 299 -o "$out/perf.data" -- sleep 45 >"$out/perf.log" 2>&1
-  # A pool may have opened connections while perf ran.
+backends() {
   psql "$DATABASE_URL" -Atc "SELECT pid, datname FROM pg_stat_activity
     WHERE datname LIKE 'gpu_booking_bench_history%'" >>"$out/pids.txt"
+}
+record() {
+  sleep 10
+  : >"$out/pids.txt"
+  backends
+  perf record -a -g -F 299 -o "$out/perf.data" -- sleep 45 >"$out/perf.log" 2>&1
+  # A pool may have opened connections while perf ran.
+  backends
 }
 cd "$(dirname "$0")/../booking-api"
 "$bin" --bench 2>&1 | {

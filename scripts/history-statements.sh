@@ -14,8 +14,8 @@
 #
 #     scripts/history-statements.sh target/release/deps/history-<hash> target/history-statements
 #
-# Measured with it: docs/performance.md ("/schedulability, found"; "which statement of
-# a loaded create grows").
+# Measured with it: docs/performance.md ("/schedulability, found"; "which part of a
+# loaded create grows").
 set -euo pipefail
 bin=$(realpath "$1")
 out=$(realpath -m "$2")
