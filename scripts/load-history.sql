@@ -3,7 +3,7 @@
 -- months past, 3 months planned), in one transaction, in SQL (generate_series),
 -- in about a minute on a laptop. It needs the service's migrations applied and is
 -- meant for an otherwise idle database (it takes the booking table's exclusive lock
--- for a moment to switch the change-log and day-units triggers off and on).
+-- for a moment to switch the change-log, day-units and slot-unit triggers off and on).
 --
 --     psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f scripts/load-history.sql
 --
@@ -78,6 +78,11 @@ ALTER TABLE booking DISABLE TRIGGER booking_change_after;
 -- The units per model and day (migration 20261128000100) are counted once at the end,
 -- not one booking at a time.
 ALTER TABLE booking DISABLE TRIGGER booking_day_units_insert;
+-- So are the rows of the slot constraint (`booking_unit`, migration 20261205000100):
+-- one INSERT for the whole load, after the bookings.
+ALTER TABLE booking DISABLE TRIGGER booking_unit_sync;
+CREATE TEMP TABLE load_from ON COMMIT DROP AS
+SELECT COALESCE(max(id), 0) AS id FROM booking;
 
 -- h1..h4: deterministic pseudo-random numbers per booking (the same load every run).
 INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at,
@@ -108,6 +113,11 @@ FROM load_param p, load_time t, generate_series(0, p.bookings - 1) AS n,
 
 ALTER TABLE booking ENABLE TRIGGER booking_change_after;
 ALTER TABLE booking ENABLE TRIGGER booking_day_units_insert;
+ALTER TABLE booking ENABLE TRIGGER booking_unit_sync;
+INSERT INTO booking_unit (booking_id, unit_key, period)
+SELECT b.id, booking_unit_key(m.id, s), b.period
+FROM load_from f, booking b JOIN gpu_model m ON m.name = b.model, unnest(b.slots) AS s
+WHERE b.id > f.id AND b.cancelled_at IS NULL AND NOT b.archived;
 DO $$ BEGIN
     PERFORM booking_day_units_recount(format('%s-%s', p.model_prefix, lpad(m::text, 2, '0')))
     FROM load_param p, generate_series(0, p.models - 1) AS m;

@@ -73,16 +73,87 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn the_constraints_leave_archived_bookings_out(pool: PgPool) {
-    for name in ["booking_slot_excl", "booking_user_excl"] {
-        let def: String = sqlx::query_scalar(
-            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = $1",
-        )
-        .bind(name)
-        .fetch_one(&pool)
+    let def: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'booking_user_excl'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(def.contains("(NOT archived)"), "booking_user_excl: {def}");
+    // The slot constraint is on `booking_unit` (migration 20261205000100): a row per
+    // unit of each booking that is neither cancelled nor archived, kept by a trigger
+    // through inserts, slot moves, cancelling, archiving and back.
+    setup(&pool).await;
+    let now = t0();
+    let units = |id: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM booking_unit WHERE booking_id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let old = insert(&pool, "a", &[0, 1], now - days(20), now - days(10))
         .await
         .unwrap();
-        assert!(def.contains("(NOT archived)"), "{name}: {def}");
-    }
+    let planned = insert(&pool, "b", &[2], now + days(1), now + days(2))
+        .await
+        .unwrap();
+    assert_eq!((units(old).await, units(planned).await), (2, 1));
+    sqlx::query("UPDATE booking SET slots = '{1,2,3}', units = 3 WHERE id = $1")
+        .bind(old)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(units(old).await, 3);
+    assert_eq!(archive_ended(&pool, now - days(5), 100).await.unwrap(), 1);
+    assert_eq!(units(old).await, 0);
+    // Moved back into the constraints by a change of its window.
+    sqlx::query("UPDATE booking SET start_at = start_at + interval '1 hour' WHERE id = $1")
+        .bind(old)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(!archived(&pool, old).await);
+    assert_eq!(units(old).await, 3);
+    sqlx::query("UPDATE booking SET cancelled_at = created_at WHERE id = $1")
+        .bind(planned)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(units(planned).await, 0);
+    // A model renamed keeps its id: the rename cascades to the bookings, whose rows
+    // are written again with the same keys, and still refuse a clash.
+    sqlx::query("UPDATE gpu_model SET name = 'gpu-renamed' WHERE name = 'gpu'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(units(old).await, 3);
+    let clash = sqlx::query_scalar::<_, i64>(
+        "INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
+         SELECT 'c', 'gpu-renamed', '{3}', 1, start_at, end_at, end_at, 'sql', start_at, start_at
+         FROM booking WHERE id = $1 RETURNING id",
+    )
+    .bind(old)
+    .fetch_one(&pool)
+    .await;
+    assert_eq!(constraint(clash), "booking_slot_excl");
+    // Each row as the booking holds it: its model's id and unit, its window.
+    let mismatched = count(
+        &pool,
+        "SELECT count(*) FROM booking_unit u JOIN booking b ON b.id = u.booking_id
+         JOIN gpu_model m ON m.name = b.model
+         WHERE u.period <> b.period OR NOT (u.unit_key - (m.id::bigint << 32))::integer = ANY (b.slots)",
+    )
+    .await;
+    assert_eq!(mismatched, 0);
+    sqlx::query("TRUNCATE booking CASCADE")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(count(&pool, "SELECT count(*) FROM booking_unit").await, 0);
 }
 
 #[sqlx::test(migrations = "../migrations")]
