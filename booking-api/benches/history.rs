@@ -265,6 +265,14 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    // What the past alone costs a create at the same moments: the history's models
+    // against the planned-only ones, in one database (each holds the same planned
+    // part and its phase's creates; the history's also 2 years 9 months of the
+    // past). After the rounds above, so that the per-database figures of
+    // scripts/history-statements.sh and history-profile.sh stay those of the
+    // history against the empty database.
+    println!("== creates with the history and planned only, one database, in alternating rounds");
+    let against_planned = alternating_creates(&[(&bench, "hist"), (&bench, "plan")]).await?;
 
     println!("\n== summary (ratios first)");
     // What the past costs a create (history / planned), apart from what the planned
@@ -276,33 +284,46 @@ async fn main() -> anyhow::Result<()> {
         (loaded.c32.rate / loaded.bare.rate) / (plan.c32.rate / plan.bare.rate),
         (plan.c32.rate / plan.bare.rate) / (empty.c32.rate / empty.bare.rate)
     );
-    let same_moments: Vec<f64> = against_empty
-        .iter()
-        .filter_map(|sides| match sides[..] {
-            [h, e] => Some(h.rate / e.rate),
-            _ => None,
-        })
-        .collect();
-    println!(
-        "creates, 32 clients, with history / in an empty database at the same moments (alternating rounds): {}; median {:.2}",
-        same_moments
+    for (what, rounds) in [
+        ("with history / in an empty database", &against_empty),
+        (
+            "with history / planned only (one database)",
+            &against_planned,
+        ),
+    ] {
+        let ratios: Vec<f64> = rounds
             .iter()
-            .map(|r| format!("{r:.2}"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        common::median(same_moments.clone())
-    );
-    for (round, sides) in against_empty.iter().enumerate() {
-        if let [h, e] = sides[..] {
-            println!(
-                "  round {round}: {:.0} / {:.0} per s, p99 {:.1} / {:.1} ms, CPU per create {} / {}",
-                h.rate,
-                e.rate,
-                h.p99,
-                e.p99,
-                cpu_split(h.cpu),
-                cpu_split(e.cpu)
-            );
+            .filter_map(|sides| match sides[..] {
+                [h, e] => Some(h.rate / e.rate),
+                _ => None,
+            })
+            .collect();
+        println!(
+            "creates, 32 clients, {what} at the same moments (alternating rounds): {}; median {:.2}",
+            ratios
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            common::median(ratios.clone())
+        );
+    }
+    for (what, rounds) in [
+        ("history / empty", &against_empty),
+        ("history / planned", &against_planned),
+    ] {
+        for (round, sides) in rounds.iter().enumerate() {
+            if let [h, e] = sides[..] {
+                println!(
+                    "  {what}, round {round}: {:.0} / {:.0} per s, p99 {:.1} / {:.1} ms, CPU per create {} / {}",
+                    h.rate,
+                    e.rate,
+                    h.p99,
+                    e.p99,
+                    cpu_split(h.cpu),
+                    cpu_split(e.cpu)
+                );
+            }
         }
     }
     let open = |p: &Phase| p.open.map_or(0.0, |t| t.rate);
