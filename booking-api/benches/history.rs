@@ -44,7 +44,9 @@
 //! models in a second database whose booking table is empty (an API of its own in
 //! this process), in alternating rounds: the loaded / empty at the same
 //! moments of the machine, where the phases' own ratios compare measures minutes
-//! apart, across a load, an archive and a VACUUM.
+//! apart, across a load, an archive and a VACUUM. Last, creates on the history's
+//! models against the planned-only models, in alternating rounds in one database:
+//! what the past alone costs a create at the same moments.
 //!
 //! Each phase also finds the highest rate of creates arriving on a schedule (an
 //! open loop, as users arrive when a booking window opens) whose p99 stays within 25
