@@ -71,6 +71,11 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
+/// Runs `sql` with `id` as its one parameter (a change of one booking).
+async fn update(pool: &PgPool, sql: &str, id: i64) {
+    sqlx::query(sql).bind(id).execute(pool).await.unwrap();
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn the_constraints_leave_archived_bookings_out(pool: PgPool) {
     let def: String = sqlx::query_scalar(
@@ -102,27 +107,30 @@ async fn the_constraints_leave_archived_bookings_out(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!((units(old).await, units(planned).await), (2, 1));
-    sqlx::query("UPDATE booking SET slots = '{1,2,3}', units = 3 WHERE id = $1")
-        .bind(old)
-        .execute(&pool)
-        .await
-        .unwrap();
+    update(
+        &pool,
+        "UPDATE booking SET slots = '{1,2,3}', units = 3 WHERE id = $1",
+        old,
+    )
+    .await;
     assert_eq!(units(old).await, 3);
     assert_eq!(archive_ended(&pool, now - days(5), 100).await.unwrap(), 1);
     assert_eq!(units(old).await, 0);
     // Moved back into the constraints by a change of its window.
-    sqlx::query("UPDATE booking SET start_at = start_at + interval '1 hour' WHERE id = $1")
-        .bind(old)
-        .execute(&pool)
-        .await
-        .unwrap();
+    update(
+        &pool,
+        "UPDATE booking SET start_at = start_at + interval '1 hour' WHERE id = $1",
+        old,
+    )
+    .await;
     assert!(!archived(&pool, old).await);
     assert_eq!(units(old).await, 3);
-    sqlx::query("UPDATE booking SET cancelled_at = created_at WHERE id = $1")
-        .bind(planned)
-        .execute(&pool)
-        .await
-        .unwrap();
+    update(
+        &pool,
+        "UPDATE booking SET cancelled_at = created_at WHERE id = $1",
+        planned,
+    )
+    .await;
     assert_eq!(units(planned).await, 0);
     // A model renamed keeps its id: the rename cascades to the bookings, whose rows
     // are written again with the same keys, and still refuse a clash.
@@ -184,11 +192,12 @@ async fn the_job_archives_what_ended_by_its_time_in_batches(pool: PgPool) {
     let cancelled = insert(&pool, "k", &[1], now - days(30), now - days(29))
         .await
         .unwrap();
-    sqlx::query("UPDATE booking SET cancelled_at = created_at WHERE id = $1")
-        .bind(cancelled)
-        .execute(&pool)
-        .await
-        .unwrap();
+    update(
+        &pool,
+        "UPDATE booking SET cancelled_at = created_at WHERE id = $1",
+        cancelled,
+    )
+    .await;
     let planned = insert(&pool, "l", &[0], now + days(1), now + days(2))
         .await
         .unwrap();
@@ -274,11 +283,12 @@ async fn only_the_job_archives_and_a_changed_booking_comes_back(pool: PgPool) {
         .unwrap();
     archive_ended(&pool, now - days(5), 100).await.unwrap();
     // By hand, past the horizon: not archived.
-    sqlx::query("UPDATE booking SET archived = true WHERE id = $1")
-        .bind(recent)
-        .execute(&pool)
-        .await
-        .unwrap();
+    update(
+        &pool,
+        "UPDATE booking SET archived = true WHERE id = $1",
+        recent,
+    )
+    .await;
     assert!(!archived(&pool, recent).await);
     // An insert never arrives archived.
     let id: i64 = sqlx::query_scalar(
@@ -293,17 +303,14 @@ async fn only_the_job_archives_and_a_changed_booking_comes_back(pool: PgPool) {
     assert!(!archived(&pool, id).await);
     // Touching only bookkeeping keeps it archived; moving its slot brings it back into
     // the constraints, checked there.
-    sqlx::query("UPDATE booking SET updated_at = now() WHERE id = $1")
-        .bind(old)
-        .execute(&pool)
-        .await
-        .unwrap();
+    update(
+        &pool,
+        "UPDATE booking SET updated_at = now() WHERE id = $1",
+        old,
+    )
+    .await;
     assert!(archived(&pool, old).await);
-    sqlx::query("UPDATE booking SET slots = '{2}' WHERE id = $1")
-        .bind(old)
-        .execute(&pool)
-        .await
-        .unwrap();
+    update(&pool, "UPDATE booking SET slots = '{2}' WHERE id = $1", old).await;
     assert!(!archived(&pool, old).await);
     let clash = insert(&pool, "d", &[2], now - days(12), now - days(11)).await;
     assert_eq!(constraint(clash), "booking_slot_excl");
