@@ -34,7 +34,7 @@
 //! alternating rounds on the empty phase's models, on the planned models and in a
 //! second database whose booking table is empty: what the bookings over a create's
 //! window cost it and what the table's size does, at the same moments, in about 3
-//! minutes instead of about 30.
+//! minutes instead of about 20.
 //!
 //! Each phase starts after a `CHECKPOINT`, the loaded ones after `VACUUM ANALYZE`
 //! too (`common::settle`), so that they measure the store and not what a load leaves
