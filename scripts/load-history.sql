@@ -79,7 +79,7 @@ ALTER TABLE booking DISABLE TRIGGER booking_change_after;
 -- not one booking at a time.
 ALTER TABLE booking DISABLE TRIGGER booking_day_units_insert;
 -- So are the rows of the slot constraint (`booking_unit`, migration 20261205000100):
--- one INSERT for the whole load, after the bookings.
+-- one INSERT for the whole load, after the bookings (`booking_unit_fill`).
 ALTER TABLE booking DISABLE TRIGGER booking_unit_sync;
 CREATE TEMP TABLE load_from ON COMMIT DROP AS
 SELECT COALESCE(max(id), 0) AS id FROM booking;
@@ -114,11 +114,8 @@ FROM load_param p, load_time t, generate_series(0, p.bookings - 1) AS n,
 ALTER TABLE booking ENABLE TRIGGER booking_change_after;
 ALTER TABLE booking ENABLE TRIGGER booking_day_units_insert;
 ALTER TABLE booking ENABLE TRIGGER booking_unit_sync;
-INSERT INTO booking_unit (booking_id, unit_key, period)
-SELECT b.id, booking_unit_key(m.id, s), b.period
-FROM load_from f, booking b JOIN gpu_model m ON m.name = b.model, unnest(b.slots) AS s
-WHERE b.id > f.id AND b.cancelled_at IS NULL AND NOT b.archived;
 DO $$ BEGIN
+    PERFORM booking_unit_fill(f.id) FROM load_from f;
     PERFORM booking_day_units_recount(format('%s-%s', p.model_prefix, lpad(m::text, 2, '0')))
     FROM load_param p, generate_series(0, p.models - 1) AS m;
 END $$;
