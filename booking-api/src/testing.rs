@@ -98,19 +98,22 @@ pub fn token_for(secret: &[u8], user: &str, role: Option<&str>) -> String {
     mint_token(secret, user, role, TimeDelta::hours(1)).unwrap_or_default()
 }
 
-/// How many (model, day) counts of `booking_day_units` differ from a count of the
-/// bookings themselves (migration 20261128000100): 0 when its trigger kept the table
-/// true through every change the test made.
+/// How many (model, day) rows of `booking_day_units` differ from a count of the
+/// bookings themselves, in units or in slots (migrations 20261128000100,
+/// 20261207000100): 0 when its trigger kept the table true through every change the
+/// test made.
 pub async fn day_units_mismatches(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<i64> {
     sqlx::query_scalar(
         "WITH counted AS (
-           SELECT b.model, day, sum(b.units)::integer AS units
+           SELECT b.model, day, count(*)::integer AS units, sort_asc(array_agg(s)) AS slots
            FROM booking b,
-                generate_series(booking_day(b.start_at), booking_day(b.end_at - interval '1 microsecond')) AS day
+                generate_series(booking_day(b.start_at), booking_day(b.end_at - interval '1 microsecond')) AS day,
+                unnest(b.slots) AS s
            WHERE b.cancelled_at IS NULL AND booking_counted_by_day(b.start_at, b.end_at)
            GROUP BY b.model, day)
          SELECT count(*) FROM counted c FULL JOIN booking_day_units d USING (model, day)
-         WHERE coalesce(c.units, 0) <> coalesce(d.units, 0)",
+         WHERE coalesce(c.units, 0) <> coalesce(d.units, 0)
+            OR coalesce(c.slots, '{}') <> coalesce(d.slots, '{}')",
     )
     .fetch_one(db)
     .await

@@ -1,9 +1,11 @@
 //! A create's capacity answer is the one its model's bookings over its window give
 //! (`core::capacity`): created exactly when it fits by count, on slots that no booking
 //! over the window holds, through cancels that leave gaps and windows that cross days.
-//! (Written for a create that decided from its window's days, an experiment of issue 17
-//! that was measured and not kept: docs/performance.md. They hold for any way a create
-//! decides.) Real Postgres, every migration.
+//! A create decides from its window's days where they decide (migration
+//! 20261207000100: `booking_day_units` keeps per model and day the units and slots of
+//! the bookings that touch the day; `core::capacity::free_slots_by_days`) and reads
+//! the bookings over its window only where they do not. Real Postgres, every
+//! migration.
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use gpu_booking_api::store::bookings::{self, NewBooking};
@@ -72,6 +74,60 @@ async fn book(
         },
     };
     bookings::create(pool, &policy(), Utc::now(), req).await
+}
+
+/// A row of `booking_lock_and_read`: its kind, id, slot (or count) and slots.
+type ReadRow = (String, Option<i64>, Option<i32>, Option<Vec<i32>>);
+
+/// The rows a create reads for a window: its days, never the bookings, unless the
+/// window is too long to be kept per day.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_create_reads_its_days_not_the_bookings_over_its_window(pool: PgPool) {
+    model(&pool, "a", 4).await;
+    book(&pool, "u1@example.com", "a", 1, 6, 12).await.unwrap();
+    book(&pool, "u2@example.com", "a", 2, 13, 36).await.unwrap();
+    book(&pool, "u3@example.com", "a", 1, 0, 24 * 40)
+        .await
+        .unwrap();
+    let kinds = |from: i64, to: i64| {
+        let pool = pool.clone();
+        async move {
+            let rows: Vec<ReadRow> = sqlx::query_as(
+                "SELECT o_kind, o_id, o_slot, o_slots FROM booking_lock_and_read('u9', 'a', $1, $2, $1)",
+            )
+            .bind(at(from))
+            .bind(at(to))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            rows
+        }
+    };
+    let day = |h: i64| i64::from(at(h).timestamp().div_euclid(86_400) as i32);
+    let rows = kinds(10, 30).await;
+    let days: Vec<_> = rows
+        .iter()
+        .filter(|r| r.0 == "d")
+        .map(|r| (r.1.unwrap(), r.2.unwrap(), r.3.clone().unwrap()))
+        .collect();
+    // The 40-day booking is not counted per day; it comes as its own row.
+    assert_eq!(
+        days,
+        vec![(day(10), 3, vec![0, 1, 2]), (day(30), 2, vec![1, 2])],
+        "{rows:?}"
+    );
+    let long: Vec<_> = rows.iter().filter(|r| r.0 == "l").collect();
+    assert_eq!(long.len(), 1, "{rows:?}");
+    assert_eq!(long[0].3.as_deref(), Some(&[3][..]));
+    assert!(!rows.iter().any(|r| r.0 == "o"), "{rows:?}");
+    // Days nothing touched have no row, and their window reads no booking either
+    // (the 40-day booking ended before them).
+    let rows = kinds(24 * 50, 24 * 50 + 3).await;
+    assert!(rows.iter().all(|r| r.0 == "m" || r.0 == "u"), "{rows:?}");
+    // A window too long to be kept per day reads the bookings over it.
+    let rows = kinds(0, 24 * 35).await;
+    assert_eq!(rows.iter().filter(|r| r.0 == "o").count(), 3, "{rows:?}");
+    assert!(!rows.iter().any(|r| r.0 == "d" || r.0 == "l"), "{rows:?}");
 }
 
 /// What is free is decided by the instant, not by the day.

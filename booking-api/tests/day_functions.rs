@@ -132,7 +132,11 @@ async fn generic_plan(conn: &mut PgConnection, name: &str, statement: &str, args
 #[sqlx::test(migrations = "../migrations")]
 async fn the_creates_plpgsql_runs_on_generic_plans_that_use_the_indexes(pool: PgPool) {
     // Planned once per connection, not per create.
-    for function in ["booking_lock_and_read", "booking_day_units_add"] {
+    for function in [
+        "booking_lock_and_read",
+        "booking_day_slots_add",
+        "booking_slots_minus",
+    ] {
         let config: Option<Vec<String>> =
             sqlx::query_scalar("SELECT proconfig FROM pg_proc WHERE proname = $1")
                 .bind(function)
@@ -207,5 +211,29 @@ async fn the_creates_plpgsql_runs_on_generic_plans_that_use_the_indexes(pool: Pg
         (read, all, recent),
         (1, 10, 1),
         "the create's read of u7's bookings"
+    );
+    // The window's days and the bookings too long to be kept per day, which a create
+    // reads in place of the bookings over its window (migration 20261207000100).
+    // One range of the primary key, model and day: not every day row of the model,
+    // which the table keeps for past days too (a join to the window's days planned
+    // that, 369 rows a create in the history bench).
+    let days = "SELECT d.day, d.units, d.slots FROM booking_day_units d
+        WHERE d.model = $1
+          AND d.day BETWEEN booking_day($2::timestamptz) AND booking_day($3::timestamptz - interval '1 microsecond')";
+    let plan = generic_plan(&mut conn, "days", days, args).await;
+    assert!(
+        plan.lines()
+            .filter(|l| l.contains("Index Cond"))
+            .any(|l| l.contains("model") && l.contains("day >=") && l.contains("day <=")),
+        "the days:\n{plan}"
+    );
+    let long = "SELECT b.id, b.start_at, b.end_at, b.slot, b.slots FROM booking b
+        WHERE b.model = $1 AND b.cancelled_at IS NULL
+          AND NOT booking_counted_by_day(b.start_at, b.end_at)
+          AND b.period && tstzrange($2, $3, '[)')";
+    let plan = generic_plan(&mut conn, "long", long, args).await;
+    assert!(
+        plan.contains("booking_long_period_idx"),
+        "the long bookings:\n{plan}"
     );
 }

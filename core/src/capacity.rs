@@ -228,6 +228,115 @@ pub fn free_slots(
     (need > 0 && slots.len() == need as usize).then_some(slots)
 }
 
+/// The UTC day an instant lies in, in days since 1970-01-01: the booking store's
+/// `booking_day` (migration 20261129000100).
+pub fn utc_day(t: DateTime<Utc>) -> i64 {
+    t.timestamp().div_euclid(86_400)
+}
+
+/// The UTC days a window touches, first and last (its end is not in it).
+pub fn window_days(window: &Window) -> (i64, i64) {
+    (
+        utc_day(window.start()),
+        utc_day(window.end() - TimeDelta::microseconds(1)),
+    )
+}
+
+/// Whether the store keeps a booking over `window` per day (`booking_day_units`): its
+/// window touches at most 31 UTC days (`booking_counted_by_day`, migration
+/// 20261128000100).
+pub fn counted_by_day(window: &Window) -> bool {
+    let (first, last) = window_days(window);
+    last - first < 31
+}
+
+/// What the model's bookings hold on the UTC days a window touches, as the booking
+/// store keeps it per model and day (`booking_day_units`, for bookings of at most 31
+/// days): the units held on each of those days, and every slot held on any of them.
+/// Each booking over the window touches one of its days, so no instant of the window
+/// holds more than [`DaysHeld::peak`] of those units, and a slot not in `slots` is
+/// free throughout the window as far as they go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DaysHeld {
+    /// Units per day (days since 1970), for the days that hold any.
+    units: std::collections::BTreeMap<i64, u32>,
+    /// Ascending, distinct.
+    pub slots: Vec<i32>,
+}
+
+impl DaysHeld {
+    /// Adds one day as the store keeps it: the units and the slots its bookings hold.
+    pub fn add_day(&mut self, day: i64, units: u32, slots: &[i32]) {
+        *self.units.entry(day).or_default() += units;
+        self.add_slots(slots);
+    }
+
+    /// Adds a booking kept per day that is not written yet (an earlier create of the
+    /// same batch), as the store's trigger will count it: its units on each of its
+    /// days that `window` (the create deciding) touches, and its slots if there is
+    /// one. So a create decides the same whether it comes after that one in a batch
+    /// or after it was written.
+    pub fn add_booking(&mut self, window: &Window, booking: &Held) {
+        let (first, last) = window_days(window);
+        let (from, to) = window_days(&booking.window);
+        let days = first.max(from)..=last.min(to);
+        if days.is_empty() {
+            return;
+        }
+        for day in days {
+            *self.units.entry(day).or_default() += booking.units();
+        }
+        self.add_slots(&booking.slots);
+    }
+
+    fn add_slots(&mut self, slots: &[i32]) {
+        self.slots.extend_from_slice(slots);
+        self.slots.sort_unstable();
+        self.slots.dedup();
+    }
+
+    /// The most units held on one of the days.
+    pub fn peak(&self) -> u32 {
+        self.units.values().copied().max().unwrap_or(0)
+    }
+}
+
+/// `need` slots free over `window` decided from its days (`days`) and the model's
+/// bookings over the window that the days do not count (`others`: too long to be
+/// kept per day, or made in the same transaction and not written yet), without
+/// reading the rest: the lowest slots held on none of the days and by none of
+/// `others` over the window, provided the units the days and `others` can hold at
+/// once leave `need` free. `None` when that does not decide: the model is nearly
+/// full by the days' bound, or its free slots are each held on part of the window's
+/// days; then only the bookings over the window tell ([`fits_units`],
+/// [`free_slots`]). Whenever this gives slots, those two would accept the booking
+/// on the same count and find those slots free.
+pub fn free_slots_by_days(
+    units: u32,
+    days: &DaysHeld,
+    others: &[Held],
+    window: &Window,
+    need: u32,
+) -> Option<Vec<i32>> {
+    let others_over: Vec<&Held> = others
+        .iter()
+        .filter(|h| h.window.overlaps(window))
+        .collect();
+    let others_windows = unit_windows(others_over.iter().map(|h| (h.window, h.units())));
+    let bound = days.peak() as usize + peak_in(&others_windows, window);
+    if need == 0 || bound + need as usize > units as usize {
+        return None;
+    }
+    let slots: Vec<i32> = (0..units as i32)
+        .filter(|slot| {
+            days.slots.binary_search(slot).is_err()
+                && !others_over.iter().any(|h| h.slots.contains(slot))
+        })
+        .take(need as usize)
+        .collect();
+    (slots.len() == need as usize).then_some(slots)
+}
+
 /// Assigns slots so that every booking that fits by count gets its units. Bookings
 /// that start before `keep_before` keep their slots; the others and the new one
 /// (of `need` units) are placed greedily in order of start. Greedy by start is
@@ -481,5 +590,146 @@ mod tests {
         assert_eq!(plan.moves, vec![(2, vec![1, 3])]);
         // 3 units with 1 held throughout: refused by count.
         assert_eq!(replan(4, now, &bookings, &w(5, 15), 4), None);
+    }
+
+    /// What the booking store keeps of `bookings` (those of at most 31 days) for the
+    /// days `window` touches: per UTC day, the units and slots of the bookings that
+    /// touch it.
+    fn days_of(bookings: &[Held], window: &Window) -> DaysHeld {
+        let day = |t: DateTime<Utc>| t.timestamp().div_euclid(86_400);
+        let last = |w: &Window| day(w.end() - TimeDelta::microseconds(1));
+        let mut days = DaysHeld::default();
+        for d in day(window.start())..=last(window) {
+            let touching: Vec<&Held> = bookings
+                .iter()
+                .filter(|h| day(h.window.start()) <= d && d <= last(&h.window))
+                .collect();
+            let units = touching.iter().map(|h| h.units()).sum();
+            let slots: Vec<i32> = touching.iter().flat_map(|h| h.slots.clone()).collect();
+            days.add_day(d, units, &slots);
+        }
+        days
+    }
+
+    fn hours(a: i64, b: i64) -> Window {
+        Window::new(t(0) + TimeDelta::hours(a), t(0) + TimeDelta::hours(b)).unwrap()
+    }
+
+    #[test]
+    fn the_days_decide_where_they_leave_slots_free_throughout() {
+        // Two units; slot 0 held from 06:00 to 12:00 on day 0.
+        let morning = Held {
+            id: 1,
+            window: hours(6, 12),
+            slots: vec![0],
+        };
+        let days = days_of(std::slice::from_ref(&morning), &hours(13, 20));
+        assert_eq!(
+            free_slots_by_days(2, &days, &[], &hours(13, 20), 1),
+            Some(vec![1])
+        );
+        // The afternoon of a one-unit model: free, but a day's count says the unit
+        // is held at some hour of the day, so the days do not decide.
+        assert_eq!(free_slots_by_days(1, &days, &[], &hours(13, 20), 1), None);
+        assert_eq!(
+            free_slots(1, std::slice::from_ref(&morning), &hours(13, 20), 1),
+            Some(vec![0])
+        );
+        // Slot 0 held on day 0, slot 1 on day 1, each for part of it: one unit in
+        // use on each day, but no slot held on neither.
+        let evening = Held {
+            id: 2,
+            window: hours(30, 40),
+            slots: vec![1],
+        };
+        let both = [morning, evening];
+        let window = hours(13, 29);
+        let days = days_of(&both, &window);
+        assert_eq!(days.peak(), 1);
+        assert_eq!(free_slots_by_days(2, &days, &[], &window, 1), None);
+        assert_eq!(free_slots(2, &both, &window, 1), Some(vec![0]));
+        // A booking the days do not count holds its slots over the window.
+        let long = Held {
+            id: 3,
+            window: hours(0, 24 * 40),
+            slots: vec![2],
+        };
+        assert_eq!(
+            free_slots_by_days(4, &days, std::slice::from_ref(&long), &window, 1),
+            Some(vec![3])
+        );
+        assert_eq!(free_slots_by_days(4, &days, &[long], &window, 2), None);
+        // A model cut to one unit while a booking holds slot 1 for days: slot 0 is
+        // free, but the one unit the model has is in use by count.
+        let kept = Held {
+            id: 4,
+            window: hours(0, 90),
+            slots: vec![1],
+        };
+        let window = hours(50, 60);
+        let days = days_of(std::slice::from_ref(&kept), &window);
+        assert_eq!(free_slots_by_days(1, &days, &[], &window, 1), None);
+        assert_eq!(
+            free_slots_by_days(1, &DaysHeld::default(), &[kept], &window, 1),
+            None
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever bookings the model holds, slots that the days give are free
+        /// throughout the window, and the booking fits by count: the exact decision
+        /// from every booking over the window would accept it too.
+        #[test]
+        fn slots_from_the_days_are_free_throughout(
+            units in 1u32..6,
+            // Units the model had when the bookings were made (an admin may take
+            // units away since: bookings keep slots the model no longer has).
+            earlier in 0u32..3,
+            asked in proptest::collection::vec((0i64..96, 1i64..40, 1u32..3, proptest::bool::ANY), 0..14),
+            start in 0i64..96,
+            length in 1i64..50,
+            need in 1u32..4,
+        ) {
+            // Bookings placed as the store places them: the lowest free slots.
+            let mut short: Vec<Held> = Vec::new();
+            let mut long: Vec<Held> = Vec::new();
+            for (i, (a, len, n, is_long)) in asked.into_iter().enumerate() {
+                let window = if is_long { hours(a - 24 * 40, a + len) } else { hours(a, a + len) };
+                let all: Vec<Held> = short.iter().chain(&long).cloned().collect();
+                if let Some(slots) = free_slots(units + earlier, &all, &window, n) {
+                    let h = Held { id: i as i64, window, slots };
+                    if is_long { long.push(h) } else { short.push(h) }
+                }
+            }
+            let window = hours(start, start + length);
+            let days = days_of(&short, &window);
+            // The last booking added as a batch adds one not written yet: the same
+            // bound and slots as the store's rows once it is written.
+            if let Some((last, before)) = short.split_last() {
+                let mut pending = days_of(before, &window);
+                pending.add_booking(&window, last);
+                proptest::prop_assert_eq!(pending.peak(), days.peak());
+                proptest::prop_assert_eq!(&pending.slots, &days.slots);
+            }
+            if let Some(slots) = free_slots_by_days(units, &days, &long, &window, need) {
+                let all: Vec<Held> = short.iter().chain(&long).cloned().collect();
+                let windows = unit_windows(all.iter().map(|h| (h.window, h.units())));
+                proptest::prop_assert!(fits_units(units, &windows, &window, need));
+                proptest::prop_assert_eq!(slots.len(), need as usize);
+                for slot in &slots {
+                    proptest::prop_assert!(*slot >= 0 && (*slot as u32) < units);
+                    proptest::prop_assert!(!all.iter().any(|h| h.slots.contains(slot) && h.window.overlaps(&window)));
+                }
+            }
+            // With nothing held on its days, the days decide as the bookings would.
+            if short.iter().chain(&long).all(|h| !h.window.overlaps(&window))
+                && days.slots.is_empty()
+            {
+                proptest::prop_assert_eq!(
+                    free_slots_by_days(units, &days, &long, &window, need),
+                    free_slots(units, &[], &window, need)
+                );
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::cancel::{self, CancelOutcome};
-use gpu_booking_core::capacity::{self, CapacityRefusal, Held};
+use gpu_booking_core::capacity::{self, CapacityRefusal, DaysHeld, Held};
 use gpu_booking_core::rules;
 use gpu_booking_core::username::Username;
 use gpu_booking_core::window::{BookingStatus, Window};
@@ -71,8 +71,10 @@ impl BookingRow {
 
 /// A row of `booking_lock_and_read_batch` (migrations): for the batch's create
 /// `o_req` (from 1), `m` with the model's units in `o_slot`, `u` a booking of the
-/// user, `o` a booking of the model over the window. Every column of a function may be
-/// null as far as sqlx can tell.
+/// user, `d` a day of the window (its units in `o_slot`, its slots in `o_slots`), `l`
+/// a booking of the model over the window too long to be kept per day, `o` (for a
+/// window that long itself) a booking of the model over the window (migration
+/// 20261207000100). Every column of a function may be null as far as sqlx can tell.
 struct LockedRead {
     o_req: Option<i32>,
     o_kind: Option<String>,
@@ -107,29 +109,57 @@ enum Scope {
 }
 
 /// What a create's locked reads found: the model's units (`None`: no such model),
-/// the user's bookings and the model's bookings over the window.
+/// the user's bookings, and what the model holds over the window.
 #[derive(Default)]
 struct Found {
     units: Option<u32>,
     own: Vec<Window>,
-    overlapping: Vec<Held>,
+    /// What the window's days hold (`booking_day_units`, and the batch's earlier
+    /// creates kept per day), for a window kept per day; `None` when the bookings over
+    /// the window were read instead. A day without a row holds nothing.
+    days: Option<DaysHeld>,
+    /// Bookings of the model over the window, from the database: with `days`, only
+    /// those too long to be kept per day; without, all of them.
+    held: Vec<Held>,
+    /// The creates of the batch before this one that were accepted, over its window
+    /// (not written yet; with `days`, those kept per day are counted there too).
+    made: Vec<Held>,
 }
 
 impl Found {
-    fn add(&mut self, row: LockedRead) {
-        let held = match (row.o_id, row.o_start, row.o_end, row.o_slots) {
+    /// Nothing read yet for a create over `window`: its days are read for a window
+    /// kept per day, as `booking_lock_and_read` decides by the same rule.
+    fn for_window(window: &Window) -> Self {
+        Found {
+            days: capacity::counted_by_day(window).then(DaysHeld::default),
+            ..Found::default()
+        }
+    }
+
+    fn add(&mut self, mut row: LockedRead) {
+        let count = u32::try_from(row.o_slot.unwrap_or(0)).unwrap_or(0);
+        match row.o_kind.take().as_deref() {
+            Some("m") => self.units = Some(count),
+            Some("d") => self.days.get_or_insert_default().add_day(
+                row.o_id.unwrap_or_default(),
+                count,
+                row.o_slots.as_deref().unwrap_or_default(),
+            ),
+            Some("u") => self.own.extend(row.held().map(|h| h.window)),
+            Some("l" | "o") => self.held.extend(row.held()),
+            _ => {}
+        }
+    }
+}
+
+impl LockedRead {
+    /// The booking a `u`, `l` or `o` row names.
+    fn held(self) -> Option<Held> {
+        match (self.o_id, self.o_start, self.o_end, self.o_slots) {
             (Some(id), Some(s), Some(e), Some(slots)) => Window::new(s, e)
                 .ok()
                 .map(|window| Held { id, window, slots }),
             _ => None,
-        };
-        match (row.o_kind.as_deref(), held) {
-            (Some("m"), _) => {
-                self.units = Some(u32::try_from(row.o_slot.unwrap_or(0)).unwrap_or(0))
-            }
-            (Some("u"), Some(h)) => self.own.push(h.window),
-            (Some("o"), Some(h)) => self.overlapping.push(h),
-            _ => {}
         }
     }
 }
@@ -151,6 +181,8 @@ enum Judged {
     NeedsMoves,
     /// It does not fit: refused, with the earliest start that would.
     Full,
+    /// The window's days do not decide: the bookings over the window must be read.
+    ReadBookings,
 }
 
 fn judge(policy: &Policy, c: &Checked<'_, '_>, found: &Found) -> Result<Judged, StoreError> {
@@ -158,13 +190,33 @@ fn judge(policy: &Policy, c: &Checked<'_, '_>, found: &Found) -> Result<Judged, 
         .units
         .ok_or_else(|| StoreError::UnknownModel(c.req.model.to_owned()))?;
     rules::check_user(policy, c.now, &c.window, &found.own, c.req.override_rules)?;
-    let overlapping_windows =
-        capacity::unit_windows(found.overlapping.iter().map(|h| (h.window, h.units())));
+    if let Some(days) = &found.days {
+        // The batch's earlier creates kept per day are in `days` already.
+        let others: Vec<Held> = found
+            .held
+            .iter()
+            .chain(
+                found
+                    .made
+                    .iter()
+                    .filter(|h| !capacity::counted_by_day(&h.window)),
+            )
+            .cloned()
+            .collect();
+        return Ok(
+            match capacity::free_slots_by_days(units, days, &others, &c.window, c.need) {
+                Some(slots) => Judged::Slots(slots),
+                None => Judged::ReadBookings,
+            },
+        );
+    }
+    let others: Vec<Held> = found.held.iter().chain(&found.made).cloned().collect();
+    let overlapping_windows = capacity::unit_windows(others.iter().map(|h| (h.window, h.units())));
     if !capacity::fits_units(units, &overlapping_windows, &c.window, c.need) {
         return Ok(Judged::Full);
     }
     Ok(
-        match capacity::free_slots(units, &found.overlapping, &c.window, c.need) {
+        match capacity::free_slots(units, &others, &c.window, c.need) {
             Some(slots) => Judged::Slots(slots),
             None => Judged::NeedsMoves,
         },
@@ -350,7 +402,7 @@ async fn create_locked(
     )
     .fetch_all(&mut **tx)
     .await?;
-    let mut found: Vec<Found> = batch.iter().map(|_| Found::default()).collect();
+    let mut found: Vec<Found> = batch.iter().map(|c| Found::for_window(&c.window)).collect();
     for row in rows {
         let i = row.o_req.and_then(|i| usize::try_from(i).ok());
         if let Some(f) = i
@@ -370,7 +422,15 @@ async fn create_locked(
     let mut verdicts: Vec<Result<Option<Vec<i32>>, StoreError>> = Vec::with_capacity(batch.len());
     for (i, c) in batch.iter().enumerate() {
         let units = found[i].units.unwrap_or(0);
-        let verdict = match judge(policy, c, &found[i]) {
+        let mut judged = judge(policy, c, &found[i]);
+        if matches!(judged, Ok(Judged::ReadBookings)) {
+            // Under the same locks: what the days bounded, exactly.
+            let f = &mut found[i];
+            f.held = held(&mut **tx, c.req.model, c.window.start(), c.window.end()).await?;
+            f.days = None;
+            judged = judge(policy, c, f);
+        }
+        let verdict = match judged {
             Ok(Judged::Slots(slots)) => Ok(Some(slots)),
             Ok(Judged::NeedsMoves) if scope == Scope::Model => {
                 reassign_slots(tx, c.req.model, units, c.now, &c.window, c.need, None)
@@ -378,6 +438,8 @@ async fn create_locked(
                     .map(Some)
             }
             Ok(Judged::NeedsMoves) => Ok(None),
+            // Read above: the bookings themselves always decide.
+            Ok(Judged::ReadBookings) => Err(CapacityRefusal::NoUnitAssignable.into()),
             Ok(Judged::Full) => {
                 let before: Vec<&Held> = made
                     .iter()
@@ -404,8 +466,19 @@ async fn create_locked(
                 if later.req.user.as_str() == c.req.user.as_str() {
                     f.own.push(window);
                 }
-                if later.req.model == c.req.model && later.window.overlaps(&window) {
-                    f.overlapping.push(pending.clone());
+                if later.req.model == c.req.model {
+                    // As the store will count it once written: on its days, and as a
+                    // booking over the window.
+                    if let Some(days) = f
+                        .days
+                        .as_mut()
+                        .filter(|_| capacity::counted_by_day(&window))
+                    {
+                        days.add_booking(&later.window, &pending);
+                    }
+                    if later.window.overlaps(&window) {
+                        f.made.push(pending.clone());
+                    }
                 }
             }
             made.push((c.req.model, pending));
