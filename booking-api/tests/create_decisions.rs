@@ -103,7 +103,7 @@ async fn a_create_reads_its_days_not_the_bookings_over_its_window(pool: PgPool) 
             rows
         }
     };
-    let day = |h: i64| i64::from(at(h).timestamp().div_euclid(86_400) as i32);
+    let day = |h: i64| capacity::utc_day(at(h));
     let rows = kinds(10, 30).await;
     let days: Vec<_> = rows
         .iter()

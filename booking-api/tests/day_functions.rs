@@ -41,6 +41,40 @@ async fn differences(conn: &mut PgConnection) -> i64 {
     .unwrap()
 }
 
+/// The store decides by `booking_counted_by_day` whether a create reads its days, and
+/// `core::capacity` by `counted_by_day` whether it decides from them and where a
+/// batch's earlier creates count (migration 20261207000100): both must give the same
+/// days and the same answer, for the edge windows above (the random ones have no end).
+#[sqlx::test(migrations = "../migrations")]
+async fn core_and_the_store_count_the_same_days(pool: PgPool) {
+    use chrono::{DateTime, Utc};
+    use gpu_booking_core::capacity;
+    use gpu_booking_core::window::Window;
+    let rows = sqlx::query(&format!(
+        "SELECT s, e, booking_day(s), booking_day(e - interval '1 microsecond'), booking_counted_by_day(s, e)
+         FROM ({EDGES}) x WHERE e IS NOT NULL"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 72);
+    for row in rows {
+        let (s, e): (DateTime<Utc>, DateTime<Utc>) = (row.get(0), row.get(1));
+        let window = Window::new(s, e).unwrap();
+        let store = (
+            i64::from(row.get::<i32, _>(2)),
+            i64::from(row.get::<i32, _>(3)),
+            row.get::<bool, _>(4),
+        );
+        let (first, last) = capacity::window_days(&window);
+        assert_eq!(
+            (first, last, capacity::counted_by_day(&window)),
+            store,
+            "{s} - {e}"
+        );
+    }
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn the_day_functions_are_inlined_and_give_the_same_days(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();

@@ -596,13 +596,15 @@ mod tests {
     /// days `window` touches: per UTC day, the units and slots of the bookings that
     /// touch it.
     fn days_of(bookings: &[Held], window: &Window) -> DaysHeld {
-        let day = |t: DateTime<Utc>| t.timestamp().div_euclid(86_400);
-        let last = |w: &Window| day(w.end() - TimeDelta::microseconds(1));
         let mut days = DaysHeld::default();
-        for d in day(window.start())..=last(window) {
+        let (first, last) = window_days(window);
+        for d in first..=last {
             let touching: Vec<&Held> = bookings
                 .iter()
-                .filter(|h| day(h.window.start()) <= d && d <= last(&h.window))
+                .filter(|h| {
+                    let (from, to) = window_days(&h.window);
+                    from <= d && d <= to
+                })
                 .collect();
             let units = touching.iter().map(|h| h.units()).sum();
             let slots: Vec<i32> = touching.iter().flat_map(|h| h.slots.clone()).collect();
