@@ -258,12 +258,12 @@ done
 run no-audit no-audit.sql
 everywhere "ALTER TABLE booking DISABLE TRIGGER booking_day_units_insert"
 run no-days no-audit.sql
-everywhere "ALTER TABLE booking DISABLE TRIGGER booking_change_after"
+everywhere "ALTER TABLE booking DISABLE TRIGGER booking_change_insert"
 run no-changes no-audit.sql
 run no-locks no-locks.sql
 # The slot constraint is on booking_unit, whose rows a trigger writes (migration
 # 20261205000100): the trigger goes too.
-everywhere "ALTER TABLE booking DISABLE TRIGGER booking_unit_sync; ALTER TABLE booking DROP CONSTRAINT booking_user_excl"
+everywhere "ALTER TABLE booking DISABLE TRIGGER booking_unit_insert; ALTER TABLE booking DROP CONSTRAINT booking_user_excl"
 run no-excl no-locks.sql
 echo
 echo "== ratios (x bare INSERT of the same run; the step is what the guarantee taken away cost)"

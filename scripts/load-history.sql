@@ -74,13 +74,13 @@ SELECT p.user_prefix || lpad(u::text, 6, '0'), p.user_prefix || lpad(u::text, 6,
 FROM load_param p, generate_series(0, p.users - 1) AS u
 ON CONFLICT (key) DO NOTHING;
 
-ALTER TABLE booking DISABLE TRIGGER booking_change_after;
+ALTER TABLE booking DISABLE TRIGGER booking_change_insert;
 -- The units per model and day (migration 20261128000100) are counted once at the end,
 -- not one booking at a time.
 ALTER TABLE booking DISABLE TRIGGER booking_day_units_insert;
 -- So are the rows of the slot constraint (`booking_unit`, migration 20261205000100):
 -- one INSERT for the whole load, after the bookings (`booking_unit_fill`).
-ALTER TABLE booking DISABLE TRIGGER booking_unit_sync;
+ALTER TABLE booking DISABLE TRIGGER booking_unit_insert;
 CREATE TEMP TABLE load_from ON COMMIT DROP AS
 SELECT COALESCE(max(id), 0) AS id FROM booking;
 
@@ -111,9 +111,9 @@ FROM load_param p, load_time t, generate_series(0, p.bookings - 1) AS n,
      LATERAL (SELECT w0.s, w0.e, w0.c, w0.cancelled AS cancelled,
                      NOT w0.cancelled AND r.h3 % 100 BETWEEN 3 AND 7 AND w0.e <= now() AS early) AS w(s, e, c, cancelled, early);
 
-ALTER TABLE booking ENABLE TRIGGER booking_change_after;
+ALTER TABLE booking ENABLE TRIGGER booking_change_insert;
 ALTER TABLE booking ENABLE TRIGGER booking_day_units_insert;
-ALTER TABLE booking ENABLE TRIGGER booking_unit_sync;
+ALTER TABLE booking ENABLE TRIGGER booking_unit_insert;
 DO $$ BEGIN
     PERFORM booking_unit_fill(f.id) FROM load_from f;
     PERFORM booking_day_units_recount(format('%s-%s', p.model_prefix, lpad(m::text, 2, '0')))

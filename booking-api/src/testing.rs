@@ -118,3 +118,20 @@ pub async fn day_units_mismatches(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result
     .fetch_one(db)
     .await
 }
+
+/// `booking_unit` rows that no live booking's slot accounts for, plus live bookings'
+/// slots without their row (migration 20261205000100): 0 when the table is what its
+/// triggers write.
+pub async fn unit_rows_mismatches(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "WITH live AS (
+           SELECT b.id, booking_unit_key(m.id, s) AS unit_key, b.period
+           FROM booking b JOIN gpu_model m ON m.name = b.model, unnest(b.slots) AS s
+           WHERE b.cancelled_at IS NULL AND NOT b.archived)
+         SELECT count(*) FROM live l FULL JOIN booking_unit u
+           ON u.booking_id = l.id AND u.unit_key = l.unit_key AND u.period = l.period
+         WHERE l.id IS NULL OR u.booking_id IS NULL",
+    )
+    .fetch_one(db)
+    .await
+}
