@@ -250,8 +250,8 @@ run bare-async bare.sql -c synchronous_commit=off
 run async create.sql -c synchronous_commit=off
 # The same creates in batches: as many creates waiting at once as in `create`, in
 # transactions of 4 and of 8 (the queue's workers take what waits).
-CLIENTS=$((clients / 4)) run batch4 batch4.sql
-CLIENTS=$((clients / 8)) run batch8 batch8.sql
+CLIENTS=$((clients >= 4 ? clients / 4 : 1)) run batch4 batch4.sql
+CLIENTS=$((clients >= 8 ? clients / 8 : 1)) run batch8 batch8.sql
 for key in batch4 batch8 empty/batch4 empty/batch8; do
   [ -n "${tps[$key]:-}" ] && tps[$key]=$(awk -v t="${tps[$key]}" -v k="${key##*batch}" 'BEGIN {print t * k}')
 done
