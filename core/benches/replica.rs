@@ -8,7 +8,9 @@
 //! run as a test (`cargo test --all-targets`) it answers once per size.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::admission::replica::{
@@ -28,13 +30,7 @@ fn now() -> DateTime<Utc> {
 /// A replica whose models' units are each booked about half the time, in 1-3 day
 /// bookings with 1-3 day gaps, from a week ago for `days`; one user a booking.
 fn replica(days: i64) -> (Replica, usize) {
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    let mut next = move |n: i64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % n as u64) as i64
-    };
+    let mut next = common::numbers(0x2545_f491_4f6c_dd1d_u64);
     let models: Vec<ModelState> = (0..MODELS)
         .map(|m| ModelState {
             name: ModelName::parse(&format!("model{m}")).unwrap(),
@@ -79,35 +75,19 @@ fn replica(days: i64) -> (Replica, usize) {
     (Replica::from_state(state).unwrap(), count)
 }
 
-/// The mean time of `f` over at least `run_for` (once when it is zero).
-fn time(run_for: Duration, mut f: impl FnMut()) -> Duration {
-    let started = Instant::now();
-    let mut n = 0u32;
-    while n == 0 || started.elapsed() < run_for {
-        f();
-        n += 1;
-    }
-    started.elapsed() / n
-}
-
 fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
-    let run_for = if bench {
-        Duration::from_secs(3)
-    } else {
-        Duration::ZERO
-    };
+    let run_for = common::run_for();
     let mut answers = Vec::new();
     let mut prunes = Vec::new();
     for (days, label) in [(14, "two weeks"), (365, "a year")] {
         let (mut r, count) = replica(days);
-        let answer = time(run_for, || {
+        let answer = common::time(run_for, || {
             let a = r.answer(Query::User("nobody"), now()).unwrap();
             assert_eq!(a.schedulability.earliest_booking_by_model.len(), MODELS);
         });
         r.prune(now());
         let mut at = now();
-        let prune = time(run_for, || {
+        let prune = common::time(run_for, || {
             at += TimeDelta::seconds(1);
             r.prune(at);
         });

@@ -204,16 +204,23 @@ pub async fn availability(
     let booked =
         models::booked_windows(&state.pool, &model.name, day_start(from), day_start(to)).await?;
     let units = u32::try_from(model.units).unwrap_or(0);
-    let days = (0..span)
+    let (dates, windows): (Vec<NaiveDate>, Vec<Window>) = (0..span)
         .filter_map(|i| {
             let date = from + TimeDelta::days(i);
             let day = Window::new(day_start(date), day_start(date + TimeDelta::days(1))).ok()?;
-            let peak = capacity::peak_in(&booked, &day) as u32;
-            Some(DayAvailability {
+            Some((date, day))
+        })
+        .unzip();
+    let days = dates
+        .into_iter()
+        .zip(capacity::peaks_in_each(&booked, &windows))
+        .map(|(date, peak)| {
+            let peak = u32::try_from(peak).unwrap_or(u32::MAX);
+            DayAvailability {
                 date,
                 free: units.saturating_sub(peak),
                 booked: peak,
-            })
+            }
         })
         .collect();
     Ok(axum::Json(Availability {
