@@ -99,21 +99,38 @@ pub fn token_for(secret: &[u8], user: &str, role: Option<&str>) -> String {
 }
 
 /// How many (model, day) rows of `booking_day_units` differ from a count of the
-/// bookings themselves, in units or in slots (migrations 20261128000100,
-/// 20261207000100): 0 when its trigger kept the table true through every change the
-/// test made.
+/// bookings themselves, in units, in slots or in where the units begin and end
+/// inside the day (migrations 20261128000100, 20261207000100, 20261209000100): 0 when
+/// its triggers kept the table true through every change the test made. The oracle
+/// writes each booking's entries out in its own terms (microseconds from the day's
+/// midnight, not the migration's functions), so that a wrong function fails it too.
 pub async fn day_units_mismatches(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<i64> {
     sqlx::query_scalar(
-        "WITH counted AS (
-           SELECT b.model, day, count(*)::integer AS units, sort_asc(array_agg(s)) AS slots
+        "WITH per_unit AS (
+           SELECT b.model, day, s,
+                  (date '1970-01-01' + day)::timestamp AT TIME ZONE 'UTC' AS midnight,
+                  b.start_at, b.end_at
            FROM booking b,
                 generate_series(booking_day(b.start_at), booking_day(b.end_at - interval '1 microsecond')) AS day,
                 unnest(b.slots) AS s
-           WHERE b.cancelled_at IS NULL AND booking_counted_by_day(b.start_at, b.end_at)
-           GROUP BY b.model, day)
-         SELECT count(*) FROM counted c FULL JOIN booking_day_units d USING (model, day)
+           WHERE b.cancelled_at IS NULL AND booking_counted_by_day(b.start_at, b.end_at)),
+         edges AS (
+           SELECT model, day, (extract(epoch FROM start_at - midnight) * 1000000)::bigint * 2 + 1 AS e
+           FROM per_unit WHERE start_at >= midnight
+           UNION ALL
+           SELECT model, day, (extract(epoch FROM end_at - midnight) * 1000000)::bigint * 2
+           FROM per_unit WHERE end_at < midnight + interval '1 day'),
+         counted AS (
+           SELECT model, day, count(*)::integer AS units, sort_asc(array_agg(s)) AS slots
+           FROM per_unit GROUP BY model, day),
+         counted_edges AS (
+           SELECT model, day, array_agg(e ORDER BY e) AS edges FROM edges GROUP BY model, day)
+         SELECT count(*) FROM counted c LEFT JOIN counted_edges ce USING (model, day)
+           FULL JOIN booking_day_units d USING (model, day)
          WHERE coalesce(c.units, 0) <> coalesce(d.units, 0)
-            OR coalesce(c.slots, '{}') <> coalesce(d.slots, '{}')",
+            OR coalesce(c.slots, '{}') <> coalesce(d.slots, '{}')
+            OR coalesce(ce.edges, '{}')
+               <> coalesce((SELECT array_agg(e ORDER BY e) FROM unnest(d.edges) AS e), '{}')",
     )
     .fetch_one(db)
     .await

@@ -4,7 +4,10 @@
 //! the statement holds, and nothing when the statement fails. Real Postgres, every
 //! migration; the oracle is a recount from the bookings themselves.
 
+use gpu_booking_api::store::models::{booked_windows, day_loads};
 use gpu_booking_api::testing::{day_units_mismatches, unit_rows_mismatches};
+use gpu_booking_core::capacity::{peaks_in_each, peaks_of_days, utc_day, utc_day_window};
+use gpu_booking_core::window::Window;
 use sqlx::PgPool;
 
 const MODELS: [&str; 3] = ["m-a", "m-b", "m-c"];
@@ -172,8 +175,50 @@ async fn statements_of_many_bookings_derive_what_one_at_a_time_would(pool: PgPoo
         .execute(&pool)
         .await
         .unwrap();
+    // Early ends and later starts off the hour, to the microsecond (the days' entries
+    // of where units begin and end move with them).
+    sqlx::query(
+        "UPDATE booking SET end_at = end_at - interval '90 minutes 0.000501 seconds'
+         WHERE id % 13 = 0 AND end_at - start_at > interval '2 hours'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE booking SET start_at = start_at + interval '30 minutes 0.25 seconds'
+         WHERE id % 17 = 0 AND end_at - start_at > interval '1 hour'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     assert_eq!(unit_rows_mismatches(&pool).await.unwrap(), 0);
     assert_eq!(day_units_mismatches(&pool).await.unwrap(), 0);
+
+    // The availability's count from the days (what the store keeps per day and the
+    // long bookings) is the count from every booking over the days.
+    let first = utc_day(start_of_2030()) - 2;
+    let days: Vec<Window> = (0..70)
+        .map(|d| utc_day_window(first + d).unwrap())
+        .collect();
+    let mut busy_days = 0;
+    for model in MODELS {
+        let (loads, long) = day_loads(&pool, model, first, days.len()).await.unwrap();
+        let windows = booked_windows(&pool, model, days[0].start(), days[69].end())
+            .await
+            .unwrap();
+        let from_bookings = peaks_in_each(&windows, &days);
+        assert_eq!(
+            peaks_of_days(first, days.len(), &loads, &long),
+            from_bookings,
+            "{model}"
+        );
+        busy_days += from_bookings.iter().filter(|&&p| p > 1).count();
+    }
+    assert!(busy_days > 20, "{busy_days}");
+}
+
+fn start_of_2030() -> chrono::DateTime<chrono::Utc> {
+    "2030-01-01T00:00:00Z".parse().unwrap()
 }
 
 #[sqlx::test(migrations = "../migrations")]

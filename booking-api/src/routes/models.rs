@@ -3,7 +3,6 @@
 use axum::extract::State;
 use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, Utc};
 use gpu_booking_core::capacity;
-use gpu_booking_core::window::Window;
 use gpu_booking_core::wire;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -201,19 +200,14 @@ pub async fn availability(
     let model = models::get(&state.pool, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no model {name:?}")))?;
-    let booked =
-        models::booked_windows(&state.pool, &model.name, day_start(from), day_start(to)).await?;
+    // Days since 1970 (the store's UTC days), so `from` is a day the store keeps.
+    let first = capacity::utc_day(day_start(from));
+    let count = usize::try_from(span).unwrap_or(0);
+    let (loads, long) = models::day_loads(&state.pool, &model.name, first, count).await?;
     let units = u32::try_from(model.units).unwrap_or(0);
-    let (dates, windows): (Vec<NaiveDate>, Vec<Window>) = (0..span)
-        .filter_map(|i| {
-            let date = from + TimeDelta::days(i);
-            let day = Window::new(day_start(date), day_start(date + TimeDelta::days(1))).ok()?;
-            Some((date, day))
-        })
-        .unzip();
-    let days = dates
-        .into_iter()
-        .zip(capacity::peaks_in_each(&booked, &windows))
+    let days = (0..span)
+        .map(|i| from + TimeDelta::days(i))
+        .zip(capacity::peaks_of_days(first, count, &loads, &long))
         .map(|(date, peak)| {
             let peak = u32::try_from(peak).unwrap_or(u32::MAX);
             DayAvailability {
