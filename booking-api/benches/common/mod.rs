@@ -127,8 +127,8 @@ impl Schedule {
 /// system is not keeping up, and waiting on would only grow the queue (and memory).
 const MAX_IN_FLIGHT: usize = 2_000;
 
-/// Operations started on a fixed schedule, `rate` per second for `duration`, whether or
-/// not the earlier ones have finished (an open loop: users arrive when they arrive),
+/// Operations started on a fixed schedule, `rate` per second for `duration` (or as long
+/// as `due` says), whether or not the earlier ones have finished (an open loop: users arrive when they arrive),
 /// each latency measured from the moment the operation was due, so that a driver that
 /// falls behind counts its own delay too. A closed loop of N clients measures something
 /// else: its mean latency is N / its rate (Little's law), whatever the system under
@@ -183,10 +183,23 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// How many operations `open_loop` starts at `rate` per second over `duration`.
+/// How many operations `open_loop` starts at `rate` per second over `duration`, and
+/// at least `MIN_TRIAL_OPS` (the trial then runs longer than `duration`).
 pub fn due(rate: f64, duration: Duration) -> usize {
-    (rate * duration.as_secs_f64()).round() as usize
+    ((rate * duration.as_secs_f64()).round() as usize).max(MIN_TRIAL_OPS)
 }
+
+/// The fewest operations an open-loop trial runs: its p99 is then its 10th slowest
+/// operation or later, so one pause of the machine (a checkpoint's writes stall a
+/// commit by ~50 ms here) cannot decide a trial alone. At 50 a second over 2 s, a
+/// trial's p99 was its slowest but one of 100, and one stall at the search's first
+/// rate ended the search at 0 (the history bench's planned phase, 2026-11-28 14:45).
+const MIN_TRIAL_OPS: usize = 1_000;
+
+/// The rate (per second) a `sustained_rate` search tries first: below what either
+/// bench finds on this 2-core machine (creates 1,600-2,600 a second, the bare INSERT
+/// 5,000-10,000), so the search doubles from it; halved where even it misses.
+pub const FIRST_RATE: f64 = 400.0;
 
 /// One open-loop trial of booking creates through the API at `api_url`, `rate` per
 /// second for `duration`: the i-th by the user of `tokens[i]` (minted beforehand, one
@@ -241,18 +254,24 @@ pub struct Trial {
 
 /// A search for the highest rate (per second) whose open-loop p99 stays within a
 /// bound: offered rates double from the first until one misses, then the gap is
-/// bisected (geometric mean) a given number of times. It only says which rate to try
-/// next and takes each result, so that two searches can run in lockstep
-/// (`sustained_rates_alternating`).
+/// bisected (geometric mean) a given number of times. Where the first rate already
+/// misses, rates halve until one meets (a few times at most), and the gap above it
+/// is bisected the same way: a machine slower than the first rate still gets a
+/// figure, not 0. It only says which rate to try next and takes each result, so that
+/// two searches can run in lockstep (`sustained_rates_alternating`).
 pub struct RateSearch {
     p99_ms: f64,
     next: Option<f64>,
-    /// Doublings left (bounded, so that a machine where everything meets the bound
-    /// still ends), then the bisections' gap and how many are left.
+    /// Doublings and halvings left (bounded, so that a machine where everything
+    /// meets, or misses, the bound still ends), then the bisections' gap and how
+    /// many are left.
     doublings_left: usize,
+    halvings_left: usize,
     gap: Option<(f64, f64)>,
     steps_left: usize,
     met: Option<Trial>,
+    /// The lowest rate that missed the bound so far.
+    missed: Option<f64>,
     tried: Vec<Trial>,
 }
 
@@ -262,9 +281,11 @@ impl RateSearch {
             p99_ms,
             next: Some(first),
             doublings_left: 16,
+            halvings_left: 4,
             gap: None,
             steps_left: steps,
             met: None,
+            missed: None,
             tried: Vec::new(),
         }
     }
@@ -280,28 +301,33 @@ impl RateSearch {
         let ok = t.p99 <= self.p99_ms;
         if ok {
             self.met = Some(t);
+        } else {
+            self.missed = Some(self.missed.map_or(t.rate, |m| m.min(t.rate)));
         }
-        let gap = match self.gap {
-            None if ok && self.doublings_left > 1 => {
-                self.doublings_left -= 1;
-                self.next = Some(t.rate * 2.0);
-                return;
-            }
-            // The first miss (after at least one rate met) opens the gap to bisect.
-            None => match (ok, self.met) {
-                (false, Some(met)) => (met.rate, t.rate),
-                _ => {
-                    self.next = None;
-                    return;
-                }
-            },
-            Some((low, high)) => {
+        let gap = match (self.gap, self.met, self.missed) {
+            (Some((low, high)), _, _) => {
                 self.steps_left = self.steps_left.saturating_sub(1);
                 if ok {
                     (t.rate, high)
                 } else {
                     (low, t.rate)
                 }
+            }
+            (None, Some(met), None) if self.doublings_left > 1 => {
+                self.doublings_left -= 1;
+                self.next = Some(met.rate * 2.0);
+                return;
+            }
+            (None, None, Some(_)) if self.halvings_left > 0 => {
+                self.halvings_left -= 1;
+                self.next = Some(t.rate / 2.0);
+                return;
+            }
+            // A rate met and a higher one missed: the gap to bisect.
+            (None, Some(met), Some(missed)) => (met.rate, missed),
+            _ => {
+                self.next = None;
+                return;
             }
         };
         self.gap = Some(gap);
