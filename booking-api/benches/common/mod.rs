@@ -334,7 +334,7 @@ impl RateSearch {
         self.next = (self.steps_left > 0).then(|| (gap.0 * gap.1).sqrt());
     }
 
-    /// The best trial that met the bound (`None` if even the first missed) and every
+    /// The best trial that met the bound (`None` if every rate tried missed) and every
     /// trial, in order, for the record.
     pub fn outcome(self) -> (Option<Trial>, Vec<Trial>) {
         (self.met, self.tried)
