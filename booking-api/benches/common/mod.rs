@@ -128,9 +128,9 @@ impl Schedule {
 const MAX_IN_FLIGHT: usize = 2_000;
 
 /// Operations started on a fixed schedule, `rate` per second for `duration` (or as long
-/// as `due` says), whether or not the earlier ones have finished (an open loop: users arrive when they arrive),
-/// each latency measured from the moment the operation was due, so that a driver that
-/// falls behind counts its own delay too. A closed loop of N clients measures something
+/// as `due` says), whether or not the earlier ones have finished (an open loop: users
+/// arrive when they arrive), each latency measured from the moment the operation was
+/// due, so that a driver that falls behind counts its own delay too. A closed loop of N clients measures something
 /// else: its mean latency is N / its rate (Little's law), whatever the system under
 /// test, so its p99 says how many clients there were as much as how fast the system is.
 /// `op(i)` builds the i-th operation; it answers whether the operation succeeded.
