@@ -17,6 +17,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // Before the first burst of work: the delay applies to memory freed from now on.
+    gpu_booking_process::allocator::delay_purges();
     let cli = cli::Cli::parse();
     match cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -41,6 +41,7 @@ const MODELS: usize = 8;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    common::print_allocator();
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let env = |name: &str, default: u64| -> u64 {

@@ -85,6 +85,7 @@ const LOADER: &str = include_str!("../../scripts/load-history.sql");
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    common::print_allocator();
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let env = |name: &str, default: u64| -> u64 {

@@ -1,9 +1,11 @@
 //! What every `gpu-booking` process shares, written once: the log set-up, the
 //! shutdown signal, and the plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`)
 //! of the webhook, the controller and the node agent.
-#![forbid(unsafe_code)]
+// `deny`, not `forbid`: `allocator` sets one mimalloc option through its C API.
+#![deny(unsafe_code)]
 
 pub mod access;
+pub mod allocator;
 pub mod duration;
 pub mod metrics;
 pub mod serve;

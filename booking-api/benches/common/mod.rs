@@ -11,6 +11,12 @@ use sqlx::{Connection, PgConnection, PgPool};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Sets mimalloc's purge delay as the binary does, and prints it.
+pub fn print_allocator() {
+    let delay = gpu_booking_process::allocator::delay_purges();
+    println!("allocator: mimalloc, purge delay {delay:?} ms");
+}
+
 /// Drops and creates database `name` next to `base` (a `DATABASE_URL`), and connects
 /// a pool of `connections` to it with the service's settings (acquiring may wait
 /// long: a loaded phase queues).
