@@ -62,6 +62,8 @@ pub fn delay_purges() -> PurgeDelay {
 }
 
 /// mimalloc's purge delay now, in milliseconds (-1: never purge).
+// `c_long` is `i64` here, `i32` on other targets.
+#[allow(clippy::useless_conversion)]
 pub fn purge_delay_ms() -> i64 {
     // SAFETY: as in `delay_purges`; reading an option initialises it from the
     // environment once and returns it.
