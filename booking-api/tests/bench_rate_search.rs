@@ -49,7 +49,10 @@ fn doubles_from_the_first_rate_then_bisects() {
     let (met, tried) = search(2_000.0);
     assert_eq!(&tried[..4], &[400.0, 800.0, 1_600.0, 3_200.0]);
     let met = met.expect("1,600 a second met");
-    assert!(met <= 2_000.0 && met * precision() >= 2_000.0, "{met}: {tried:?}");
+    assert!(
+        met <= 2_000.0 && met * precision() >= 2_000.0,
+        "{met}: {tried:?}"
+    );
     assert_eq!(tried.len(), 4 + STEPS);
 }
 
@@ -57,9 +60,15 @@ fn doubles_from_the_first_rate_then_bisects() {
 fn halves_where_the_first_rate_misses() {
     // The case that once ended the search at 0: the first rate missed.
     let (met, tried) = search(130.0);
-    assert_eq!(&tried[..4], &[400.0, 200.0, 100.0, (100.0f64 * 200.0).sqrt()]);
+    assert_eq!(
+        &tried[..4],
+        &[400.0, 200.0, 100.0, (100.0f64 * 200.0).sqrt()]
+    );
     let met = met.expect("100 a second met");
-    assert!(met <= 130.0 && met * precision() >= 130.0, "{met}: {tried:?}");
+    assert!(
+        met <= 130.0 && met * precision() >= 130.0,
+        "{met}: {tried:?}"
+    );
 }
 
 #[test]
@@ -82,7 +91,10 @@ fn a_miss_at_the_first_rate_after_a_meet_is_not_a_bisection_of_nothing() {
     // Capacity exactly at the first rate: it meets, 800 misses, the gap is 400..800.
     let (met, tried) = search(FIRST);
     assert_eq!(met, Some(FIRST), "{tried:?}");
-    assert!(tried[2..].iter().all(|&r| r > FIRST && r < 2.0 * FIRST), "{tried:?}");
+    assert!(
+        tried[2..].iter().all(|&r| r > FIRST && r < 2.0 * FIRST),
+        "{tried:?}"
+    );
 }
 
 proptest! {
