@@ -1,6 +1,7 @@
 //! What every `gpu-booking` process shares, written once: the log set-up, the
-//! shutdown signal, and the plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`)
-//! of the webhook, the controller and the node agent.
+//! shutdown signal, the plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`)
+//! of the webhook, the controller and the node agent, and the allocator's purge
+//! delay (`allocator`).
 // `deny`, not `forbid`: `allocator` sets one mimalloc option through its C API.
 #![deny(unsafe_code)]
 
