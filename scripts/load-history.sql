@@ -85,9 +85,12 @@ CREATE TEMP TABLE load_from ON COMMIT DROP AS
 SELECT COALESCE(max(id), 0) AS id FROM booking;
 
 -- h1..h4: deterministic pseudo-random numbers per booking (the same load every run).
-INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at,
+-- The user's number is read here (one index probe each), not left to the per-row
+-- trigger that fills it for inserts that leave it out (migration 20261210000100).
+INSERT INTO booking (user_name, user_id, model, slots, units, start_at, end_at, booked_end_at,
                      cancelled_at, ended_early_at, override, created_by, created_at, updated_at)
 SELECT p.user_prefix || lpad((n % p.users)::text, 6, '0'),
+       (SELECT a.id FROM app_user a WHERE a.name = p.user_prefix || lpad((n % p.users)::text, 6, '0')),
        format('%s-%s', p.model_prefix, lpad((lane / p.lanes_per_model)::text, 2, '0')),
        ARRAY[(lane % p.lanes_per_model)::integer], 1,
        w.s,

@@ -11,9 +11,9 @@
 \set len random(24, 72)
 BEGIN;
 WITH u AS (INSERT INTO app_user (name, escape_slug, safe_slug)
-           SELECT n, n, n FROM (SELECT 'pb' || nextval('pb_seq') AS n) s RETURNING name)
-INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
-SELECT u.name, 'hist-' || lpad(:m::text, 2, '0'), ARRAY[100000 + nextval('pb_seq')::int], 1,
+           SELECT n, n, n FROM (SELECT 'pb' || nextval('pb_seq') AS n) s RETURNING name, id)
+INSERT INTO booking (user_name, user_id, model, slots, units, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
+SELECT u.name, u.id, 'hist-' || lpad(:m::text, 2, '0'), ARRAY[100000 + nextval('pb_seq')::int], 1,
        date_trunc('hour', now()) + :h * interval '1 hour',
        date_trunc('hour', now()) + (:h + :len) * interval '1 hour',
        date_trunc('hour', now()) + (:h + :len) * interval '1 hour', 't', now(), now()

@@ -10,9 +10,9 @@
 \set h random(24, 24 * 300)
 BEGIN;
 WITH r AS (SELECT 'pb' || nextval('pb_seq') AS n, i FROM generate_series(1, :k) AS i),
-u AS (INSERT INTO app_user (name, escape_slug, safe_slug) SELECT n, n, n FROM r RETURNING name)
-INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
-SELECT r.n, 'hist-' || lpad(((:m + r.i) % 40)::text, 2, '0'), ARRAY[100000 + nextval('pb_seq')::int], 1,
+u AS (INSERT INTO app_user (name, escape_slug, safe_slug) SELECT n, n, n FROM r RETURNING name, id)
+INSERT INTO booking (user_name, user_id, model, slots, units, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
+SELECT r.n, u.id, 'hist-' || lpad(((:m + r.i) % 40)::text, 2, '0'), ARRAY[100000 + nextval('pb_seq')::int], 1,
        date_trunc('hour', now()) + (:h + r.i * 7) * interval '1 hour',
        date_trunc('hour', now()) + (:h + r.i * 7 + 48) * interval '1 hour',
        date_trunc('hour', now()) + (:h + r.i * 7 + 48) * interval '1 hour', 't', now(), now()

@@ -528,7 +528,10 @@ fn stored(window: &Window) -> Window {
 }
 
 /// Writes the accepted creates: their users (for slug look-ups) with their label
-/// keys, the bookings and their audit rows, in one statement; the bookings come back
+/// keys, the bookings with their users' numbers (the key of the one-booking-at-a-time
+/// constraint, migration 20261210000100: a user written here is not visible to the
+/// statement's other parts, so a new user's number is its insert's RETURNING) and
+/// their audit rows, in one statement; the bookings come back
 /// in the order of `accepted` (a user's accepted creates never start at one instant:
 /// their windows do not overlap). A new user's label keys
 /// (name and both slugs) go with it; one that another user holds fails
@@ -585,16 +588,18 @@ async fn insert_created(
             INSERT INTO app_user (name, escape_slug, safe_slug)
             SELECT DISTINCT ON (user_name) user_name, escape_slug, safe_slug FROM r ORDER BY user_name, i
             ON CONFLICT (name) DO NOTHING
-            RETURNING name
+            RETURNING name, id
          ), keys AS (
             INSERT INTO user_key (key, user_name)
             SELECT k.key, k.user_name FROM unnest($13::text[], $14::text[]) AS k(key, user_name)
             JOIN known ON known.name = k.user_name
          ), created AS (
-            INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at, override, created_by, created_at, updated_at)
-            SELECT user_name, model, ($10::integer[])[slot_from:slot_to], slot_to - slot_from + 1, start_at, end_at, end_at,
+            INSERT INTO booking (user_name, user_id, model, slots, units, start_at, end_at, booked_end_at, override, created_by,
+                                 created_at, updated_at)
+            SELECT r.user_name, COALESCE(known.id, (SELECT u.id FROM app_user u WHERE u.name = r.user_name)), model,
+                   ($10::integer[])[slot_from:slot_to], slot_to - slot_from + 1, start_at, end_at, end_at,
                    override, created_by, at, at
-            FROM r ORDER BY i
+            FROM r LEFT JOIN known ON known.name = r.user_name ORDER BY i
             RETURNING *
          ), audited AS (
             INSERT INTO audit_event (at, actor, action, subject, user_name, booking_id, details)
