@@ -47,6 +47,19 @@ pub enum PurgeDelay {
     FromEnvironment(i64),
 }
 
+/// The line a bench prints so that its figures say which allocator setting they
+/// measured: "mimalloc, purge delay 10000 ms (set at start-up)".
+impl std::fmt::Display for PurgeDelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PurgeDelay::Set(ms) => write!(f, "mimalloc, purge delay {ms} ms (set at start-up)"),
+            PurgeDelay::FromEnvironment(ms) => {
+                write!(f, "mimalloc, purge delay {ms} ms (from {PURGE_DELAY_ENV})")
+            }
+        }
+    }
+}
+
 /// Sets mimalloc's purge delay to [`PURGE_DELAY_MS`] unless `MIMALLOC_PURGE_DELAY` is
 /// set. Called first thing by the `gpu-booking` binary and the benches, whose global
 /// allocator is mimalloc; harmless where it is not (the option is only read).
@@ -91,5 +104,9 @@ mod tests {
         assert_eq!(purge_delay_ms(), 1_000);
         assert_eq!(delay_purges(), PurgeDelay::Set(PURGE_DELAY_MS));
         assert_eq!(purge_delay_ms(), PURGE_DELAY_MS);
+        assert_eq!(
+            PurgeDelay::Set(PURGE_DELAY_MS).to_string(),
+            "mimalloc, purge delay 10000 ms (set at start-up)"
+        );
     }
 }

@@ -73,8 +73,10 @@ struct Settings {
 
 fn main() {
     // As the `gpu-booking` binary does (src/main.rs).
-    let delay = gpu_booking_process::allocator::delay_purges();
-    println!("allocator: mimalloc, purge delay {delay:?} ms");
+    println!(
+        "allocator: {}",
+        gpu_booking_process::allocator::delay_purges()
+    );
     let full = std::env::args().any(|a| a == "--bench");
     let settings = if full {
         Settings {

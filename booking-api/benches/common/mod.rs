@@ -17,8 +17,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Sets mimalloc's purge delay as the binary does, and prints it.
 pub fn print_allocator() {
-    let delay = gpu_booking_process::allocator::delay_purges();
-    println!("allocator: mimalloc, purge delay {delay:?} ms");
+    println!(
+        "allocator: {}",
+        gpu_booking_process::allocator::delay_purges()
+    );
 }
 
 /// Drops and creates database `name` next to `base` (a `DATABASE_URL`), and connects
