@@ -40,13 +40,16 @@
 //! too (`common::settle`), so that they measure the store and not what a load leaves
 //! behind.
 //!
-//! After the `hist` phase, creates on its models are measured against the same
+//! Once the history is loaded, archived and its indexes rebuilt, before the `hist`
+//! phase adds its own creates, creates on its models are measured against the same
 //! models in a second database whose booking table is empty (an API of its own in
 //! this process), in alternating rounds: the issue's loaded / empty at the same
 //! moments of the machine, where the phases' own ratios compare measures minutes
-//! apart, across a load, an archive and a VACUUM. Last, creates on the history's
-//! models against the planned-only models, in alternating rounds in one database:
-//! what the past alone costs a create at the same moments.
+//! apart, across a load, an archive and a VACUUM. It prints what the table holds
+//! then: the history and the creates of the phases before it (every create stays,
+//! each by a new user). Last, creates on the history's models against the
+//! planned-only models, in alternating rounds in one database: what the past alone
+//! costs a create at the same moments.
 //!
 //! Each phase also finds the highest rate of creates arriving on a schedule (an
 //! open loop, as users arrive when a booking window opens) whose p99 stays within 25
@@ -214,22 +217,35 @@ async fn main() -> anyhow::Result<()> {
         "== the exclusion constraints' indexes rebuilt in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    println!("== planned bookings and the past");
     common::settle(&pool).await?;
-    let loaded = bench.phase(&pool, "hist").await?;
-    // The reads first, while the `hist` models hold what the `plan` models do (their
-    // planned part and their phase's creates): the creates below add tens of
-    // thousands to the `hist` models' next year, which a year's availability reads
-    // (2026-11-27 13:22 run, with them before: history / planned 0.34 where it was 0.85).
-    println!("== the hot reads, planned only and with history, in alternating rounds");
-    let paired = bench.paired_reads(("plan", "p"), ("hist", "h")).await?;
     // The issue's loaded / empty, measured at the same moments: the history's models
     // against the same models in a database whose booking table is empty, in
     // alternating rounds. The phases' own ratios compare measures minutes apart, across
-    // a load, an archive and a VACUUM.
+    // a load, an archive and a VACUUM. Before the `hist` phase's creates: every
+    // create the bench makes stays in the table, each by a new user, and measured
+    // after that phase (until 2026-11-28) the table held up to twice the history's
+    // bookings and ten times its users, and the `hist` models' next year several
+    // times the planned part's bookings (pgbench, batches of eight, on the databases
+    // such a run left: 0.83-0.87 on models without bookings, 0.72-0.77 on the `hist`
+    // models, against 0.95 on the history alone: docs/performance.md).
     println!("== creates with the history and in an empty database, in alternating rounds");
+    print_table_state(&pool).await?;
     let other = empty_database(&base, &bench, &["hist"]).await?;
-    let against_empty = alternating_creates(&[(&bench, "hist"), (&other, "hist")]).await?;
+    // The `plan` models take creates in the same rounds (a third side, not part of
+    // the ratio), so that their next year stays as full as the `hist` models' for
+    // the reads below, which compare the two.
+    let against_empty =
+        alternating_creates(&[(&bench, "hist"), (&other, "hist"), (&bench, "plan")]).await?;
+    println!("== planned bookings and the past");
+    common::settle(&pool).await?;
+    let loaded = bench.phase(&pool, "hist").await?;
+    // The reads while the `hist` models hold what the `plan` models do (their
+    // planned part, their phase's creates and the rounds' above): the creates below
+    // add tens of thousands to the `hist` models' next year alone, which a year's
+    // availability reads (2026-11-27 13:22 run, with them before: history / planned
+    // 0.34 where it was 0.85).
+    println!("== the hot reads, planned only and with history, in alternating rounds");
+    let paired = bench.paired_reads(("plan", "p"), ("hist", "h")).await?;
     // Creates by the history's own users (about ten bookings each over the three
     // years) against creates by new users, on the same models, in alternating rounds:
     // what a user's past costs a create. Only users who hold no booking now or ahead
@@ -298,7 +314,7 @@ async fn main() -> anyhow::Result<()> {
         let ratios: Vec<f64> = rounds
             .iter()
             .filter_map(|sides| match sides[..] {
-                [h, e] => Some(h.rate / e.rate),
+                [h, e, ..] => Some(h.rate / e.rate),
                 _ => None,
             })
             .collect();
@@ -317,7 +333,7 @@ async fn main() -> anyhow::Result<()> {
         ("history / planned", &against_planned),
     ] {
         for (round, sides) in rounds.iter().enumerate() {
-            if let [h, e] = sides[..] {
+            if let [h, e, ..] = sides[..] {
                 println!(
                     "  {what}, round {round}: {:.0} / {:.0} per s, p99 {:.1} / {:.1} ms, CPU per create {} / {}",
                     h.rate,
@@ -397,6 +413,23 @@ fn cpu_split(cpu: Option<(f64, f64)>) -> String {
 /// an empty booking table, served by an API of its own in this process, with
 /// `bench`'s HTTP client and user numbering: creates measured on it and on `bench`
 /// in alternating rounds meet the same moments of the machine.
+/// What the table holds when the loaded / empty rounds start: the history's
+/// bookings and users and what the bench's phases before them added.
+async fn print_table_state(pool: &PgPool) -> anyhow::Result<()> {
+    let (bookings, live_hist, users): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM booking), \
+                (SELECT count(*) FROM booking WHERE model LIKE 'hist-%' AND NOT archived \
+                   AND cancelled_at IS NULL AND end_at > now()), \
+                (SELECT count(*) FROM app_user)",
+    )
+    .fetch_one(pool)
+    .await?;
+    println!(
+        "(the table: {bookings} bookings, {live_hist} of them ahead on the history's models; {users} users)"
+    );
+    Ok(())
+}
+
 async fn empty_database(base: &str, bench: &Bench, prefixes: &[&str]) -> anyhow::Result<Bench> {
     let pool = common::fresh_database(base, "gpu_booking_bench_history_empty", POOL).await?;
     gpu_booking_api::MIGRATOR.run(&pool).await?;
@@ -603,7 +636,7 @@ impl Bench {
         let due = common::due(rate, OPEN_LOOP_TRIAL) as u64;
         let first = self.next_user.fetch_add(due, Ordering::Relaxed);
         let tokens: Vec<String> = (first..first + due)
-            .map(|u| self.api.token(&format!("new{u}"), None))
+            .map(|u| self.api.token(&new_user(u), None))
             .collect();
         common::open_loop_creates(
             &self.http,
@@ -801,7 +834,7 @@ impl Bench {
                                 None => break,
                             }
                         }
-                        None => format!("new{}", next_user.fetch_add(1, Ordering::Relaxed)),
+                        None => new_user(next_user.fetch_add(1, Ordering::Relaxed)),
                     };
                     let token = api.token(&user, None);
                     let t = Instant::now();
@@ -879,6 +912,15 @@ impl Bench {
 
 /// A create's body: one of the models `{prefix}-00` ..., a window of 1 to 3 days
 /// starting at a random hour of the next year.
+/// The name of the bench's `n`th new user. A lab's new users arrive in no order of
+/// their names, and the indexes on names (B-trees and, before migration
+/// `20261210000100`, the one-booking-at-a-time constraint's GiST) cost more for names
+/// that arrive scattered than for `new1`, `new2`, ...: multiplying by an odd constant
+/// is a bijection on `u64`, so the names are distinct and scattered.
+fn new_user(n: u64) -> String {
+    format!("new{:016x}", n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
 fn new_window(prefix: &str) -> serde_json::Value {
     let (model, offset_h, days) = {
         let mut rng = rand::rng();
