@@ -1,7 +1,9 @@
 //! The booking store at a large university's scale (issue 17): booking creates and
 //! the hot reads in three phases, each against the same run's bare one-row INSERT
 //! rate, on models of their own:
-//! - `empty`: no bookings;
+//! - `empty`: no bookings, in a database of its own (`gpu_booking_bench_history_first`:
+//!   the creates of a phase stay, and in the others' database they would add to the
+//!   history's table what the history does not hold);
 //! - `plan`: only the planned part of the history below (its last 6 cycles of 15
 //!   days: 82,320 bookings with the defaults), loaded by `scripts/load-history.sql`
 //!   with `cycles = planned_cycles`;
@@ -31,7 +33,7 @@
 //! 2000); GPU_BOOKING_HISTORY_BOOKINGS and GPU_BOOKING_HISTORY_USERS, the history's
 //! size (default 1,000,000 and 100,000); GPU_BOOKING_HISTORY_PLANNED_ONLY=1 stops after
 //! the `plan` phase and prints its ratios to the empty phase, then measures creates in
-//! alternating rounds on the empty phase's models, on the planned models and in a
+//! alternating rounds on models without bookings, on the planned models and in a
 //! second database whose booking table is empty: what the bookings over a create's
 //! window cost it and what the table's size does, at the same moments, in about 3
 //! minutes instead of about 20.
@@ -105,16 +107,15 @@ async fn main() -> anyhow::Result<()> {
 
     let pool = common::fresh_database(&base, "gpu_booking_bench_history", POOL).await?;
     gpu_booking_api::MIGRATOR.run(&pool).await?;
-    sqlx::query("CREATE TABLE bench_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL, at timestamptz NOT NULL)")
-        .execute(&pool)
-        .await?;
+    create_bench_row(&pool).await?;
     let api = Arc::new(TestApi::start(common::api_pool(&pool).await?).await?);
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(400)
         .build()?;
-    // The empty phase books models of its own (`empty-00` ...), so that the loader's
-    // models (`hist-00` ..., declared here with the same units; the loader keeps the
-    // larger count) hold only the history when it loads.
+    // The loader's models (`hist-00` ..., declared here with the same units; the
+    // loader keeps the larger count) hold only the history when it loads; `empty-00`
+    // ... here hold no bookings (the empty phase runs in a database of its own) and
+    // serve the planned-only mode's rounds.
     declare_models(&http, &api, &["empty", "plan", "hist"]).await?;
     let bench = Bench {
         api,
@@ -124,10 +125,15 @@ async fn main() -> anyhow::Result<()> {
         next_user: Arc::new(AtomicU64::new(0)),
     };
 
-    println!("== empty booking table");
-    common::checkpoint(&pool).await?;
-    let empty = bench.phase(&pool, "empty").await?;
-    let empty_reads = bench.reads("empty", "h").await?;
+    // The empty phase in a database of its own, on models of its own (`empty-00`
+    // ...): every create a phase makes stays, each by a new user, and in this one
+    // they would add to the history's table what the history does not hold.
+    println!("== empty booking table (a database of its own)");
+    let (first_pool, first) =
+        database_of_its_own(&base, &bench, "gpu_booking_bench_history_first", &["empty"]).await?;
+    common::checkpoint(&first_pool).await?;
+    let empty = first.phase(&first_pool, "empty").await?;
+    let empty_reads = first.reads("empty", "h").await?;
     // The planned part alone: as many lanes per model as the whole history has
     // (bookings / (models x cycles)), over its planned cycles only.
     let lanes = bookings.div_ceil(MODELS as u64 * HISTORY_CYCLES);
@@ -146,8 +152,8 @@ async fn main() -> anyhow::Result<()> {
             empty.c32.p99,
             plan.c32.p99
         );
-        // The same creates side by side, in alternating rounds: on the empty phase's
-        // models (a few bookings of that phase's own), on the planned models, and in a
+        // The same creates side by side, in alternating rounds: on models without
+        // bookings (`empty-00` ... of this database), on the planned models, and in a
         // database whose booking table is empty. Planned / empty models says what the
         // bookings over a create's window cost; planned / empty database adds what the
         // table's size costs, at the same moments.
@@ -430,9 +436,27 @@ async fn print_table_state(pool: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The second database of the same-moment rounds: empty but for the models
+/// `{prefix}-00` ...
 async fn empty_database(base: &str, bench: &Bench, prefixes: &[&str]) -> anyhow::Result<Bench> {
-    let pool = common::fresh_database(base, "gpu_booking_bench_history_empty", POOL).await?;
+    let (_, other) =
+        database_of_its_own(base, bench, "gpu_booking_bench_history_empty", prefixes).await?;
+    Ok(other)
+}
+
+/// Database `name`, made afresh and migrated, with the bare INSERT's table and the
+/// models `{prefix}-00` ..., and an API of its own on it in this process: its pool
+/// for the bench's own statements, and the bench on that API (the same clients and
+/// user counter as `bench`).
+async fn database_of_its_own(
+    base: &str,
+    bench: &Bench,
+    name: &str,
+    prefixes: &[&str],
+) -> anyhow::Result<(PgPool, Bench)> {
+    let pool = common::fresh_database(base, name, POOL).await?;
     gpu_booking_api::MIGRATOR.run(&pool).await?;
+    create_bench_row(&pool).await?;
     let other = Bench {
         api: Arc::new(TestApi::start(common::api_pool(&pool).await?).await?),
         http: bench.http.clone(),
@@ -441,7 +465,15 @@ async fn empty_database(base: &str, bench: &Bench, prefixes: &[&str]) -> anyhow:
         next_user: bench.next_user.clone(),
     };
     declare_models(&other.http, &other.api, prefixes).await?;
-    Ok(other)
+    Ok((pool, other))
+}
+
+/// The table the bare one-row INSERTs write.
+async fn create_bench_row(pool: &PgPool) -> anyhow::Result<()> {
+    sqlx::query("CREATE TABLE bench_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL, at timestamptz NOT NULL)")
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// Creates at 32 clients on each side (a bench and its models' prefix), in
