@@ -415,10 +415,6 @@ fn cpu_split(cpu: Option<(f64, f64)>) -> String {
     }
 }
 
-/// A database of its own with the models `{prefix}-00` ... of each of `prefixes` and
-/// an empty booking table, served by an API of its own in this process, with
-/// `bench`'s HTTP client and user numbering: creates measured on it and on `bench`
-/// in alternating rounds meet the same moments of the machine.
 /// What the table holds when the loaded / empty rounds start: the history's
 /// bookings and users and what the bench's phases before them added.
 async fn print_table_state(pool: &PgPool) -> anyhow::Result<()> {
@@ -436,8 +432,10 @@ async fn print_table_state(pool: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The second database of the same-moment rounds: empty but for the models
-/// `{prefix}-00` ...
+/// The second database of the same-moment rounds: the models `{prefix}-00` ... of
+/// each of `prefixes` and an empty booking table, served by an API of its own in this
+/// process, with `bench`'s HTTP client and user numbering: creates measured on it and
+/// on `bench` in alternating rounds meet the same moments of the machine.
 async fn empty_database(base: &str, bench: &Bench, prefixes: &[&str]) -> anyhow::Result<Bench> {
     let (_, other) =
         database_of_its_own(base, bench, "gpu_booking_bench_history_empty", prefixes).await?;
@@ -942,8 +940,6 @@ impl Bench {
     }
 }
 
-/// A create's body: one of the models `{prefix}-00` ..., a window of 1 to 3 days
-/// starting at a random hour of the next year.
 /// The name of the bench's `n`th new user. A lab's new users arrive in no order of
 /// their names, and the indexes on names (B-trees and, before migration
 /// `20261210000100`, the one-booking-at-a-time constraint's GiST) cost more for names
@@ -953,6 +949,8 @@ fn new_user(n: u64) -> String {
     format!("new{:016x}", n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
+/// A create's body: one of the models `{prefix}-00` ..., a window of 1 to 3 days
+/// starting at a random hour of the next year.
 fn new_window(prefix: &str) -> serde_json::Value {
     let (model, offset_h, days) = {
         let mut rng = rand::rng();
