@@ -12,7 +12,9 @@
 #
 # With GPU_BOOKING_HISTORY_PLANNED_ONLY=1 the rounds are those of the planned-only
 # run (about 5 minutes: planned models, empty models, an empty database); without,
-# the full run's (about 20 minutes: the history's models against an empty database).
+# the full run's (about 15 minutes: the history's models against an empty database,
+# with a third side on the planned-only models in the history's database, counted
+# with it).
 # Measured with it: docs/performance.md ("which part of a loaded create grows").
 set -euo pipefail
 bin=$(realpath "$1")

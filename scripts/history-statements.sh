@@ -6,7 +6,8 @@
 # the planned-only models and the history's, so `hist.txt` holds both kinds of call.
 # `rounds.txt` has the creates of the rounds that alternate the history's database
 # and an empty one (the issue's loaded / empty at the same moments), per database:
-# calls, mean time, rows, buffers and WAL a call. With `pg_stat_statements.track =
+# calls, mean time, rows, buffers and WAL a call (the history's database's figures
+# include the rounds' third side, creates on the planned-only models beside it). With `pg_stat_statements.track =
 # all` (ALTER SYSTEM and a reload) it has the statements inside the create's
 # functions and triggers too, which says which part of a create grows. It needs
 # pg_stat_statements in shared_preload_libraries (a restart of Postgres); it does not
@@ -56,13 +57,16 @@ cd "$(dirname "$0")/../booking-api"
     case "$line" in
       "== planned bookings only"*) q "SELECT pg_stat_statements_reset()" >/dev/null; in_plan=1 ;;
       "== loading"*) if [ -n "$in_plan" ]; then snapshot plan; in_plan=; fi ;;
-      "== planned bookings and the past"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
-      # The history's phase and the paired reads end where the rounds begin.
-      "== creates with the history and in an empty database"*)
-        snapshot hist
+      # The rounds come first once the history is loaded (before the history's
+      # phase adds its own creates), and end where that phase begins.
+      "== creates with the history and in an empty database"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
+      "== planned bookings and the past"*)
+        by_database rounds
         q "SELECT pg_stat_statements_reset()" >/dev/null
         ;;
-      "== creates by"*) by_database rounds ;;
+      # The history's phase and the paired reads end where the returning users'
+      # rounds begin.
+      "== creates by"*) snapshot hist ;;
     esac
   done
 } | tee "$out/bench.log"
