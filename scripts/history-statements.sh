@@ -2,8 +2,9 @@
 # The history bench with Postgres's per-statement figures for its `plan` and `hist`
 # phases: pg_stat_statements is reset when each phase starts and read when it ends,
 # so that `plan.txt` and `hist.txt` compare the same statements with and without the
-# past (calls, mean time, buffers a call). The last phase's reads alternate between
-# the planned-only models and the history's, so `hist.txt` holds both kinds of call.
+# past (calls, mean time, buffers a call). `hist.txt` starts after the rounds below:
+# the paired reads and creates that alternate between the planned-only models and
+# the history's (both kinds of call), then the history's phase.
 # `rounds.txt` has the creates of the rounds that alternate the history's database
 # and an empty one (the issue's loaded / empty at the same moments), per database:
 # calls, mean time, rows, buffers and WAL a call (the history's database's figures
@@ -49,7 +50,8 @@ by_database() {
     ORDER BY query, d.datname" >"$out/$1.txt"
 }
 cd "$(dirname "$0")/../booking-api"
-# The planned-only phase ends where the history's load begins (the second "== loading").
+# The planned-only phase (in a database of its own) ends where the history's
+# database's loads begin (the second "== loading").
 "$bin" --bench 2>&1 | {
   in_plan=
   while IFS= read -r line; do
@@ -60,11 +62,12 @@ cd "$(dirname "$0")/../booking-api"
       # The rounds come first once the history is loaded (before the history's
       # phase adds its own creates), and end where that phase begins.
       "== creates with the history and in an empty database"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
-      "== planned bookings and the past"*)
+      "== the hot reads, planned only and with history"*)
         by_database rounds
         q "SELECT pg_stat_statements_reset()" >/dev/null
         ;;
-      # The history's phase and the paired reads end where the returning users'
+      # The paired reads, the rounds of the history's models against the
+      # planned-only ones and the history's phase end where the returning users'
       # rounds begin.
       "== creates by"*) snapshot hist ;;
     esac

@@ -6,10 +6,12 @@
 //!   history's table what the history does not hold);
 //! - `plan`: only the planned part of the history below (its last 6 cycles of 15
 //!   days: 82,320 bookings with the defaults), loaded by `scripts/load-history.sql`
-//!   with `cycles = planned_cycles`;
+//!   with `cycles = planned_cycles`, in a database of its own as well
+//!   (`gpu_booking_bench_history_plan`);
 //! - `hist`: the whole history (`scripts/load-history.sql`: by default 1,000,000
 //!   bookings of 100,000 users on 40 models over 3 years, the same planned part and
-//!   2 years 9 months past), loaded beside the `plan` phase's models and users, and
+//!   2 years 9 months past), loaded beside the same planned part on models and
+//!   users of its own (`plan-00` ..., `p000000` ..., which the paired measures read), and
 //!   after the API's archiving job has run over it (`--archive-after`, a day: the
 //!   bookings that ended before then leave the exclusion constraints' indexes) and
 //!   VACUUM after it. Creates are measured once with the constraints' indexes as the
@@ -19,9 +21,9 @@
 //! A read's answer grows with the bookings in its window (a year's availability of a
 //! model reads its ~2,000 planned bookings; the empty table has none), so
 //! `history / planned` is the figure that says whether history costs anything: the
-//! `plan` models and users and the `hist` ones differ only by the past. The last
-//! phase measures each read on both in alternating rounds, in the same database at
-//! the same moments. Measured minutes apart, before and after the load, the ratio
+//! `plan` models and users and the `hist` ones differ only by the past. Once the
+//! history is loaded, each read is measured on both in alternating rounds, in the
+//! same database at the same moments. Measured minutes apart, before and after the load, the ratio
 //! moved by up to 0.5 between runs of one build on this 2-core machine
 //! (`/schedulability` 0.46-0.96 history / planned). Not a pass/fail test:
 //! it prints the figures and their ratios.
@@ -48,10 +50,12 @@
 //! this process), in alternating rounds: the loaded / empty at the same
 //! moments of the machine, where the phases' own ratios compare measures minutes
 //! apart, across a load, an archive and a VACUUM. It prints what the table holds
-//! then: the history and the creates of the phases before it (every create stays,
-//! each by a new user). Last, creates on the history's models against the
-//! planned-only models, in alternating rounds in one database: what the past alone
-//! costs a create at the same moments.
+//! then: the history, the planned part's twin beside it and the creates measured on
+//! them since (every create stays, each by a new user; the phases before ran in
+//! databases of their own). Then the paired reads, and creates on the history's
+//! models against the planned-only models in alternating rounds in one database:
+//! what the past alone costs a create at the same moments. The `hist` phase comes
+//! after them, then the returning users' rounds.
 //!
 //! Each phase also finds the highest rate of creates arriving on a schedule (an
 //! open loop, as users arrive when a booking window opens) whose p99 stays within 25
@@ -112,11 +116,9 @@ async fn main() -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(400)
         .build()?;
-    // The loader's models (`hist-00` ..., declared here with the same units; the
-    // loader keeps the larger count) hold only the history when it loads; `empty-00`
-    // ... here hold no bookings (the empty phase runs in a database of its own) and
-    // serve the planned-only mode's rounds.
-    declare_models(&http, &api, &["empty", "plan", "hist"]).await?;
+    // The loader's models (`plan-00` ..., `hist-00` ..., declared here with the same
+    // units; the loader keeps the larger count) hold only what it loads.
+    declare_models(&http, &api, &["plan", "hist"]).await?;
     let bench = Bench {
         api,
         http,
@@ -134,14 +136,25 @@ async fn main() -> anyhow::Result<()> {
     common::checkpoint(&first_pool).await?;
     let empty = first.phase(&first_pool, "empty").await?;
     let empty_reads = first.reads("empty", "h").await?;
+    close(first_pool, first).await;
     // The planned part alone: as many lanes per model as the whole history has
-    // (bookings / (models x cycles)), over its planned cycles only.
+    // (bookings / (models x cycles)), over its planned cycles only. In a database of
+    // its own too, for the same reason (its phase's creates by new users, about
+    // 200,000 here, would stay in the history's table); its models without bookings
+    // (`empty-00` ...) serve the planned-only mode's rounds.
     let lanes = bookings.div_ceil(MODELS as u64 * HISTORY_CYCLES);
     let planned = lanes * MODELS as u64 * PLANNED_CYCLES;
-    load(&pool, planned, users, PLANNED_CYCLES, "plan", "p").await?;
-    println!("== planned bookings only");
-    let plan = bench.phase(&pool, "plan").await?;
-    let plan_reads = bench.reads("plan", "p").await?;
+    let (plan_pool, plan_bench) = database_of_its_own(
+        &base,
+        &bench,
+        "gpu_booking_bench_history_plan",
+        &["empty", "plan"],
+    )
+    .await?;
+    load(&plan_pool, planned, users, PLANNED_CYCLES, "plan", "p").await?;
+    println!("== planned bookings only (a database of its own)");
+    let plan = plan_bench.phase(&plan_pool, "plan").await?;
+    let plan_reads = plan_bench.reads("plan", "p").await?;
     if env("GPU_BOOKING_HISTORY_PLANNED_ONLY", 0) == 1 {
         println!("\n== summary (ratios first)");
         println!(
@@ -153,13 +166,17 @@ async fn main() -> anyhow::Result<()> {
             plan.c32.p99
         );
         // The same creates side by side, in alternating rounds: on models without
-        // bookings (`empty-00` ... of this database), on the planned models, and in a
-        // database whose booking table is empty. Planned / empty models says what the
-        // bookings over a create's window cost; planned / empty database adds what the
-        // table's size costs, at the same moments.
+        // bookings (`empty-00` ... of the planned part's database), on the planned
+        // models, and in a database whose booking table is empty. Planned / empty
+        // models says what the bookings over a create's window cost; planned / empty
+        // database adds what the table's size costs, at the same moments.
         let other = empty_database(&base, &bench, &["plan"]).await?;
-        let rounds =
-            alternating_creates(&[(&bench, "empty"), (&bench, "plan"), (&other, "plan")]).await?;
+        let rounds = alternating_creates(&[
+            (&plan_bench, "empty"),
+            (&plan_bench, "plan"),
+            (&other, "plan"),
+        ])
+        .await?;
         for (round, sides) in rounds.iter().enumerate() {
             let [e, p, d] = sides[..] else { continue };
             println!(
@@ -179,8 +196,11 @@ async fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    // The planned-only models and users stay as they are while the history loads
-    // beside them: the last phase reads both, in alternating rounds.
+    close(plan_pool, plan_bench).await;
+    // The history's database: the same planned part on its own models and users
+    // (the paired reads and rounds below compare the two), then the whole history
+    // beside it.
+    load(&pool, planned, users, PLANNED_CYCLES, "plan", "p").await?;
     load(&pool, bookings, users, HISTORY_CYCLES, "hist", "h").await?;
     // What the API's archiving job (`--archive-after`, default a day) does within 10
     // minutes of the load, and what autovacuum does after it: the bookings that ended
@@ -212,6 +232,14 @@ async fn main() -> anyhow::Result<()> {
         (unrebuilt.rate / bare.rate) / (empty.c32.rate / empty.bare.rate),
         unrebuilt.p99
     );
+    // The planned-only models take as many seconds of creates, so that both sets of
+    // models hold the same creates when the paired reads below compare them.
+    let unrebuilt_plan = bench.creates(32, "plan").await?;
+    println!(
+        "booking creates on the planned-only models beside them, 32 clients: {:.2} x bare INSERT; p99 {:.1} ms",
+        unrebuilt_plan.rate / bare.rate,
+        unrebuilt_plan.p99
+    );
     // ... and rebuilt, as a deployment's are: the migration that brought archiving
     // archives an existing history before it builds them, and from then on they hold
     // what is planned or recent (each booking leaves a day after it ends).
@@ -242,16 +270,21 @@ async fn main() -> anyhow::Result<()> {
     // the reads below, which compare the two.
     let against_empty =
         alternating_creates(&[(&bench, "hist"), (&other, "hist"), (&bench, "plan")]).await?;
+    // The reads while the `hist` models hold what the `plan` models do (their
+    // planned part and the same seconds of creates): the phase below adds tens of
+    // thousands to the `hist` models' next year alone, which a year's availability
+    // reads (2026-11-27 13:22 run, with the reads after creates on one side only:
+    // history / planned 0.34 where it was 0.85).
+    println!("== the hot reads, planned only and with history, in alternating rounds");
+    let paired = bench.paired_reads(("plan", "p"), ("hist", "h")).await?;
+    // What the past alone costs a create at the same moments: the history's models
+    // against the planned-only ones, in one database (each holds the same planned
+    // part and the same creates; the history's also 2 years 9 months of the past).
+    println!("== creates with the history and planned only, one database, in alternating rounds");
+    let against_planned = alternating_creates(&[(&bench, "hist"), (&bench, "plan")]).await?;
     println!("== planned bookings and the past");
     common::settle(&pool).await?;
     let loaded = bench.phase(&pool, "hist").await?;
-    // The reads while the `hist` models hold what the `plan` models do (their
-    // planned part, their phase's creates and the rounds' above): the creates below
-    // add tens of thousands to the `hist` models' next year alone, which a year's
-    // availability reads (2026-11-27 13:22 run, with them before: history / planned
-    // 0.34 where it was 0.85).
-    println!("== the hot reads, planned only and with history, in alternating rounds");
-    let paired = bench.paired_reads(("plan", "p"), ("hist", "h")).await?;
     // Creates by the history's own users (about ten bookings each over the three
     // years) against creates by new users, on the same models, in alternating rounds:
     // what a user's past costs a create. Only users who hold no booking now or ahead
@@ -291,15 +324,6 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
-    // What the past alone costs a create at the same moments: the history's models
-    // against the planned-only ones, in one database (each holds the same planned
-    // part and its phase's creates; the history's also 2 years 9 months of the
-    // past). After the rounds above, so that the per-database figures of
-    // scripts/history-statements.sh and history-profile.sh stay those of the
-    // history against the empty database.
-    println!("== creates with the history and planned only, one database, in alternating rounds");
-    let against_planned = alternating_creates(&[(&bench, "hist"), (&bench, "plan")]).await?;
-
     println!("\n== summary (ratios first)");
     // What the past costs a create (history / planned), apart from what the planned
     // bookings over its window cost (planned / empty: a create reads them all).
@@ -341,9 +365,11 @@ async fn main() -> anyhow::Result<()> {
         for (round, sides) in rounds.iter().enumerate() {
             if let [h, e, ..] = sides[..] {
                 println!(
-                    "  {what}, round {round}: {:.0} / {:.0} per s, p99 {:.1} / {:.1} ms, CPU per create {} / {}",
+                    "  {what}, round {round}: {:.0} / {:.0} per s (refused {} / {}), p99 {:.1} / {:.1} ms, CPU per create {} / {}",
                     h.rate,
                     e.rate,
+                    h.refused,
+                    e.refused,
                     h.p99,
                     e.p99,
                     cpu_split(h.cpu),
@@ -464,6 +490,15 @@ async fn database_of_its_own(
     };
     declare_models(&other.http, &other.api, prefixes).await?;
     Ok((pool, other))
+}
+
+/// Closes the connections of a database whose phase is over: Postgres serves 100 by
+/// default, and the history's database and the empty one of the rounds take 32 each
+/// (2026-11-29: with the phases' pools left open, the empty database's connections
+/// were refused in the last round, "too many clients already").
+async fn close(pool: PgPool, bench: Bench) {
+    bench.api.pool.close().await;
+    pool.close().await;
 }
 
 /// The table the bare one-row INSERTs write.
