@@ -27,7 +27,8 @@ if [ "${GPU_BOOKING_HISTORY_PLANNED_ONLY:-0}" = 1 ]; then
 else
   begins="== creates with the history and in an empty database"
 fi
-# The rounds take 6 s a side and round; the first seconds create the empty database.
+# The rounds take 6 s a side and round; the first seconds create the empty database
+# and warm each side up (3 s each, not measured).
 backends() {
   psql "$DATABASE_URL" -Atc "SELECT pid, datname FROM pg_stat_activity
     WHERE datname LIKE 'gpu_booking_bench_history%'" >>"$out/pids.txt"
