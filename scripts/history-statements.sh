@@ -59,8 +59,8 @@ cd "$(dirname "$0")/../booking-api"
     case "$line" in
       "== planned bookings only"*) q "SELECT pg_stat_statements_reset()" >/dev/null; in_plan=1 ;;
       "== loading"*) if [ -n "$in_plan" ]; then snapshot plan; in_plan=; fi ;;
-      # The rounds come first once the history is loaded (before the history's
-      # phase adds its own creates), and end where that phase begins.
+      # The rounds come first once the history is loaded (before the paired
+      # reads and the history's phase), and end where the paired reads begin.
       "== creates with the history and in an empty database"*) q "SELECT pg_stat_statements_reset()" >/dev/null ;;
       "== the hot reads, planned only and with history"*)
         by_database rounds
