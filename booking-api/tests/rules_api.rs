@@ -1551,7 +1551,7 @@ async fn fragmented_past(api: &Api) -> i64 {
     a.id()
 }
 
-/// DESIGN.md (Booking store): "any booking that fits by count gets a slot". An
+/// docs/design.md ("The booking store"): "any booking that fits by count gets a slot". An
 /// admin importing a past booking (override, start before now) that fits by
 /// count must get one even when the slots are fragmented by started bookings:
 /// moving the slot of a booking that has already ended harms nobody.

@@ -1,9 +1,10 @@
-//! The lab's booking policy: every fairness rule of DESIGN.md is one setting here.
+//! The lab's booking policy: every fairness rule of docs/design.md ("The rules") is
+//! one setting here.
 
 use chrono::TimeDelta;
 
 /// Settings the booking rules are checked against. `Default` is the policy of
-/// DESIGN.md: 1 to 14 days, a 14-day cooldown, nothing new while a booking runs,
+/// docs/design.md: 1 to 14 days, a 14-day cooldown, nothing new while a booking runs,
 /// at most one planned booking.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {

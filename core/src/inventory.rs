@@ -2,7 +2,7 @@
 //! the resources the device plugin advertises: how many bookable units of which model
 //! it has, and how much VRAM budget (`gpumem`, MiB) it should advertise.
 //!
-//! Units are cards (DESIGN.md, "capacity"): a time-sliced card is one unit however
+//! Units are cards (docs/design.md, "GPU models and units"): a time-sliced card is one unit however
 //! many replicas the device plugin advertises; a MIG device is one unit of its profile.
 //! What GFD writes, per sharing mode:
 //!

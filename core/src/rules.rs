@@ -1,4 +1,4 @@
-//! The booking rules of DESIGN.md as pure functions.
+//! The booking rules of docs/design.md ("The rules") as pure functions.
 //!
 //! The API checks them inside one transaction, under its per-user and per-model
 //! locks, with the user's bookings and the model's bookings read under those locks.

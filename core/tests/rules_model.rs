@@ -4,7 +4,7 @@
 //! cancel a planned booking; end an active one early; delete anything; advance
 //! the clock) runs against
 //!
-//! - (a) [`Reference`]: DESIGN.md's rules written out in the most obvious way,
+//! - (a) [`Reference`]: docs/design.md's rules written out in the most obvious way,
 //!   on an hour grid, with capacity checked by counting bookings at every hour of
 //!   the window and earliest times found by trying every hour; and
 //! - (b) [`Real`]: the `core` functions composed exactly as
@@ -111,7 +111,7 @@ enum Outcome {
 }
 
 // ---------------------------------------------------------------------------
-// (a) The reference: DESIGN.md, the obvious way.
+// (a) The reference: docs/design.md's rules, the obvious way.
 
 #[derive(Debug, Clone)]
 struct RefBooking {
@@ -655,9 +655,9 @@ proptest! {
 /// fits by count (never more than 2 at once on 2 units), but the bookings that
 /// have started fragment the slots (a on slot 0 until -5d, b on slot 1 from -4d),
 /// no unit is free of them over all of [-8d, -2d), and started bookings never
-/// move, so the store answers `capacity`. DESIGN.md: "any booking that fits by
-/// count gets a slot"; a slot is only bookkeeping for the exclusion constraint,
-/// so a's (it has ended) could move to slot 1.
+/// move, so the store answers `capacity`. docs/design.md ("The booking store"):
+/// "any booking that fits by count gets a slot"; a slot is only bookkeeping for
+/// the exclusion constraint, so a's (it has ended) could move to slot 1.
 #[test]
 fn past_override_that_fits_by_count_is_accepted() {
     let rules_ = Rules {

@@ -233,8 +233,8 @@ enum Outcome {
 }
 
 /// Creates a booking: every rule checked in one transaction under the user's lock
-/// and the locks of the model's days that the window touches (DESIGN.md, Booking
-/// store; migration 20261125000200). The exclusion constraints only back this up.
+/// and the locks of the model's days that the window touches (docs/design.md, "The
+/// booking store"; migration 20261125000200). The exclusion constraints only back this up.
 /// A create that needs planned bookings moved to other units starts again under the
 /// model's lock exclusive, since the moves reach beyond its days.
 pub async fn create(
