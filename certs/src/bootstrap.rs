@@ -1,5 +1,5 @@
 //! `gpu-booking bootstrap`: the release's generated secrets, made once and kept, so that
-//! `helm install` needs no Secret made by hand (issue 14, item 2).
+//! `helm install` needs no Secret made by hand.
 //!
 //! The chart runs it as a pre-install/pre-upgrade hook Job when no existing Secret is
 //! named. It reads the Secret, adds only what is missing and writes with optimistic

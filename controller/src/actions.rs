@@ -316,7 +316,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, ActionError> {
         return Ok(Outcome::Skipped("replaced by another pod"));
     }
     // Classified as the watch does: a `priority=high` label counts only with our
-    // high class (issue 13).
+    // high class (`core::admission::marks`).
     let info = serde_json::from_value::<PodLite>(pod.clone())
         .ok()
         .and_then(|lite| PodInfo::from_pod(&lite, &ctx.cfg));

@@ -1,4 +1,4 @@
-//! A booking covers its units and no more, at run time (issue 12 item 3): the
+//! A booking covers its units and no more, at run time: the
 //! controller's view of each booking's high-priority pods, for `core`'s rule
 //! ([`gpu_booking_core::booking_units`]): what it reports to the booking service
 //! (the webhook's count) and which pods it demotes.

@@ -48,7 +48,7 @@ pub struct SpecLite {
     #[serde(default)]
     pub node_selector: Option<BTreeMap<String, String>>,
     /// Set at creation and never changed: the webhook gives our high class only to
-    /// booked pods, so it vouches for a `priority=high` label (issue 13).
+    /// booked pods, so it vouches for a `priority=high` label.
     #[serde(default)]
     pub priority_class_name: Option<String>,
     /// The class's value, resolved by the API server's Priority plugin.
@@ -408,7 +408,7 @@ mod tests {
 
     #[test]
     fn forged_high_is_lent_and_its_end_ignored() {
-        // Issue 13: the creator wrote the label and terminate-at, not our class.
+        // The creator wrote the label and terminate-at, not our class.
         let pod = |class: Option<&str>| {
             lite(json!({
                 "metadata": {"name": "p", "uid": "u",

@@ -1,4 +1,4 @@
-//! What a change of a booking does to its booked pods (issue 12 item 4). The
+//! What a change of a booking does to its booked pods. The
 //! controller follows the booking service's change stream (or, after a lost resume
 //! point, a full listing) and asks this for each booked pod: keep it, give it a new
 //! end, or end it now.

@@ -1,4 +1,4 @@
-//! A booking covers its units and no more (issue 12 item 3), at run time: how many
+//! A booking covers its units and no more, at run time: how many
 //! GPUs each booking's high-priority pods hold, and which of them go past the
 //! booking's units. The webhook decides each new pod from the count
 //! ([`crate::admission::BeyondBooking`]); the controller reports the count and

@@ -6,7 +6,7 @@
 //! Cancellations leave gaps that a fixed first-come slot choice cannot always use,
 //! so planned bookings may change slot when a new booking needs it.
 //!
-//! A booking for N units (issue 12 item 3) holds N slots, not necessarily adjacent
+//! A booking for N units holds N slots, not necessarily adjacent
 //! (adjacent slots would fragment: a 2-unit booking could be refused with two free
 //! units). Where only windows are counted, a booking of N units is its window N
 //! times ([`unit_windows`]), so every count below is a count of units.

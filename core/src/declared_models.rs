@@ -1,4 +1,4 @@
-//! GPU models declared in the Helm values (issue 14, item 4): which of them the booking
+//! GPU models declared in the Helm values: which of them the booking
 //! service writes when it starts, so that `helm install`/`helm upgrade` reconcile them
 //! (GitOps) while the admin API keeps working. The values say who wins:
 //!

@@ -1,4 +1,4 @@
-//! What a calendar feed may say about a booking (issue 16, item 4): who booked a unit
+//! What a calendar feed may say about a booking: who booked a unit
 //! is the booker's business, so a model's occupancy feed names only the feed owner's
 //! own bookings unless the lab's policy publishes names.
 

@@ -3,8 +3,8 @@
 //!
 //! One function for both places that tell a user when they can book:
 //! `GET /api/v1/me/next-start` and the webhook's "you can book from ..." when it
-//! strips a GPU (issue 12, item 7: the warning used the rules alone and named a date
-//! on which every unit of the model was booked).
+//! strips a GPU (the rules alone would name a date on which every unit of the model
+//! may be booked).
 
 use chrono::{DateTime, TimeDelta, Utc};
 

@@ -1,8 +1,8 @@
 //! A token bucket: at most `burst` events at once and `per_second` on average.
 //!
-//! Bounds what anyone who can send us requests can make us write (issue 13: 100
-//! forged admission reviews wrote 200 audit rows in 0.4 s). The clock is passed in, so
-//! the bucket stays pure and its tests need no sleeps.
+//! Bounds what anyone who can send us requests can make us write (without it, a
+//! burst of forged admission reviews would write two audit rows each). The clock is
+//! passed in, so the bucket stays pure and its tests need no sleeps.
 
 use std::time::{Duration, Instant};
 

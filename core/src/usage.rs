@@ -1,4 +1,4 @@
-//! Booked versus used (issue 16 item 5): what a booking's use makes of it, the idle
+//! Booked versus used: what a booking's use makes of it, the idle
 //! nudge's rule and text, and CSV fields that a spreadsheet reads as text.
 
 use std::collections::BTreeMap;

@@ -1,5 +1,5 @@
 //! The waitlist's decisions: whether a request to wait is acceptable, and the window
-//! a waiting entry would be booked for now (issue 16, item 3).
+//! a waiting entry would be booked for now.
 //!
 //! An entry asks for "the first window of `duration` on a model, starting at or after
 //! `not_before` and no later than `latest_start`". The window is the earliest start

@@ -337,7 +337,8 @@ proptest! {
             }
             Decision::Unchecked { .. } => {
                 // Nothing decided, so nothing of ours may stay that the creator wrote
-                // (issue 13); a pod without our marks or class passes unchanged.
+                // (our marks are the webhook's alone); a pod without our marks or
+                // class passes unchanged.
                 let ours = |v: &Value| {
                     ["labels", "annotations"].iter().any(|map| {
                         v["metadata"][map].as_object().is_some_and(|m| {

@@ -1,4 +1,4 @@
-//! The access log (issue 14, item 8): one line per request on every port of every
+//! The access log: one line per request on every port of every
 //! component, with the same message (`request`) and fields (`method`, `route`,
 //! `status`, `latency_ms`) everywhere, so that one log query reads them all.
 //!

@@ -2,12 +2,11 @@
 //! mimalloc gives it back to the OS.
 //!
 //! With mimalloc 3's default (1 s) the webhook gives back pages between bursts of
-//! reviews and faults them in zeroed on the next: 13.5 % of a warm review's samples
-//! were the kernel zeroing pages, and 40,000 sequential warm reviews faulted 4,680
-//! times against 554 with a 10 s delay (docs/webhook.md, "mimalloc gives memory back
-//! and faults it in again"). The cost: memory freed after a burst goes back to the OS
-//! after 10 s instead of 1 s (memory in mimalloc's arenas, ten times the delay: 100 s
-//! instead of 10).
+//! reviews and faults them in zeroed on the next, so a warm review pays the kernel
+//! zeroing pages; a 10 s delay keeps them across the gaps between bursts
+//! (docs/webhook.md, "Performance": the allocator). The cost: memory freed after a
+//! burst goes back to the OS after 10 s instead of 1 s (memory in mimalloc's arenas,
+//! ten times the delay: 100 s instead of 10).
 //!
 //! The only `unsafe` in the workspace's own code: two calls into the mimalloc library
 //! the binary already links (`mi_option_set` ignores an index out of range; mimalloc

@@ -155,7 +155,7 @@ impl PodSpec {
     }
     /// As the webhook admits a booked pod: the label, our high class, and the
     /// priority the API server resolves from it (the controller believes the label
-    /// only with both, issue 13).
+    /// only with both: anyone can write a label, not our class).
     pub fn high_priority(mut self, model: &str) -> Self {
         self.0["metadata"]["labels"]["gpu-booking.io/priority"] = json!("high");
         self.0["metadata"]["labels"]["gpu-booking.io/model"] = json!(model);

@@ -45,8 +45,8 @@ impl fmt::Display for BookingErrorPolicy {
     }
 }
 
-/// What a GPU pod without a trusted identity gets (issue 13: such a pod used to keep
-/// its GPU with no priority label, so it could never be preempted).
+/// What a GPU pod without a trusted identity gets: never its GPU without our low
+/// priority label, since a pod without one could never be preempted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UnidentifiedGpuPods {
@@ -267,7 +267,7 @@ pub fn decide(
         };
         let same_model = gpu.model().is_none_or(|asked| asked == model);
         if until > now && same_model {
-            // A booking covers its units and no more (issue 12 item 3): what is
+            // A booking covers its units and no more: what is
             // left of it after its other pods, by the controller's last count.
             beyond_booking = answer.units.and_then(|units| {
                 BeyondBooking::check(booking_id, units, answer.units_held.unwrap_or(0), gpu.units)

@@ -55,8 +55,8 @@ impl Identity {
 /// a value that is no acceptable user name (control characters, over
 /// [`MAX_USERNAME_BYTES`](crate::username::MAX_USERNAME_BYTES), ...) gives no identity
 /// rather than a fall back to the label, because the label of a long or odd name is a
-/// lossy slug that can name someone else (issue 13: a 265-byte name dropped from the
-/// annotation fell back to a safe slug equal to Alice's). Without the annotation, the
+/// lossy slug that can name someone else (a name over the bound, dropped from the
+/// annotation, would fall back to a safe slug another user can share). Without the annotation, the
 /// label when it can be a KubeSpawner slug. `None` for pods without either.
 ///
 /// Only trust this for pods the spawner created: see [`super::trusted_identity`].
@@ -179,7 +179,7 @@ mod tests {
             ),
             None
         );
-        // Issue 13: a name over the bound is refused, not replaced by its safe slug
+        // A name over the bound is refused, not replaced by its safe slug
         // (which another user can share).
         let long = format!("{}@example.com", "m".repeat(260));
         let safe = crate::username::safe_slug(&long);

@@ -5,9 +5,9 @@
 //! controller last reported. Between a pod's admission and the next report that
 //! counts it (the pod is created, scheduled, seen by the controller's watch, and the
 //! next report is sent: a second or two) every admission reads the same free count,
-//! so a storm of spawns used to be lent far more cards than exist. The ledger keeps
-//! each GPU admission (booked or lent) with its time and subtracts those that no
-//! report has had the time to count:
+//! so without more a storm of spawns would be lent far more cards than exist. The
+//! ledger keeps each GPU admission (booked or lent) with its time and subtracts
+//! those that no report has had the time to count:
 //!
 //! - the free count used is the one of the newest report seen for the model (any
 //!   answer's; a cached answer with an older report does not bring back lends that

@@ -2,7 +2,7 @@
 //! believed.
 //!
 //! Anyone who can create a pod can write any label or annotation into it, and name
-//! any priority class (issue 13). So:
+//! any priority class. So:
 //!
 //! - the webhook removes every key of ours that a pod's creator wrote, on every path
 //!   (a GPU pod it decides, a pod without a GPU, a pod it lets through unchecked),

@@ -23,8 +23,8 @@ use crate::gpu_model::ModelName;
 
 /// The patch that carries out `decision` on `pod` (empty when nothing changes). Every
 /// key of ours that the pod's creator wrote and the decision does not write goes
-/// first (issue 13: a self-written `priority=high` or `terminate-at` must not
-/// survive any path, [`super::marks`]).
+/// first (a self-written `priority=high` or `terminate-at` must not survive any
+/// path, [`super::marks`]).
 pub fn plan(pod: &Value, decision: &Decision, cfg: &AdmissionConfig) -> Patch {
     plan_owned(pod.clone(), decision, cfg)
 }
@@ -639,7 +639,7 @@ mod tests {
         assert!(out["spec"].get("priority").is_none());
     }
 
-    /// A pod whose creator wrote every mark of ours (issue 13), under both the current
+    /// A pod whose creator wrote every mark of ours, under both the current
     /// keys and the legacy ones (`gpu-booking/`), which are stripped alike.
     fn forged() -> Value {
         json!({"metadata": {"name": "p",

@@ -1,4 +1,4 @@
-//! The webhook's replica of what it decides on (issue 17): the bookings that matter
+//! The webhook's replica of what it decides on: the bookings that matter
 //! now (running, planned, and each user's last ended one for the cooldown), the
 //! users' label slugs, and the per-model figures (free units, VRAM budgets, when the
 //! controller last reported usage), so that an admission is answered from memory.
@@ -203,11 +203,11 @@ impl Replica {
     /// Forgets ended bookings that no rule can see any more: all but each user's
     /// last ended one. The cooldown counts from the latest end; while a planned
     /// booking ends later that one is it, but a cancellation hands the role back to
-    /// the last ended booking (the old prune kept only the latest of all, and lost
+    /// the last ended booking (keeping only the latest booking of all would lose
     /// that cooldown; the proptest below fails with that rule). It reads only the
     /// bookings that ended since the last prune, so that it can run at every
-    /// refresh without holding the replica for a walk over all of them (the walk was
-    /// the webhook's p99 tail: docs/webhook.md).
+    /// refresh without holding the replica for a walk over all of them, which every
+    /// admission's read would wait for (docs/webhook.md, "Performance").
     pub fn prune(&mut self, now: DateTime<Utc>) {
         if self.pruned_through.is_some_and(|through| now <= through) {
             return;
@@ -621,9 +621,9 @@ mod tests {
         assert!(Replica::from_state(s).is_none());
     }
 
-    /// What the replica answered before it had indexes (issue 17): every booking
-    /// that has not ended counts. The indexed answers must be these, after any
-    /// sequence of changes and prunes.
+    /// The plain answer, walking every booking: every booking that has not ended
+    /// counts. The indexed answers must be these, after any sequence of changes and
+    /// prunes.
     fn answer_by_walking_all(
         bookings: &BTreeMap<i64, BookingState>,
         models: &[ModelState],

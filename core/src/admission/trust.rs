@@ -2,8 +2,8 @@
 //! believed when the spawner wrote it.
 //!
 //! Anyone who can create a pod can write any label or annotation, so the name in a pod
-//! proves nothing by itself (issue 13: a pod in any namespace with Alice's annotation
-//! got Alice's booking). The AdmissionReview says who asked the API server to create
+//! proves nothing by itself (a pod in any namespace with Alice's annotation would get
+//! Alice's booking). The AdmissionReview says who asked the API server to create
 //! the pod (`request.userInfo`, authenticated by the API server) and in which
 //! namespace; JupyterHub's KubeSpawner creates pods as the hub's ServiceAccount
 //! (`system:serviceaccount:<namespace>:hub` in zero-to-jupyterhub) in its own
@@ -117,7 +117,7 @@ pub fn trusted_identity(
 ///
 /// Believed only when the requester (`userInfo`, authenticated by the API server) is
 /// one of `cfg.controllers`, compared exactly: marks in a pod prove nothing by
-/// themselves, since whoever creates a pod can write them (issue 13). A copy is never
+/// themselves, since whoever creates a pod can write them. A copy is never
 /// booked (`high` is not believed from anyone), and a pod that asks by resource for
 /// another model than its label names goes the ordinary way. `None`: decide it as
 /// any other pod.
