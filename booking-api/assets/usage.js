@@ -1,4 +1,4 @@
-// Booked versus used on the Admin view (issue 16 item 5): GPU-hours booked, held and
+// Booked versus used on the Admin view: GPU-hours booked, held and
 // active per user or model over a period, plotted with Chart.js (vendored in
 // /assets/chart.umd.min.js); the no-shows and the idle bookings as tables; the
 // same report as CSV. Only the REST API is called (GET /api/v1/admin/usage), with

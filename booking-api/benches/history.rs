@@ -1,4 +1,4 @@
-//! The booking store at a large university's scale (issue 17): booking creates and
+//! The booking store at a large university's scale: booking creates and
 //! the hot reads in three phases, each against the same run's bare one-row INSERT
 //! rate, on models of their own:
 //! - `empty`: no bookings, in a database of its own (`gpu_booking_bench_history_first`:
@@ -255,16 +255,14 @@ async fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     common::settle(&pool).await?;
-    // The issue's loaded / empty, measured at the same moments: the history's models
-    // against the same models in a database whose booking table is empty, in
-    // alternating rounds. The phases' own ratios compare measures minutes apart, across
-    // a load, an archive and a VACUUM. Before the `hist` phase's creates: every
-    // create the bench makes stays in the table, each by a new user, and measured
-    // after that phase (until 2026-11-28) the table held up to twice the history's
-    // bookings and ten times its users, and the `hist` models' next year several
-    // times the planned part's bookings (pgbench, batches of eight, on the databases
-    // such a run left: 0.83-0.87 on models without bookings, 0.72-0.77 on the `hist`
-    // models, against 0.95 on the history alone: docs/performance.md).
+    // Loaded / empty, measured at the same moments: the history's models against the
+    // same models in a database whose booking table is empty, in alternating rounds.
+    // The phases' own ratios compare measures minutes apart, across a load, an
+    // archive and a VACUUM. Before the `hist` phase's creates: every create the bench
+    // makes stays in the table, each by a new user, so after that phase the table
+    // would hold up to twice the history's bookings and ten times its users, and the
+    // `hist` models' next year several times the planned part's bookings: a load
+    // heavier than the history it is meant to measure.
     println!("== creates with the history and in an empty database, in alternating rounds");
     print_table_state(&pool).await?;
     let other = empty_database(&base, &bench, &["hist"]).await?;
@@ -276,8 +274,8 @@ async fn main() -> anyhow::Result<()> {
     // The reads while the `hist` models hold what the `plan` models do (their
     // planned part and the same seconds of creates): the phase below adds tens of
     // thousands to the `hist` models' next year alone, which a year's availability
-    // reads (2026-11-27 13:22 run, with the reads after creates on one side only:
-    // history / planned 0.34 where it was 0.85).
+    // reads (with creates on one side only, history / planned would measure those
+    // creates, not the past).
     println!("== the hot reads, planned only and with history, in alternating rounds");
     let paired = bench.paired_reads(("plan", "p"), ("hist", "h")).await?;
     // What the past alone costs a create at the same moments: the history's models
@@ -487,9 +485,9 @@ async fn database_of_its_own(
 }
 
 /// Closes the connections of a database whose phase is over: Postgres serves 100 by
-/// default, and the history's database and the empty one of the rounds take 32 each
-/// (2026-11-29: with the phases' pools left open, the empty database's connections
-/// were refused in the last round, "too many clients already").
+/// default, and the history's database and the empty one of the rounds take 32 each,
+/// so with the phases' pools left open the rounds' connections would be refused
+/// ("too many clients already").
 async fn close(pool: PgPool, bench: Bench) {
     bench.api.pool.close().await;
     pool.close().await;
@@ -509,10 +507,8 @@ async fn create_bench_row(pool: &PgPool) -> anyhow::Result<()> {
 /// HTTP clients and the side's API: only one side runs at a time) and of the side's
 /// database's backends. Each side first takes `WARM_UP` of creates, not measured: the
 /// rounds measure the sides as they serve, and the first side of the first round
-/// otherwise met what the bench's set-up left (a rebuilt index, a fresh database's
-/// connections, a checkpoint's writes): on 2026-11-29 the history's side went first
-/// after its indexes were rebuilt and ran 0.67 and 0.72 x the empty database in the
-/// first round, 0.83-0.92 in the three after it, in two runs.
+/// would otherwise meet what the bench's set-up left (a rebuilt index, a fresh
+/// database's connections, a checkpoint's writes) and measure that, not a create.
 async fn alternating_creates(sides: &[(&Bench, &'static str)]) -> anyhow::Result<Vec<Vec<Stats>>> {
     for (bench, prefix) in sides {
         bench.lasting(WARM_UP).creates(32, prefix).await?;

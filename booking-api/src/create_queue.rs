@@ -1,4 +1,4 @@
-//! Creates that arrive while others are being written go together (issue 17): a
+//! Creates that arrive while others are being written go together: a
 //! create waits in one queue, a worker takes it with whatever else waits (up to
 //! [`MAX_BATCH`]) and `store::bookings::create_many` decides them under one
 //! transaction's locks and writes them with one statement per table, each still
@@ -6,7 +6,8 @@
 //! worker idle is a batch of one, at once: at low load nothing waits. While another
 //! worker is writing, the one that takes a create waits up to [`GATHER`] for more to
 //! join it. What a batch saves is the work paid per transaction and per statement
-//! (the round trips, the commit, the executor's start-up): `docs/performance.md`.
+//! (the round trips, the commit, the executor's start-up): two thirds of a lone
+//! create's time (`docs/performance.md`, "What each guarantee of a create costs").
 //!
 //! A create whose request is dropped while it waits in the queue (its client went
 //! away, or the server's request timeout ended it) is dropped too: the client was
@@ -28,9 +29,9 @@ use crate::store::bookings::{self, BookingRow, NewBooking};
 use crate::store::StoreError;
 
 /// Workers, each writing one batch at a time (each holds at most one of the pool's
-/// connections while it does). Four and batches of up to 16 ran at 0.25 x the bare
-/// INSERT rate, eight and batches of up to 8 at 0.24 (`create_rate` bench, 32
-/// clients, 2026-11-26): fewer transactions at once meet fewer of each other's locks.
+/// connections while it does). Few: fewer transactions at once meet fewer of each
+/// other's locks, and more workers with shorter batches did no better in the
+/// `create_rate` bench.
 const WORKERS: usize = 4;
 /// The most creates in one batch: the longer a batch, the longer each of its
 /// creates waits for the others' locks and writing.
@@ -39,10 +40,10 @@ pub const MAX_BATCH: usize = 16;
 const QUEUE: usize = 1024;
 /// How long a worker that takes a create waits for more to join it, when another
 /// worker is writing (load is there): a lone create pays its transaction's fixed
-/// costs, two thirds of its time (pgbench, one client: a create alone 2.77 ms, in
-/// transactions of four 1.20 ms each). With it, the API's and Postgres's CPU per
-/// create fell from 1,210-1,381 to 932-1,008 µs at 32 clients (`create_rate`,
-/// 2026-11-28, docs/performance.md).
+/// costs, two thirds of its time, so a batch that a few more creates join is
+/// cheaper per create, and a wait this short is not felt while another transaction
+/// is being written anyway. At low load no worker is writing and nothing waits.
+/// What it saves: `docs/performance.md`, "What each mechanism buys".
 const GATHER: Duration = Duration::from_millis(2);
 
 /// A booking request that owns what it names, so that it can wait in the queue.

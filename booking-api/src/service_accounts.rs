@@ -1,4 +1,4 @@
-//! Kubernetes ServiceAccount tokens as bearer tokens (issue 14, item 3): the webhook,
+//! Kubernetes ServiceAccount tokens as bearer tokens: the webhook,
 //! the controller and the agent present the projected token the kubelet mounts
 //! (audience-bound, short-lived, rotated), and the API asks the cluster whether it is
 //! genuine with a `TokenReview` for its own audience. No shared secret to mint, leak or

@@ -1,4 +1,4 @@
-//! The API's access log (issue 14, item 8): one line per request, with its route
+//! The API's access log: one line per request, with its route
 //! template, never its path, query or headers.
 //!
 //! Alone in its test binary: it captures `tracing` output with a thread-local

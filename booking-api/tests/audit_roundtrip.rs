@@ -1,4 +1,4 @@
-//! What the audit log stores it can always give back (issue 13, item 3): hostile JSON
+//! What the audit log stores it can always give back: hostile JSON
 //! posted as an audit event's `details` (the schema's only JSON column,
 //! `audit_event.details jsonb`) is either refused with a clear 4xx and nothing
 //! stored, or read back by `GET /api/v1/audit` equal to what was sent.

@@ -430,11 +430,11 @@ async fn a_long_poll_wakes_on_a_change(pool: PgPool) {
     assert_eq!(body["changes"][0]["booking"]["id"], id, "{body}");
 }
 
-/// Transaction ids are the Postgres server's, not the database's: the stream used to
-/// wait for every transaction on the server older than a change, so one long write
-/// in another database held back every booking change for as long as it ran
-/// (migration 20261203000100). It passes them now; a transaction of this database
-/// still holds back the changes after it (when it commits, its own come first).
+/// Transaction ids are the Postgres server's, not the database's: a stream that
+/// waited for every transaction on the server older than a change would let one long
+/// write in another database hold back every booking change for as long as it ran.
+/// It passes them (migration 20261203000100); a transaction of this database still
+/// holds back the changes after it (when it commits, its own come first).
 #[sqlx::test(migrations = "../migrations")]
 async fn a_long_transaction_elsewhere_on_the_server_does_not_hold_the_stream_back(pool: PgPool) {
     use sqlx::{Connection, PgConnection};

@@ -1,5 +1,5 @@
-//! Creates written in one batch (`store::bookings::create_many`, the create queue of
-//! issue 17) get the answers they would get created one after the other in the same
+//! Creates written in one batch (`store::bookings::create_many`, fed by the create
+//! queue) get the answers they would get created one after the other in the same
 //! order: each sees the ones before it that were accepted, a refusal is its own, and
 //! a create whose writing fails (a database refusal no rule foresaw) fails alone.
 //! Real Postgres, every migration.

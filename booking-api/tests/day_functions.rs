@@ -1,4 +1,4 @@
-//! The SQL a create runs, kept cheap (issue 17; migration 20261129000100): the day
+//! The SQL a create runs, kept cheap (migration 20261129000100): the day
 //! functions are inlined by the planner and give the days their first bodies gave,
 //! and the create's plpgsql statements run on generic plans that use the indexes.
 

@@ -1,4 +1,4 @@
-//! Creates lock only what conflicts (issue 17, item 3; migration 20261125000200): a
+//! Creates lock only what conflicts (migration 20261125000200): a
 //! transaction holds one create's locks open while another create runs. Creates on
 //! days of the model that the held window does not touch complete; a create whose
 //! window shares a day with it, or by the same user, waits until it ends.

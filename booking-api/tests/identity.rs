@@ -1,7 +1,7 @@
-//! Nobody takes another user's booking (issue 13): names compared as JupyterHub
+//! Nobody takes another user's booking: names compared as JupyterHub
 //! normalises them, a user whose label keys meet another user's refused at booking
 //! time, a slug that names several users resolved to nobody (with a bounded number of
-//! audit rows), and the strip warning's date equal to `/me/next-start` (issue 12).
+//! audit rows), and the strip warning's date equal to `/me/next-start`.
 //!
 //! Runs on the real Postgres (`DATABASE_URL`), a fresh database per test.
 
@@ -126,7 +126,7 @@ async fn a_name_that_is_another_users_escape_slug_is_refused(pool: PgPool) {
     let api = Api::new(pool, NameCase::Lowercase).await;
     let (status, body) = api.book("alice@example.com", "a100", t0()).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    // Issue 13: this user's pods carry the label `alice-40example-2ecom`, Alice's.
+    // This user's pods would carry the label `alice-40example-2ecom`, Alice's.
     let (status, body) = api.book("alice-40example-2ecom", "a6000", t0()).await;
     assert_collision(status, &body);
     assert_eq!(
@@ -255,7 +255,7 @@ async fn a_pod_without_identity_is_answered_free_units_only(pool: PgPool) {
     assert_eq!(answer["earliest_booking_by_model"], json!({}));
 }
 
-/// Issue 12, item 7: the date the webhook's strip warning names is what
+/// The date the webhook's strip warning names is what
 /// `/me/next-start` answers, for a user in cooldown and for a full model.
 #[sqlx::test(migrations = "../migrations")]
 async fn the_strip_date_is_next_start(pool: PgPool) {

@@ -1,7 +1,7 @@
 //! OIDC tokens against a local JWKS server (axum on 127.0.0.1) that the tests make
 //! slow, failing or rotating: the cache's single flight, negative cache and rate
-//! limit (counted in fetches, never timed), and the claim checks (issuer, audience,
-//! `nbf`, lifetime, verified email, the username claim) on ES256 tokens.
+//! limit (counted in fetches, never timed), and the claim checks on ES256 tokens:
+//! issuer, audience, `nbf`, lifetime, verified email, the username claim.
 //! The same checks against a real provider are in `oidc_provider.rs`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-//! The history loader (`scripts/load-history.sql`, issue 17), small: it switches the
+//! The history loader (`scripts/load-history.sql`), small: it switches the
 //! triggers that keep the derived tables off for the load and writes those tables
 //! itself afterwards, so what it leaves must be what the triggers would have written.
 //! Real Postgres, every migration.

@@ -1,4 +1,4 @@
-//! The booking state on `/metrics` (issue 14, item 8): active and planned bookings,
+//! The booking state on `/metrics`: active and planned bookings,
 //! and each model's declared, free, booked and lent units, read from the database at
 //! each scrape; `gpu_booking_build_info` and the process metrics beside them; the
 //! Prometheus text format when the scraper asks for it (and `promtool check metrics`

@@ -1,4 +1,4 @@
-//! Multi-GPU bookings over the API (issue 12 item 3): `units` on create and list,
+//! Multi-GPU bookings over the API: `units` on create and list,
 //! the policy's maximum, capacity counted in units, and what the webhook is told
 //! (the booking's units and the units its pods hold, as the controller counted).
 

@@ -1,4 +1,4 @@
-//! Booked versus used on the real Postgres (issue 16 item 5): the controller's
+//! Booked versus used on the real Postgres: the controller's
 //! held-units reports (with the agent's activity) become spans of use; the admin
 //! report per user, model and booking, as JSON and CSV (a hostile user name stays
 //! text); no-shows and idle bookings; the idle nudge, once per booking; retention.

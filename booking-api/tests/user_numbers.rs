@@ -1,4 +1,4 @@
-//! Users' numbers (migration 20261210000100, issue 17): the one-booking-at-a-time
+//! Users' numbers (migration 20261210000100): the one-booking-at-a-time
 //! constraint is keyed by `booking.user_id`, so every booking must carry its own
 //! user's number, whoever writes it: the create's one statement (a new user's number
 //! from that statement's insert), a batch with one new user twice, creates of one new

@@ -9,9 +9,9 @@ use sqlx::{Connection, PgConnection, PgPool};
 pub use rate_search::{RateSearch, Trial};
 
 /// The `gpu-booking` binary's allocator (src/main.rs), so that the API is measured as
-/// it runs. Without it the benches measured glibc's malloc, which the service does not
-/// use: 16-18 % of the history bench's process during creates (`perf`, 2026-11-27).
-/// The baselines in the same process get it too.
+/// it runs: without it the benches would measure glibc's malloc, which the service
+/// does not use, and which is a large share of the bench process's time during
+/// creates. The baselines in the same process get it too.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -77,14 +77,12 @@ pub async fn bare_insert(pool: &PgPool, v: i64) -> anyhow::Result<()> {
 
 /// VACUUM ANALYZE, then [`checkpoint`], before a measure on tables just loaded: a
 /// database with years of history has been vacuumed long since, and a phase measured
-/// right after a load measured its aftermath instead (2026-11-27 13:22 run: the
-/// history bench's planned phase missed a 25 ms p99 at 50 creates a second, p99 220
-/// ms, while autovacuum went over the loaded tables and the checkpoint the load's WAL
-/// asked for stalled commits). Not for empty tables: ANALYZE records them as empty, and
-/// the plans that the service's functions cache while they are (generic plans) scan
-/// them whole until autovacuum analyzes them again, up to a minute later (14:01 run:
-/// 33,604 sequential scans of `booking`, 626 million rows read, in the empty phase,
-/// whose creates ran at half their rate).
+/// right after a load measures its aftermath instead (autovacuum going over the
+/// loaded tables, and the checkpoint the load's WAL asks for stalling commits, miss a
+/// 25 ms p99 at rates far below what the store serves). Not for empty tables: ANALYZE
+/// records them as empty, and the plans that the service's functions cache while they
+/// are (generic plans) scan them whole until autovacuum analyzes them again, up to a
+/// minute later, halving the creates' rate.
 // Only `history` loads tables.
 #[allow(dead_code)]
 pub async fn settle(pool: &PgPool) -> anyhow::Result<()> {
@@ -93,9 +91,9 @@ pub async fn settle(pool: &PgPool) -> anyhow::Result<()> {
 }
 
 /// CHECKPOINT before a measure, so that it starts with no dirty pages to write and
-/// meets the next checkpoint no sooner than another measure does (`create_rate`'s
-/// first open-loop search, right after its closed loop, missed a 25 ms p99 at 50 bare
-/// INSERTs a second: p99 147 ms, 2026-11-27 13:58 UTC).
+/// meets the next checkpoint no sooner than another measure does: a search right
+/// after a closed loop would otherwise meet that loop's dirty pages being written and
+/// miss a 25 ms p99 at any rate.
 pub async fn checkpoint(pool: &PgPool) -> anyhow::Result<()> {
     before_measuring(pool, "CHECKPOINT").await
 }
@@ -203,9 +201,9 @@ pub fn due(rate: f64, duration: Duration) -> usize {
 
 /// The fewest operations an open-loop trial runs: its p99 is then its 10th slowest
 /// operation or later, so one pause of the machine (a checkpoint's writes stall a
-/// commit by ~50 ms here) cannot decide a trial alone. At 50 a second over 2 s, a
-/// trial's p99 was its slowest but one of 100, and one stall at the search's first
-/// rate ended the search at 0 (the history bench's planned phase, 2026-11-28 14:45).
+/// commit by ~50 ms on a 2-core machine) cannot decide a trial alone. A trial of 2 s
+/// at 50 a second would have 100 operations, its p99 the slowest but one, and one
+/// stall at the search's first rate would end the search at 0.
 const MIN_TRIAL_OPS: usize = 1_000;
 
 /// The rate (per second) a `sustained_rate` search tries first: below what either

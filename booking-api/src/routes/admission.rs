@@ -1,5 +1,5 @@
-//! `/api/v1/admission-state`: what the webhook's replica decides admissions from
-//! (issue 17). A full answer at the webhook's start and after the change stream's
+//! `/api/v1/admission-state`: what the webhook's replica decides admissions from.
+//! A full answer at the webhook's start and after the change stream's
 //! resume point is gone; the figures alone (`?full=false`) every second or so.
 
 use axum::extract::State;

@@ -1,4 +1,4 @@
-//! Multi-GPU bookings (issue 12 item 3): the policy's limits as the page and
+//! Multi-GPU bookings: the policy's limits as the page and
 //! clients read them, and the controller's count of the units each booking's pods
 //! hold (what the webhook needs to give high priority only up to a booking's units).
 

@@ -1,4 +1,4 @@
-//! `GET /api/v1/admin/usage`: booked versus used (issue 16 item 5), per user, per
+//! `GET /api/v1/admin/usage`: booked versus used, per user, per
 //! model or per booking over a period, as JSON or CSV; with the no-shows and the
 //! idle bookings. Admins only.
 

@@ -1,5 +1,5 @@
 //! Archiving: bookings that ended long ago leave the exclusion constraints' indexes,
-//! so that a create's insert does not grow with history (issue 17). The rule and its
+//! so that a create's insert does not grow with history. The rule and its
 //! backstop are in migration `20261201000100_booking_archived.sql`; this is the job
 //! that moves the horizon.
 

@@ -16,11 +16,11 @@ use tokio::sync::{watch, Semaphore};
 use super::bookings::BookingRow;
 
 /// How often each process looks whether changes became servable, while anyone
-/// waits. (The trigger used to `NOTIFY`; a notifying transaction takes a lock held
-/// until it commits that every other notifying transaction waits for, database-wide,
-/// so booking creates committed one at a time: a whole create ran 2.4 x faster
-/// without it under pgbench at 32 clients (docs/performance.md). A look is one
-/// index probe at each end of `booking_change`.)
+/// waits. Polled rather than woken by `NOTIFY`: a notifying transaction takes a lock,
+/// database-wide, that it holds until it commits and that every other notifying
+/// transaction waits for, so every booking transaction would commit one at a time.
+/// A look is one index probe at each end of `booking_change`, and a change reaches
+/// a follower within this of becoming servable, across API replicas too.
 pub const WATCH_EVERY: Duration = Duration::from_millis(100);
 
 /// What a look reads: the newest change, and the oldest transaction whose changes

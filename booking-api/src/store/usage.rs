@@ -1,4 +1,4 @@
-//! Booked versus used (issue 16 item 5): spans of each booking's use, written from
+//! Booked versus used: spans of each booking's use, written from
 //! the controller's held-units report (`PUT /api/v1/held-units`, which also carries
 //! the last GPU activity the node agent annotated on the booking's pods), and the
 //! per-booking figures the admin report and the idle nudge read.
@@ -10,7 +10,8 @@ use sqlx::{PgExecutor, PgPool};
 
 pub use gpu_booking_core::usage::ACTIVITY_RESOLUTION;
 
-/// The advisory lock (two-key form) that serialises reports: issue 16, item 5.
+/// The advisory lock (two-key form) that serialises reports; no other lock of ours
+/// uses these keys (the booking locks' first keys are 7262-7265).
 const REPORT_LOCK: (i32, i32) = (16, 5);
 
 /// Records one report: `held` (booking id -> units its high-priority pods hold now,
