@@ -1,4 +1,4 @@
-//! Dependencies point inward only (issue 15, item 4; `docs/architecture.md`).
+//! Dependencies point inward only (`docs/architecture.md`).
 //!
 //! Reads the workspace's own manifests with `cargo metadata --no-deps` (no network, no
 //! build) and fails when a crate links one of ours that its layer must not: the
@@ -53,9 +53,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("gpu-booking", ANY),
 ];
 
-/// Pairs that must never be linked, directly or through another crate: the ones
-/// issue 15 names, checked over the transitive closure so that the message names the
-/// rule even when an allowed-looking middle crate brings it in.
+/// Pairs that must never be linked, directly or through another crate (the edges
+/// never link the booking service; `core` and `process` link nothing of ours),
+/// checked over the transitive closure so that the message names the rule even
+/// when an allowed-looking middle crate brings it in.
 const NEVER: &[(&str, &str)] = &[
     ("controller", "api"),
     ("agent", "api"),

@@ -1,4 +1,4 @@
-//! The demo a newcomer can follow (issue 11, item 5), on the real binary and the
+//! The demo a newcomer can follow, on the real binary and the
 //! Postgres on 127.0.0.1:5432: `demo --fresh` starts from an empty database and says
 //! so; each sample review reaches its outcome (booked, lent, stripped); a token for
 //! any user can be minted with the printed command and through the page's user picker

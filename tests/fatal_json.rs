@@ -1,5 +1,5 @@
-//! The error that ends a process is a JSON log line when the process logs JSON
-//! (issue 14, item 8), and names the missing file it could not read.
+//! The error that ends a process is a JSON log line when the process logs JSON,
+//! and names the missing file it could not read.
 
 use std::process::Command;
 

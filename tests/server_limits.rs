@@ -1,4 +1,4 @@
-//! Slow and hostile clients cannot exhaust the servers (issue 13, item 6): the real
+//! Slow and hostile clients cannot exhaust the servers: the real
 //! `gpu-booking api` (plain HTTP) and `gpu-booking webhook` (TLS) binaries, on
 //! 127.0.0.1, under 600 idle or trickling connections and then 600 stalled 3 MB
 //! bodies. Every such connection is ended by the server (header, body and idle

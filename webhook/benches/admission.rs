@@ -208,7 +208,7 @@ fn main() {
     // depend on the machine's load: run it under `valgrind --tool=callgrind` with two
     // values of n; the difference of the totals over the difference of n is what one
     // request costs (client and server; the client's share is the same for every
-    // target). See docs/webhook.md, "Performance".
+    // target). See docs/performance.md, "The webhook bench".
     if let Some(n) = std::env::var("BENCH_SEQUENTIAL")
         .ok()
         .and_then(|n| n.parse::<usize>().ok())
@@ -229,9 +229,9 @@ fn main() {
     // machine's speed hits them alike; each target's rate is its median round.
     // Each round takes the targets in another order: round r starts at target r and
     // steps by the r-th number prime to the count (1, 3, 5 for 8 targets), so that the
-    // target before each one differs from round to round (rotating one order, as
-    // before 2026-11-26, kept every target behind the same one: the warm path always
-    // ran right after the pod without GPU) and none is always first.
+    // target before each one differs from round to round (rotating one order would
+    // keep every target behind the same one, and a target's tail would be its
+    // predecessor's leftovers) and none is always first.
     let count = targets.len();
     let order = move |round: usize| {
         let step = (1..)

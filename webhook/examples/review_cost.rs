@@ -1,7 +1,7 @@
 //! What an AdmissionReview costs to read and answer with our own types
 //! (`gpu_booking_webhook::review`) and with `kube::core::admission`'s, and how the two
-//! behave where they differ (issue 15 item 6; the figures are in docs/webhook.md, "Why
-//! our own AdmissionReview types").
+//! behave where they differ (the figures are in docs/webhook.md, "Why our own
+//! AdmissionReview types").
 //!
 //! The review is a real KubeSpawner pod creation (a fixture of
 //! `tests/fixtures/kubespawner/`) inside the review the API server sends; the answer
@@ -107,8 +107,8 @@ fn ours(body: &[u8], patch: &json_patch::Patch) -> Vec<u8> {
 }
 
 /// The same with the review read leniently, every field any JSON (what the webhook
-/// falls back to for a review the typed pass cannot read, and read every GPU review
-/// with until 2026-11-25).
+/// falls back to for a review the typed pass cannot read), to show what the typed
+/// pass saves.
 fn ours_lenient(body: &[u8], patch: &json_patch::Patch) -> Vec<u8> {
     let review = read_lenient(body).expect("a review");
     black_box(&review.request.object);

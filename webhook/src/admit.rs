@@ -158,7 +158,7 @@ impl Webhook {
             Ok(Some(gpu)) => gpu,
             Ok(None) => {
                 // No GPU: nothing to decide, but no mark of ours its creator wrote
-                // survives either (issue 13).
+                // survives either (`core::admission::marks`).
                 let out = match guarded(|| plan_unmarked(&pod, &self.cfg)) {
                     Ok(patch) => allow().with_patch(&patch),
                     Err(()) => allow().with_warning(Some(INTERNAL.into())),

@@ -34,10 +34,10 @@ const AUDIT_QUEUE: usize = 4096;
 /// Audit reports sent in one batch at most: all the service takes.
 const AUDIT_BATCH: usize = MAX_AUDIT_BATCH;
 /// How long the first report of a batch waits for more before the batch is sent.
-/// Without it a batch went out as soon as the previous call returned: with the audit
-/// rate raised to match 2,000 admissions/s, a call (and a booking-service
-/// transaction) for every one or two reports; with it, 20 batches of about 100 a
-/// second. A flush (shutdown) does not wait.
+/// Without a wait a batch would go out as soon as the previous call returned, so at
+/// a high audit rate each call (and booking-service transaction) would carry one or
+/// two reports; with it, a second of reports at any rate is about 20 calls. A flush
+/// (shutdown) does not wait.
 const AUDIT_LINGER: Duration = Duration::from_millis(50);
 /// Tries of one batch before its reports are dropped (and counted).
 const AUDIT_TRIES: u32 = 3;
@@ -64,8 +64,9 @@ struct Entry {
 
 impl Entry {
     /// In flight (asked less than its time to live ago), or answered less than its
-    /// time to live ago. A lookup whose caller timed out leaves its cell empty: it
-    /// used to count as in flight for ever, so such entries were never swept.
+    /// time to live ago. A lookup whose caller timed out leaves its cell empty, so an
+    /// empty cell counts as in flight only for the time to live: otherwise such
+    /// entries would never be swept.
     fn is_fresh(&self, ttl: Duration, now: Instant) -> bool {
         match self.cell.get() {
             None => now.duration_since(self.created) < ttl,
@@ -77,9 +78,9 @@ impl Entry {
 
 /// The lookups by query (`--decide-from lookup`), shared by the admissions that ask
 /// the same. Expired entries are swept when the cache reaches twice its size after
-/// the last sweep (at least [`CACHE_SWEEP_AT`]): it used to sweep on every miss once
-/// that many entries were fresh, walking them all each time (the bench's cold lookup
-/// path spent 2.5 % of the server's time there).
+/// the last sweep (at least [`CACHE_SWEEP_AT`]), so that sweeps cost a constant
+/// share of the inserts: a sweep on every miss once that many entries are fresh
+/// would walk them all each time.
 #[derive(Default)]
 struct LookupCache {
     entries: HashMap<(&'static str, String), Arc<Entry>>,
@@ -111,7 +112,7 @@ pub struct BookingSource {
     /// Where admissions are answered from; `None`: a lookup per GPU pod.
     replica: Option<Arc<ReplicaHandle>>,
     /// One token bucket per audit action: whoever can reach `/mutate` cannot make us
-    /// write more than the rate (issue 13). Actions come from our own code, a closed set.
+    /// write more than the rate. Actions come from our own code, a closed set.
     audit_rate: Mutex<HashMap<String, TokenBucket>>,
     audit_limits: (u32, f64),
     metrics: Arc<Metrics>,
@@ -267,9 +268,9 @@ impl BookingSource {
     /// to [`AUDIT_LINGER`], at most [`AUDIT_BATCH`]), so that a burst of spawns costs
     /// a few calls and no admission waits for one.
     /// Queues the report of `action` that `report` builds, unless the action's rate
-    /// is exceeded: then it is counted and never built (its details are JSON, and an
-    /// admission at the bench's 2,000/s built one for every review to drop almost
-    /// all of them).
+    /// is exceeded: then it is counted and never built (its details are JSON, and
+    /// under a storm of reviews almost all of them would be built only to be
+    /// dropped).
     pub fn audit(&self, action: &str, report: impl FnOnce() -> AuditReport) {
         if !self.audit_allowed(action) {
             tracing::debug!("audit rate exceeded; report dropped");

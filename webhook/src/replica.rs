@@ -1,4 +1,4 @@
-//! The webhook's live replica of what it decides on (issue 17): no call on the
+//! The webhook's live replica of what it decides on: no call on the
 //! admission path. Two tasks feed a [`core` replica](gpu_booking_core::admission::Replica):
 //!
 //! - the follower lists everything (`GET /api/v1/admission-state`, with the change

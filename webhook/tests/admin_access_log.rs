@@ -1,4 +1,4 @@
-//! The admin port's access log (issue 14, item 8): one line per request, as every
+//! The admin port's access log: one line per request, as every
 //! component writes it (`gpu_booking_process::access`). Alone in its test binary: it
 //! captures `tracing` output (see `gpu_booking_process::testing`).
 

@@ -262,7 +262,7 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
     .await;
     let booking_id = booking["id"].as_i64().unwrap();
     // Bob's last booking ended yesterday: he is in cooldown, so the strip warning
-    // names a date other than now, which must be /me/next-start's (issue 12, item 7).
+    // names a date other than now, which must be /me/next-start's.
     api(
         &http,
         reqwest::Method::POST,
@@ -442,7 +442,7 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         out.response.warnings
     );
 
-    // Issue 13: Alice's pod, created by anyone but the hub's ServiceAccount in jhub,
+    // Alice's pod, created by anyone but the hub's ServiceAccount in jhub,
     // gets no booking: it is lent (the a6000 is free), not high priority on the a100.
     for (uid, creator, namespace) in [
         ("e2e-7", "system:serviceaccount:jhub:default", "jhub"),

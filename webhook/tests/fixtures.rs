@@ -715,7 +715,7 @@ fn corpus() -> Vec<Case> {
         .hook(Hook::StripUnidentified)
         .warn("not created by JupyterHub")
         .lookups(0),
-        // Issue 13: a name in a pod proves nothing unless the spawner wrote it.
+        // A name in a pod proves nothing unless the spawner wrote it.
         case(
             "Alice's annotation on a pod another ServiceAccount creates: no booking, lent",
             "u-34",
@@ -1045,7 +1045,7 @@ async fn fixture_corpus() {
     );
 }
 
-/// Issue 13 item 2: no review, real or forged, can end a pod. A booked pod on a full
+/// No review, real or forged, can end a pod. A booked pod on a full
 /// model is admitted with high priority and an audit row, and the booking service's
 /// preemption endpoint is never called (the controller preempts for booked pods it
 /// sees Pending): 20 copies of the review make one lookup (cached), 20 audit reports
@@ -1102,8 +1102,8 @@ async fn a_review_never_asks_for_a_preemption() {
     assert_eq!(audit.body["details"]["model_full"], true);
 }
 
-/// Issue 13: 100 forged reviews posted to `/mutate` wrote 200 audit rows. Audit
-/// reports are now bounded per kind (a token bucket; no refill here, so the bound is
+/// Forged reviews posted to `/mutate` cannot write audit rows without bound: audit
+/// reports are bounded per kind (a token bucket; no refill here, so the bound is
 /// exact) and the dropped ones are counted.
 #[tokio::test]
 async fn audit_reports_are_bounded_in_rate() {
@@ -1403,7 +1403,7 @@ mod fast_path {
     }
 }
 
-/// `pod` with every mark of ours written by its creator (issue 13): our labels (under
+/// `pod` with every mark of ours written by its creator: our labels (under
 /// the current and the legacy keys), the `terminate-at` annotation, another annotation
 /// of ours, and our high class.
 fn forged(mut pod: Value) -> Value {
@@ -1425,7 +1425,7 @@ fn forged(mut pod: Value) -> Value {
     pod
 }
 
-/// Issue 13: whatever path a pod takes through the webhook, no mark of ours that
+/// Whatever path a pod takes through the webhook, no mark of ours that
 /// its creator wrote survives, and only our keys (and our high class) are touched.
 #[tokio::test]
 async fn forged_marks_are_removed_on_every_path() {

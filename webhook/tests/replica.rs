@@ -1,4 +1,4 @@
-//! The webhook's replica of the booking service (issue 17) against the real booking
+//! The webhook's replica of the booking service against the real booking
 //! API on the real Postgres: it answers exactly as `GET /api/v1/schedulability`
 //! does, follows booking changes within a second or two, lists again after a lost
 //! resume point, keeps deciding while the service is down (within its staleness
