@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What each guarantee of a booking create costs (issue 17), measured with pgbench on
+# What each guarantee of a booking create costs, measured with pgbench on
 # the statements the service sends for a create (store::bookings::create_locked:
 # `booking_lock_and_read_batch`, then insert_created, the one statement that writes
 # the users, the bookings and their audit rows), taking one guarantee away at a time,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where each database's Postgres time goes during the history bench's creates in
-# alternating rounds (issue 17: loaded / empty at the same moments): `perf record -a
+# alternating rounds (loaded / empty at the same moments): `perf record -a
 # -g` while the rounds run, the samples split by the database of the backend that took
 # them (pids from pg_stat_activity), and for each side the share of its samples
 # spent in (below) each part of a create: executor start-up, index inserts, GiST
@@ -14,8 +14,7 @@
 # run (about 5 minutes: planned models, empty models, an empty database); without,
 # the full run's (about 15 minutes: the history's models against an empty database,
 # with a third side on the planned-only models in the history's database, counted
-# with it).
-# Measured with it: docs/performance.md ("which part of a loaded create grows").
+# with it). What it found is in the git history of docs/performance.md.
 set -euo pipefail
 bin=$(realpath "$1")
 out=$(realpath -m "$2")

@@ -6,7 +6,7 @@
 # the paired reads and creates that alternate between the planned-only models and
 # the history's (both kinds of call), then the history's phase.
 # `rounds.txt` has the creates of the rounds that alternate the history's database
-# and an empty one (the issue's loaded / empty at the same moments), per database:
+# and an empty one (loaded / empty at the same moments), per database:
 # calls, mean time, rows, buffers and WAL a call (the history's database's figures
 # include the rounds' third side, creates on the planned-only models beside it). With `pg_stat_statements.track =
 # all` (ALTER SYSTEM and a reload) it has the statements inside the create's
@@ -16,8 +16,7 @@
 #
 #     scripts/history-statements.sh target/release/deps/history-<hash> target/history-statements
 #
-# Measured with it: docs/performance.md ("/schedulability, found"; "which part of a
-# loaded create grows").
+# What it found is in the git history of docs/performance.md.
 set -euo pipefail
 bin=$(realpath "$1")
 out=$(realpath -m "$2")

@@ -1,4 +1,4 @@
--- Loads a booking history for benchmarks and capacity tests (issue 17): by default
+-- Loads a booking history for benchmarks and capacity tests: by default
 -- 1,000,000 bookings of 100,000 users on 40 models over 3 years (about 2 years 9
 -- months past, 3 months planned), in one transaction, in SQL (generate_series),
 -- in about a minute on a laptop. It needs the service's migrations applied and is

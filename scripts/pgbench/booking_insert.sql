@@ -1,6 +1,6 @@
 -- One booking and its new user per transaction, with every trigger and constraint
--- of `booking` and nothing of the create's locks or reads (issue 17: what a loaded
--- create pays for, docs/performance.md, "where a loaded create's time goes"). For a
+-- of `booking` and nothing of the create's locks or reads: what a create pays for
+-- its rows, loaded or not, apart from its decision. For a
 -- database with the history loaded (scripts/load-history.sql, models `hist-00` ...)
 -- and `CREATE SEQUENCE pb_seq`; a window of 1 to 3 days in the next 80, a slot above
 -- any the loader gives (unique, so never refused). Compare with bare_insert.sql in

@@ -1,7 +1,7 @@
 -- `k` bookings and their new users in one statement, as the service writes the creates
 -- that meet (a batch), with every trigger and constraint of `booking` and nothing of
--- the create's locks or reads (issue 17: what the statement triggers of migration
--- 20261208000100 save a batch, docs/performance.md 2026-11-28). For a database with
+-- the create's locks or reads: what the statement triggers of migration
+-- 20261208000100 save a batch (docs/performance.md, "What each mechanism buys"). For a database with
 -- the loader's models (`hist-00` ...; scripts/load-history.sql) whose units are raised
 -- above the slots used here, and `CREATE SEQUENCE pb_seq`; windows of 2 days in the
 -- next 300, a slot above any the loader gives (unique, so never refused):
