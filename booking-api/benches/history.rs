@@ -47,8 +47,8 @@
 //! Once the history is loaded, archived and its indexes rebuilt, before the `hist`
 //! phase adds its own creates, creates on its models are measured against the same
 //! models in a second database whose booking table is empty (an API of its own in
-//! this process), in alternating rounds: the loaded / empty at the same
-//! moments of the machine, where the phases' own ratios compare measures minutes
+//! this process), in alternating rounds: loaded / empty at the same moments of the
+//! machine, where the phases' own ratios compare measures minutes
 //! apart, across a load, an archive and a VACUUM. It prints what the table holds
 //! then: the history, the planned part's twin beside it and the creates measured on
 //! them since (every create stays, each by a new user; the phases before ran in

@@ -18,7 +18,7 @@
 //!
 //! Besides: 300 distinct users spawning within one second (open loop at 300/s,
 //! every review a new user) against the replica and the lookup webhook, and the
-//! ratios the issue asks for (cold/warm throughput, warm p99 / baseline p99).
+//! ratios of its goals (cold/warm throughput, warm p99 / baseline p99).
 //!
 //! - our TLS + axum stack answering a fixed review (no admission logic), for scale.
 //!
