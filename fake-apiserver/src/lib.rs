@@ -183,6 +183,7 @@ mod kubelet;
 mod node_builder;
 mod path;
 mod preemption;
+mod rbac;
 mod resources;
 mod scheduler;
 mod select;
@@ -193,6 +194,7 @@ mod snapshot;
 mod status;
 mod store;
 mod tokenreview;
+mod validation;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -209,6 +211,7 @@ use tokio::sync::Notify;
 pub use admission::{AdmissionRecord, UserInfo};
 pub use node_builder::NodeBuilder;
 pub use path::ResourceKey;
+pub use rbac::Denial;
 pub use service::ResponseBody;
 pub use status::ApiError;
 
@@ -310,6 +313,10 @@ pub(crate) struct Shared {
     admission: admission::State,
     /// ServiceAccount tokens issued by the test, for TokenReviews.
     tokens: Mutex<tokenreview::Tokens>,
+    /// Whether requests are authorized ([`FakeApiServer::enable_rbac`]).
+    rbac: std::sync::atomic::AtomicBool,
+    /// The requests RBAC refused, in order.
+    denials: Mutex<Vec<Denial>>,
 }
 
 impl Shared {
@@ -366,6 +373,8 @@ impl FakeApiServer {
                 me: me.clone(),
                 admission: admission::State::default(),
                 tokens: Mutex::default(),
+                rbac: std::sync::atomic::AtomicBool::new(false),
+                denials: Mutex::default(),
             }),
         }
     }
@@ -438,6 +447,34 @@ impl FakeApiServer {
     /// `MutatingWebhookConfiguration`s (see the crate docs, "Admission").
     pub fn enable_admission(&self) {
         self.shared.admission.enable();
+    }
+
+    /// From now on every request is authorized as kube-apiserver's RBAC authorizer
+    /// does, from the stored Roles, ClusterRoles and their bindings (see
+    /// `rbac.rs`); the bootstrap roles a cluster starts with are stored now. Requests
+    /// of [`Self::client`] (the cluster admin, in `system:masters`) are always allowed.
+    pub fn enable_rbac(&self) {
+        let mut store = self.lock();
+        for (plural, obj) in rbac::bootstrap_objects() {
+            let key = key_for("rbac.authorization.k8s.io/v1", plural);
+            let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+            if store.get(&key, "", &name).is_none() {
+                let _ = store.create(&key, None, obj);
+            }
+        }
+        drop(store);
+        self.shared
+            .rbac
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Every request RBAC refused so far, in order (see [`Self::enable_rbac`]).
+    pub fn denials(&self) -> Vec<Denial> {
+        self.shared
+            .denials
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Where the webhook service `namespace/name` on `port` (its `clientConfig.service`)

@@ -147,6 +147,21 @@ pub(crate) async fn handle(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
         .to_owned();
+    if shared.rbac.load(std::sync::atomic::Ordering::SeqCst) {
+        let user = crate::admission::UserInfo::from_headers(&parts.headers);
+        let decision = crate::rbac::authorize(&shared.lock(), &user, verb, &target);
+        if let Err(refusal) = decision {
+            tracing::warn!(denied = %refusal.denial, "the fake API server refused a request (RBAC)");
+            shared
+                .denials
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(refusal.denial);
+            // Waiters on the cluster may be waiting for a refusal too.
+            shared.notify.notify_waiters();
+            return error_response(refusal.error);
+        }
+    }
     {
         let mut store = shared.lock();
         *store
@@ -199,7 +214,8 @@ pub(crate) async fn handle(
             }
         }
     }
-    let result = dispatch(&shared, verb, &target, &params, &content_type, &body);
+    let user = crate::admission::UserInfo::from_headers(&parts.headers);
+    let result = dispatch(&shared, verb, &target, &params, &content_type, &body, user);
     shared.changed();
     let response = match result {
         Ok(response) => response,
@@ -250,11 +266,13 @@ fn dispatch(
     params: &HashMap<String, String>,
     content_type: &str,
     body: &[u8],
+    user: crate::admission::UserInfo,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let resource = &target.resource;
     let ns = target.namespace.as_deref().unwrap_or("");
     let name = target.name.as_deref().unwrap_or("");
     let plural = resource.plural.as_str();
+    let check = crate::admission::check_update(shared, target, user, dry_run(params));
     match verb {
         Verb::Get => {
             let store = shared.lock();
@@ -282,12 +300,13 @@ fn dispatch(
         }
         Verb::Update => {
             let obj = parse_body(body)?;
-            let updated = shared
-                .lock()
-                .update(resource, ns, name, write_of(target), obj)?;
+            let updated =
+                shared
+                    .lock()
+                    .update_checked(resource, ns, name, write_of(target), obj, &check)?;
             Ok(json_response(200, &updated))
         }
-        Verb::Patch => patch(shared, target, content_type, body),
+        Verb::Patch => patch(shared, target, content_type, body, &check),
         Verb::Delete => {
             let options = if body.is_empty() {
                 json!({})
@@ -421,6 +440,7 @@ fn patch(
     target: &Target,
     content_type: &str,
     body: &[u8],
+    check: &dyn Fn(&crate::store::Store, &Value, &Value) -> Result<(), ApiError>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let resource = &target.resource;
     let ns = target.namespace.as_deref().unwrap_or("");
@@ -454,7 +474,7 @@ fn patch(
     }
     if let Some(sub) = target.subresource.as_deref() {
         let _ = sub;
-        let updated = store.update(resource, ns, name, Write::Status, new)?;
+        let updated = store.update_checked(resource, ns, name, Write::Status, new, check)?;
         return Ok(json_response(200, &updated));
     }
     // The old status stays (a patch of the main resource cannot change it); a
@@ -465,6 +485,6 @@ fn patch(
     if named_rv.is_none() {
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
     }
-    let updated = store.update(resource, ns, name, Write::Main, new)?;
+    let updated = store.update_checked(resource, ns, name, Write::Main, new, check)?;
     Ok(json_response(200, &updated))
 }

@@ -26,6 +26,11 @@ impl ApiError {
         Self { code, body }
     }
 
+    /// The `Status` message.
+    pub fn message(&self) -> String {
+        self.body["message"].as_str().unwrap_or("").to_owned()
+    }
+
     pub fn not_found(plural: &str, name: &str) -> Self {
         Self::new(
             404,

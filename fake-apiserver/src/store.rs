@@ -316,7 +316,21 @@ impl Store {
         ns: &str,
         name: &str,
         write: Write,
+        new: Value,
+    ) -> Result<Arc<Value>, ApiError> {
+        self.update_checked(resource, ns, name, write, new, &|_, _, _| Ok(()))
+    }
+
+    /// [`Self::update`], after `check` (admission) accepted the object that would
+    /// replace the stored one.
+    pub fn update_checked(
+        &mut self,
+        resource: &ResourceKey,
+        ns: &str,
+        name: &str,
+        write: Write,
         mut new: Value,
+        check: &dyn Fn(&Store, &Value, &Value) -> Result<(), ApiError>,
     ) -> Result<Arc<Value>, ApiError> {
         let plural = resource.plural.as_str();
         let old = self
@@ -371,6 +385,11 @@ impl Store {
                     }
                 }
             }
+            if write == Write::Main && resource.prefix == "/api/v1" && plural == "pods" {
+                crate::validation::pod_update(&old, &new).map_err(|why| {
+                    ApiError::invalid(plural, name, format!("Pod \"{name}\" is invalid: {why}"))
+                })?;
+            }
             if write == Write::Main {
                 match old.get("status") {
                     Some(status) => new["status"] = status.clone(),
@@ -384,6 +403,7 @@ impl Store {
         }
         self.fill_type(resource, &mut new);
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+        check(self, &old, &new)?;
         if new == *old {
             return Ok(old);
         }

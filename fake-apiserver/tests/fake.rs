@@ -426,3 +426,160 @@ async fn config_maps_by_label() {
     let gone = api.delete("a", &DeleteParams::default()).await.unwrap_err();
     assert_eq!(api_error(gone).code, 404);
 }
+
+/// RBAC enforced: a ServiceAccount gets what its Role grants in its namespace and a
+/// 403 with the API server's words for the rest, each refusal kept.
+#[tokio::test]
+async fn rbac_grants_what_the_roles_say_and_refuses_the_rest() {
+    let server = FakeApiServer::new();
+    server.put_value(
+        "roles",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "pods", "namespace": "jhub"},
+               "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "create"]}]}),
+    );
+    server.put_value(
+        "rolebindings",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "pods", "namespace": "jhub"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
+               "subjects": [{"kind": "ServiceAccount", "name": "ctl", "namespace": "ops"}]}),
+    );
+    server.enable_rbac();
+    let client = server.client_as("system:serviceaccount:ops:ctl", &["system:serviceaccounts"]);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "jhub");
+    pods.create(&PostParams::default(), &pod("a"))
+        .await
+        .unwrap();
+    pods.get("a").await.unwrap();
+    let refused = api_error(
+        pods.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(refused.code, 403);
+    assert_eq!(refused.reason, "Forbidden");
+    assert_eq!(
+        refused.message,
+        "pods \"a\" is forbidden: User \"system:serviceaccount:ops:ctl\" cannot patch resource \"pods\" in API group \"\" in the namespace \"jhub\""
+    );
+    let elsewhere: Api<Pod> = Api::namespaced(client, "other");
+    assert_eq!(api_error(elsewhere.get("a").await.unwrap_err()).code, 403);
+    // The cluster admin is never refused.
+    Api::<Pod>::namespaced(server.client(), "jhub")
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
+    let denials = server.denials();
+    assert_eq!(denials.len(), 2);
+    assert_eq!(denials[0].verb, Verb::Patch);
+    assert_eq!(denials[1].namespace.as_deref(), Some("other"));
+}
+
+/// A pod's spec is immutable but for images, the active deadline and added
+/// tolerations: any other change is a 422 in the API server's words.
+#[tokio::test]
+async fn pod_spec_changes_are_refused_as_the_api_server_refuses_them() {
+    let server = FakeApiServer::new();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    pods.create(&PostParams::default(), &pod("a"))
+        .await
+        .unwrap();
+    let refused = api_error(
+        pods.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeSelector": {"gpu-booking.io/model": "a100"}}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(refused.code, 422);
+    assert!(
+        refused.message.starts_with("Pod \"a\" is invalid: spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`"),
+        "{}",
+        refused.message
+    );
+    let mut changed = pods.get("a").await.unwrap();
+    changed.spec.as_mut().unwrap().containers[0].image = Some("jupyter:2".into());
+    changed.metadata.annotations = Some([("a".to_owned(), "b".to_owned())].into());
+    pods.replace("a", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+}
+
+/// A ValidatingAdmissionPolicy (the chart's agent policy, in short) refuses an
+/// update by the user it binds that changes more than its annotation, and lets the
+/// annotation through.
+#[tokio::test]
+async fn validating_admission_policies_refuse_what_their_validations_do_not_hold() {
+    let server = FakeApiServer::new();
+    server.enable_admission();
+    server.put_value(
+        "validatingadmissionpolicies",
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+               "metadata": {"name": "agent"},
+               "spec": {
+                   "failurePolicy": "Fail",
+                   "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                       "operations": ["UPDATE"], "resources": ["pods"]}]},
+                   "matchConditions": [{"name": "the-agent", "expression": "request.userInfo.username == 'agent'"}],
+                   "variables": [
+                       {"name": "labels", "expression": "has(object.metadata.labels) ? object.metadata.labels : {}"},
+                       {"name": "oldLabels", "expression": "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"}],
+                   "validations": [
+                       {"expression": "object.spec == oldObject.spec", "message": "the agent may not change a pod's spec"},
+                       {"expression": "variables.labels == variables.oldLabels"}]}}),
+    );
+    server.put_value(
+        "validatingadmissionpolicybindings",
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": "agent-binding"},
+               "spec": {"policyName": "agent", "validationActions": ["Deny"]}}),
+    );
+    Api::<Pod>::namespaced(server.client(), "jhub")
+        .create(&PostParams::default(), &pod("a"))
+        .await
+        .unwrap();
+    let agent: Api<Pod> = Api::namespaced(server.client_as("agent", &[]), "jhub");
+    agent
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"seen": "now"}}})),
+        )
+        .await
+        .unwrap();
+    let refused = api_error(
+        agent
+            .patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"app": "other"}}})),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(refused.code, 422);
+    assert_eq!(
+        refused.message,
+        "pods \"a\" is invalid: : ValidatingAdmissionPolicy 'agent' with binding 'agent-binding' denied request: failed expression: variables.labels == variables.oldLabels"
+    );
+    // Anyone else is not matched.
+    Api::<Pod>::namespaced(server.client(), "jhub")
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "other"}}})),
+        )
+        .await
+        .unwrap();
+}

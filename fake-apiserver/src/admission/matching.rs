@@ -13,7 +13,7 @@ use crate::select::LabelSelector;
 
 /// Whether one rule covers the request: operation, group, version, resource (with
 /// `*`, `*/*`, `pods/*` and `*/status` as the docs define them) and scope.
-fn rule_matches(rule: &RuleWithOperations, attrs: &Attributes) -> bool {
+pub(super) fn rule_matches(rule: &RuleWithOperations, attrs: &Attributes) -> bool {
     let any = |list: &Option<Vec<String>>, value: &str| {
         list.iter()
             .flatten()
@@ -85,7 +85,7 @@ pub enum Conditions {
 }
 
 /// JSON as CEL sees it: integers as `int`, other numbers as `double`.
-fn to_cel(value: &Value) -> cel::Value {
+pub(super) fn to_cel(value: &Value) -> cel::Value {
     match value {
         Value::Null => cel::Value::Null,
         Value::Bool(b) => cel::Value::Bool(*b),
@@ -121,6 +121,20 @@ impl Programs {
                 )
             })
             .clone()
+    }
+}
+
+/// Runs the expression `source` in `context`.
+pub(super) fn execute(
+    programs: &Programs,
+    source: &str,
+    context: &cel::Context<'_, '_>,
+) -> Result<cel::Value, String> {
+    match &*programs.get(source) {
+        Ok(program) => program
+            .execute(context)
+            .map_err(|e| format!("expression {source:?} resulted in error: {e}")),
+        Err(e) => Err(format!("expression {source:?}: {e}")),
     }
 }
 

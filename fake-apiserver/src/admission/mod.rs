@@ -14,6 +14,7 @@
 mod call;
 mod identity;
 mod matching;
+mod policy;
 mod priority;
 mod quantity;
 
@@ -412,6 +413,40 @@ fn group_version(resource: &ResourceKey) -> (String, String) {
     match api_version.split_once('/') {
         Some((g, v)) => (g.to_owned(), v.to_owned()),
         None => (String::new(), api_version),
+    }
+}
+
+/// What an update (`PUT` or `PATCH`) by `user` of `target` must pass before it is
+/// stored, with the stored object and the one that would replace it: the
+/// ValidatingAdmissionPolicies, when admission is on (see `policy.rs`).
+pub(crate) fn check_update<'a>(
+    shared: &'a Shared,
+    target: &'a Target,
+    user: UserInfo,
+    dry_run: bool,
+) -> impl Fn(&Store, &Value, &Value) -> Result<(), ApiError> + 'a {
+    let (group, version) = group_version(&target.resource);
+    let enabled = shared.admission.enabled() && group != "admissionregistration.k8s.io";
+    move |store: &Store, old: &Value, new: &Value| {
+        if !enabled {
+            return Ok(());
+        }
+        let policies = policy::Policies::of(store);
+        let attrs = Attributes {
+            group: group.clone(),
+            version: version.clone(),
+            resource: target.resource.plural.clone(),
+            subresource: target.subresource.clone(),
+            namespace: target.namespace.clone(),
+            name: target.name.clone().unwrap_or_default(),
+            kind: new["kind"].as_str().unwrap_or("").to_owned(),
+            operation: "UPDATE".into(),
+            dry_run,
+            user: user.clone(),
+        };
+        policies
+            .validate(&shared.admission.programs, &attrs, Some(old), new)
+            .map(|_| ())
     }
 }
 
