@@ -1,4 +1,4 @@
-"""Safe defaults an operator would check (issue 14, item 7): disruption budgets that
+"""Safe defaults an operator would check: disruption budgets that
 never block a drain, names within Kubernetes' limits for every release name Helm
 accepts, and values that contradict each other refused at render time."""
 
@@ -111,20 +111,28 @@ def controller_pod_rules(rendered):
 
 
 def test_the_controller_changes_pods_only_in_the_namespace_it_serves():
+    # What its code does to pods, in every on-expiry mode: read, delete, create a
+    # replacement, patch an annotation (the end-to-end suite runs with these rules).
+    verbs = ["get", "list", "watch", "create", "delete", "patch"]
     rendered = render.render()
-    assert controller_pod_rules(rendered) == {("Role", "jhub"): ["get", "list", "watch", "delete", "create"]}
+    assert controller_pod_rules(rendered) == {("Role", "jhub"): verbs}
     (binding,) = [o for o in rendered if o["kind"] == "RoleBinding" and o["metadata"]["name"] == "gpu-booking-controller-pods"]
     assert binding["metadata"]["namespace"] == "jhub"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-booking-controller", "namespace": "gpu-booking"}]
     (deployment,) = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-controller")]
     env = {e["name"]: e.get("value") for e in pod_spec(deployment)["containers"][0]["env"]}
     assert env["GPU_BOOKING_CONTROLLER_NAMESPACE"] == "jhub"
-    # Creating pods only where a mode re-creates them.
+    # Events about nodes go to `default`: a Role there for events only.
+    (events,) = [o for o in rendered if o["kind"] == "Role" and o["metadata"]["name"] == "gpu-booking-controller-node-events"]
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]
+    # `delete` mode still finishes a two-step action begun under another mode.
     assert controller_pod_rules(render.render(set_values=["controller.onExpiry=delete"])) == {
-        ("Role", "jhub"): ["get", "list", "watch", "delete"]}
+        ("Role", "jhub"): verbs}
     # Every namespace: an explicit choice, a ClusterRole, no namespace option.
     everywhere = render.render(set_values=["controller.namespace=*"])
-    assert controller_pod_rules(everywhere) == {("ClusterRole", None): ["get", "list", "watch", "delete", "create"]}
+    assert controller_pod_rules(everywhere) == {("ClusterRole", None): verbs}
+    assert not [o for o in everywhere if o["metadata"]["name"].endswith("-node-events")]
     (deployment,) = [o for o in everywhere if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-controller")]
     assert "GPU_BOOKING_CONTROLLER_NAMESPACE" not in {e["name"] for e in pod_spec(deployment)["containers"][0]["env"]}
     assert render.template(set_values=["controller.namespace=Not A Namespace"], check=False).returncode != 0
