@@ -79,7 +79,8 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_DRY_RUN", default_value_t = false)]
     pub dry_run: bool,
 
-    /// Watch pods in this namespace only (default: all namespaces).
+    /// Watch pods in this namespace only (default, or `*` as the chart's
+    /// `controller.namespace` writes it: all namespaces).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_NAMESPACE")]
     pub namespace: Option<String>,
 
@@ -210,6 +211,13 @@ pub struct ControllerArgs {
 
 impl ControllerArgs {
     /// Every option at its default (for tests and embedding).
+    /// The one namespace whose pods it serves; `None`: every namespace.
+    pub fn served_namespace(&self) -> Option<&str> {
+        self.namespace
+            .as_deref()
+            .filter(|ns| !ns.is_empty() && *ns != "*")
+    }
+
     pub fn with_defaults(booking_url: &str) -> Self {
         Self {
             booking: BookingServiceArgs::new(booking_url, None),
@@ -341,6 +349,22 @@ mod tests {
         assert_eq!(cli.args.admission.gpu_resource.len(), 2);
         assert!(cli.args.admission_config().is_ok());
         assert!(cli.args.hub().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_star_serves_every_namespace() {
+        let served = |extra: &[&str]| {
+            let mut argv = vec!["x", "--booking-url=http://api:8080"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+                .unwrap()
+                .args
+                .served_namespace()
+                .map(str::to_owned)
+        };
+        assert_eq!(served(&["--namespace=jhub"]).as_deref(), Some("jhub"));
+        assert_eq!(served(&["--namespace=*"]), None);
+        assert_eq!(served(&[]), None);
     }
 
     #[test]

@@ -106,7 +106,7 @@ impl Loop {
     fn pod_stream(
         &self,
     ) -> futures::stream::BoxStream<'static, Result<Event<PodLite>, watcher::Error>> {
-        let api: Api<PodLite> = match &self.args.namespace {
+        let api: Api<PodLite> = match self.args.served_namespace() {
             Some(ns) => Api::namespaced(self.ctx.client.clone(), ns),
             None => Api::all(self.ctx.client.clone()),
         };
