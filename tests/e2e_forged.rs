@@ -1,4 +1,4 @@
-//! End to end, on the simulated lab (issue 13): with the booking service down and
+//! End to end, on the simulated lab: with the booking service down and
 //! `--on-booking-error allow`, a notebook whose creator wrote our marks itself
 //! (`gpu-booking.io/priority=high`, a booking id, `terminate-at`, our high priority
 //! class) is let through with its GPU but without any of them, and the controller

@@ -1,4 +1,4 @@
-//! Issue 12 item 9: expiry that JupyterHub agrees with.
+//! Expiry that JupyterHub agrees with.
 //!
 //! The fake hub (`gpu_booking_sim::hub`) polls as KubeSpawner's `poll()` does and at
 //! the worst moment: when the running server's pod is missing, between the

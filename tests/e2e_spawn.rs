@@ -199,7 +199,7 @@ async fn unbooked_user_with_nothing_free_runs_on_cpu_with_a_warning(pool: PgPool
         !warnings.is_empty(),
         "the user is not told why the notebook runs without a GPU"
     );
-    // Issue 12 item 7: the date is the one `GET /me/next-start` answers bob (the
+    // The date is the one `GET /me/next-start` answers bob (the
     // model's capacity included: both units are booked for two hours).
     let token = lab.api.token("bob.smith", None).unwrap();
     let next: serde_json::Value = reqwest::Client::new()
@@ -225,7 +225,7 @@ async fn unbooked_user_with_nothing_free_runs_on_cpu_with_a_warning(pool: PgPool
     lab.shutdown().await;
 }
 
-/// Issue 12 item 5: victims respect the booked pod's node constraints. Two A100
+/// Victims respect the booked pod's node constraints. Two A100
 /// nodes of one card each, both lent (bob's first, so his is the least recently
 /// used); alice's booked notebook may only run on carol's node (a required node
 /// affinity, as a KubeSpawner profile writes it): carol's pod gives way, and bob,

@@ -30,7 +30,7 @@ const CONCURRENT_SPAWNS: usize = 100;
 // storm; its lend ledger subtracts what it admitted since (docs/webhook.md, "Spawn
 // storms"), and the controller recreates CPU-only a lent pod left waiting for a GPU.
 //
-// The webhook decides from its replica of the booking service (issue 17): no call
+// The webhook decides from its replica of the booking service: no call
 // per admission, and its own admission times show it (200 decisions, 0.45 s in all,
 // each under 0.1 s, printed below). On the 2-core machine with nothing else running
 // the storm takes about 3 s and all 200 pods run after 3.1 s (3 runs of 3). On a machine

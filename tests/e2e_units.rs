@@ -1,5 +1,5 @@
 //! End to end, on the simulated lab: a booking is for N GPUs, and only those are
-//! high priority (issue 12 item 3).
+//! high priority.
 //!
 //! - a 2-unit booking gets two high-priority pods; the user's third pod is lent,
 //!   with the warning that says it is beyond the booking;

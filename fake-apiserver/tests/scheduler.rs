@@ -198,7 +198,7 @@ async fn taints_and_cordoned_nodes_filter_before_resources() {
     assert_eq!(server.pod_node(NS, "tolerant").as_deref(), Some("tainted"));
 }
 
-/// Issue 11's first failure: the webhook gives a pod a VRAM budget, but no node
+/// A VRAM budget without a node to hold it: the webhook gives a pod a VRAM budget, but no node
 /// advertises `gpu-booking.io/gpumem`, so it stays Pending with kube-scheduler's message;
 /// once a node's status advertises it (a node status update), the pod is bound.
 #[tokio::test]
@@ -383,7 +383,7 @@ async fn queue_order_is_priority_then_arrival() {
     assert_eq!(server.pod_node(NS, "low-second"), None);
 }
 
-/// Issue 11's second failure, as kube-scheduler resolves it: a 2-GPU node runs two lent
+/// Two lent pods on one node, as kube-scheduler resolves it: a 2-GPU node runs two lent
 /// (low-priority) pods; a booked pod (high priority, PreemptLowerPriority) needs one GPU.
 /// Exactly one victim: all lower-priority pods are removed, then the most important is
 /// reprieved first (same priority: the one that started earlier), so the newest goes.

@@ -1,4 +1,4 @@
-"""`helm install` and nothing else (issue 14): with default values every Secret,
+"""`helm install` and nothing else: with default values every Secret,
 ConfigMap and PVC a workload reads is rendered by the chart or made by one of its
 Jobs; the bootstrap Job; the embedded Postgres; CloudNativePG and external databases.
 

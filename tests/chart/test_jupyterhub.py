@@ -1,4 +1,4 @@
-"""JupyterHub in one place (issue 14, item 5): the zero-to-jupyterhub values in
+"""JupyterHub in one place: the zero-to-jupyterhub values in
 examples/jupyterhub/ checked against the gpu-booking chart rendered with its pair:
 the hub's ServiceAccount is the trusted spawner in the user namespace the controller
 serves, every GPU profile's pod reaches the webhook (its CEL matchConditions evaluated

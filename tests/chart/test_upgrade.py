@@ -1,5 +1,6 @@
-"""`helm upgrade` from the chart before issue 14 (commit d911c8f, where the operator
-made the Secret `gpu-booking` and ran an external database): rendering both and
+"""`helm upgrade` from the chart before it installed with no manual step (commit
+d911c8f, where the operator made the Secret `gpu-booking` and ran an external
+database): rendering both and
 comparing what the workloads read shows that the documented upgrade values keep the
 certificates, the secrets and the data, and that upgrading on the new defaults alone
 would not (docs/deploy.md, "Upgrading")."""
