@@ -27,6 +27,11 @@ took() { # $1: the step just finished
 ./scripts/sqlx-prepare.sh --check
 took "sqlx offline data checked"
 
+# helm (and the chart checks' other tools) under target/chart-tools: the end-to-end
+# scenarios install the chart as `helm template` renders it.
+./scripts/chart-tools.sh
+took "chart tools"
+
 started="$(date -u +'%Y-%m-%d %H:%M:%S+00')"
 cargo test --workspace
 took "cargo test --workspace"

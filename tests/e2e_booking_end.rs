@@ -98,7 +98,11 @@ async fn booking_end_ends_the_pod_and_it_comes_back_cpu_only(pool: PgPool) {
 
 #[sqlx::test(migrations = "./migrations")]
 async fn ending_a_booking_early_ends_the_pod(pool: PgPool) {
-    let lab = Lab::start(pool).await;
+    ends_early(Lab::start(pool).await).await;
+}
+
+/// alice ends her running booking early; her pod follows at once.
+async fn ends_early(lab: Lab) {
     let booking = lab.book(ALICE, "a100", TimeDelta::hours(2)).await;
     let uid = booked_notebook(&lab).await;
     let asked = Utc::now();
@@ -118,6 +122,34 @@ async fn ending_a_booking_early_ends_the_pod(pool: PgPool) {
         );
     }
     lab.shutdown().await;
+}
+
+/// The scenarios run under the chart's RBAC: take `patch` on pods away from the
+/// controller's Role and ending a booking early fails, naming the refused request
+/// (the controller re-times the booked pod's terminate-at with a patch).
+#[sqlx::test(migrations = "./migrations")]
+async fn a_verb_the_chart_forgets_fails_the_scenario_naming_the_request(pool: PgPool) {
+    let mut chart = common::chart(&[]);
+    assert!(chart.remove_verb("Role", "gpu-booking-controller-pods", "patch"));
+    let scenario = tokio::spawn(async move {
+        let lab = Lab::start_with(pool, SimCluster::builder().rendered_chart(chart)).await;
+        ends_early(lab).await;
+    });
+    let failure = scenario
+        .await
+        .expect_err("the scenario fails without patch on pods");
+    let payload = failure.into_panic();
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default();
+    assert!(
+        message.contains(
+            "User \"system:serviceaccount:gpu-booking:gpu-booking-controller\" cannot patch resource \"pods\" in API group \"\" in the namespace \"jhub\""
+        ),
+        "the failure does not name the refused patch: {message}"
+    );
 }
 
 /// `PATCH /api/v1/bookings/{id}` as alice herself: the booking's new end.

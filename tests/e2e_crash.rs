@@ -1,4 +1,4 @@
-//! Issue 12 item 10: a two-step action survives the controller's crash.
+//! A two-step action survives the controller's crash.
 //!
 //! Six booked notebooks end at once; the controller (replica A, holding the Lease) is
 //! killed as SIGKILL kills it ([`Controller::kill`]: its loop, its election and every
@@ -24,8 +24,9 @@ use gpu_booking_sim::{GpuNode, SimCluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use sqlx::PgPool;
 
-/// Where the replicas keep their Lease and their intents.
-const CONTROLLER_NAMESPACE: &str = "default";
+/// Where the replicas keep their Lease and their intents: the release's namespace,
+/// as the chart sets it.
+const CONTROLLER_NAMESPACE: &str = gpu_booking_sim::rendered::RELEASE_NAMESPACE;
 /// Long enough that replica A is surely killed while the pods terminate.
 const GRACE: i64 = 4;
 
@@ -34,7 +35,6 @@ fn replica(identity: &'static str) -> impl FnOnce(&mut ControllerArgs) + Send + 
     move |args| {
         args.leader_elect = true;
         args.identity = Some(identity.into());
-        args.lease_namespace = CONTROLLER_NAMESPACE.into();
         args.lease_duration = Duration::from_secs(3);
         args.lease_renew = Duration::from_millis(500);
         args.preemption_interval = Duration::from_millis(200);
@@ -155,7 +155,10 @@ async fn killed_between_the_deletes_and_the_recreates(pool: PgPool) {
     .await;
     assert_eq!(intents(&lab.sim.server).len(), USERS.len());
     // ... until B leads.
-    let b = lab.sim.start_replica(replica("replica-b")).unwrap();
+    let b = lab
+        .sim
+        .start_replica("replica-b", replica("replica-b"))
+        .unwrap();
     each_recreated_once(&lab, &originals, creates_before).await;
     assert!(b.leadership.is_leader());
     drop(b);
@@ -189,7 +192,10 @@ async fn killed_before_the_deletes(pool: PgPool) {
         assert!(pod.metadata.deletion_timestamp.is_none(), "{user}");
     }
     // B ends each original first, then re-creates it.
-    let b = lab.sim.start_replica(replica("replica-b")).unwrap();
+    let b = lab
+        .sim
+        .start_replica("replica-b", replica("replica-b"))
+        .unwrap();
     each_recreated_once(&lab, &originals, creates_before).await;
     drop(b);
     lab.shutdown().await;
@@ -231,7 +237,7 @@ async fn demote_killed_between_the_delete_and_the_lent_copy(pool: PgPool) {
     let creates_before = lab.sim.server.count(Verb::Create, "pods");
     let b = lab
         .sim
-        .start_replica(|args| {
+        .start_replica("replica-b", |args| {
             replica("replica-b")(args);
             args.on_expiry = OnExpiry::Demote;
         })
@@ -294,7 +300,10 @@ async fn preemption_killed_between_the_delete_and_the_copy(pool: PgPool) {
         .find(|u| terminating(&lab.sim.server, u))
         .unwrap();
     let spared = lent.into_iter().find(|u| *u != victim).unwrap();
-    let b = lab.sim.start_replica(replica("replica-b")).unwrap();
+    let b = lab
+        .sim
+        .start_replica("replica-b", replica("replica-b"))
+        .unwrap();
     lab.expect(
         "B re-created the victim CPU-only and alice's booked notebook got the card",
         |s| {
@@ -319,7 +328,7 @@ async fn preemption_killed_between_the_delete_and_the_copy(pool: PgPool) {
     lab.shutdown().await;
 }
 
-/// Issue 12 item 5, "a bounded number of attempts", across a change of leader: A
+/// "A bounded number of attempts", across a change of leader: A
 /// spends the only preemption round it is allowed for alice's booked pod (the round
 /// is recorded on her pod; its eviction cannot start, since no intent can be
 /// written) and gives up; A is killed; B, allowed one round too, reads the round on
@@ -372,7 +381,7 @@ async fn preemption_rounds_survive_a_change_of_leader(pool: PgPool) {
     let deletes_before = lab.sim.server.count(Verb::Delete, "pods");
     let b = lab
         .sim
-        .start_replica(|args| {
+        .start_replica("replica-b", |args| {
             replica("replica-b")(args);
             one_round(args);
         })

@@ -122,8 +122,9 @@
 //!   name ([`FakeApiServer::client_as`]), else `system:admin` in `system:masters`.
 //!
 //! Simplifications, each a line:
-//! - Only creates through the API are admitted; updates, patches, deletes and the
-//!   test hooks ([`FakeApiServer::put`] and the like) skip admission.
+//! - Mutating webhooks see only creates through the API; updates and patches run the
+//!   ValidatingAdmissionPolicies alone (`admission/policy.rs`); deletes and the test
+//!   hooks ([`FakeApiServer::put`] and the like) skip admission.
 //! - Reviews are always `admission.k8s.io/v1`, whatever `admissionReviewVersions` lists.
 //! - No built-in plugin but `Priority` (no defaulting, no ServiceAccount, no
 //!   DefaultTolerationSeconds, no LimitRanger), and no validating webhooks.
@@ -136,6 +137,20 @@
 //! - Webhook calls use real sockets and tokio timers: under a paused clock
 //!   (`start_paused`) the timeout fires as soon as the runtime idles, so admission tests
 //!   run on the real clock.
+//!
+//! # Authorization and validation
+//!
+//! - [`FakeApiServer::enable_rbac`]: every request is authorized as kube-apiserver's
+//!   RBAC authorizer does ("Using RBAC Authorization"), from the stored Roles,
+//!   ClusterRoles and bindings, the requester named by the impersonation headers;
+//!   refusals are 403s in the API server's words, kept in
+//!   [`FakeApiServer::denials`] (`rbac.rs`). Without it, every request is allowed.
+//! - ValidatingAdmissionPolicies and their bindings, with admission on: creates and
+//!   updates are checked after mutation, with the same CEL interpreter; a false
+//!   validation is the 422 kube-apiserver answers (`admission/policy.rs`).
+//! - A pod update that changes its spec beyond images, `activeDeadlineSeconds`,
+//!   added tolerations and a negative grace period set to 1 is refused (422) as
+//!   `ValidatePodUpdate` refuses it ("Pod Lifecycle"; `validation.rs`).
 //!
 //! # Test hooks
 //!

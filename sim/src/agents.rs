@@ -28,6 +28,8 @@ use gpu_booking_agent::cluster::KubeCluster;
 use gpu_booking_agent::fake_gpu::FakeGpu;
 use gpu_booking_agent::procfs::{write_fake_process, ProcFs};
 use gpu_booking_agent::{Agent, AgentConfig, Metrics};
+
+use crate::rendered::{LabEnvironment, RenderedChart, API_SERVICE_URL};
 use gpu_booking_fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::oneshot;
@@ -78,7 +80,12 @@ impl AgentSettings {
     /// list is re-read every round and the last-activity annotation follows each
     /// second of activity; a short grace between SIGTERM and SIGKILL.
     pub fn config(&self, node: &str) -> AgentConfig {
-        let mut cfg = AgentConfig::defaults(node);
+        self.lab_config(AgentConfig::defaults(node))
+    }
+
+    /// `cfg` (the agent's defaults, or the chart's DaemonSet's options) with the
+    /// lab's timings, then the scenario's adjustments.
+    pub fn lab_config(&self, mut cfg: AgentConfig) -> AgentConfig {
         cfg.policy.sample_interval = self.sample_interval;
         cfg.term_grace = Duration::from_secs(2);
         cfg.kill_wait = Duration::from_secs(2);
@@ -90,6 +97,35 @@ impl AgentSettings {
         cfg
     }
 }
+
+/// The agent's configuration on `node` from the chart's DaemonSet's environment
+/// ([`crate::rendered`]), its volumes under `volumes`.
+fn chart_config(
+    chart: &RenderedChart,
+    node: &str,
+    booking: &BookingService,
+    token_file: &Path,
+    volumes: &Path,
+) -> anyhow::Result<AgentConfig> {
+    #[derive(clap::Parser)]
+    struct AgentCli {
+        #[command(flatten)]
+        args: gpu_booking_agent::AgentArgs,
+    }
+    let lab = LabEnvironment {
+        pod_name: format!("{AGENT_DAEMONSET}-{node}"),
+        node_name: Some(node.to_owned()),
+        services: vec![(API_SERVICE_URL.to_owned(), booking.url.clone())],
+        token_file: Some(token_file.to_owned()),
+        ..LabEnvironment::default()
+    };
+    let workload = chart.workload("DaemonSet", AGENT_DAEMONSET)?;
+    let cli: AgentCli = crate::rendered::options(&workload, &lab, volumes, &[])?;
+    cli.args.agent_config()
+}
+
+/// The chart's node agent DaemonSet (release `gpu-booking`).
+const AGENT_DAEMONSET: &str = "gpu-booking-agent";
 
 /// A notebook kernel on the node's cards.
 struct Workload {
@@ -331,17 +367,29 @@ impl NodeAgents {
         booking: &BookingService,
         token_file: &Path,
         settings: &AgentSettings,
+        chart: Option<(&RenderedChart, &Path)>,
     ) -> anyhow::Result<Self> {
         let mut gpus = Vec::new();
         let mut tasks = Vec::new();
         for node in nodes.iter().filter(|n| n.product.is_some()) {
-            let cfg = settings.config(&node.name);
+            let cfg = match chart {
+                Some((chart, volumes)) => settings.lab_config(chart_config(
+                    chart, &node.name, booking, token_file, volumes,
+                )?),
+                None => settings.config(&node.name),
+            };
             let audit: Arc<dyn AuditSink> = Arc::new(HttpAudit::new(
                 &booking.url,
                 gpu_booking_client::TokenSource::file(token_file.to_owned())?,
                 Duration::from_secs(5),
             )?);
-            let cluster = Arc::new(KubeCluster::new(server.client(), node.name.clone()));
+            // As the agent's ServiceAccount, which the chart's RBAC and admission
+            // policy bound.
+            let client = server.client_as(
+                &crate::service_accounts::username(crate::service_accounts::AGENT),
+                &crate::service_accounts::GROUPS,
+            );
+            let cluster = Arc::new(KubeCluster::new(client, node.name.clone()));
             let n = Arc::new(NodeGpus::new(
                 node,
                 |gpu, proc| Agent::new(cfg, gpu, cluster, audit, proc, Arc::new(Metrics::new())),

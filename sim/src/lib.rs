@@ -25,6 +25,7 @@ pub mod chart;
 pub mod hub;
 pub mod lab;
 pub mod models;
+pub mod rendered;
 pub mod routes;
 pub mod service_accounts;
 pub mod spawner;
@@ -46,8 +47,12 @@ use serde_json::json;
 pub use agents::AgentSettings;
 pub use chart::{ChartValues, FailurePolicy};
 pub use lab::GpuNode;
+pub use rendered::RenderedChart;
 pub use stack::{ApiServer, WebhookServer};
 pub use view::ClusterView;
+
+/// The pod name of the lab's first controller replica (its leader-election identity).
+pub const FIRST_CONTROLLER_POD: &str = "gpu-booking-controller-0";
 
 /// The booking API the webhook, the controller and the agents talk to. They
 /// authenticate with their ServiceAccount tokens ([`service_accounts`]): the API must
@@ -71,9 +76,23 @@ pub struct SimBuilder {
     controller: Box<dyn FnOnce(&mut ControllerArgs) + Send>,
     grace_period: Option<i64>,
     agents: AgentSettings,
+    rendered: Option<RenderedChart>,
 }
 
 impl SimBuilder {
+    /// Installs `chart` as the Helm chart renders it: the API server enforces its
+    /// RBAC and admission policies, and the controller runs with its Deployment's
+    /// environment ([`rendered`]). Without, the lab grants every request (the demo).
+    pub fn rendered_chart(mut self, chart: RenderedChart) -> Self {
+        self.rendered = Some(chart);
+        self
+    }
+
+    /// Whether [`Self::rendered_chart`] was given.
+    pub fn has_rendered_chart(&self) -> bool {
+        self.rendered.is_some()
+    }
+
     /// What the booking API verifies the lab's ServiceAccount tokens with (TokenReviews
     /// answered by this lab's API server).
     pub fn service_accounts(&self) -> gpu_booking_api::service_accounts::ServiceAccounts {
@@ -203,6 +222,8 @@ impl SimBuilder {
 
         // Each component's projected token, a file as the kubelet mounts it.
         let tokens = service_accounts::ProjectedTokens::issue(&server)?;
+        // The pods' volumes, as the lab's kubelet mounts them.
+        let volumes = tempfile::tempdir()?;
         let webhook = WebhookServer::start(stack::WebhookOptions {
             booking_url: booking.url.clone(),
             service_token_file: tokens.path(service_accounts::WEBHOOK),
@@ -220,6 +241,10 @@ impl SimBuilder {
                 None => stack::CertDir::temporary()?,
             },
             extra_args: self.webhook_args,
+            chart: self
+                .rendered
+                .clone()
+                .map(|chart| (chart, volumes.path().to_owned())),
         })
         .await?;
         server.register_service(
@@ -233,28 +258,40 @@ impl SimBuilder {
             self.chart.webhook_configuration(&webhook.ca_pem),
         );
 
+        if let Some(chart) = &self.rendered {
+            for (plural, object) in spawner::hub_rbac() {
+                server.put_value(plural, object);
+            }
+            chart.enforce_on(&server);
+        }
         let mut model_node_label = String::new();
         let configure = self.controller;
-        let controller = stack::start_controller(
-            stack::controller_client(&server),
+        let args = stack::controller_args(
+            self.rendered.as_ref(),
             &booking.url,
             &tokens.path(service_accounts::CONTROLLER),
-            |args| {
+            FIRST_CONTROLLER_POD,
+            volumes.path(),
+        )?;
+        let controller =
+            stack::start_controller(stack::controller_client(&server), args, |args| {
                 configure(args);
                 model_node_label = args.admission.model_node_label.clone();
-            },
-        )?;
+            })?;
         let agents = agents::NodeAgents::start(
             &server,
             &self.nodes,
             &booking,
             &tokens.path(service_accounts::AGENT),
             &self.agents,
+            self.rendered.as_ref().map(|chart| (chart, volumes.path())),
         )?;
         Ok(SimCluster {
             server,
             booking,
             tokens,
+            rendered: self.rendered,
+            volumes,
             grace_period: self.grace_period,
             model_node_label,
             chart: self.chart,
@@ -305,6 +342,10 @@ pub struct SimCluster {
     pub booking: BookingService,
     /// The components' ServiceAccount tokens (a successor controller reads its own).
     tokens: service_accounts::ProjectedTokens,
+    /// The chart as installed, when the lab enforces it.
+    rendered: Option<RenderedChart>,
+    /// The components' volumes (`rendered::Workload::mount`).
+    volumes: tempfile::TempDir,
     pub chart: ChartValues,
     pub nodes: Vec<GpuNode>,
     grace_period: Option<i64>,
@@ -330,6 +371,7 @@ impl SimCluster {
             controller: Box::new(|_| {}),
             grace_period: None,
             agents: AgentSettings::default(),
+            rendered: None,
         }
     }
 
@@ -357,21 +399,31 @@ impl SimCluster {
         self.grace_period
     }
 
-    /// Starts another controller replica on this cluster (leader election on, the
-    /// binary's defaults, then `configure`), e.g. the successor of a killed one.
+    /// Starts another controller replica on this cluster (its own pod `pod_name`,
+    /// leader election on, the options the first one started from, then
+    /// `configure`), e.g. the successor of a killed one.
     pub fn start_replica(
         &self,
+        pod_name: &str,
         configure: impl FnOnce(&mut ControllerArgs),
     ) -> anyhow::Result<Controller> {
-        stack::start_controller(
-            stack::controller_client(&self.server),
+        let args = stack::controller_args(
+            self.rendered.as_ref(),
             &self.booking.url,
             &self.tokens.path(service_accounts::CONTROLLER),
-            |args| {
-                args.leader_elect = true;
-                configure(args);
-            },
-        )
+            pod_name,
+            self.volumes.path(),
+        )?;
+        stack::start_controller(stack::controller_client(&self.server), args, |args| {
+            args.leader_elect = true;
+            configure(args);
+        })
+    }
+
+    /// The requests the API server refused (RBAC) so far: a lab that installs the
+    /// chart ([`SimBuilder::rendered_chart`]) expects none.
+    pub fn denials(&self) -> Vec<gpu_booking_fake_apiserver::Denial> {
+        self.server.denials()
     }
 
     /// Creates a notebook pod from `body` (a [`spawner::notebook_pod`] the caller

@@ -1,4 +1,4 @@
-//! Service identity in the simulated lab, as in a cluster (issue 14, item 3): the
+//! Service identity in the simulated lab, as in a cluster: the
 //! webhook, the controller and each node agent present the projected token of their
 //! own ServiceAccount (audience-bound, a file the kubelet would mount), and the booking
 //! API verifies it with a TokenReview that the fake API server answers. No component
@@ -36,16 +36,18 @@ pub fn username(name: &str) -> String {
     format!("system:serviceaccount:{NAMESPACE}:{name}")
 }
 
+/// The groups the API server gives a ServiceAccount of the release's namespace.
+pub const GROUPS: [&str; 3] = [
+    "system:serviceaccounts",
+    "system:serviceaccounts:gpu-booking",
+    "system:authenticated",
+];
+
 /// The booking API's verifier of the lab's tokens: TokenReviews for [`AUDIENCE`] sent
 /// to `server` as the API's ServiceAccount, the components' roles as the chart sets
 /// them.
 pub fn verifier(server: &FakeApiServer) -> ServiceAccounts {
-    let groups = [
-        "system:serviceaccounts",
-        "system:serviceaccounts:gpu-booking",
-        "system:authenticated",
-    ];
-    let client = server.client_as(&username(API), &groups);
+    let client = server.client_as(&username(API), &GROUPS);
     let roles: BTreeMap<(String, String), Role> = COMPONENTS
         .iter()
         .map(|name| ((NAMESPACE.to_owned(), (*name).to_owned()), Role::Service))

@@ -19,6 +19,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::rendered::{LabEnvironment, RenderedChart, API_SERVICE_URL};
+
 /// A background task and the switch that stops it.
 pub(crate) struct Task {
     stop: watch::Sender<bool>,
@@ -146,7 +148,14 @@ pub struct WebhookOptions {
     pub cert_dir: CertDir,
     /// Further `gpu-booking webhook` options, as on its command line.
     pub extra_args: Vec<String>,
+    /// The chart, when the lab installs it: the webhook's options are then its
+    /// Deployment's environment (its volumes mounted under `volumes`).
+    pub chart: Option<(RenderedChart, PathBuf)>,
 }
+
+/// The chart's webhook Deployment and the Secret of its serving certificate.
+const WEBHOOK_DEPLOYMENT: &str = "gpu-booking-webhook";
+const WEBHOOK_TLS_SECRET: &str = "gpu-booking-webhook-tls";
 
 /// The real webhook, serving `/mutate` over TLS.
 pub struct WebhookServer {
@@ -178,26 +187,42 @@ impl WebhookServer {
             #[command(flatten)]
             args: gpu_booking_webhook::WebhookArgs,
         }
-        let mut argv = vec![
-            "webhook".to_string(),
-            format!("--tls-cert={}", paths.cert.display()),
-            format!("--tls-key={}", paths.key.display()),
-            format!("--booking-url={}", options.booking_url),
-            format!(
-                "--service-token-file={}",
-                options.service_token_file.display()
-            ),
-            // As the chart configures it: only the hub's pods carry a user.
-            format!("--trusted-spawner={}", crate::spawner::HUB_USER),
-            format!("--spawner-namespace={}", crate::spawner::NOTEBOOK_NAMESPACE),
-            // As the chart configures it: the controller's lent copies are its own.
-            format!("--trusted-controller={CONTROLLER_USER}"),
-            // The lab's controller reports usage within a fraction of a second; the
-            // replica follows as closely (the chart's default is 1s).
-            "--replica-refresh=100ms".to_string(),
-        ];
-        argv.extend(options.extra_args.iter().cloned());
-        let args = <WebhookCli as clap::Parser>::try_parse_from(argv)?.args;
+        // The lab's controller reports usage within a fraction of a second; the
+        // replica follows as closely (the chart's default is 1s).
+        let mut extra = vec!["--replica-refresh=100ms".to_string()];
+        extra.extend(options.extra_args.iter().cloned());
+        let args = match &options.chart {
+            Some((chart, volumes)) => {
+                let lab = LabEnvironment {
+                    pod_name: format!("{WEBHOOK_DEPLOYMENT}-0"),
+                    services: vec![(API_SERVICE_URL.to_owned(), options.booking_url.clone())],
+                    secrets: vec![(WEBHOOK_TLS_SECRET.to_owned(), dir.to_owned())],
+                    token_file: Some(options.service_token_file.clone()),
+                    ..LabEnvironment::default()
+                };
+                let workload = chart.workload("Deployment", WEBHOOK_DEPLOYMENT)?;
+                crate::rendered::options::<WebhookCli>(&workload, &lab, volumes, &extra)?.args
+            }
+            None => {
+                let mut argv = vec![
+                    "webhook".to_string(),
+                    format!("--tls-cert={}", paths.cert.display()),
+                    format!("--tls-key={}", paths.key.display()),
+                    format!("--booking-url={}", options.booking_url),
+                    format!(
+                        "--service-token-file={}",
+                        options.service_token_file.display()
+                    ),
+                    // As the chart configures it: only the hub's pods carry a user.
+                    format!("--trusted-spawner={}", crate::spawner::HUB_USER),
+                    format!("--spawner-namespace={}", crate::spawner::NOTEBOOK_NAMESPACE),
+                    // As the chart configures it: the controller's lent copies are its own.
+                    format!("--trusted-controller={CONTROLLER_USER}"),
+                ];
+                argv.extend(extra);
+                <WebhookCli as clap::Parser>::try_parse_from(argv)?.args
+            }
+        };
         let server = gpu_booking_webhook::WebhookServer::from_args(&args)?;
         let listener = TcpListener::bind(options.listen)
             .await
@@ -248,26 +273,53 @@ impl WebhookServer {
 /// namespace `gpu-booking`): the requester of every request the controller makes.
 pub const CONTROLLER_USER: &str = "system:serviceaccount:gpu-booking:gpu-booking-controller";
 /// The groups the API server gives that ServiceAccount.
-pub const CONTROLLER_GROUPS: [&str; 3] = [
-    "system:serviceaccounts",
-    "system:serviceaccounts:gpu-booking",
-    "system:authenticated",
-];
+pub const CONTROLLER_GROUPS: [&str; 3] = crate::service_accounts::GROUPS;
 
-/// Starts the real controller on `client` (see [`controller_client`]) against the
-/// booking API at `booking_url`, authenticated by the ServiceAccount token in
-/// `token_file`. `configure` adjusts its options (they start at the binary's
-/// defaults, without leader election: one replica).
-pub fn start_controller(
-    client: kube::Client,
+/// The controller's options: with the chart, its Deployment's environment as the
+/// lab translates it ([`crate::rendered`]: the booking API at `booking_url`, the
+/// projected token `token_file`, `pod_name` as the pod's name, its volumes under
+/// `volumes`); without, the binary's defaults, serving every namespace without
+/// leader election (the demo).
+pub fn controller_args(
+    chart: Option<&RenderedChart>,
     booking_url: &str,
     token_file: &Path,
+    pod_name: &str,
+    volumes: &Path,
+) -> anyhow::Result<ControllerArgs> {
+    let Some(chart) = chart else {
+        let mut args = ControllerArgs::with_defaults(booking_url);
+        args.leader_elect = false;
+        args.identity = Some(pod_name.into());
+        args.booking.service_token_file = Some(token_file.to_owned());
+        return Ok(args);
+    };
+    #[derive(clap::Parser)]
+    struct ControllerCli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+    let lab = LabEnvironment {
+        pod_name: pod_name.to_owned(),
+        services: vec![(API_SERVICE_URL.to_owned(), booking_url.to_owned())],
+        token_file: Some(token_file.to_owned()),
+        ..LabEnvironment::default()
+    };
+    let workload = chart.workload("Deployment", CONTROLLER_DEPLOYMENT)?;
+    let cli: ControllerCli = crate::rendered::options(&workload, &lab, volumes, &[])?;
+    Ok(cli.args)
+}
+
+/// The chart's controller Deployment (release `gpu-booking`).
+const CONTROLLER_DEPLOYMENT: &str = "gpu-booking-controller";
+
+/// Starts the real controller on `client` (see [`controller_client`]) with `args`
+/// ([`controller_args`]) after `configure` adjusted them.
+pub fn start_controller(
+    client: kube::Client,
+    mut args: ControllerArgs,
     configure: impl FnOnce(&mut ControllerArgs),
 ) -> anyhow::Result<Controller> {
-    let mut args = ControllerArgs::with_defaults(booking_url);
-    args.leader_elect = false;
-    args.identity = Some("sim-controller".into());
-    args.booking.service_token_file = Some(token_file.to_owned());
     configure(&mut args);
     let booking = BookingClient::new(
         args.booking.required_url()?,

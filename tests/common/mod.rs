@@ -15,7 +15,7 @@ use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_fake_apiserver::FakeApiServer;
 use gpu_booking_sim::models::{declare, DEMO_MODELS};
 use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
-use gpu_booking_sim::{ApiServer, BookingService, SimBuilder, SimCluster};
+use gpu_booking_sim::{ApiServer, BookingService, RenderedChart, SimBuilder, SimCluster};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -32,6 +32,44 @@ pub struct Lab {
     pub sim: SimCluster,
     admin: String,
     http: reqwest::Client,
+    /// Fails the scenario, at its end, if the API server refused any request.
+    _no_denials: NoDenials,
+}
+
+/// At the end of a scenario (its `Lab` dropped or shut down): every request the
+/// components made was one the chart's RBAC allows, else the scenario fails naming
+/// the refused requests.
+struct NoDenials(FakeApiServer);
+
+impl Drop for NoDenials {
+    fn drop(&mut self) {
+        if let Some(denied) = denied(&self.0) {
+            if !std::thread::panicking() {
+                panic!("{denied}");
+            }
+        }
+    }
+}
+
+/// What the API server refused, as a scenario's failure names it; `None` when it
+/// refused nothing.
+fn denied(server: &FakeApiServer) -> Option<String> {
+    let denials = server.denials();
+    if denials.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = denials.iter().map(|d| format!("  - {d}")).collect();
+    Some(format!(
+        "the API server refused {} request(s) that the chart's RBAC does not grant:\n{}",
+        denials.len(),
+        list.join("\n")
+    ))
+}
+
+/// The chart as `helm template` renders it for the lab, with `set_values`
+/// (`key=value`), for [`SimBuilder::rendered_chart`].
+pub fn chart(set_values: &[&str]) -> RenderedChart {
+    RenderedChart::render(set_values).expect("the chart renders (helm: scripts/chart-tools.sh)")
 }
 
 /// A booking as the API returns it.
@@ -47,7 +85,15 @@ impl Lab {
         Lab::start_with(pool, SimCluster::builder()).await
     }
 
+    /// The lab of `builder`, installed as the chart renders it with the lab's values,
+    /// unless the builder was given a chart already.
+
     pub async fn start_with(pool: PgPool, builder: SimBuilder) -> Lab {
+        let builder = if builder.has_rendered_chart() {
+            builder
+        } else {
+            builder.rendered_chart(chart(&[]))
+        };
         if std::env::var_os("RUST_LOG").is_some() {
             gpu_booking_api::config::init_logging(gpu_booking_api::config::LogFormat::Plain);
         }
@@ -64,6 +110,9 @@ impl Lab {
         let grace = builder.grace_period().unwrap_or(GRACE_SECONDS);
         let builder = builder.notebook_grace_period(grace).controller(|args| {
             args.preemption_interval = Duration::from_millis(200);
+            // A successor replica takes over within seconds of its leader's end.
+            args.lease_duration = Duration::from_secs(3);
+            args.lease_renew = Duration::from_millis(500);
             // The backstop of the webhook's lend ledger acts within a test's wait.
             args.lent_pending_grace = Duration::from_secs(3);
         });
@@ -81,6 +130,7 @@ impl Lab {
             .expect("the controller is ready");
         let lab = Lab {
             api,
+            _no_denials: NoDenials(sim.server.clone()),
             sim,
             admin: String::new(),
             http: reqwest::Client::new(),
@@ -245,8 +295,20 @@ impl Lab {
 
     /// Waits until `condition` holds; otherwise fails with `wrong` (what the cluster
     /// got wrong) and the cluster as it was.
-    pub async fn expect(&self, wrong: &str, condition: impl FnMut(&FakeApiServer) -> bool) {
-        if !self.sim.wait_until(SETTLE, condition).await {
+    /// A refused request ends the wait at once and fails with the refusals.
+    pub async fn expect(&self, wrong: &str, mut condition: impl FnMut(&FakeApiServer) -> bool) {
+        let mut held = false;
+        let settled = self
+            .sim
+            .wait_until(SETTLE, |s| {
+                held = condition(s);
+                held || !s.denials().is_empty()
+            })
+            .await;
+        if let Some(denied) = denied(&self.sim.server) {
+            panic!("{wrong}: {denied}");
+        }
+        if !(settled && held) {
             panic!(
                 "{wrong}\ncluster after {SETTLE:?}:\n{}",
                 serde_json::to_string_pretty(&self.sim.view()).unwrap_or_default()

@@ -508,7 +508,12 @@ pub(crate) async fn admit_create(
     let mut warnings = Vec::new();
     let result = chain(state, &snap, &attrs, &mut object, &mut warnings)
         .await
-        .map(|()| object);
+        .and_then(|()| {
+            // Validating admission follows mutation.
+            let policies = policy::Policies::of(&shared.lock());
+            warnings.extend(policies.validate(&state.programs, &attrs, None, &object)?);
+            Ok(object)
+        });
     Outcome { result, warnings }
 }
 
