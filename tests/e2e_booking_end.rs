@@ -96,6 +96,66 @@ async fn booking_end_ends_the_pod_and_it_comes_back_cpu_only(pool: PgPool) {
     lab.shutdown().await;
 }
 
+/// What comes back at a booking's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ComesBack {
+    Nothing,
+    Lent,
+    CpuOnly,
+}
+
+/// A booked notebook's end under the chart rendered with `values`, as an admin sets
+/// them (`--set`): the controller runs with what the chart then renders.
+async fn booking_end_under(pool: PgPool, values: &[&str], comes_back: ComesBack) {
+    let builder = SimCluster::builder().rendered_chart(chart(values));
+    let lab = Lab::start_with(pool, builder).await;
+    lab.book(ALICE, "a100", TimeDelta::seconds(8)).await;
+    let uid = booked_notebook(&lab).await;
+    let name = pod_name(ALICE);
+    let wrong = format!(
+        "with {values:?}, alice's notebook did not end as the mode says at her booking's end"
+    );
+    lab.expect(&wrong, |s| {
+        let pod = s.get::<Pod>(Some(NOTEBOOK_NAMESPACE), &name);
+        match comes_back {
+            ComesBack::Nothing => pod.is_none(),
+            _ => pod
+                .is_some_and(|p| p.metadata.uid.as_deref() != Some(uid.as_str()) && is_running(&p)),
+        }
+    })
+    .await;
+    let copy = lab.notebook(ALICE);
+    match comes_back {
+        ComesBack::Nothing => assert!(copy.is_none(), "{values:?}: something came back"),
+        ComesBack::Lent => {
+            let copy = copy.unwrap();
+            assert_eq!(label(&copy, PRIORITY_LABEL), Some("low"), "{values:?}");
+            assert!(gpus(&copy) > 0, "{values:?}: the lent copy lost its GPU");
+        }
+        ComesBack::CpuOnly => assert_eq!(gpus(&copy.unwrap()), 0, "{values:?}"),
+    }
+    lab.shutdown().await;
+}
+
+/// `controller.onExpiry: delete`: the pod ends and nothing comes back.
+#[sqlx::test(migrations = "./migrations")]
+async fn booking_end_in_delete_mode_ends_the_pod_for_good(pool: PgPool) {
+    booking_end_under(pool, &["controller.onExpiry=delete"], ComesBack::Nothing).await;
+}
+
+/// `controller.onExpiry: demote`: the pod comes back lent, its GPU kept.
+#[sqlx::test(migrations = "./migrations")]
+async fn booking_end_in_demote_mode_brings_the_pod_back_lent(pool: PgPool) {
+    booking_end_under(pool, &["controller.onExpiry=demote"], ComesBack::Lent).await;
+}
+
+/// `controller.namespace: "*"` (a ClusterRole instead of the Role in the hub's
+/// namespace): expiry works as when it serves `jhub` alone.
+#[sqlx::test(migrations = "./migrations")]
+async fn booking_end_with_every_namespace_served(pool: PgPool) {
+    booking_end_under(pool, &["controller.namespace=*"], ComesBack::CpuOnly).await;
+}
+
 #[sqlx::test(migrations = "./migrations")]
 async fn ending_a_booking_early_ends_the_pod(pool: PgPool) {
     ends_early(Lab::start(pool).await).await;
