@@ -10,8 +10,7 @@
 mod common;
 
 use chrono::TimeDelta;
-use common::{label, Lab};
-use gpu_booking_controller::OnExpiry;
+use common::{chart, label, Lab};
 use gpu_booking_sim::hub::{FakeHub, ServerStatus};
 use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
 use gpu_booking_sim::SimCluster;
@@ -20,17 +19,6 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 
 const USER: &str = "zoë@uni.example";
-
-/// The hub's service token, as a mounted Secret holds it.
-fn token_file(token: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!(
-        "gpu-booking-hub-token-{}-{}",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
-    std::fs::write(&path, format!("{token}\n")).unwrap();
-    path
-}
 
 /// A booked notebook spawned from the hub; its pod's uid.
 async fn booked_notebook(lab: &Lab, hub: &FakeHub) -> String {
@@ -67,13 +55,23 @@ async fn restarting_through_the_hub_keeps_the_notebook(pool: PgPool) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let api_url = FakeHub::api_url_of(&listener).unwrap();
     let token = "hub-service-token";
-    let file = token_file(token);
-    let hub_file = file.clone();
-    let builder = SimCluster::builder().controller(move |args| {
-        args.on_expiry = OnExpiry::HubRestart;
-        args.hub_api_url = Some(api_url);
-        args.hub_token_file = Some(hub_file);
-    });
+    // The mode as an admin sets it: the chart's values, the hub's Service and the
+    // Secret with the hub's token, which the lab serves and mounts.
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(secret.path().join("token"), token).unwrap();
+    let hub_service = "http://hub.jhub.svc:8081";
+    let hub_address = api_url
+        .split_once("/hub/api")
+        .map(|(base, _)| base.to_owned())
+        .unwrap();
+    let builder = SimCluster::builder()
+        .rendered_chart(chart(&[
+            "controller.onExpiry=hub-restart",
+            &format!("controller.hub.apiUrl={hub_service}/hub/api"),
+            "controller.hub.tokenSecretName=hub-token",
+        ]))
+        .lab_service(hub_service, &hub_address)
+        .lab_secret("hub-token", secret.path().to_owned());
     let lab = Lab::start_with(pool, builder).await;
     let hub = FakeHub::start_on(listener, &lab.sim, token).await.unwrap();
     let original = booked_notebook(&lab, &hub).await;
@@ -98,7 +96,6 @@ async fn restarting_through_the_hub_keeps_the_notebook(pool: PgPool) {
         let text = serde_json::to_string(&event).unwrap();
         assert!(!text.contains(token), "{text}");
     }
-    let _ = std::fs::remove_file(file);
     hub.stop().await;
     lab.shutdown().await;
 }

@@ -77,9 +77,27 @@ pub struct SimBuilder {
     grace_period: Option<i64>,
     agents: AgentSettings,
     rendered: Option<RenderedChart>,
+    /// Services and Secrets the lab gives the controller besides its own.
+    controller_lab: rendered::LabEnvironment,
 }
 
 impl SimBuilder {
+    /// A Service the chart's controller options name (`http://hub.jhub.svc:8081`),
+    /// served in the lab at `local` (`http://127.0.0.1:<port>`).
+    pub fn lab_service(mut self, chart_url: &str, local: &str) -> Self {
+        self.controller_lab
+            .services
+            .push((chart_url.to_owned(), local.to_owned()));
+        self
+    }
+
+    /// A Secret the chart's controller mounts, in the lab a folder with a file per
+    /// key.
+    pub fn lab_secret(mut self, name: &str, folder: PathBuf) -> Self {
+        self.controller_lab.secrets.push((name.to_owned(), folder));
+        self
+    }
+
     /// Installs `chart` as the Helm chart renders it: the API server enforces its
     /// RBAC and admission policies, and the controller runs with its Deployment's
     /// environment ([`rendered`]). Without, the lab grants every request (the demo).
@@ -272,6 +290,7 @@ impl SimBuilder {
             &tokens.path(service_accounts::CONTROLLER),
             FIRST_CONTROLLER_POD,
             volumes.path(),
+            &self.controller_lab,
         )?;
         let controller =
             stack::start_controller(stack::controller_client(&server), args, |args| {
@@ -292,6 +311,7 @@ impl SimBuilder {
             tokens,
             rendered: self.rendered,
             volumes,
+            controller_lab: self.controller_lab,
             grace_period: self.grace_period,
             model_node_label,
             chart: self.chart,
@@ -346,6 +366,8 @@ pub struct SimCluster {
     rendered: Option<RenderedChart>,
     /// The components' volumes (`rendered::Workload::mount`).
     volumes: tempfile::TempDir,
+    /// What the lab gives the controller besides its own ([`SimBuilder::lab_service`]).
+    controller_lab: rendered::LabEnvironment,
     pub chart: ChartValues,
     pub nodes: Vec<GpuNode>,
     grace_period: Option<i64>,
@@ -372,6 +394,7 @@ impl SimCluster {
             grace_period: None,
             agents: AgentSettings::default(),
             rendered: None,
+            controller_lab: rendered::LabEnvironment::default(),
         }
     }
 
@@ -413,6 +436,7 @@ impl SimCluster {
             &self.tokens.path(service_accounts::CONTROLLER),
             pod_name,
             self.volumes.path(),
+            &self.controller_lab,
         )?;
         stack::start_controller(stack::controller_client(&self.server), args, |args| {
             args.leader_elect = true;

@@ -262,11 +262,28 @@ impl Workload<'_> {
                 .find(|v| v["name"] == name)
                 .with_context(|| format!("volume {name} is mounted but not declared"))?;
             let local = if let Some(secret) = volume.pointer("/secret/secretName") {
-                lab.secrets
+                let folder = lab
+                    .secrets
                     .iter()
                     .find(|(n, _)| secret == n.as_str())
                     .map(|(_, path)| path.clone())
-                    .with_context(|| format!("the lab has no Secret {secret}"))?
+                    .with_context(|| format!("the lab has no Secret {secret}"))?;
+                match volume.pointer("/secret/items").and_then(Value::as_array) {
+                    // Only the listed keys, each at its path.
+                    Some(items) => {
+                        let local = dir.join(name);
+                        std::fs::create_dir_all(&local)?;
+                        for item in items {
+                            let key = item["key"].as_str().unwrap_or("");
+                            let path = item["path"].as_str().unwrap_or(key);
+                            std::fs::copy(folder.join(key), local.join(path)).with_context(
+                                || format!("Secret {secret} has no key {key} in the lab"),
+                            )?;
+                        }
+                        local
+                    }
+                    None => folder,
+                }
             } else if let Some(sources) = volume
                 .pointer("/projected/sources")
                 .and_then(Value::as_array)

@@ -278,7 +278,7 @@ pub const CONTROLLER_GROUPS: [&str; 3] = crate::service_accounts::GROUPS;
 /// The controller's options: with the chart, its Deployment's environment as the
 /// lab translates it ([`crate::rendered`]: the booking API at `booking_url`, the
 /// projected token `token_file`, `pod_name` as the pod's name, its volumes under
-/// `volumes`); without, the binary's defaults, serving every namespace without
+/// `volumes`, `more`'s Services and Secrets); without, the binary's defaults, serving every namespace without
 /// leader election (the demo).
 pub fn controller_args(
     chart: Option<&RenderedChart>,
@@ -286,6 +286,7 @@ pub fn controller_args(
     token_file: &Path,
     pod_name: &str,
     volumes: &Path,
+    more: &LabEnvironment,
 ) -> anyhow::Result<ControllerArgs> {
     let Some(chart) = chart else {
         let mut args = ControllerArgs::with_defaults(booking_url);
@@ -299,9 +300,12 @@ pub fn controller_args(
         #[command(flatten)]
         args: ControllerArgs,
     }
+    let mut services = vec![(API_SERVICE_URL.to_owned(), booking_url.to_owned())];
+    services.extend(more.services.iter().cloned());
     let lab = LabEnvironment {
         pod_name: pod_name.to_owned(),
-        services: vec![(API_SERVICE_URL.to_owned(), booking_url.to_owned())],
+        services,
+        secrets: more.secrets.clone(),
         token_file: Some(token_file.to_owned()),
         ..LabEnvironment::default()
     };
