@@ -120,13 +120,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let state = server::state(pool.clone(), &api_args, auth);
     let _sweep = server::spawn_waitlist_sweep(state.clone(), server::sweep_interval(&api_args));
     let notices = tokio::spawn(server::notice_worker(&state, &api_args.notices)?.run());
+    let changes = state.changes.clone();
     let app = gpu_booking_api::app::router(state)
         .merge(crate::demo_cluster::routes(sim.clone()))
         .merge(crate::demo_signin::routes(secret.clone(), pickable));
     // Served from here on: the lab's controller and webhook call it while the seeded
     // notebooks start.
     let limits = api_args.limits.clone();
-    let served = tokio::spawn(async move { server::serve_router(listener, app, &limits).await });
+    let served =
+        tokio::spawn(async move { server::serve_router(listener, app, &limits, &changes).await });
     crate::demo_cluster::seed_notebooks(&sim, &pool).await;
     let ca = sim.webhook_ca().await.unwrap_or_default();
     println!("gpu-booking demo");

@@ -18,6 +18,7 @@ use crate::config::{ApiArgs, ApiLimits, AuthArgs, DatabaseArgs};
 use crate::error::ErrorBody;
 use crate::metrics::Metrics;
 use crate::state::AppState;
+use crate::store::changes::ChangeFeed;
 use crate::MIGRATOR;
 
 /// How often booking changes past their retention are deleted.
@@ -200,15 +201,18 @@ pub async fn serve(
     state: AppState,
     limits: &ApiLimits,
 ) -> anyhow::Result<()> {
-    serve_router(listener, router(state), limits).await
+    let changes = state.changes.clone();
+    serve_router(listener, router(state), limits, &changes).await
 }
 
 /// Serves `app` (the API's router, possibly with more routes merged in, as the demo
-/// does) within `limits` until SIGTERM / Ctrl-C.
+/// does) within `limits` until SIGTERM / Ctrl-C; then the long polls of `changes`
+/// answer at once, so that the graceful shutdown does not wait them out.
 pub async fn serve_router(
     listener: TcpListener,
     app: axum::Router,
     limits: &ApiLimits,
+    changes: &ChangeFeed,
 ) -> anyhow::Result<()> {
     gpu_booking_process::serve::serve(
         listener,
@@ -216,10 +220,16 @@ pub async fn serve_router(
         app,
         refuse_body,
         |tcp| async move { Ok(tcp) },
-        shutdown_signal(),
+        closing(changes.clone(), shutdown_signal()),
     )
     .await
     .context("serving the API")
+}
+
+/// `signal`, after which the long polls of `changes` answer at once.
+pub async fn closing(changes: ChangeFeed, signal: impl std::future::Future<Output = ()>) {
+    signal.await;
+    changes.close();
 }
 
 /// The API's answer to a body it did not read: 413 `payload_too_large`, 408

@@ -22,6 +22,8 @@ pub struct TestApi {
     pub pool: PgPool,
     /// The API's metrics, as its `/metrics` would show them.
     pub metrics: Arc<Metrics>,
+    /// Its long polls' feed (closed when a server shuts down).
+    pub changes: crate::store::changes::ChangeFeed,
     secret: Vec<u8>,
 }
 
@@ -39,6 +41,7 @@ impl TestApi {
         let secret = random_secret();
         let state = test_state(pool.clone(), policy, clock, &secret);
         let metrics = state.metrics.clone();
+        let changes = state.changes.clone();
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let app = crate::app::router(state);
@@ -50,6 +53,7 @@ impl TestApi {
             addr,
             pool,
             metrics,
+            changes,
             secret,
         })
     }

@@ -619,6 +619,36 @@ async fn the_watch_wakes_a_waiter_on_a_commit(pool: PgPool) {
         .expect("a committed change wakes the waiter");
 }
 
+/// A server shutting down answers its waiting long polls at once (with what there
+/// is), so that a graceful shutdown or a rolling update does not wait out the
+/// followers' waits; polls that come after answer without waiting. The guard only
+/// turns a poll that keeps waiting into a failure instead of a 30-second wait.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_server_shutting_down_answers_its_long_polls_at_once(pool: PgPool) {
+    const GUARD: std::time::Duration = std::time::Duration::from_secs(20);
+    let api = Arc::new(Api::start(pool, Arc::new(SystemClock)).await);
+    let (_, listed) = api.changes(None, 0).await;
+    let next = listed["next"].as_i64().unwrap();
+    let waiting = {
+        let api = api.clone();
+        tokio::spawn(async move { api.changes(Some(next), 30).await })
+    };
+    // Once the poll waits (it holds a place among the waiters: the watch runs).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    api.api.changes.close();
+    let (status, body) = tokio::time::timeout(GUARD, waiting)
+        .await
+        .expect("the waiting poll answered when the server began to shut down")
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["changes"], json!([]));
+    assert_eq!(body["next"], next);
+    let (status, body) = tokio::time::timeout(GUARD, api.changes(Some(next), 30))
+        .await
+        .expect("a poll after the shutdown began answered without waiting");
+    assert_eq!(status, 200, "{body}");
+}
+
 /// Many writers commit out of order (each sleeps inside its transaction after its
 /// change took a `seq`; some roll back) while a follower polls: it must see every
 /// committed change exactly once, and none that rolled back.

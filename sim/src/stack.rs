@@ -82,10 +82,12 @@ impl ApiServer {
         }
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let changes = state.changes.clone();
         let app = gpu_booking_api::app::router(state);
         let task = Task::spawn(|rx| async move {
+            let shutdown = gpu_booking_api::server::closing(changes, stopped(rx));
             if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(stopped(rx))
+                .with_graceful_shutdown(shutdown)
                 .await
             {
                 tracing::error!(error = %e, "the simulated lab's booking API stopped");

@@ -114,7 +114,10 @@ pub async fn list(
                 first = false;
                 match &mut waiter {
                     Some(w) if changes.is_empty() && !left.is_zero() && !held => {
-                        w.changed(left.min(RECHECK)).await;
+                        if !w.changed(left.min(RECHECK)).await {
+                            // Shutting down: answer what there is (nothing yet).
+                            waiter = None;
+                        }
                     }
                     _ => {
                         let body = BookingChanges {

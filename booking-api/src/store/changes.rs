@@ -290,6 +290,10 @@ pub struct ChangeFeed {
 struct Inner {
     /// Bumped whenever a look finds something new (and when the watch starts).
     version: watch::Sender<u64>,
+    /// Set when the server shuts down: every long poll answers at once, so that a
+    /// graceful shutdown does not wait out the followers' waits (up to
+    /// `MAX_WAIT_SECS`).
+    closed: watch::Sender<bool>,
     watching: std::sync::Mutex<bool>,
     waiters: Arc<Semaphore>,
     /// The waiters' places in all (free when nobody waits).
@@ -313,6 +317,7 @@ impl ChangeFeed {
         ChangeFeed {
             inner: Arc::new(Inner {
                 version: watch::channel(0).0,
+                closed: watch::channel(false).0,
                 watching: std::sync::Mutex::new(false),
                 waiters: Arc::new(Semaphore::new(max_waiters)),
                 capacity: max_waiters,
@@ -320,13 +325,28 @@ impl ChangeFeed {
         }
     }
 
-    /// A place among the waiters, if one is free.
+    /// The server is shutting down: waiting long polls answer now, new ones at once.
+    pub fn close(&self) {
+        self.inner.closed.send_replace(true);
+    }
+
+    /// Whether [`Self::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        *self.inner.closed.borrow()
+    }
+
+    /// A place among the waiters, if one is free and the server is not shutting
+    /// down.
     pub fn waiter(&self, pool: &PgPool) -> Option<Waiter> {
+        if self.is_closed() {
+            return None;
+        }
         let permit = self.inner.waiters.clone().try_acquire_owned().ok()?;
         self.watch(pool);
         Some(Waiter {
             _permit: permit,
             rx: self.inner.version.subscribe(),
+            closed: self.inner.closed.subscribe(),
         })
     }
 
@@ -402,12 +422,20 @@ async fn watch_loop(pool: PgPool, feed: Weak<Inner>) {
 pub struct Waiter {
     _permit: tokio::sync::OwnedSemaphorePermit,
     rx: watch::Receiver<u64>,
+    closed: watch::Receiver<bool>,
 }
 
 impl Waiter {
     /// Returns on the next notification after this waiter last looked, or after
-    /// `at_most`, whichever is first.
-    pub async fn changed(&mut self, at_most: Duration) {
-        let _ = tokio::time::timeout(at_most, self.rx.changed()).await;
+    /// `at_most`, whichever is first; false once the server is shutting down (the
+    /// poll should answer now).
+    pub async fn changed(&mut self, at_most: Duration) -> bool {
+        if *self.closed.borrow() {
+            return false;
+        }
+        tokio::select! {
+            _ = tokio::time::timeout(at_most, self.rx.changed()) => true,
+            _ = self.closed.wait_for(|closed| *closed) => false,
+        }
     }
 }
