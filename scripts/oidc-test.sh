@@ -15,4 +15,4 @@ if [ ! -d tests/oidc/node_modules/oidc-provider ]; then
   echo "oidc-test: installing oidc-provider into tests/oidc/node_modules"
   (cd tests/oidc && npm ci --no-audit --no-fund)
 fi
-GPU_BOOKING_REQUIRE_OIDC_PROVIDER=1 cargo test -p gpu-booking-api --test oidc_provider
+GPU_BOOKING_REQUIRE_OIDC_PROVIDER=1 cargo test -p gpu-booking-api --test it oidc_provider::

@@ -1,5 +1,5 @@
 //! A simulated lab cluster with the whole gpu-booking system running on it, in one
-//! process: the end-to-end tests (`tests/e2e_*.rs`) and `gpu-booking demo` both use it.
+//! process: the end-to-end tests (`tests/it/e2e_*.rs`) and `gpu-booking demo` both use it.
 //!
 //! - The **fake** Kubernetes API server ([`gpu_booking_fake_apiserver`]) with its
 //!   kube-scheduler-like scheduling, its kubelet and its admission chain switched on.

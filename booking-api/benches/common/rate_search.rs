@@ -1,5 +1,5 @@
 //! The search of the open-loop benches for the highest rate a bound holds at: pure
-//! logic, apart from the trials it is fed, so that `tests/bench_rate_search.rs`
+//! logic, apart from the trials it is fed, so that `tests/it/bench_rate_search.rs`
 //! checks it against machines whose capacity it knows.
 
 /// One trial of `sustained_rate`: the rate offered and the p50 / p99 it got.

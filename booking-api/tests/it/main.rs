@@ -1,0 +1,34 @@
+//! The integration tests of the booking service, in one binary: one link instead of one per
+//! file, and the tests of every file run side by side.
+
+mod common;
+mod access_log;
+mod archive;
+mod audit_roundtrip;
+mod authz;
+mod bad_input;
+mod bench_rate_search;
+mod changes;
+mod concurrency;
+mod contract;
+mod create_batch;
+mod create_decisions;
+mod day_functions;
+mod day_locks;
+mod db_unavailable;
+mod declared_models;
+mod derived_rows;
+mod feeds;
+mod identity;
+mod jwks;
+mod loader;
+mod metrics_bounded;
+mod metrics_state;
+mod notices;
+mod oidc_provider;
+mod rules_api;
+mod service_accounts;
+mod units_api;
+mod usage;
+mod user_numbers;
+mod waitlist;

@@ -1,0 +1,20 @@
+//! The integration tests of the whole system, in one binary: one link instead of one per
+//! file, and the tests of every file run side by side.
+
+mod common;
+mod architecture;
+mod demo_newcomer;
+mod e2e_agent;
+mod e2e_booking_end;
+mod e2e_crash;
+mod e2e_forged;
+mod e2e_hub;
+mod e2e_service_accounts;
+mod e2e_spawn;
+mod e2e_storm;
+mod e2e_units;
+mod e2e_upgrade;
+mod e2e_waitlist;
+mod e2e_webhook_down;
+mod fatal_json;
+mod server_limits;
