@@ -1,8 +1,8 @@
 //! The integration tests of the whole system, in one binary: one link instead of one per
 //! file, and the tests of every file run side by side.
 
-mod common;
 mod architecture;
+mod common;
 mod demo_newcomer;
 mod e2e_agent;
 mod e2e_booking_end;

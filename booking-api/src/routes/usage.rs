@@ -97,9 +97,10 @@ pub struct BookingUseView {
     pub idle_since: Option<DateTime<Utc>>,
 }
 
-/// The report.
+/// The booked-versus-used report: per user, model or booking, the GPU time booked
+/// and used in a period.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct UsageReport {
+pub struct BookingUseReport {
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
     pub by: By,
@@ -125,7 +126,7 @@ pub struct UsageReport {
                    spreadsheet would run as a formula is prefixed with `'`).",
     responses(
         (status = 200, description = "The report", content(
-            (UsageReport = "application/json"),
+            (BookingUseReport = "application/json"),
             (String = "text/csv"))),
         (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -231,7 +232,7 @@ fn build(
     now: DateTime<Utc>,
     idle_hours: i64,
     bookings: Vec<BookingUseView>,
-) -> UsageReport {
+) -> BookingUseReport {
     let mut groups: BTreeMap<String, UsageRow> = BTreeMap::new();
     let mut total = UsageRow {
         key: "total".into(),
@@ -268,7 +269,7 @@ fn build(
     let pick = |s: UseStatus| -> Vec<BookingUseView> {
         bookings.iter().filter(|b| b.status == s).cloned().collect()
     };
-    UsageReport {
+    BookingUseReport {
         from,
         to,
         by,
@@ -288,7 +289,7 @@ fn time(t: DateTime<Utc>) -> String {
 
 /// The report as CSV: per user or model, one row each; per booking, the booking's
 /// own figures. Every text field through [`csv_field`].
-fn csv(r: &UsageReport) -> String {
+fn csv(r: &BookingUseReport) -> String {
     let mut out = String::new();
     if r.by == By::Booking {
         out.push_str(&csv_record([

@@ -10,9 +10,9 @@ use gpu_booking_core::rules::{self, Refusal};
 use gpu_booking_core::window::Window;
 use serde::Serialize;
 use sqlx::PgExecutor;
-use utoipa::ToSchema;
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+/// A model as the store reads it; the API answers with `wire::Model`.
+#[derive(Debug, Clone, Serialize)]
 pub struct Model {
     pub name: String,
     /// Order among models when matching product names (first match wins).

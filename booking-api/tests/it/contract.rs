@@ -95,3 +95,125 @@ fn every_operation_documents_what_the_layers_answer() {
     }
     assert!(operations >= 10);
 }
+
+/// The Rust types the OpenAPI document is made of, read from the sources of the
+/// crates that derive `ToSchema`: each type's schema name (its own, or the one
+/// `#[schema(as = ...)]` gives it) with where it is declared.
+fn schema_types() -> Vec<(String, String)> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "../core/src"] {
+        walk(&root.join(dir), &mut files);
+    }
+    let mut types = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !(line.contains("derive(") && line.contains("ToSchema")) {
+                continue;
+            }
+            // The attributes up to the item, then the item's name.
+            let mut renamed = None;
+            for next in &lines[i + 1..] {
+                let next = next.trim();
+                if let Some(at) = next.find("schema(as = ") {
+                    let rest = &next[at + "schema(as = ".len()..];
+                    let name = rest.split([')', ',']).next().unwrap_or("");
+                    renamed = Some(name.rsplit("::").next().unwrap_or(name).trim().to_owned());
+                }
+                let item = next
+                    .strip_prefix("pub struct ")
+                    .or_else(|| next.strip_prefix("pub enum "))
+                    .or_else(|| next.strip_prefix("struct "))
+                    .or_else(|| next.strip_prefix("enum "));
+                if let Some(item) = item {
+                    let own: String = item
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    let place = format!("{}:{}", file.display(), i + 1);
+                    types.push((renamed.unwrap_or(own), place));
+                    break;
+                }
+            }
+        }
+    }
+    types
+}
+
+/// utoipa names a schema after its type alone and keeps one schema per name: two
+/// types of one name would give clients one of their shapes for both. Every schema
+/// name is one Rust type.
+#[test]
+fn no_two_types_share_a_schema_name() {
+    let types = schema_types();
+    assert!(
+        types.len() > 40,
+        "the scan found the API's types: {types:?}"
+    );
+    let mut seen: std::collections::BTreeMap<&str, &str> = Default::default();
+    let mut shared = Vec::new();
+    for (name, place) in &types {
+        if let Some(first) = seen.insert(name, place) {
+            shared.push(format!("{name}: {first} and {place}"));
+        }
+    }
+    assert!(
+        shared.is_empty(),
+        "types that share a schema name (rename one, or #[schema(as = ...)]): {shared:#?}"
+    );
+    // Every schema the document holds is one of them.
+    let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+    for name in doc["components"]["schemas"].as_object().unwrap().keys() {
+        assert!(
+            seen.contains_key(name.as_str()),
+            "schema {name} comes from no type the scan found"
+        );
+    }
+}
+
+/// `docs/openapi.json` is the document the server serves, so that a reviewer reads
+/// the API without running it. After a change to the API, write it again with
+/// `GPU_BOOKING_WRITE_OPENAPI=1 cargo test -p gpu-booking-api --test it contract::`.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_checked_in_document_is_what_the_server_serves(pool: PgPool) {
+    let app = gpu_booking_api::app::router(test_state(
+        pool,
+        Policy::default(),
+        Arc::new(SystemClock),
+        SECRET,
+    ));
+    let response = app
+        .oneshot(
+            Request::get("/api/openapi.json")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let served: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let text = format!("{}\n", serde_json::to_string_pretty(&served).unwrap());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+    if std::env::var_os("GPU_BOOKING_WRITE_OPENAPI").is_some() {
+        std::fs::write(&path, &text).unwrap();
+    }
+    let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        checked_in == text,
+        "docs/openapi.json is not what the server serves: write it again with \
+         GPU_BOOKING_WRITE_OPENAPI=1 cargo test -p gpu-booking-api --test it contract::"
+    );
+}

@@ -1,7 +1,6 @@
 //! The integration tests of the booking service, in one binary: one link instead of one per
 //! file, and the tests of every file run side by side.
 
-mod common;
 mod access_log;
 mod archive;
 mod audit_roundtrip;
@@ -9,6 +8,7 @@ mod authz;
 mod bad_input;
 mod bench_rate_search;
 mod changes;
+mod common;
 mod concurrency;
 mod contract;
 mod create_batch;

@@ -1,8 +1,8 @@
 //! The integration tests of the certificates and bootstrap, in one binary: one link instead of one per
 //! file, and the tests of every file run side by side.
 
-mod common;
 mod bootstrap;
+mod common;
 mod csr;
 mod self_signed;
 mod tls_handshake;
