@@ -129,7 +129,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let limits = api_args.limits.clone();
     let served =
         tokio::spawn(async move { server::serve_router(listener, app, &limits, &changes).await });
-    crate::demo_cluster::seed_notebooks(&sim, &pool).await;
+    // The page's address first; the seeded notebooks start while a newcomer reads.
     let ca = sim.webhook_ca().await.unwrap_or_default();
     println!("gpu-booking demo");
     let kept = if args.fresh {
@@ -178,6 +178,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!(
         "  sign in as any user: on the page's sign-in view (the demo's user picker, POST /demo/sign-in)"
     );
+    println!("starting the seeded notebooks (lent A100s) ...");
+    crate::demo_cluster::seed_notebooks(&sim, &pool).await;
     println!("Ctrl-C stops it.");
     let served = served
         .await

@@ -260,8 +260,25 @@ pub fn status_label(status: StatusCode) -> &'static str {
 }
 
 /// The `tracing` target of the access log lines (`RUST_LOG=gpu_booking_api::access=warn`
-/// silences them).
+/// silences them; `=debug` shows the routine ones too).
 pub const ACCESS_LOG: &str = "gpu_booking_api::access";
+
+/// The requests the components and the cluster make on a timer: the webhook's
+/// replica (admission state, the change stream's long poll), the controller's
+/// catalog and reports, the components' audit rows (each action is logged where it
+/// is taken), the kubelet's probes, Prometheus' scrapes. Their access log lines are
+/// at debug when they succeed; everything a person does is at info.
+const ROUTINE: [(&str, &str); 9] = [
+    ("GET", "/api/v1/admission-state"),
+    ("GET", "/api/v1/booking-changes"),
+    ("GET", "/api/v1/models"),
+    ("PUT", "/api/v1/models/{name}/usage"),
+    ("PUT", "/api/v1/held-units"),
+    ("POST", "/api/v1/audit/batch"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+];
 
 /// The label of requests no route matched (the fallback's 404s, whatever the path).
 pub use gpu_booking_process::access::UNMATCHED;
@@ -274,6 +291,8 @@ pub async fn track(State(m): State<Arc<Metrics>>, req: Request, next: Next) -> R
     // The same line as every admin port's (`gpu_booking_process::access`), under the
     // API's own target.
     let access = Access::of(&req);
+    let routine = ROUTINE.contains(&(access.method, access.route.as_str()));
+    let access = access.routine(routine);
     let response = next.run(req).await;
     let took = access.elapsed();
     gpu_booking_process::access_line!(ACCESS_LOG, access, response.status(), took);

@@ -20,8 +20,8 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 
-/// The `tracing` target of the admin ports' access log lines: the kubelet probes
-/// every few seconds, so `RUST_LOG=info,gpu_booking_process::access=warn` silences them.
+/// The `tracing` target of the admin ports' access log lines (at debug unless a
+/// request failed: `RUST_LOG=info,gpu_booking_process::access=debug` shows them all).
 pub const ACCESS_LOG: &str = "gpu_booking_process::access";
 
 /// The route of requests no route matched (a fallback's 404s, whatever the path).
@@ -34,6 +34,10 @@ pub struct Access {
     pub method: &'static str,
     /// The matched route's template, or [`UNMATCHED`].
     pub route: String,
+    /// A request that machines make on a timer (a probe, a scrape, a component's
+    /// poll): its line is at debug when it succeeds, so that the info log holds what
+    /// a person may act on; a failure (4xx, 5xx) is at info whatever the route.
+    pub routine: bool,
     started: Instant,
 }
 
@@ -48,8 +52,21 @@ impl Access {
         Self {
             method: method_label(req.method()),
             route,
+            routine: false,
             started: Instant::now(),
         }
+    }
+
+    /// The same, marked [`Access::routine`] when `routine` says so.
+    pub fn routine(mut self, routine: bool) -> Self {
+        self.routine = routine;
+        self
+    }
+
+    /// Whether this request's line goes at debug rather than info: routine, and
+    /// answered without an error.
+    pub fn quiet(&self, status: u16) -> bool {
+        self.routine && status < 400
     }
 
     /// Time since [`Access::of`].
@@ -64,21 +81,33 @@ impl Access {
 #[macro_export]
 macro_rules! access_line {
     ($target:expr, $access:expr, $status:expr, $took:expr) => {
-        $crate::__tracing::info!(
-            target: $target,
-            method = $access.method,
-            route = %$access.route,
-            status = $status.as_u16(),
-            latency_ms = $took.as_secs_f64() * 1000.0,
-            "request"
-        )
+        if $access.quiet($status.as_u16()) {
+            $crate::__tracing::debug!(
+                target: $target,
+                method = $access.method,
+                route = %$access.route,
+                status = $status.as_u16(),
+                latency_ms = $took.as_secs_f64() * 1000.0,
+                "request"
+            )
+        } else {
+            $crate::__tracing::info!(
+                target: $target,
+                method = $access.method,
+                route = %$access.route,
+                status = $status.as_u16(),
+                latency_ms = $took.as_secs_f64() * 1000.0,
+                "request"
+            )
+        }
     };
 }
 
 /// The middleware of the admin ports (`axum::middleware::from_fn`): the request's
-/// access log line under [`ACCESS_LOG`].
+/// access log line under [`ACCESS_LOG`], at debug when it succeeds (the kubelet's
+/// probes and Prometheus' scrapes, on a timer).
 pub async fn log_requests(req: Request, next: Next) -> Response {
-    let access = Access::of(&req);
+    let access = Access::of(&req).routine(true);
     let response = next.run(req).await;
     access_line!(ACCESS_LOG, access, response.status(), access.elapsed());
     response

@@ -14,14 +14,14 @@ use serde_json::Value;
 pub struct LogCapture(Arc<Mutex<Vec<u8>>>);
 
 impl LogCapture {
-    /// Captures this thread's INFO-and-above events (as `--log-format json` writes
+    /// Captures this thread's DEBUG-and-above events (as `--log-format json` writes
     /// them) until the guard drops.
     pub fn start() -> (Self, tracing::subscriber::DefaultGuard) {
         let capture = Self::default();
         let subscriber = tracing_subscriber::fmt()
             .json()
             .with_writer(capture.clone())
-            .with_max_level(tracing::Level::INFO)
+            .with_max_level(tracing::Level::DEBUG)
             .finish();
         let guard = tracing::subscriber::set_default(subscriber);
         (capture, guard)
@@ -98,6 +98,9 @@ pub async fn assert_admin_access_log(admin: axum::Router) {
     assert_eq!(routes, ["/healthz", "/metrics", "unmatched"], "{text}");
     let statuses: Vec<Value> = (0..3).map(|i| fields(i, "status")).collect();
     assert_eq!(statuses, [200, 200, 404], "{text}");
+    // The probe and the scrape are routine (debug); the miss is at info.
+    let levels: Vec<Value> = access.iter().map(|l| l["level"].clone()).collect();
+    assert_eq!(levels, ["DEBUG", "DEBUG", "INFO"], "{text}");
     assert!(
         (0..3).all(|i| fields(i, "method") == "GET" && fields(i, "latency_ms").is_f64()),
         "{text}"

@@ -1,8 +1,9 @@
 //! The integration tests of the node agent, in one binary: one link instead of one per
-//! file, and the tests of every file run side by side.
+//! file, and the tests of every file run side by side. The access log's test has a
+//! binary of its own (`tests/*access_log.rs`): it captures `tracing` output, whose
+//! callsite interest is process-wide.
 
 mod acceptance;
-mod admin_access_log;
 mod audit_api;
 mod common;
 mod kube_cluster;

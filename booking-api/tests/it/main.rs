@@ -1,7 +1,8 @@
 //! The integration tests of the booking service, in one binary: one link instead of one per
-//! file, and the tests of every file run side by side.
+//! file, and the tests of every file run side by side. The access log's test has a
+//! binary of its own (`tests/*access_log.rs`): it captures `tracing` output, whose
+//! callsite interest is process-wide.
 
-mod access_log;
 mod archive;
 mod audit_roundtrip;
 mod authz;

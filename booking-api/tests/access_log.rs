@@ -67,6 +67,12 @@ async fn every_request_has_one_access_log_line_without_its_path(pool: PgPool) {
     assert_eq!(access[0]["fields"]["method"], "GET");
     assert_eq!(access[0]["fields"]["status"], 401);
     assert_eq!(access[1]["fields"]["status"], 200);
+    // A person's request and a miss are at info; the probe, answered, at debug.
+    let levels: Vec<&str> = access
+        .iter()
+        .map(|l| l["level"].as_str().unwrap())
+        .collect();
+    assert_eq!(levels, ["INFO", "DEBUG", "INFO"], "{text}");
     assert!(
         access.iter().all(|l| l["fields"]["latency_ms"].is_f64()),
         "{text}"
