@@ -2,9 +2,11 @@
 //! metrics (Linux), and content negotiation between OpenMetrics (what
 //! `prometheus-client` writes) and the Prometheus text format 0.0.4.
 //!
-//! A component encodes its own registry with [`encode`], which appends the shared
-//! families and the closing `# EOF`, and answers with [`response`], which picks the
-//! format from the request's `Accept` header.
+//! A component keeps its families in a [`ComponentRegistry`]: the registry prefixed
+//! `gpu_booking` with the component's sub-registry, so that every family is named
+//! `gpu_booking_<component>_<name>` without a crate writing the prefix out. Its
+//! [`ComponentRegistry::encode`] appends the shared families and the closing `# EOF`;
+//! [`response`] answers with it in the format the request's `Accept` header picks.
 
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
@@ -13,7 +15,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::{Metric, Registry, Unit};
 
 /// The content type of OpenMetrics text, which `prometheus-client` writes.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -40,6 +42,90 @@ fn shared_registry(component: &'static str) -> Registry {
     );
     registry.register_collector(Box::new(ProcessCollector));
     registry
+}
+
+/// A component's metrics: the registry prefixed `gpu_booking` that `/metrics`
+/// encodes, which holds the component's sub-registry (`gpu_booking_<component>`).
+///
+/// ```
+/// use gpu_booking_process::metrics::ComponentRegistry;
+/// use prometheus_client::metrics::{counter::Counter, histogram::Histogram};
+/// use prometheus_client::registry::Unit;
+///
+/// let mut registry = ComponentRegistry::new("example");
+/// let mut families = registry.families();
+/// let jobs: Counter = families.add("jobs", "Jobs done", Counter::default());
+/// let took = families.add_with_unit(
+///     "job_duration",
+///     "Time of a job",
+///     Unit::Seconds,
+///     Histogram::new([0.1, 1.0]),
+/// );
+/// jobs.inc();
+/// took.observe(0.5);
+/// let text = registry.encode();
+/// assert!(text.contains("\ngpu_booking_example_jobs_total 1\n"));
+/// assert!(text.contains("# TYPE gpu_booking_example_job_duration_seconds histogram\n"));
+/// ```
+#[derive(Debug)]
+pub struct ComponentRegistry {
+    root: Registry,
+    component: &'static str,
+}
+
+impl ComponentRegistry {
+    /// The prefix of every gpu-booking family.
+    pub const PREFIX: &'static str = "gpu_booking";
+
+    /// An empty registry for `component` (`api`, `webhook`, ...): the second word of
+    /// its families' names and the `component` label of `gpu_booking_build_info`.
+    pub fn new(component: &'static str) -> Self {
+        Self {
+            root: Registry::with_prefix(Self::PREFIX),
+            component,
+        }
+    }
+
+    /// The component's sub-registry, to register its families in. Each call adds one
+    /// (a registry cannot hand back a sub-registry it made), so a component takes it
+    /// once, in its `Metrics::new`.
+    pub fn families(&mut self) -> Families<'_> {
+        Families(self.root.sub_registry_with_prefix(self.component))
+    }
+
+    /// The OpenMetrics text of the component's families, then the shared ones
+    /// (`gpu_booking_build_info`, `process_*`), then `# EOF`.
+    pub fn encode(&self) -> String {
+        encode(&self.root, self.component)
+    }
+}
+
+/// A component's sub-registry ([`ComponentRegistry::families`]). Each `add` registers
+/// a family and hands it back, for the component to keep and update: the registry
+/// encodes a clone, which shares its values.
+#[derive(Debug)]
+pub struct Families<'a>(&'a mut Registry);
+
+impl Families<'_> {
+    /// Registers `metric` as `gpu_booking_<component>_<name>` (the encoder adds a
+    /// counter's `_total`) with `help`, and returns it.
+    pub fn add<M: Metric + Clone>(&mut self, name: &str, help: &str, metric: M) -> M {
+        self.0.register(name, help, metric.clone());
+        metric
+    }
+
+    /// [`Families::add`] with a unit, which the name gets as its suffix
+    /// (`_seconds`, `_bytes`, `_ratios`).
+    pub fn add_with_unit<M: Metric + Clone>(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Unit,
+        metric: M,
+    ) -> M {
+        self.0.register_with_unit(name, help, unit, metric.clone());
+        metric
+    }
 }
 
 /// The OpenMetrics text of `registry`, then the shared families, then `# EOF`.
@@ -353,14 +439,19 @@ mod tests {
     }
 
     fn sample() -> String {
-        let mut registry = Registry::with_prefix("gpu_booking_test");
-        let requests = Counter::<u64>::default();
+        let mut registry = ComponentRegistry::new("test");
+        let mut families = registry.families();
+        let requests = families.add("requests", "Requests served", Counter::<u64>::default());
+        let temp = families.add_with_unit(
+            "free_memory",
+            "Free memory",
+            Unit::Bytes,
+            Gauge::<i64>::default(),
+        );
+        // The registry encodes the values of the handles `add` returned.
         requests.inc();
-        registry.register("requests", "Requests served", requests);
-        let temp = Gauge::<i64>::default();
         temp.set(3);
-        registry.register_with_unit("free_memory", "Free memory", Unit::Bytes, temp);
-        encode(&registry, "test")
+        registry.encode()
     }
 
     #[test]
@@ -401,6 +492,10 @@ mod tests {
         );
         assert!(
             text.contains("gpu_booking_test_requests_total 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\ngpu_booking_test_free_memory_bytes 3\n"),
             "{text}"
         );
         assert!(
