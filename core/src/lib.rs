@@ -10,6 +10,7 @@ pub mod booking_policy;
 pub mod booking_units;
 pub mod cancel;
 pub mod capacity;
+pub mod create_batch;
 pub mod declared_models;
 pub mod eviction;
 pub mod feed;

@@ -3,7 +3,8 @@
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::cancel::{self, CancelOutcome};
-use gpu_booking_core::capacity::{self, CapacityRefusal, DaysHeld, Held};
+use gpu_booking_core::capacity::{self, CapacityRefusal, Held};
+use gpu_booking_core::create_batch::{self, Create, Found, Judged};
 use gpu_booking_core::rules;
 use gpu_booking_core::username::Username;
 use gpu_booking_core::window::{BookingStatus, Window};
@@ -108,47 +109,19 @@ enum Scope {
     Model,
 }
 
-/// What a create's locked reads found: the model's units (`None`: no such model),
-/// the user's bookings, and what the model holds over the window.
-#[derive(Default)]
-struct Found {
-    units: Option<u32>,
-    own: Vec<Window>,
-    /// What the window's days hold (`booking_day_units`, and the batch's earlier
-    /// creates kept per day), for a window kept per day; `None` when the bookings over
-    /// the window were read instead. A day without a row holds nothing.
-    days: Option<DaysHeld>,
-    /// Bookings of the model over the window, from the database: with `days`, only
-    /// those too long to be kept per day; without, all of them.
-    held: Vec<Held>,
-    /// The creates of the batch before this one that were accepted, over its window
-    /// (not written yet; with `days`, those kept per day are counted there too).
-    made: Vec<Held>,
-}
-
-impl Found {
-    /// Nothing read yet for a create over `window`: its days are read for a window
-    /// kept per day, as `booking_lock_and_read` decides by the same rule.
-    fn for_window(window: &Window) -> Self {
-        Found {
-            days: capacity::counted_by_day(window).then(DaysHeld::default),
-            ..Found::default()
-        }
-    }
-
-    fn add(&mut self, mut row: LockedRead) {
-        let count = u32::try_from(row.o_slot.unwrap_or(0)).unwrap_or(0);
-        match row.o_kind.take().as_deref() {
-            Some("m") => self.units = Some(count),
-            Some("d") => self.days.get_or_insert_default().add_day(
-                row.o_id.unwrap_or_default(),
-                count,
-                row.o_slots.as_deref().unwrap_or_default(),
-            ),
-            Some("u") => self.own.extend(row.held().map(|h| h.window)),
-            Some("l" | "o") => self.held.extend(row.held()),
-            _ => {}
-        }
+/// Adds one row of `booking_lock_and_read_batch` to what its create found.
+fn add_read(found: &mut Found, mut row: LockedRead) {
+    let count = u32::try_from(row.o_slot.unwrap_or(0)).unwrap_or(0);
+    match row.o_kind.take().as_deref() {
+        Some("m") => found.units = Some(count),
+        Some("d") => found.days.get_or_insert_default().add_day(
+            row.o_id.unwrap_or_default(),
+            count,
+            row.o_slots.as_deref().unwrap_or_default(),
+        ),
+        Some("u") => found.own.extend(row.held().map(|h| h.window)),
+        Some("l" | "o") => found.held.extend(row.held()),
+        _ => {}
     }
 }
 
@@ -173,54 +146,26 @@ struct Checked<'r, 'a> {
     need: u32,
 }
 
-/// The decision on one create from what its locks read (`core`'s rules and capacity).
-enum Judged {
-    /// Created on these units.
-    Slots(Vec<i32>),
-    /// It fits by count, but only if planned bookings move to other units.
-    NeedsMoves,
-    /// It does not fit: refused, with the earliest start that would.
-    Full,
-    /// The window's days do not decide: the bookings over the window must be read.
-    ReadBookings,
+impl Checked<'_, '_> {
+    /// The create as `core` judges it.
+    fn create(&self) -> Create<'_> {
+        Create {
+            user: self.req.user.as_str(),
+            model: self.req.model,
+            now: self.now,
+            window: self.window,
+            need: self.need,
+            override_rules: self.req.override_rules,
+        }
+    }
 }
 
+/// `core`'s judgement of `c`, an unknown model refused as the store refuses it.
 fn judge(policy: &Policy, c: &Checked<'_, '_>, found: &Found) -> Result<Judged, StoreError> {
-    let units = found
-        .units
-        .ok_or_else(|| StoreError::UnknownModel(c.req.model.to_owned()))?;
-    rules::check_user(policy, c.now, &c.window, &found.own, c.req.override_rules)?;
-    if let Some(days) = &found.days {
-        // The batch's earlier creates kept per day are in `days` already.
-        let others: Vec<Held> = found
-            .held
-            .iter()
-            .chain(
-                found
-                    .made
-                    .iter()
-                    .filter(|h| !capacity::counted_by_day(&h.window)),
-            )
-            .cloned()
-            .collect();
-        return Ok(
-            match capacity::free_slots_by_days(units, days, &others, &c.window, c.need) {
-                Some(slots) => Judged::Slots(slots),
-                None => Judged::ReadBookings,
-            },
-        );
+    match create_batch::judge(policy, &c.create(), found)? {
+        Judged::UnknownModel => Err(StoreError::UnknownModel(c.req.model.to_owned())),
+        judged => Ok(judged),
     }
-    let others: Vec<Held> = found.held.iter().chain(&found.made).cloned().collect();
-    let overlapping_windows = capacity::unit_windows(others.iter().map(|h| (h.window, h.units())));
-    if !capacity::fits_units(units, &overlapping_windows, &c.window, c.need) {
-        return Ok(Judged::Full);
-    }
-    Ok(
-        match capacity::free_slots(units, &others, &c.window, c.need) {
-            Some(slots) => Judged::Slots(slots),
-            None => Judged::NeedsMoves,
-        },
-    )
 }
 
 /// What became of one create of a batch.
@@ -409,9 +354,10 @@ async fn create_locked(
             .and_then(|i| i.checked_sub(1))
             .and_then(|i| found.get_mut(i))
         {
-            f.add(row);
+            add_read(f, row);
         }
     }
+    let creates: Vec<Create<'_>> = batch.iter().map(Checked::create).collect();
 
     // Each judged alone, in order, with the ones before it that it accepted counted
     // as bookings already made (`made`). A refusal for capacity names the earliest
@@ -438,8 +384,11 @@ async fn create_locked(
                     .map(Some)
             }
             Ok(Judged::NeedsMoves) => Ok(None),
-            // Read above: the bookings themselves always decide.
-            Ok(Judged::ReadBookings) => Err(CapacityRefusal::NoUnitAssignable.into()),
+            // Read above: the bookings themselves always decide; an unknown model
+            // was refused by `judge`.
+            Ok(Judged::ReadBookings | Judged::UnknownModel) => {
+                Err(CapacityRefusal::NoUnitAssignable.into())
+            }
             Ok(Judged::Full) => {
                 let before: Vec<&Held> = made
                     .iter()
@@ -455,32 +404,13 @@ async fn create_locked(
         if let Ok(Some(slots)) = &verdict {
             // As the database will hold it, which is what a create after it alone
             // would read.
-            let window = stored(&c.window);
             let pending = Held {
                 // Not in the database yet: no id to collide with one that is.
                 id: -1 - i as i64,
-                window,
+                window: stored(&c.window),
                 slots: slots.clone(),
             };
-            for (later, f) in batch.iter().zip(found.iter_mut()).skip(i + 1) {
-                if later.req.user.as_str() == c.req.user.as_str() {
-                    f.own.push(window);
-                }
-                if later.req.model == c.req.model {
-                    // As the store will count it once written: on its days, and as a
-                    // booking over the window.
-                    if let Some(days) = f
-                        .days
-                        .as_mut()
-                        .filter(|_| capacity::counted_by_day(&window))
-                    {
-                        days.add_booking(&later.window, &pending);
-                    }
-                    if later.window.overlaps(&window) {
-                        f.made.push(pending.clone());
-                    }
-                }
-            }
+            create_batch::accept(&creates, &mut found, i, &pending);
             made.push((c.req.model, pending));
         }
         verdicts.push(verdict);
