@@ -21,9 +21,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_booking_client::AuditReport;
-use gpu_booking_core::admission::{
-    named_user, pod_label, AdmissionConfig, BOOKING_LABEL, USERNAME_KEY,
-};
+use gpu_booking_core::admission::{named_user, pod_label, BOOKING_LABEL, USERNAME_KEY};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -36,6 +34,7 @@ use crate::config::OnExpiry;
 use crate::hub::Hub;
 use crate::intent::{self, Intent, Replacement};
 use crate::leader::Leadership;
+use crate::live_config::LiveConfig;
 use crate::metrics::Metrics;
 use crate::pods::{PodInfo, PodLite, Priority};
 use crate::recreate::{cpu_only_copy, lent_copy};
@@ -192,7 +191,9 @@ pub struct Ctx {
     pub metrics: Arc<Metrics>,
     pub leadership: Arc<Leadership>,
     pub clock: SharedClock,
-    pub cfg: AdmissionConfig,
+    /// The admission configuration, the models' own resources learned
+    /// (the event loop's and the actions' one configuration).
+    pub cfg: LiveConfig,
     pub on_expiry: OnExpiry,
     pub dry_run: bool,
     pub gone: GoneSignals,
@@ -317,16 +318,17 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, ActionError> {
     }
     // Classified as the watch does: a `priority=high` label counts only with our
     // high class (`core::admission::marks`).
+    let cfg = ctx.cfg.current();
     let info = serde_json::from_value::<PodLite>(pod.clone())
         .ok()
-        .and_then(|lite| PodInfo::from_pod(&lite, &ctx.cfg));
+        .and_then(|lite| PodInfo::from_pod(&lite, &cfg));
     let priority = info.as_ref().and_then(|i| i.priority);
     let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
     let mode = match &job.reason {
         Reason::Expired { .. } => {
             let end = pod
                 .pointer("/metadata/annotations")
-                .and_then(|a| a.get(&ctx.cfg.terminate_at_annotation))
+                .and_then(|a| a.get(&cfg.terminate_at_annotation))
                 .and_then(Value::as_str)
                 .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
             // The booking may have been extended, or the pod demoted, since the timer
@@ -387,8 +389,8 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, ActionError> {
         .pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
         .is_some_and(|o| !o.is_empty());
-    // `delete` is the plain mode: this controller then never creates a pod (the chart
-    // grants it no `create` on pods), whatever the reason.
+    // `delete` is the plain mode: the controller then creates no pod, whatever the
+    // reason (a copy is made only to finish a two-step action begun in another mode).
     let mode = if (owned || ctx.on_expiry == OnExpiry::Delete) && mode != Mode::Delete {
         Mode::Delete
     } else {
@@ -405,7 +407,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, ActionError> {
         ctx.metrics.expiry_lag.observe(lag.as_secs_f64());
     }
     let outcome = match mode {
-        Mode::Demote => recreate(ctx, job, &api, &pod, Copy::Lent).await?,
+        Mode::Demote => recreate(ctx, job, &api, &pod, ReplacementCopy::Lent).await?,
         Mode::Delete => {
             note(
                 ctx,
@@ -425,7 +427,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, ActionError> {
             .await;
             delete(ctx, job, &api).await?
         }
-        Mode::RecreateCpu => recreate(ctx, job, &api, &pod, Copy::CpuOnly).await?,
+        Mode::RecreateCpu => recreate(ctx, job, &api, &pod, ReplacementCopy::CpuOnly).await?,
         Mode::HubRestart => restart(ctx, job, &pod).await?,
     };
     audit(ctx, job, &pod, &outcome).await;
@@ -465,7 +467,7 @@ async fn delete_if(
 
 /// Which copy replaces the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Copy {
+enum ReplacementCopy {
     CpuOnly,
     /// Lent (low priority) with its GPU; CPU-only when the pod names no model.
     Lent,
@@ -476,17 +478,18 @@ async fn recreate(
     job: &Job,
     _api: &Api<DynamicObject>,
     pod: &Value,
-    kind: Copy,
+    kind: ReplacementCopy,
 ) -> Result<Outcome, ActionError> {
     let reason = job.reason.text();
+    let cfg = ctx.cfg.current();
     let lent = match kind {
-        Copy::Lent => lent_copy(pod, &ctx.cfg)?,
-        Copy::CpuOnly => None,
+        ReplacementCopy::Lent => lent_copy(pod, &cfg)?,
+        ReplacementCopy::CpuOnly => None,
     };
     let (copy, demoted) = match lent {
         Some(copy) => (copy, true),
         None => (
-            cpu_only_copy(pod, &ctx.cfg, &format!("GPU removed: {reason}"))?,
+            cpu_only_copy(pod, &cfg, &format!("GPU removed: {reason}"))?,
             false,
         ),
     };

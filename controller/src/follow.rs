@@ -186,7 +186,7 @@ pub async fn retime(ctx: &Ctx, r: &Retime) {
         return;
     }
     let api = actions::pods(ctx, &r.namespace);
-    let annotation = ctx.cfg.terminate_at_annotation.clone();
+    let annotation = ctx.cfg.current().terminate_at_annotation.clone();
     // The uid guards against a pod of the same name that replaced this one.
     let patch = json!({"metadata": {"uid": r.uid, "annotations": {annotation: rfc3339(r.to)}}});
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));

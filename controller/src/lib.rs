@@ -36,6 +36,7 @@ pub mod hub;
 pub mod intent;
 pub mod inventory;
 pub mod leader;
+pub mod live_config;
 pub mod metrics;
 pub mod node_capacity;
 pub mod pods;
@@ -100,7 +101,7 @@ impl Controller {
             metrics: metrics.clone(),
             leadership: leadership.clone(),
             clock: clock.clone(),
-            cfg,
+            cfg: live_config::LiveConfig::new(cfg),
             on_expiry: args.on_expiry,
             dry_run: args.dry_run,
             gone: actions::GoneSignals::default(),

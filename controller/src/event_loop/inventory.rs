@@ -154,7 +154,7 @@ impl Inventory {
                 return None;
             }
         };
-        let models = Models::from_api(models, &self.ctx.cfg.gpu_resources, &opts);
+        let models = Models::from_api(models, &self.ctx.cfg.current().gpu_resources, &opts);
         let changed = self.models.as_ref().is_none_or(|m| {
             !m.same_inventory(&models)
                 || m.resources != models.resources
@@ -186,7 +186,7 @@ impl Inventory {
                     &node,
                     &self.args.product_label,
                     &self.args.admission.model_node_label,
-                    &self.ctx.cfg.gpumem_resource,
+                    &self.ctx.cfg.current().gpumem_resource,
                 ) {
                     if self.nodes.get(&info.name) != Some(&info) {
                         let status_changed = self
@@ -518,7 +518,7 @@ impl Inventory {
             return;
         }
         let now = Instant::now();
-        let resource = self.ctx.cfg.gpumem_resource.clone();
+        let resource = self.ctx.cfg.current().gpumem_resource.clone();
         let mut work = Vec::new();
         for node in self.nodes.values() {
             let busy = self

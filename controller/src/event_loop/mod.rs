@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gpu_booking_client::{ClientError, HeldReport, Model};
-use gpu_booking_core::admission::AdmissionConfig;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
@@ -70,9 +69,6 @@ enum Msg {
 pub struct Loop {
     ctx: Arc<Ctx>,
     args: ControllerArgs,
-    /// The admission configuration as given; `cfg` adds the models' resources.
-    base_cfg: AdmissionConfig,
-    cfg: AdmissionConfig,
     ready: Arc<AtomicBool>,
     rx: mpsc::UnboundedReceiver<Msg>,
     expiry: Expiry,
@@ -84,7 +80,6 @@ pub struct Loop {
 impl Loop {
     pub fn new(ctx: Arc<Ctx>, args: ControllerArgs, ready: Arc<AtomicBool>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let cfg = ctx.cfg.clone();
         Self {
             expiry: Expiry::new(ctx.clone(), tx.clone()),
             inventory: Inventory::new(ctx.clone(), args.clone(), tx.clone()),
@@ -96,8 +91,6 @@ impl Loop {
             ),
             ctx,
             args,
-            base_cfg: cfg.clone(),
-            cfg,
             ready,
             rx,
         }
@@ -228,11 +221,12 @@ impl Loop {
     }
 
     fn upsert_pod(&mut self, pod: &PodLite) {
-        let Some(info) = PodInfo::from_pod(pod, &self.cfg) else {
+        let cfg = self.ctx.cfg.current();
+        let Some(info) = PodInfo::from_pod(pod, &cfg) else {
             return;
         };
         self.preemption
-            .note_gpumem(&info.uid, pod.unschedulable_for(&self.cfg.gpumem_resource));
+            .note_gpumem(&info.uid, pod.unschedulable_for(&cfg.gpumem_resource));
         self.expiry.listed(&info.uid);
         if !info.relevant() {
             self.remove_pod(&info.uid);
@@ -323,20 +317,13 @@ impl Loop {
         false
     }
 
-    /// New models: the admission configuration learns their resources; when those
-    /// changed, the pods are read again (true).
+    /// New models: the admission configuration (the one the actions read too) learns
+    /// their resources; when those changed, the pods are read again (true).
     fn set_models(&mut self, models: &[Model]) -> bool {
         let Some(models) = self.inventory.set_models(models) else {
             return false;
         };
-        let mut cfg = self.base_cfg.clone();
-        for (resource, model) in &models.resources {
-            if let Ok(name) = gpu_booking_core::gpu_model::ModelName::parse(model) {
-                cfg.model_resources.insert(resource.clone(), name);
-            }
-        }
-        let restart = cfg.model_resources != self.cfg.model_resources;
-        self.cfg = cfg;
+        let restart = self.ctx.cfg.learn_model_resources(&models.resources);
         if restart {
             self.expiry.unsync();
             self.update_ready();

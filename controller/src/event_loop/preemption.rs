@@ -175,13 +175,14 @@ impl Preemption {
         waiting.sort_by(|a, b| {
             (a.started, &a.namespace, &a.name).cmp(&(b.started, &b.namespace, &b.name))
         });
+        let cfg = self.ctx.cfg.current();
         let view = View {
             pods,
             nodes: inventory.nodes(),
             node_labels: inventory.node_labels(),
             models,
-            generic: &self.ctx.cfg.gpu_resources,
-            gpumem_resource: &self.ctx.cfg.gpumem_resource,
+            generic: &cfg.gpu_resources,
+            gpumem_resource: &cfg.gpumem_resource,
             model_node_label: &self.args.admission.model_node_label,
             going: expiry.in_flight(),
             cushion_mib: self.args.preemption_vram_cushion,

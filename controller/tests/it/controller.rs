@@ -111,6 +111,33 @@ async fn expiry_on_time_recreates_without_gpu() {
     );
 }
 
+/// A model with its own resource (a MIG profile, `nvidia.com/mig-1g.5gb`) is known
+/// from the booking service, not from the options: the action that ends a booked
+/// pod of it reads the same learned configuration as the loop that saw it, so the
+/// pod is ended at its time and its CPU-only copy asks for none of the profile.
+#[tokio::test(start_paused = true)]
+async fn a_models_own_resource_is_stripped_from_the_cpu_only_copy() {
+    let h = Harness::new();
+    node(&h.server, "mig-1", None, &[("nvidia.com/mig-1g.5gb", 7)]);
+    let end = h.after(TimeDelta::hours(1));
+    let mut spec = pod("jupyter-alice")
+        .resource("nvidia.com/mig-1g.5gb", 1)
+        .on("mig-1")
+        .booked_until(end);
+    spec.0["metadata"]["labels"]["gpu-booking.io/model"] = json!("mig-1g.5gb");
+    spec.0["spec"]["nodeSelector"] = json!({});
+    let old_uid = spec.put(&h.server).metadata.uid.unwrap();
+    let _controller = h.start();
+    h.until_deleting("jupyter-alice").await;
+    assert!(h.server.pod_gone(NS, "jupyter-alice"));
+    h.until_replaced("jupyter-alice", &old_uid).await;
+    let copy = h.pod_json("jupyter-alice").unwrap();
+    for c in containers(&copy) {
+        let resources = c["resources"].to_string();
+        assert!(!resources.contains("mig-1g.5gb"), "{resources}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn expired_while_down_is_handled_at_start_and_after_a_restart() {
     let h = Harness::new();
