@@ -36,8 +36,9 @@ use crate::intent::{self, Intent, Replacement};
 use crate::leader::Leadership;
 use crate::live_config::LiveConfig;
 use crate::metrics::Metrics;
-use crate::pods::{PodInfo, PodLite, Priority};
+use crate::pods::{PodInfo, PodLite};
 use crate::recreate::{cpu_only_copy, lent_copy};
+use gpu_booking_core::pod_action::{self, Mode, Plan, PodFacts, Trigger};
 
 /// Why a pod is acted on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,15 +207,6 @@ pub struct Ctx {
     pub halt: tokio_util::sync::CancellationToken,
 }
 
-/// What is done to the pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    RecreateCpu,
-    Delete,
-    Demote,
-    HubRestart,
-}
-
 /// Why an action on a pod failed (it is tried again: [`Outcome::Failed`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ActionError {
@@ -322,79 +314,45 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, ActionError> {
     let info = serde_json::from_value::<PodLite>(pod.clone())
         .ok()
         .and_then(|lite| PodInfo::from_pod(&lite, &cfg));
-    let priority = info.as_ref().and_then(|i| i.priority);
-    let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
-    let mode = match &job.reason {
-        Reason::Expired { .. } => {
-            let end = pod
-                .pointer("/metadata/annotations")
-                .and_then(|a| a.get(&cfg.terminate_at_annotation))
-                .and_then(Value::as_str)
-                .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
-            // The booking may have been extended, or the pod demoted, since the timer
-            // was set: the watch re-arms it.
-            if priority != Some(Priority::High)
-                || deleting
-                || end.is_none_or(|end| end > ctx.clock.now())
-            {
-                return Ok(Outcome::Skipped("no longer due"));
-            }
-            match ctx.on_expiry {
-                // Becomes the hub's restart below where the hub runs the pod.
-                OnExpiry::RecreateCpu | OnExpiry::HubRestart => Mode::RecreateCpu,
-                OnExpiry::Delete => Mode::Delete,
-                OnExpiry::Demote => Mode::Demote,
-            }
-        }
-        Reason::Preempted { .. } => {
-            if priority != Some(Priority::Low) || deleting {
-                return Ok(Outcome::Skipped("no longer a low-priority pod"));
-            }
-            match ctx.on_expiry {
-                OnExpiry::Delete => Mode::Delete,
-                _ => Mode::RecreateCpu,
-            }
-        }
-        Reason::SchedulerPreempted => Mode::RecreateCpu,
-        Reason::LentPending => {
-            // Still lent, still unbound and still refused for want of a GPU; the
-            // delete below is conditional on this very version of the pod, so a pod
-            // bound in the meantime is not touched.
-            let waiting = info.as_ref().is_some_and(|i| {
-                i.priority == Some(Priority::Low) && i.node.is_none() && i.unschedulable_for_gpu
-            });
-            if !waiting || deleting {
-                return Ok(Outcome::Skipped("no longer a lent pod waiting for a GPU"));
-            }
-            Mode::RecreateCpu
-        }
-        Reason::BeyondBooking { booking_id, .. } => {
-            // The watch may be behind: act only on a pod that still claims the booking.
-            if priority != Some(Priority::High)
-                || info.as_ref().and_then(|i| i.booking_id) != Some(*booking_id)
-                || deleting
-            {
-                return Ok(Outcome::Skipped("no longer a pod of that booking"));
-            }
-            Mode::Demote
-        }
-        Reason::Resumed(_) => unreachable!("handled above"),
-    };
-    // Through the hub where the hub runs the pod (its user is on it).
-    let mode = match (mode, ctx.on_expiry, hub_server(&pod)) {
-        (Mode::RecreateCpu, OnExpiry::HubRestart, Some(_)) if ctx.hub.is_some() => Mode::HubRestart,
-        (mode, _, _) => mode,
-    };
     let owned = pod
         .pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
         .is_some_and(|o| !o.is_empty());
-    // `delete` is the plain mode: the controller then creates no pod, whatever the
-    // reason (a copy is made only to finish a two-step action begun in another mode).
-    let mode = if (owned || ctx.on_expiry == OnExpiry::Delete) && mode != Mode::Delete {
-        Mode::Delete
-    } else {
-        mode
+    let facts = PodFacts {
+        standing: info.as_ref().and_then(|i| i.priority),
+        deleting: pod.pointer("/metadata/deletionTimestamp").is_some(),
+        terminate_at: pod
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(&cfg.terminate_at_annotation))
+            .and_then(Value::as_str)
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc)),
+        booking_id: info.as_ref().and_then(|i| i.booking_id),
+        waiting_for_gpu: info
+            .as_ref()
+            .is_some_and(|i| i.node.is_none() && i.unschedulable_for_gpu),
+        owned,
+        hub_server: hub_server(&pod).is_some(),
+    };
+    let trigger = match &job.reason {
+        Reason::Expired { .. } => Trigger::Expired,
+        Reason::Preempted { .. } => Trigger::Preempted,
+        Reason::SchedulerPreempted => Trigger::SchedulerPreempted,
+        Reason::LentPending => Trigger::LentPending,
+        Reason::BeyondBooking { booking_id, .. } => Trigger::BeyondBooking {
+            booking_id: *booking_id,
+        },
+        Reason::Resumed(_) => unreachable!("handled above"),
+    };
+    let mode = match pod_action::plan(
+        trigger,
+        &facts,
+        ctx.on_expiry,
+        ctx.hub.is_some(),
+        ctx.clock.now(),
+    ) {
+        Plan::Act(mode) => mode,
+        Plan::Skip(why) => return Ok(Outcome::Skipped(why)),
     };
     if ctx.dry_run {
         tracing::info!(pod = %format!("{}/{}", job.namespace, job.name), mode = ?mode, reason = %job.reason.text(), "dry run: would act");

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::{AdmissionArgs, AdmissionConfig};
 pub use gpu_booking_process::LogFormat;
@@ -17,29 +17,8 @@ pub use gpu_booking_process::LogFormat;
 /// The node label GPU feature discovery writes with the product name.
 pub use gpu_booking_core::inventory::DEFAULT_PRODUCT_LABEL;
 
-/// What happens to a booked pod at its `terminate-at`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum OnExpiry {
-    /// Delete it, wait until it is gone, create it again without GPU (pods owned by
-    /// another controller are only deleted: their owner recreates them).
-    #[default]
-    RecreateCpu,
-    /// Delete it.
-    Delete,
-    /// Recreate it as a lent pod: same name, the low priority class and label, no
-    /// booking, no `terminate-at`, its GPU kept (a pod's priority cannot change, so
-    /// the pod is deleted and created again; pods owned by another controller are
-    /// only deleted). It keeps the GPU until a booked pod needs the unit.
-    Demote,
-    /// Stop the user's server through JupyterHub's REST API and start it again
-    /// (`--hub-api-url`, `--hub-token-file`): the hub's KubeSpawner deletes the pod
-    /// and spawns a new one, which the webhook admits as it admits any spawn (no
-    /// booking: lent if a unit is free, else CPU-only). Deleting and re-creating the
-    /// pod behind the hub's back loses the notebook when the hub polls in between
-    /// (docs/controller.md). Also used for preempted lent pods; pods without a hub
-    /// user are recreated CPU-only.
-    HubRestart,
-}
+/// What happens to a booked pod at its `terminate-at` (decided in `core`).
+pub use gpu_booking_core::pod_action::OnExpiry;
 
 #[derive(Debug, Clone, Args)]
 #[command(mut_arg("booking_url", |a| a.required(true)))]

@@ -19,6 +19,7 @@ pub mod intent;
 pub mod inventory;
 pub mod next_start;
 pub mod notice;
+pub mod pod_action;
 pub mod rate;
 pub mod rules;
 pub mod usage;
