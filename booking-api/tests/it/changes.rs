@@ -642,7 +642,9 @@ async fn a_server_shutting_down_answers_its_long_polls_at_once(pool: PgPool) {
         .unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["changes"], json!([]));
-    assert_eq!(body["next"], next);
+    // The position may move on (it follows the database's transactions, other
+    // tests' included), never back.
+    assert!(body["next"].as_i64().unwrap() >= next, "{body}");
     let (status, body) = tokio::time::timeout(GUARD, api.changes(Some(next), 30))
         .await
         .expect("a poll after the shutdown began answered without waiting");
