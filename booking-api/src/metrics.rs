@@ -11,9 +11,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
 
 use gpu_booking_process::access::Access;
+use gpu_booking_process::metrics::ComponentRegistry;
 
 /// Every value comes from a closed set (see [`method_label`], [`status_label`]; the
 /// route is a template of the router or `unmatched`), so that no client can grow the
@@ -69,7 +69,7 @@ pub struct StateGauges {
 }
 
 pub struct Metrics {
-    pub registry: Registry,
+    pub registry: ComponentRegistry,
     pub requests: Family<RequestLabels, Counter>,
     pub duration: Family<RouteLabels, Histogram>,
     /// Booking create attempts by result: `created` or the refusing rule's code.
@@ -81,71 +81,64 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("gpu_booking_api");
-        let requests = Family::<RequestLabels, Counter>::default();
-        let duration = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.0005, 2.0, 14))
-        });
-        let booking_creates = Family::<ResultLabels, Counter>::default();
-        registry.register(
-            "http_requests",
-            "HTTP requests by route and status",
-            requests.clone(),
-        );
-        registry.register(
-            "http_request_duration_seconds",
-            "HTTP request duration by route",
-            duration.clone(),
-        );
-        registry.register(
-            "booking_creates",
-            "Booking create attempts by result",
-            booking_creates.clone(),
-        );
-        let create_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 5));
-        registry.register(
-            "booking_create_batch_size",
-            "Booking creates decided and written in one transaction",
-            create_batch_size.clone(),
-        );
-        let state = StateGauges::default();
-        registry.register(
-            "bookings",
-            "Bookings not cancelled, by status (active now, planned)",
-            state.bookings.clone(),
-        );
-        registry.register(
-            "model_units",
-            "Units of each model its admin declared",
-            state.units.clone(),
-        );
-        registry.register(
-            "model_units_free",
-            "Units of each model with no pod on them, as the controller last reported",
-            state.free.clone(),
-        );
-        registry.register(
-            "model_units_booked",
-            "Units of each model held by bookings active now",
-            state.booked.clone(),
-        );
-        registry.register(
-            "model_units_lent",
-            "Units of each model in use beyond those booked now (lent to unbooked pods)",
-            state.lent.clone(),
-        );
-        registry.register(
-            "state_refresh_errors",
-            "Failed reads of the booking state for the gauges above",
-            state.refresh_errors.clone(),
-        );
+        let mut registry = ComponentRegistry::new("api");
+        let mut r = registry.families();
         Metrics {
+            requests: r.add(
+                "http_requests",
+                "HTTP requests by route and status",
+                Family::default(),
+            ),
+            duration: r.add(
+                "http_request_duration_seconds",
+                "HTTP request duration by route",
+                Family::new_with_constructor(|| {
+                    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+                }),
+            ),
+            booking_creates: r.add(
+                "booking_creates",
+                "Booking create attempts by result",
+                Family::default(),
+            ),
+            create_batch_size: r.add(
+                "booking_create_batch_size",
+                "Booking creates decided and written in one transaction",
+                Histogram::new(exponential_buckets(1.0, 2.0, 5)),
+            ),
+            state: StateGauges {
+                bookings: r.add(
+                    "bookings",
+                    "Bookings not cancelled, by status (active now, planned)",
+                    Family::default(),
+                ),
+                units: r.add(
+                    "model_units",
+                    "Units of each model its admin declared",
+                    Family::default(),
+                ),
+                free: r.add(
+                    "model_units_free",
+                    "Units of each model with no pod on them, as the controller last reported",
+                    Family::default(),
+                ),
+                booked: r.add(
+                    "model_units_booked",
+                    "Units of each model held by bookings active now",
+                    Family::default(),
+                ),
+                lent: r.add(
+                    "model_units_lent",
+                    "Units of each model in use beyond those booked now (lent to unbooked pods)",
+                    Family::default(),
+                ),
+                refresh_errors: r.add(
+                    "state_refresh_errors",
+                    "Failed reads of the booking state for the gauges above",
+                    Counter::default(),
+                ),
+            },
             registry,
-            requests,
-            duration,
-            booking_creates,
-            create_batch_size,
-            state,
         }
     }
 }
@@ -214,7 +207,7 @@ impl Metrics {
 
     pub fn encode(&self) -> String {
         // With gpu_booking_build_info and the process metrics, then # EOF.
-        gpu_booking_process::metrics::encode(&self.registry, "api")
+        self.registry.encode()
     }
 }
 
