@@ -8,7 +8,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Unit;
+
+use gpu_booking_process::metrics::ComponentRegistry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabel {
@@ -52,7 +54,7 @@ pub const DECISIONS: [&str; 10] = [
 
 /// Every metric of the webhook, registered once in [`Metrics::new`].
 pub struct Metrics {
-    pub registry: Registry,
+    pub registry: ComponentRegistry,
     decision_handles: Vec<(&'static str, Counter, Histogram)>,
     pub admissions: Family<DecisionLabel, Counter>,
     pub admission_duration: Family<DecisionLabel, Histogram, fn() -> Histogram>,
@@ -84,117 +86,89 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("gpu_booking");
-        let admissions = Family::<DecisionLabel, Counter>::default();
-        let admission_duration =
-            Family::<DecisionLabel, Histogram, fn() -> Histogram>::new_with_constructor(
-                duration_histogram as fn() -> Histogram,
-            );
-        let booking_requests = Family::<OutcomeLabel, Counter>::default();
-        let booking_duration = duration_histogram();
-        let cache_lookups = Family::<OutcomeLabel, Counter>::default();
-        let side_calls = Family::<CallLabel, Counter>::default();
-        let tls_reloads = Family::<OutcomeLabel, Counter>::default();
-        let tls_not_after = Gauge::default();
-        let budgets_withheld = Counter::default();
-        let replica_staleness = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        replica_staleness.set(f64::NAN);
-        let replica_reads = Family::<CallLabel, Counter>::default();
-        let audit_batches = Family::<OutcomeLabel, Counter>::default();
-        {
-            let r = registry.sub_registry_with_prefix("webhook");
-            r.register(
+        let mut registry = ComponentRegistry::new("webhook");
+        let mut r = registry.families();
+        let mut m = Self {
+            decision_handles: Vec::new(),
+            admissions: r.add(
                 "admissions",
                 "Admission reviews answered, by decision",
-                admissions.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            admission_duration: r.add_with_unit(
                 "admission_duration",
                 "Time to answer an admission review, by decision",
                 Unit::Seconds,
-                admission_duration.clone(),
-            );
-            r.register(
+                Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            ),
+            booking_requests: r.add(
                 "booking_requests",
                 "Schedulability calls to the booking service, by outcome (ok, error, timeout)",
-                booking_requests.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            booking_duration: r.add_with_unit(
                 "booking_request_duration",
                 "Duration of schedulability calls to the booking service",
                 Unit::Seconds,
-                booking_duration.clone(),
-            );
-            r.register(
+                duration_histogram(),
+            ),
+            cache_lookups: r.add(
                 "schedulability_cache",
                 "Schedulability lookups, by outcome (hit, miss)",
-                cache_lookups.clone(),
-            );
-            r.register(
+                Family::default(),
+            ),
+            side_calls: r.add(
                 "side_calls",
                 "Preemption requests and audit reports sent, by call and outcome",
-                side_calls.clone(),
-            );
-            r.register(
+                Family::default(),
+            ),
+            tls_reloads: r.add(
                 "tls_reloads",
                 "Serving certificate (re)loads, by outcome",
-                tls_reloads.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            tls_not_after: r.add_with_unit(
                 "tls_certificate_expiry_timestamp",
                 "When the serving certificate in use expires (Unix time)",
                 Unit::Seconds,
-                tls_not_after.clone(),
-            );
-            r.register(
+                Gauge::default(),
+            ),
+            budgets_withheld: r.add(
                 "budgets_withheld",
                 "GPU pods admitted without a VRAM budget because their model's nodes do not advertise it",
-                budgets_withheld.clone(),
-            );
-            r.register_with_unit(
+                Counter::default(),
+            ),
+            replica_staleness: r.add_with_unit(
                 "replica_staleness",
                 "Age of the admission replica's data (NaN before its first sync)",
                 Unit::Seconds,
-                replica_staleness.clone(),
-            );
-            r.register(
+                Gauge::default(),
+            ),
+            replica_reads: r.add(
                 "replica_reads",
                 "Reads of the booking service that feed the admission replica, by call and outcome",
-                replica_reads.clone(),
-            );
-            r.register(
+                Family::default(),
+            ),
+            audit_batches: r.add(
                 "audit_batches",
                 "Batches of audit reports sent to the booking service, by outcome",
-                audit_batches.clone(),
-            );
-        }
-        let decision_handles = DECISIONS
+                Family::default(),
+            ),
+            registry,
+        };
+        m.replica_staleness.set(f64::NAN);
+        m.decision_handles = DECISIONS
             .iter()
             .map(|&decision| {
                 let label = DecisionLabel { decision };
                 (
                     decision,
-                    admissions.get_or_create_owned(&label),
-                    admission_duration.get_or_create_owned(&label),
+                    m.admissions.get_or_create_owned(&label),
+                    m.admission_duration.get_or_create_owned(&label),
                 )
             })
             .collect();
-        Self {
-            registry,
-            decision_handles,
-            admissions,
-            admission_duration,
-            booking_requests,
-            booking_duration,
-            cache_lookups,
-            side_calls,
-            tls_reloads,
-            tls_not_after,
-            budgets_withheld,
-            replica_staleness,
-            replica_reads,
-            audit_batches,
-        }
+        m
     }
 
     pub fn admitted(&self, decision: &'static str, took: Duration) {
@@ -217,7 +191,7 @@ impl Metrics {
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
         // With gpu_booking_build_info and the process metrics, then # EOF.
-        gpu_booking_process::metrics::encode(&self.registry, "webhook")
+        self.registry.encode()
     }
 }
 
