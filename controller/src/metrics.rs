@@ -10,7 +10,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Unit;
+
+use gpu_booking_process::metrics::ComponentRegistry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabel {
@@ -64,7 +66,7 @@ pub struct InventoryGauges {
 }
 
 pub struct Metrics {
-    registry: Registry,
+    registry: ComponentRegistry,
     pub inventory: InventoryGauges,
     pub actions: Family<ActionLabel, Counter>,
     /// Lent pods ended to make room, by model and reason.
@@ -90,98 +92,86 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("gpu_booking_controller");
-        let actions = Family::<ActionLabel, Counter>::default();
-        registry.register(
-            "actions",
-            "Actions on pods and nodes, by kind and result",
-            actions.clone(),
-        );
-        let evictions = Family::<EvictionLabel, Counter>::default();
-        registry.register(
-            "evictions",
-            "Lent pods ended to make room for a booked pod, by model and reason",
-            evictions.clone(),
-        );
-        let expiry_lag = Histogram::new([
-            0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
-        ]);
-        registry.register_with_unit(
-            "expiry_lag",
-            "Time from a booked pod's terminate-at to the action that ends it",
-            Unit::Seconds,
-            expiry_lag.clone(),
-        );
-        let reconcile_errors = Family::<ErrorLabel, Counter>::default();
-        registry.register(
-            "reconcile_errors",
-            "Failed calls to the Kubernetes API or the booking service",
-            reconcile_errors.clone(),
-        );
-        let is_leader = Gauge::default();
-        registry.register(
-            "is_leader",
-            "1 while this replica holds the Lease and acts",
-            is_leader.clone(),
-        );
-        let timers = Gauge::default();
-        registry.register("expiry_timers", "Expiry timers armed", timers.clone());
-        let booking_changes_behind = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        booking_changes_behind.set(f64::NAN);
-        registry.register_with_unit(
-            "booking_changes_behind",
-            "How far the booking change stream lagged the booking database at its last answer (NaN before it and during a backlog)",
-            Unit::Seconds,
-            booking_changes_behind.clone(),
-        );
-        let inventory = InventoryGauges::default();
-        registry.register(
-            "model_cards",
-            "Physical cards (MIG devices for a MIG profile) of each model on the nodes",
-            inventory.cards.clone(),
-        );
-        registry.register(
-            "model_units",
-            "Units of each model its admin declared (what bookings are checked against)",
-            inventory.units.clone(),
-        );
-        registry.register(
-            "model_in_use",
-            "Cards of each model with a pod on them",
-            inventory.in_use.clone(),
-        );
-        registry.register(
-            "model_units_mismatch",
-            "1 when a model's cards on the nodes disagree with its declared units",
-            inventory.mismatch.clone(),
-        );
-        registry.register("gpu_nodes", "Nodes with GPUs", inventory.gpu_nodes.clone());
-        registry.register(
-            "gpu_nodes_without_telemetry",
-            "GPU nodes whose GPU product or memory GPU feature discovery does not describe",
-            inventory.gpu_nodes_without_telemetry.clone(),
-        );
-        registry.register(
-            "nodes_with_several_models",
-            "GPU nodes with cards of several models, left without a model label",
-            inventory.nodes_with_several_models.clone(),
-        );
-        registry.register(
-            "pods_pending_gpumem",
-            "Pods the scheduler cannot place for want of the VRAM budget resource",
-            inventory.pods_pending_gpumem.clone(),
-        );
-        Self {
+        let mut registry = ComponentRegistry::new("controller");
+        let mut r = registry.families();
+        let m = Self {
+            actions: r.add(
+                "actions",
+                "Actions on pods and nodes, by kind and result",
+                Family::default(),
+            ),
+            evictions: r.add(
+                "evictions",
+                "Lent pods ended to make room for a booked pod, by model and reason",
+                Family::default(),
+            ),
+            expiry_lag: r.add_with_unit(
+                "expiry_lag",
+                "Time from a booked pod's terminate-at to the action that ends it",
+                Unit::Seconds,
+                Histogram::new([
+                    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+                ]),
+            ),
+            reconcile_errors: r.add(
+                "reconcile_errors",
+                "Failed calls to the Kubernetes API or the booking service",
+                Family::default(),
+            ),
+            is_leader: r.add(
+                "is_leader",
+                "1 while this replica holds the Lease and acts",
+                Gauge::default(),
+            ),
+            timers: r.add("expiry_timers", "Expiry timers armed", Gauge::default()),
+            booking_changes_behind: r.add_with_unit(
+                "booking_changes_behind",
+                "How far the booking change stream lagged the booking database at its last answer (NaN before it and during a backlog)",
+                Unit::Seconds,
+                Gauge::default(),
+            ),
+            inventory: InventoryGauges {
+                cards: r.add(
+                    "model_cards",
+                    "Physical cards (MIG devices for a MIG profile) of each model on the nodes",
+                    Family::default(),
+                ),
+                units: r.add(
+                    "model_units",
+                    "Units of each model its admin declared (what bookings are checked against)",
+                    Family::default(),
+                ),
+                in_use: r.add(
+                    "model_in_use",
+                    "Cards of each model with a pod on them",
+                    Family::default(),
+                ),
+                mismatch: r.add(
+                    "model_units_mismatch",
+                    "1 when a model's cards on the nodes disagree with its declared units",
+                    Family::default(),
+                ),
+                gpu_nodes: r.add("gpu_nodes", "Nodes with GPUs", Gauge::default()),
+                gpu_nodes_without_telemetry: r.add(
+                    "gpu_nodes_without_telemetry",
+                    "GPU nodes whose GPU product or memory GPU feature discovery does not describe",
+                    Gauge::default(),
+                ),
+                nodes_with_several_models: r.add(
+                    "nodes_with_several_models",
+                    "GPU nodes with cards of several models, left without a model label",
+                    Gauge::default(),
+                ),
+                pods_pending_gpumem: r.add(
+                    "pods_pending_gpumem",
+                    "Pods the scheduler cannot place for want of the VRAM budget resource",
+                    Gauge::default(),
+                ),
+            },
             registry,
-            inventory,
-            actions,
-            evictions,
-            expiry_lag,
-            reconcile_errors,
-            is_leader,
-            timers,
-            booking_changes_behind,
-        }
+        };
+        m.booking_changes_behind.set(f64::NAN);
+        m
     }
 
     pub fn action(&self, action: &'static str, result: &'static str) {
@@ -223,7 +213,7 @@ impl Metrics {
     /// The OpenMetrics text.
     pub fn encode(&self) -> String {
         // With gpu_booking_build_info and the process metrics, then # EOF.
-        gpu_booking_process::metrics::encode(&self.registry, "controller")
+        self.registry.encode()
     }
 }
 
