@@ -11,7 +11,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::Unit;
+
+use gpu_booking_process::metrics::ComponentRegistry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReclaimLabels {
@@ -67,7 +69,7 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Every metric, registered once.
 pub struct Metrics {
-    pub registry: Registry,
+    pub registry: ComponentRegistry,
     pub reclaims: Family<ReclaimLabels, Counter>,
     pub kills: Family<SignalLabel, Counter>,
     pub attribution_failures: Counter,
@@ -105,125 +107,104 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let m = Self {
-            reclaims: Family::default(),
-            kills: Family::default(),
-            attribution_failures: Counter::default(),
-            idle_candidates: Gauge::default(),
-            unattributed: Family::default(),
-            freed_bytes: Family::default(),
-            samples: Family::default(),
-            sample_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
-            tick_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
-            nvml_up: Gauge::default(),
-            calls: Family::default(),
-            gpu_memory_free: Family::default(),
-            gpu_memory_total: Family::default(),
-            gpu_utilization: Family::default(),
-            pod_memory: Family::default(),
-            pod_budget: Family::default(),
-            pod_last_activity: Family::default(),
-            pod_idle_seconds: Family::default(),
-            previous: Mutex::new(Previous::default()),
-            registry: Registry::default(),
-        };
-        {
-            let r = registry.sub_registry_with_prefix("gpu_booking_agent");
-            r.register(
+        let mut registry = ComponentRegistry::new("agent");
+        let mut r = registry.families();
+        Self {
+            reclaims: r.add(
                 "reclaim",
                 "GPU reclaim actions on a pod, by result (success, fail, dry_run) and reason (idle, vram_over_budget)",
-                m.reclaims.clone(),
-            );
-            r.register("kill", "Signals sent to GPU processes", m.kills.clone());
-            r.register(
+                Family::default(),
+            ),
+            kills: r.add("kill", "Signals sent to GPU processes", Family::default()),
+            attribution_failures: r.add(
                 "pid_attribution_fail",
                 "GPU processes that could not be attributed to a pod container (each counted once)",
-                m.attribution_failures.clone(),
-            );
-            r.register(
+                Counter::default(),
+            ),
+            idle_candidates: r.add(
                 "idle_candidates",
                 "Pods whose GPU processes have been idle for their whole window",
-                m.idle_candidates.clone(),
-            );
-            r.register(
+                Gauge::default(),
+            ),
+            unattributed: r.add(
                 "unattributed_processes",
                 "GPU processes now on the node that are not attributed to a pod container, by reason",
-                m.unattributed.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            freed_bytes: r.add_with_unit(
                 "freed_memory",
                 "Device memory freed by ending GPU processes",
                 Unit::Bytes,
-                m.freed_bytes.clone(),
-            );
-            r.register("samples", "NVML samples, by result", m.samples.clone());
-            r.register_with_unit(
+                Family::default(),
+            ),
+            samples: r.add("samples", "NVML samples, by result", Family::default()),
+            sample_duration: r.add_with_unit(
                 "sample_duration",
                 "Time to read every GPU",
                 Unit::Seconds,
-                m.sample_duration.clone(),
-            );
-            r.register_with_unit(
+                Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            ),
+            tick_duration: r.add_with_unit(
                 "tick_duration",
                 "Time of one sampling round, actions included",
                 Unit::Seconds,
-                m.tick_duration.clone(),
-            );
-            r.register(
+                Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
+            ),
+            nvml_up: r.add(
                 "nvml_up",
                 "1 when NVML is loaded and answering",
-                m.nvml_up.clone(),
-            );
-            r.register(
+                Gauge::default(),
+            ),
+            calls: r.add(
                 "kubernetes_and_audit_calls",
                 "Calls to the API server and the booking service, by outcome",
-                m.calls.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            gpu_memory_free: r.add_with_unit(
                 "gpu_memory_free",
                 "Free device memory of a GPU",
                 Unit::Bytes,
-                m.gpu_memory_free.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            gpu_memory_total: r.add_with_unit(
                 "gpu_memory_total",
                 "Device memory of a GPU",
                 Unit::Bytes,
-                m.gpu_memory_total.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            gpu_utilization: r.add_with_unit(
                 "gpu_utilization",
                 "Share of the last sample period in which a kernel ran (0 to 1)",
                 Unit::Ratios,
-                m.gpu_utilization.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            pod_memory: r.add_with_unit(
                 "pod_gpu_memory_used",
                 "Device memory used by a pod's GPU processes, per GPU",
                 Unit::Bytes,
-                m.pod_memory.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            pod_budget: r.add_with_unit(
                 "pod_gpu_memory_budget",
                 "A pod's declared VRAM budget (its gpumem resource)",
                 Unit::Bytes,
-                m.pod_budget.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            pod_last_activity: r.add_with_unit(
                 "pod_last_gpu_activity_timestamp",
                 "When a pod's GPU processes were last active (Unix time)",
                 Unit::Seconds,
-                m.pod_last_activity.clone(),
-            );
-            r.register_with_unit(
+                Family::default(),
+            ),
+            pod_idle_seconds: r.add_with_unit(
                 "pod_gpu_idle",
                 "How long a pod's GPU processes have been idle",
                 Unit::Seconds,
-                m.pod_idle_seconds.clone(),
-            );
+                Family::default(),
+            ),
+            previous: Mutex::new(Previous::default()),
+            registry,
         }
-        Self { registry, ..m }
     }
 
     pub fn reclaim(&self, result: &'static str, reason: &'static str) {
@@ -274,7 +255,7 @@ impl Metrics {
     /// The text exposition format.
     pub fn encode(&self) -> String {
         // With gpu_booking_build_info and the process metrics, then # EOF.
-        gpu_booking_process::metrics::encode(&self.registry, "agent")
+        self.registry.encode()
     }
 }
 
