@@ -129,7 +129,7 @@ impl Families<'_> {
 }
 
 /// The OpenMetrics text of `registry`, then the shared families, then `# EOF`.
-pub fn encode(registry: &Registry, component: &'static str) -> String {
+fn encode(registry: &Registry, component: &'static str) -> String {
     use prometheus_client::encoding::text;
     let mut out = String::new();
     // Writing into a String cannot fail.
