@@ -19,6 +19,10 @@ use utoipa::{Modify, OpenApi};
 
 use crate::routes;
 
+/// The largest request body the service reads: axum's default limit (the router sets
+/// none of its own), stated in every 413 answer's description.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
 #[derive(OpenApi)]
 #[openapi(
     info(title = "gpu-booking", description = "Book GPUs of a JupyterHub cluster; rules enforced by Postgres."),
@@ -133,7 +137,9 @@ fn add_common_responses(op: &mut Operation) {
     if has_body {
         add(
             "413",
-            error("The request body is larger than the service accepts."),
+            error(&format!(
+                "The request body is larger than the service accepts: more than {MAX_BODY_BYTES} bytes (2 MiB)."
+            )),
         );
         add(
             "415",

@@ -217,3 +217,25 @@ async fn the_checked_in_document_is_what_the_server_serves(pool: PgPool) {
          GPU_BOOKING_WRITE_OPENAPI=1 cargo test -p gpu-booking-api --test it contract::"
     );
 }
+
+/// The body limit every 413 answer states is the one the service applies: a body of
+/// exactly that many bytes is read, one byte more is not.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_stated_body_limit_is_the_one_applied(pool: PgPool) {
+    use gpu_booking_api::openapi::MAX_BODY_BYTES;
+    let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+    let too_large = &doc["paths"]["/api/v1/bookings"]["post"]["responses"]["413"];
+    let stated = too_large["description"].as_str().unwrap();
+    assert!(stated.contains(&MAX_BODY_BYTES.to_string()), "{stated}");
+    let body = |len: usize| {
+        let mut b = br#"{"model": ""#.to_vec();
+        b.extend(std::iter::repeat_n(b'a', len - b.len() - 2));
+        b.extend(br#""}"#);
+        assert_eq!(b.len(), len);
+        b
+    };
+    let (status, _) = post(pool.clone(), Some("application/json"), body(MAX_BODY_BYTES)).await;
+    assert_ne!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let (status, _) = post(pool, Some("application/json"), body(MAX_BODY_BYTES + 1)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
