@@ -20,8 +20,14 @@ use gpu_booking_core::wire::Booking;
 #[serde(deny_unknown_fields)]
 pub struct SpawnAvailabilityQuery {
     /// Whose booking (the service and admin roles only, e.g. the hub's spawn form
-    /// asking for the user who spawns); default: the caller.
-    #[param(min_length = 1, max_length = 256)]
+    /// asking for the user who spawns); default: the caller. A user name: its
+    /// length counts UTF-8 bytes; no control character, no white space at either
+    /// end.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000](?:[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000])?$"
+    )]
     pub user: Option<String>,
 }
 

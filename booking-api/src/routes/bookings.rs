@@ -12,6 +12,7 @@ use crate::create_queue::Create;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
 use crate::metrics::ResultLabels;
+use crate::routes::MAX_PAGE_LIMIT;
 use crate::state::AppState;
 use crate::store::bookings;
 use gpu_booking_core::wire::Booking;
@@ -22,15 +23,23 @@ pub struct CreateBooking {
     /// Model name, e.g. `a100`.
     pub model: String,
     /// GPUs of the model (default 1; at most the policy's `max_units_per_booking`,
-    /// see `GET /api/v1/policy`).
+    /// see `GET /api/v1/policy`; `maximum` is the most any policy allows, which an
+    /// admin's override may reach).
     #[serde(default = "one_unit")]
     #[schema(minimum = 1, maximum = 64, default = 1)]
     pub units: u32,
-    /// RFC 3339 start (inclusive).
+    /// RFC 3339 start (inclusive); in the years 1970 to 9999, like `end`.
     pub start: DateTime<Utc>,
-    /// RFC 3339 end (exclusive).
+    /// RFC 3339 end (exclusive): after `start`, in the years 1970 to 9999.
     pub end: DateTime<Utc>,
-    /// Admins only: book for this user.
+    /// Admins only: book for this user. A user name: its length counts UTF-8
+    /// bytes (also once lowercased, where the service compares names in
+    /// lowercase); no control character, no white space at either end.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000](?:[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000])?$"
+    )]
     pub user: Option<String>,
     /// Admins only: skip every rule but capacity and the user's own overlap.
     #[serde(default, rename = "override")]
@@ -97,7 +106,14 @@ pub struct ListQuery {
     /// Admins: everyone's bookings.
     #[serde(default)]
     pub all: bool,
-    /// Only this user's bookings (others than yourself: admins only).
+    /// Only this user's bookings (others than yourself: admins only). A user name:
+    /// its length counts UTF-8 bytes; no control character, no white space at
+    /// either end.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000](?:[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000])?$"
+    )]
     pub user: Option<String>,
     pub model: Option<String>,
     /// Bookings ending after this time.
@@ -136,7 +152,7 @@ pub async fn list(
         (None, false) => Some(caller.user.as_str()),
     };
     let limit = q.limit.unwrap_or(200);
-    if !(1..=1000).contains(&limit) {
+    if !(1..=MAX_PAGE_LIMIT).contains(&limit) {
         return Err(ApiError::Invalid("limit must be between 1 and 1000".into()));
     }
     let rows = bookings::list(
@@ -188,10 +204,10 @@ pub async fn cancel(
 #[serde(deny_unknown_fields)]
 pub struct ChangeBooking {
     /// RFC 3339 new end (exclusive): later to extend, earlier to shorten; never in
-    /// the past (to end a booking now, `DELETE` it).
+    /// the past (to end a booking now, `DELETE` it); in the years 1970 to 9999.
     pub end: DateTime<Utc>,
     /// RFC 3339 new start, for a booking that has not started (a started booking
-    /// keeps its start: `booking_started`).
+    /// keeps its start: `booking_started`); in the years 1970 to 9999.
     pub start: Option<DateTime<Utc>>,
     /// Admins only: skip the duration and cooldown rules (capacity, the past and
     /// the user's own overlap still hold).

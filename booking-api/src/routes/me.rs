@@ -13,15 +13,20 @@ use crate::extract::Query;
 use crate::state::AppState;
 use crate::store::{bookings, models};
 
+/// The largest `days` asked about, either way (a length outside the policy's is
+/// refused by the duration rules anyway; this bounds the arithmetic before them).
+pub const MAX_DAYS: i64 = 36_500;
+
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct NextStartQuery {
     pub model: String,
-    /// Length of the booking in days (default: the shortest allowed, rounded up).
+    /// Length of the booking in days (default: the shortest allowed, rounded up);
+    /// within the policy's minimum and maximum duration (`GET /api/v1/policy`).
     #[param(minimum = -36500, maximum = 36500)]
     pub days: Option<i64>,
     /// GPUs (units of the model) the booking would be for (default 1; at most the
-    /// policy's `max_units_per_booking`).
+    /// policy's `max_units_per_booking`, whose largest value is `maximum`).
     #[param(minimum = 1, maximum = 64)]
     pub units: Option<u32>,
 }
@@ -66,7 +71,7 @@ pub async fn next_start(
 ) -> Result<axum::Json<NextStart>, ApiError> {
     let policy = &state.policy;
     let days = q.days.unwrap_or_else(|| next_start::default_days(policy));
-    if !(-36_500..=36_500).contains(&days) {
+    if !(-MAX_DAYS..=MAX_DAYS).contains(&days) {
         return Err(ApiError::Invalid("days must be at most 36500".into()));
     }
     let duration = TimeDelta::days(days);

@@ -20,16 +20,31 @@ use crate::extract::Query;
 use crate::state::AppState;
 use crate::store::{admission, audit, bookings, held, models, users};
 
+/// Longest `slug`, in bytes.
+pub const MAX_SLUG_LEN: usize = 256;
+
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulabilityQuery {
     /// The raw user name (pod annotation `hub.jupyter.org/username`), compared as
-    /// JupyterHub normalises names.
+    /// JupyterHub normalises names. A user name: its length counts UTF-8 bytes; no
+    /// control character, no white space at either end. Not with `slug`.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000](?:[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000])?$"
+    )]
     pub user: Option<String>,
     /// A KubeSpawner label slug (escape or safe scheme) when no raw name is known. It
     /// resolves only when exactly one known user has it; an ambiguous slug resolves to
     /// nobody (and is audited). Give neither `user` nor `slug` for a pod without
-    /// identity: then only the free units are answered.
+    /// identity: then only the free units are answered; never both. Its length
+    /// counts UTF-8 bytes; no control character.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$"
+    )]
     pub slug: Option<String>,
 }
 
@@ -62,7 +77,7 @@ pub async fn get(
             Owner::User(user.into_inner())
         }
         (None, Some(slug)) => {
-            if slug.is_empty() || slug.len() > 256 || slug.chars().any(char::is_control) {
+            if slug.is_empty() || slug.len() > MAX_SLUG_LEN || slug.chars().any(char::is_control) {
                 return Err(ApiError::Invalid(
                     "slug must be 1 to 256 printable characters".into(),
                 ));

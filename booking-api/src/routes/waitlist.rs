@@ -11,28 +11,43 @@ use utoipa::{IntoParams, ToSchema};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
+use crate::routes::MAX_PAGE_LIMIT;
 use crate::state::AppState;
 use crate::store::waitlist::{self, Entry, NewEntry};
 
 /// How long an entry waits for a start when it names no `latest_start`.
 pub const DEFAULT_WAIT: TimeDelta = TimeDelta::days(7);
+/// The longest `days` an entry may ask for (ten years; the policy's maximum
+/// duration refuses a long one before this does).
+pub const MAX_DAYS: i64 = 3660;
+/// The longest `hours`: as many as [`MAX_DAYS`].
+pub const MAX_HOURS: i64 = MAX_DAYS * 24;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JoinWaitlist {
     /// Model name, e.g. `a100`.
     pub model: String,
-    /// The booking may start at or after this time (default: now).
+    /// The booking may start at or after this time (default: now; a time in the
+    /// past means now), in the years up to 9999.
     pub from: Option<DateTime<Utc>>,
-    /// ... and no later than this (default: 7 days after `from`); at most 366 days after it.
+    /// ... and no later than this (default: 7 days after `from`): not before
+    /// `from`, at most 366 days after it, in the years 1970 to 9999.
     pub latest_start: Option<DateTime<Utc>>,
-    /// The booking's length in days; give `days` or `hours`, not both.
+    /// The booking's length in days; give exactly one of `days` and `hours`. Within
+    /// the policy's minimum and maximum duration (`GET /api/v1/policy`).
     #[schema(minimum = 1, maximum = 3660)]
     pub days: Option<i64>,
-    /// The booking's length in hours.
+    /// The booking's length in hours (instead of `days`).
     #[schema(minimum = 1, maximum = 87840)]
     pub hours: Option<i64>,
-    /// Admins only: put this user on the waitlist.
+    /// Admins only: put this user on the waitlist. A user name: its length counts
+    /// UTF-8 bytes; no control character, no white space at either end.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000](?:[^\u0000-\u001f\u007f-\u009f]*[^\u0000-\u001f\u007f-\u009f \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000])?$"
+    )]
     pub user: Option<String>,
 }
 
@@ -59,8 +74,8 @@ pub async fn join(
         None => caller.user.clone(),
     };
     let duration = match (body.days, body.hours) {
-        (Some(d), None) if (1..=3660).contains(&d) => TimeDelta::days(d),
-        (None, Some(h)) if (1..=87_840).contains(&h) => TimeDelta::hours(h),
+        (Some(d), None) if (1..=MAX_DAYS).contains(&d) => TimeDelta::days(d),
+        (None, Some(h)) if (1..=MAX_HOURS).contains(&h) => TimeDelta::hours(h),
         (Some(_), Some(_)) | (None, None) => {
             return Err(ApiError::Invalid(
                 "give exactly one of days and hours".into(),
@@ -124,7 +139,7 @@ pub async fn list(
         caller.require_admin()?;
     }
     let limit = q.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
+    if !(1..=MAX_PAGE_LIMIT).contains(&limit) {
         return Err(ApiError::Invalid("limit must be between 1 and 1000".into()));
     }
     let user = (!q.all).then(|| caller.user.as_str());

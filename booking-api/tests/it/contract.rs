@@ -239,3 +239,126 @@ async fn the_stated_body_limit_is_the_one_applied(pool: PgPool) {
     let (status, _) = post(pool, Some("application/json"), body(MAX_BODY_BYTES + 1)).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
+
+// The limits each handler enforces on its inputs, in the document with the number the
+// handler uses: utoipa's attributes take only literals, so these tests hold each
+// literal (and each number a description states) to the handler's constant.
+
+/// A property of a component schema.
+fn property<'a>(doc: &'a Value, schema: &str, field: &str) -> &'a Value {
+    let p = &doc["components"]["schemas"][schema]["properties"][field];
+    assert!(p.is_object(), "the document has no {schema}.{field}");
+    p
+}
+
+/// A parameter of an operation (its `schema` holds the keywords).
+fn parameter<'a>(doc: &'a Value, method: &str, path: &str, name: &str) -> &'a Value {
+    doc["paths"][path][method]["parameters"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("{method} {path} has no parameter {name}"))
+}
+
+/// A description, its lines joined (a number and its unit may be on two lines).
+fn description(v: &Value) -> String {
+    v["description"]
+        .as_str()
+        .unwrap_or_default()
+        .replace('\n', " ")
+}
+
+/// "1970 to 9999": the years a booking's times may fall in, read from the rule that
+/// checks them (`rules::in_supported_range` keeps its bounds as literals).
+fn booking_years() -> String {
+    use chrono::{TimeDelta, TimeZone, Utc};
+    use gpu_booking_core::rules::in_supported_range;
+    let first = Utc.with_ymd_and_hms(1970, 1, 1, 0, 0, 0).unwrap();
+    let after_last = Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0).unwrap();
+    let second = TimeDelta::seconds(1);
+    assert!(in_supported_range(first) && !in_supported_range(first - second));
+    assert!(in_supported_range(after_last - second) && !in_supported_range(after_last));
+    "1970 to 9999".to_owned()
+}
+
+/// User names, bookings, the next start, the waitlist, the change stream and
+/// schedulability.
+#[test]
+fn the_booking_inputs_state_their_limits() {
+    use gpu_booking_api::routes::{self, MAX_PAGE_LIMIT, NO_CONTROL_PATTERN, USER_NAME_PATTERN};
+    use gpu_booking_core::booking_policy::MAX_UNITS_PER_BOOKING_LIMIT;
+    use gpu_booking_core::username::MAX_USERNAME_BYTES;
+    use serde_json::json;
+
+    let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+
+    // Every user name a handler reads as one (`Username::normalised`).
+    let user_name = |s: &Value, at: &str| {
+        assert_eq!(s["minLength"], 1, "{at}");
+        assert_eq!(s["maxLength"], json!(MAX_USERNAME_BYTES), "{at}");
+        assert_eq!(s["pattern"], USER_NAME_PATTERN, "{at}");
+    };
+    user_name(
+        property(&doc, "CreateBooking", "user"),
+        "CreateBooking.user",
+    );
+    user_name(property(&doc, "JoinWaitlist", "user"), "JoinWaitlist.user");
+    for path in [
+        "/api/v1/bookings",
+        "/api/v1/availability",
+        "/api/v1/schedulability",
+    ] {
+        user_name(&parameter(&doc, "get", path, "user")["schema"], path);
+    }
+
+    for path in ["/api/v1/bookings", "/api/v1/waitlist"] {
+        let s = &parameter(&doc, "get", path, "limit")["schema"];
+        assert_eq!(s["minimum"], 1, "{path}");
+        assert_eq!(s["maximum"], json!(MAX_PAGE_LIMIT), "{path}");
+    }
+
+    let units = property(&doc, "CreateBooking", "units");
+    assert_eq!(units["maximum"], json!(MAX_UNITS_PER_BOOKING_LIMIT));
+    let years = booking_years();
+    for (schema, field) in [
+        ("CreateBooking", "start"),
+        ("CreateBooking", "end"),
+        ("ChangeBooking", "start"),
+        ("ChangeBooking", "end"),
+        ("JoinWaitlist", "latest_start"),
+    ] {
+        let d = description(property(&doc, schema, field));
+        assert!(d.contains(&years), "{schema}.{field}: {d}");
+    }
+
+    let next = "/api/v1/me/next-start";
+    let days = &parameter(&doc, "get", next, "days")["schema"];
+    assert_eq!(days["minimum"], json!(-routes::me::MAX_DAYS));
+    assert_eq!(days["maximum"], json!(routes::me::MAX_DAYS));
+    let units = &parameter(&doc, "get", next, "units")["schema"];
+    assert_eq!(units["maximum"], json!(MAX_UNITS_PER_BOOKING_LIMIT));
+
+    assert_eq!(
+        property(&doc, "JoinWaitlist", "days")["maximum"],
+        json!(routes::waitlist::MAX_DAYS)
+    );
+    assert_eq!(
+        property(&doc, "JoinWaitlist", "hours")["maximum"],
+        json!(routes::waitlist::MAX_HOURS)
+    );
+    let span = format!(
+        "at most {} days after it",
+        gpu_booking_core::waitlist::MAX_WAIT_SPAN.num_days()
+    );
+    let latest = description(property(&doc, "JoinWaitlist", "latest_start"));
+    assert!(latest.contains(&span), "latest_start: {latest}");
+
+    let wait = &parameter(&doc, "get", "/api/v1/booking-changes", "wait")["schema"];
+    assert_eq!(wait["maximum"], json!(routes::changes::MAX_WAIT_SECS));
+
+    let slug = &parameter(&doc, "get", "/api/v1/schedulability", "slug")["schema"];
+    assert_eq!(
+        slug["maxLength"],
+        json!(routes::schedulability::MAX_SLUG_LEN)
+    );
+    assert_eq!(slug["pattern"], NO_CONTROL_PATTERN);
+}
