@@ -3,7 +3,10 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use gpu_booking_core::wire::{AuditBatch, AuditReport, Recorded, RecordedBatch, MAX_AUDIT_BATCH};
+use gpu_booking_core::wire::{
+    AuditBatch, AuditReport, Recorded, RecordedBatch, MAX_ACTION_LEN, MAX_AUDIT_BATCH,
+    MAX_AUDIT_USER_LEN, MAX_DETAILS_BYTES, MAX_SUBJECT_LEN,
+};
 use serde::Deserialize;
 use serde_json::Value;
 use utoipa::IntoParams;
@@ -11,6 +14,7 @@ use utoipa::IntoParams;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Query};
+use crate::routes::MAX_PAGE_LIMIT;
 use crate::state::AppState;
 use crate::store::audit::{self, AuditEvent};
 
@@ -61,10 +65,10 @@ pub async fn report(
 
 /// A report checked, its `details` an object.
 fn checked(mut body: AuditReport) -> Result<AuditReport, ApiError> {
-    bounded("action", Some(&body.action), 64)?;
-    bounded("subject", body.subject.as_deref(), 512)?;
-    bounded("user", body.user.as_deref(), 256)?;
-    if body.details.to_string().len() > 64 * 1024 {
+    bounded("action", Some(&body.action), MAX_ACTION_LEN)?;
+    bounded("subject", body.subject.as_deref(), MAX_SUBJECT_LEN)?;
+    bounded("user", body.user.as_deref(), MAX_AUDIT_USER_LEN)?;
+    if body.details.to_string().len() > MAX_DETAILS_BYTES {
         return Err(ApiError::Invalid("details must be under 64 KiB".into()));
     }
     if depth(&body.details) > MAX_DETAILS_DEPTH {
@@ -146,7 +150,7 @@ pub async fn list(
 ) -> Result<axum::Json<Vec<AuditEvent>>, ApiError> {
     caller.require_admin()?;
     let limit = q.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
+    if !(1..=MAX_PAGE_LIMIT).contains(&limit) {
         return Err(ApiError::Invalid("limit must be between 1 and 1000".into()));
     }
     let events = audit::list(

@@ -10,6 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
+use crate::routes::REPORT_YEARS;
 use crate::state::AppState;
 use crate::store::models::{self, Model, ModelSpec};
 
@@ -45,21 +46,39 @@ pub async fn list(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutModel {
+    /// Units (GPUs) of the model: the bookable capacity.
+    #[schema(minimum = 0, maximum = 100000)]
     pub units: i32,
-    /// Ordered wildcard patterns over product names, e.g. `["*A100*"]`.
+    /// Ordered wildcard patterns over product names, e.g. `["*A100*"]`: `*` matches
+    /// any run of characters; each pattern printable ASCII (the space included).
     #[serde(default)]
+    #[schema(
+        max_items = 64,
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[ -~]+$"
+    )]
     pub patterns: Vec<String>,
     /// VRAM budget per pod, MiB.
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub gpumem_mib: i32,
-    /// Extended resource of this model, e.g. `nvidia.com/a100` (default `nvidia.com/gpu`).
+    /// Extended resource of this model, e.g. `nvidia.com/a100` (default `nvidia.com/gpu`):
+    /// no white space or control character; its length counts UTF-8 bytes.
+    #[schema(
+        min_length = 1,
+        max_length = 253,
+        pattern = r"^[^\u0000-\u0020\u007f-\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$"
+    )]
     pub resource: Option<String>,
     /// Order when matching product names (default: after the others).
     pub position: Option<i32>,
 }
 
 #[utoipa::path(put, path = "/api/v1/models/{name}", tag = "models", request_body = PutModel,
-    params(("name" = String, Path)),
+    params(("name" = String, Path, min_length = 1, max_length = 63, pattern = r"^[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?$",
+            description = "The model's name: lowercase letters `a-z`, digits, `-` and `.`, starting and ending \
+                           with a letter or digit (it becomes a Kubernetes label value).")),
     responses((status = 200, body = wire::Model), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn put(
@@ -112,7 +131,11 @@ pub async fn put_usage(
     Json(body): Json<wire::UsageReport>,
 ) -> Result<axum::Json<wire::Model>, ApiError> {
     caller.require_service()?;
-    if body.in_use < 0 || body.cards.is_some_and(|u| !(0..=100_000).contains(&u)) {
+    if body.in_use < 0
+        || body
+            .cards
+            .is_some_and(|u| !(0..=wire::MAX_REPORTED_CARDS).contains(&u))
+    {
         return Err(ApiError::Invalid(
             "in_use and cards must be between 0 and 100000".into(),
         ));
@@ -128,12 +151,17 @@ pub async fn put_usage(
     Ok(axum::Json(view(model)))
 }
 
+/// The most days one availability answer covers.
+pub const MAX_SPAN_DAYS: i64 = 366;
+
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct AvailabilityQuery {
-    /// First day (`YYYY-MM-DD` or RFC 3339; default today, UTC).
+    /// First day (`YYYY-MM-DD` or RFC 3339; default today, UTC), in the years 1970
+    /// to 9998.
     pub from: Option<String>,
-    /// Day after the last (default: 28 days after `from`; at most 366 days).
+    /// Day after the last (default: 28 days after `from`): 1 to 366 days after
+    /// `from`, in the years 1970 to 9998.
     pub to: Option<String>,
 }
 
@@ -159,7 +187,7 @@ fn parse_day(s: &str) -> Result<NaiveDate, ApiError> {
         .map_err(|_| {
             ApiError::BadRequest(format!("{s:?} is neither YYYY-MM-DD nor an RFC 3339 time"))
         })?;
-    if !(1970..=9998).contains(&day.year()) {
+    if !REPORT_YEARS.contains(&day.year()) {
         return Err(ApiError::Invalid(format!(
             "{s:?} is outside the years 1970 to 9998"
         )));
@@ -192,7 +220,7 @@ pub async fn availability(
         None => from + TimeDelta::days(28),
     };
     let span = (to - from).num_days();
-    if !(1..=366).contains(&span) {
+    if !(1..=MAX_SPAN_DAYS).contains(&span) {
         return Err(ApiError::Invalid(
             "to must be 1 to 366 days after from".into(),
         ));

@@ -3,7 +3,7 @@
 //! hold (what the webhook needs to give high priority only up to a booking's units).
 
 use axum::extract::State;
-use gpu_booking_core::wire::{HeldReport, HeldReported};
+use gpu_booking_core::wire::{HeldReport, HeldReported, MAX_HELD_UNITS, MAX_REPORTED_BOOKINGS};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -48,9 +48,6 @@ pub async fn policy(
     }))
 }
 
-/// The most bookings one report may name: far above any cluster's GPUs.
-const MAX_REPORTED_BOOKINGS: usize = 100_000;
-
 #[utoipa::path(put, path = "/api/v1/held-units", tag = "webhook", request_body = HeldReport,
     responses((status = 200, body = HeldReported), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -65,7 +62,11 @@ pub async fn put_held(
             "at most {MAX_REPORTED_BOOKINGS} bookings per report"
         )));
     }
-    if body.bookings.values().any(|n| !(0..=100_000).contains(n)) {
+    if body
+        .bookings
+        .values()
+        .any(|n| !(0..=MAX_HELD_UNITS).contains(n))
+    {
         return Err(ApiError::Invalid(
             "units held must be between 0 and 100000".into(),
         ));

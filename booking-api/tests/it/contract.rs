@@ -362,3 +362,85 @@ fn the_booking_inputs_state_their_limits() {
     );
     assert_eq!(slug["pattern"], NO_CONTROL_PATTERN);
 }
+
+/// What the webhook, the controller and the agent report (audit entries, held units,
+/// usage), the audit listing, and the models.
+#[test]
+fn the_reports_and_models_state_their_limits() {
+    use gpu_booking_api::routes::{self, MAX_PAGE_LIMIT, NO_CONTROL_PATTERN};
+    use gpu_booking_core::declared_models::{MAX_PATTERNS, MAX_UNITS};
+    use gpu_booking_core::gpu_model::{MAX_MODEL_NAME_LEN, MAX_PATTERN_LEN};
+    use gpu_booking_core::wire;
+    use serde_json::json;
+
+    let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+
+    for (field, max) in [
+        ("action", wire::MAX_ACTION_LEN),
+        ("subject", wire::MAX_SUBJECT_LEN),
+        ("user", wire::MAX_AUDIT_USER_LEN),
+    ] {
+        let s = property(&doc, "AuditReport", field);
+        assert_eq!(s["maxLength"], json!(max), "AuditReport.{field}");
+        assert_eq!(s["pattern"], NO_CONTROL_PATTERN, "AuditReport.{field}");
+    }
+    let details = description(property(&doc, "AuditReport", "details"));
+    for stated in [
+        format!("At most {} bytes", wire::MAX_DETAILS_BYTES),
+        format!(
+            "at most {} arrays or objects deep",
+            routes::audit::MAX_DETAILS_DEPTH
+        ),
+    ] {
+        assert!(details.contains(&stated), "details: {details}");
+    }
+    let reports = property(&doc, "AuditBatch", "reports");
+    assert_eq!(reports["maxItems"], json!(wire::MAX_AUDIT_BATCH));
+    let limit = &parameter(&doc, "get", "/api/v1/audit", "limit")["schema"];
+    assert_eq!(limit["maximum"], json!(MAX_PAGE_LIMIT));
+
+    // Built from the constants; here it is found where clients look.
+    let bookings = property(&doc, "HeldReport", "bookings");
+    assert_eq!(
+        bookings["maxProperties"],
+        json!(wire::MAX_REPORTED_BOOKINGS)
+    );
+    assert_eq!(
+        bookings["additionalProperties"]["maximum"],
+        json!(wire::MAX_HELD_UNITS)
+    );
+    let active = property(&doc, "HeldReport", "active");
+    assert_eq!(active["maxProperties"], json!(wire::MAX_REPORTED_BOOKINGS));
+
+    let cards = property(&doc, "UsageReport", "cards");
+    assert_eq!(cards["maximum"], json!(wire::MAX_REPORTED_CARDS));
+
+    let name = &parameter(&doc, "put", "/api/v1/models/{name}", "name")["schema"];
+    assert_eq!(name["maxLength"], json!(MAX_MODEL_NAME_LEN));
+    assert_eq!(
+        property(&doc, "PutModel", "units")["maximum"],
+        json!(MAX_UNITS)
+    );
+    let patterns = property(&doc, "PutModel", "patterns");
+    assert_eq!(patterns["maxItems"], json!(MAX_PATTERNS));
+    assert_eq!(patterns["items"]["maxLength"], json!(MAX_PATTERN_LEN));
+    // `check_model` keeps the resource's bound as a literal: held to it by behaviour.
+    let resource = property(&doc, "PutModel", "resource");
+    let longest = resource["maxLength"].as_u64().unwrap() as usize;
+    let check = |r: &str| gpu_booking_core::declared_models::check_model("a", 1, &[], 0, Some(r));
+    assert!(check(&"r".repeat(longest)).is_ok() && check(&"r".repeat(longest + 1)).is_err());
+
+    let availability = "/api/v1/models/{name}/availability";
+    let to = description(parameter(&doc, "get", availability, "to"));
+    let span = format!("1 to {} days", routes::models::MAX_SPAN_DAYS);
+    assert!(to.contains(&span), "to: {to}");
+    let report_years = format!(
+        "{} to {}",
+        routes::REPORT_YEARS.start(),
+        routes::REPORT_YEARS.end()
+    );
+    for name in ["from", "to"] {
+        let d = description(parameter(&doc, "get", availability, name));
+        assert!(d.contains(&report_years), "{name}: {d}");
+    }
+}

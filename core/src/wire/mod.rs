@@ -43,11 +43,14 @@ pub mod models;
 pub mod schedulability;
 
 pub use admission_state::{AdmissionState, BookingState, KnownUser, ModelState, PolicyState};
-pub use audit::{AuditBatch, AuditReport, Recorded, RecordedBatch, MAX_AUDIT_BATCH};
+pub use audit::{
+    AuditBatch, AuditReport, Recorded, RecordedBatch, MAX_ACTION_LEN, MAX_AUDIT_BATCH,
+    MAX_AUDIT_USER_LEN, MAX_DETAILS_BYTES, MAX_SUBJECT_LEN,
+};
 pub use bookings::Booking;
 pub use changes::{BookingChange, BookingChanges};
-pub use held::{HeldReport, HeldReported};
-pub use models::{Model, UsageReport};
+pub use held::{HeldReport, HeldReported, MAX_HELD_UNITS, MAX_REPORTED_BOOKINGS};
+pub use models::{Model, UsageReport, MAX_REPORTED_CARDS};
 pub use schedulability::{ActiveBooking, Schedulability};
 
 /// A count that a store keeps signed (a Postgres `integer` column checked `>= 0`) as

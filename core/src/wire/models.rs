@@ -53,6 +53,9 @@ pub struct Model {
     pub mismatch: bool,
 }
 
+/// The most cards a [`UsageReport`] may count (`cards`).
+pub const MAX_REPORTED_CARDS: i32 = 100_000;
+
 /// What the controller counted of one model: recorded beside the admin's declared
 /// units, never in their place. `i32`: see the module [`crate::wire`] on integers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,15 +63,18 @@ pub struct Model {
 #[serde(deny_unknown_fields)]
 pub struct UsageReport {
     /// Units (cards) in use now.
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     pub in_use: i32,
     /// Physical cards the cluster has, when the reporter counts them (the controller
     /// does). `units` is read as its old name.
     #[serde(alias = "units", default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 100000))]
     pub cards: Option<i32>,
     /// Whether every node with cards of the model advertises the VRAM budget resource.
     #[serde(default)]
     pub gpumem_advertised: Option<bool>,
     /// The VRAM budget one unit can hold, MiB (with `gpumem_advertised`).
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     pub gpumem_unit_mib: Option<i32>,
 }
