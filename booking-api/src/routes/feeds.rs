@@ -94,7 +94,8 @@ pub async fn revoke_token(
 }
 
 #[utoipa::path(get, path = "/api/v1/feeds/{token}/bookings.ics", tag = "feeds",
-    params(("token" = String, Path, description = "The caller's feed token")),
+    params(("token" = String, Path, min_length = 64, max_length = 64, pattern = r"^[0-9a-fA-F]{64}$",
+            description = "The caller's feed token: 64 hex digits (anything else is 404, as an unknown token is)")),
     description = "The token owner's bookings as an iCalendar feed (`text/calendar`): from 90 days ago to 366 days \
                    ahead, at most 1000 events, times in UTC; cancelled bookings with `STATUS:CANCELLED`. \
                    An unknown or revoked token is 404.",
@@ -117,7 +118,9 @@ pub async fn own_feed(
 }
 
 #[utoipa::path(get, path = "/api/v1/feeds/{token}/models/{model}/occupancy.ics", tag = "feeds",
-    params(("token" = String, Path, description = "The caller's feed token"), ("model" = String, Path)),
+    params(("token" = String, Path, min_length = 64, max_length = 64, pattern = r"^[0-9a-fA-F]{64}$",
+            description = "The caller's feed token: 64 hex digits (anything else is 404, as an unknown token is)"),
+           ("model" = String, Path)),
     description = "When the units of a model are booked, as an iCalendar feed: the token owner's own bookings by \
                    name, others' only as `booked` unless the service runs with `--feed-show-names`. Same span and \
                    bound as the bookings feed; 404 for an unknown or revoked token or an unknown model.",

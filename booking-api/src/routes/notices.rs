@@ -14,17 +14,36 @@ use crate::state::AppState;
 /// Newest notices shown with the preferences.
 const RECENT: i64 = 20;
 
+/// A kind of notice.
+// The schema of `muted`'s items only: the service reads them as strings and checks
+// each with `NoticeKind::parse`; a contract test holds this list to `NoticeKind::ALL`.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum MutedKind {
+    BookingStarts,
+    BookingEnds,
+    GpuTakenBack,
+    SpawnStripped,
+    ProcessesReclaimed,
+    WaitlistPromoted,
+    BookingIdle,
+}
+
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoticePrefs {
-    /// Where e-mail goes; `null`: the user name, when it is an address.
+    /// Where e-mail goes; `null` or empty: the user name, when it is an address.
+    /// Surrounding white space is trimmed; what is left must be `local@domain`: one
+    /// `@` with text on both sides, no white space, control character, `<`, `>`, `,`
+    /// or `;`, a domain that neither starts nor ends with `.`, and at most
+    /// `maxLength` bytes of UTF-8.
     #[schema(max_length = 254)]
     pub email: Option<String>,
     pub email_enabled: bool,
     pub webhook_enabled: bool,
-    /// Kinds not wanted: `booking_starts`, `booking_ends`, `gpu_taken_back`,
-    /// `spawn_stripped`, `processes_reclaimed`, `waitlist_promoted`, `booking_idle`.
-    #[schema(max_items = 7)]
+    /// Kinds not wanted (a repeat is dropped, but counts towards `maxItems`).
+    #[schema(value_type = Vec<MutedKind>, inline, max_items = 7)]
     pub muted: Vec<String>,
 }
 

@@ -15,11 +15,14 @@ use utoipa::{IntoParams, ToSchema};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
+use crate::routes::REPORT_YEARS;
 use crate::state::AppState;
 use crate::store::usage::{self, BookingUse};
 
 /// The longest period one report covers.
-const MAX_PERIOD_DAYS: i64 = 400;
+pub const MAX_PERIOD_DAYS: i64 = 400;
+/// The longest `idle_hours`: two weeks.
+pub const MAX_IDLE_HOURS: i64 = 336;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -41,10 +44,11 @@ pub enum Format {
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct UsageQuery {
-    /// Start of the period (RFC 3339; default: 30 days before `to`).
+    /// Start of the period (RFC 3339; default: 30 days before `to`), in the years
+    /// 1970 to 9998.
     pub from: Option<DateTime<Utc>>,
-    /// End of the period, exclusive (RFC 3339; default: now). At most 400 days
-    /// after `from`.
+    /// End of the period, exclusive (RFC 3339; default: now), in the years 1970 to
+    /// 9998: after `from`, and at most 400 days after it.
     pub to: Option<DateTime<Utc>>,
     /// Rows per `user` (default), per `model`, or per `booking`.
     #[param(inline)]
@@ -145,7 +149,7 @@ pub async fn get(
             .unwrap_or(DateTime::<Utc>::MIN_UTC),
     };
     for t in [from, to] {
-        if !(1970..=9998).contains(&t.year()) {
+        if !REPORT_YEARS.contains(&t.year()) {
             return Err(ApiError::Invalid(format!(
                 "{} is outside the years 1970 to 9998",
                 time(t)
@@ -161,7 +165,7 @@ pub async fn get(
         )));
     }
     let idle_hours = q.idle_hours.unwrap_or(4);
-    if !(1..=336).contains(&idle_hours) {
+    if !(1..=MAX_IDLE_HOURS).contains(&idle_hours) {
         return Err(ApiError::Invalid(
             "idle_hours must be between 1 and 336".into(),
         ));

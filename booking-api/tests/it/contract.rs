@@ -444,3 +444,84 @@ fn the_reports_and_models_state_their_limits() {
         assert!(d.contains(&report_years), "{name}: {d}");
     }
 }
+
+/// Notice preferences, the usage report and the calendar feeds.
+#[test]
+fn the_notices_usage_and_feeds_state_their_limits() {
+    use gpu_booking_api::routes;
+    use gpu_booking_core::notice::{NoticeKind, MAX_ADDRESS_LEN};
+    use serde_json::json;
+
+    let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+
+    let email = property(&doc, "NoticePrefs", "email");
+    assert_eq!(email["maxLength"], json!(MAX_ADDRESS_LEN));
+    let muted = property(&doc, "NoticePrefs", "muted");
+    assert_eq!(muted["maxItems"], json!(NoticeKind::ALL.len()));
+    let kinds: Vec<&str> = NoticeKind::ALL.iter().map(|k| k.as_str()).collect();
+    assert_eq!(muted["items"]["enum"], json!(kinds));
+
+    let usage = "/api/v1/admin/usage";
+    let idle = &parameter(&doc, "get", usage, "idle_hours")["schema"];
+    assert_eq!(idle["maximum"], json!(routes::usage::MAX_IDLE_HOURS));
+    let to = description(parameter(&doc, "get", usage, "to"));
+    let period = format!("at most {} days", routes::usage::MAX_PERIOD_DAYS);
+    assert!(to.contains(&period), "to: {to}");
+    let report_years = format!(
+        "{} to {}",
+        routes::REPORT_YEARS.start(),
+        routes::REPORT_YEARS.end()
+    );
+    for name in ["from", "to"] {
+        let d = description(parameter(&doc, "get", usage, name));
+        assert!(d.contains(&report_years), "{name}: {d}");
+    }
+
+    let feed = &doc["paths"]["/api/v1/feeds/{token}/bookings.ics"]["get"];
+    let stated = format!(
+        "from {} days ago to {} days ahead, at most {} events",
+        gpu_booking_api::store::feeds::PAST.num_days(),
+        gpu_booking_api::store::feeds::AHEAD.num_days(),
+        gpu_booking_api::store::feeds::MAX_EVENTS
+    );
+    assert!(description(feed).contains(&stated), "{feed}");
+}
+
+/// A feed token the service issues is what the feeds' `token` parameter states (the
+/// store keeps the token's length to itself).
+#[sqlx::test(migrations = "../migrations")]
+async fn an_issued_feed_token_is_what_the_feeds_state(pool: PgPool) {
+    let app = gpu_booking_api::app::router(test_state(
+        pool,
+        Policy::default(),
+        Arc::new(SystemClock),
+        SECRET,
+    ));
+    let resp = app
+        .oneshot(
+            Request::post("/api/v1/me/feed-token")
+                .header(
+                    header::AUTHORIZATION,
+                    format!("Bearer {}", token_for(SECRET, "alice", None)),
+                )
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let issued: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let token = issued["token"].as_str().unwrap();
+    assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
+    let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+    for path in [
+        "/api/v1/feeds/{token}/bookings.ics",
+        "/api/v1/feeds/{token}/models/{model}/occupancy.ics",
+    ] {
+        let s = &parameter(&doc, "get", path, "token")["schema"];
+        assert_eq!(s["pattern"], "^[0-9a-fA-F]{64}$", "{path}");
+        assert_eq!(s["minLength"], serde_json::json!(token.len()), "{path}");
+        assert_eq!(s["maxLength"], serde_json::json!(token.len()), "{path}");
+    }
+}
