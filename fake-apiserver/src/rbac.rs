@@ -120,7 +120,7 @@ pub(crate) fn authorize(
     user: &UserInfo,
     verb: Verb,
     target: &Target,
-) -> Result<(), Refusal> {
+) -> Result<(), Box<Refusal>> {
     if user.groups.iter().any(|g| g == MASTERS) {
         return Ok(());
     }
@@ -159,7 +159,7 @@ pub(crate) fn authorize(
         name: attrs.name.map(str::to_owned),
         message: error.message(),
     };
-    Err(Refusal { denial, error })
+    Err(Box::new(Refusal { denial, error }))
 }
 
 /// `pods`, `leases.coordination.k8s.io`: how the API server names a resource in its
@@ -427,11 +427,11 @@ mod tests {
         )
     }
 
-    fn check(store: &Store, user: &UserInfo, verb: Verb, path: &str) -> Result<(), Denial> {
+    fn check(store: &Store, user: &UserInfo, verb: Verb, path: &str) -> Result<(), Box<Denial>> {
         authorize(store, user, verb, &path::parse(path).expect("a path")).map_err(|r| {
             assert_eq!(r.error.code, 403);
             assert_eq!(r.error.message(), r.denial.message);
-            r.denial
+            Box::new(r.denial)
         })
     }
 

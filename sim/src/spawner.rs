@@ -138,6 +138,38 @@ fn replace_strings(value: &mut Value, replacements: &[(&str, String)]) {
     }
 }
 
+/// The hub's Role and RoleBinding as zero-to-jupyterhub 4 renders them
+/// (`jupyterhub/templates/hub/rbac.yaml`): what KubeSpawner may do in the namespace
+/// it spawns into, and no more. Installed where the lab enforces RBAC.
+pub fn hub_rbac() -> [(&'static str, Value); 2] {
+    let meta = serde_json::json!({"name": "hub", "namespace": NOTEBOOK_NAMESPACE});
+    [
+        (
+            "roles",
+            serde_json::json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": meta,
+                "rules": [
+                    {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
+                     "verbs": ["get", "watch", "list", "create", "delete"]},
+                    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "watch", "list"]},
+                ],
+            }),
+        ),
+        (
+            "rolebindings",
+            serde_json::json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": meta,
+                "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": NOTEBOOK_NAMESPACE}],
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub"},
+            }),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,36 +222,4 @@ mod tests {
         assert_eq!(res["requests"]["nvidia.com/gpu"], "2");
         assert_eq!(pod["metadata"]["name"], "jupyter-a-b");
     }
-}
-
-/// The hub's Role and RoleBinding as zero-to-jupyterhub 4 renders them
-/// (`jupyterhub/templates/hub/rbac.yaml`): what KubeSpawner may do in the namespace
-/// it spawns into, and no more. Installed where the lab enforces RBAC.
-pub fn hub_rbac() -> [(&'static str, Value); 2] {
-    let meta = serde_json::json!({"name": "hub", "namespace": NOTEBOOK_NAMESPACE});
-    [
-        (
-            "roles",
-            serde_json::json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "Role",
-                "metadata": meta,
-                "rules": [
-                    {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
-                     "verbs": ["get", "watch", "list", "create", "delete"]},
-                    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "watch", "list"]},
-                ],
-            }),
-        ),
-        (
-            "rolebindings",
-            serde_json::json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": meta,
-                "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": NOTEBOOK_NAMESPACE}],
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub"},
-            }),
-        ),
-    ]
 }

@@ -87,7 +87,6 @@ impl Lab {
 
     /// The lab of `builder`, installed as the chart renders it with the lab's values,
     /// unless the builder was given a chart already.
-
     pub async fn start_with(pool: PgPool, builder: SimBuilder) -> Lab {
         let builder = if builder.has_rendered_chart() {
             builder
