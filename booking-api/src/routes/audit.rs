@@ -63,7 +63,8 @@ pub async fn report(
     Ok((StatusCode::CREATED, axum::Json(Recorded { id })))
 }
 
-/// A report checked, its `details` an object.
+/// A report checked, its `details` an object (absent or null: an empty one; an
+/// array, a string or a number is refused, as the document says).
 fn checked(mut body: AuditReport) -> Result<AuditReport, ApiError> {
     bounded("action", Some(&body.action), MAX_ACTION_LEN)?;
     bounded("subject", body.subject.as_deref(), MAX_SUBJECT_LEN)?;
@@ -76,8 +77,14 @@ fn checked(mut body: AuditReport) -> Result<AuditReport, ApiError> {
             "details must nest at most {MAX_DETAILS_DEPTH} arrays or objects deep"
         )));
     }
-    if body.details.is_null() {
-        body.details = Value::Object(Default::default());
+    match &body.details {
+        Value::Null => body.details = Value::Object(Default::default()),
+        Value::Object(_) => {}
+        _ => {
+            return Err(ApiError::Invalid(
+                "details must be a JSON object (or absent)".into(),
+            ))
+        }
     }
     Ok(body)
 }

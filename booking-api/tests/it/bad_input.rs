@@ -1234,6 +1234,18 @@ async fn bad_audit_bodies(pool: PgPool) {
             Some("invalid_request"),
         ),
         audit(
+            "details as an array",
+            B::Json(json!({"action": "agent.reclaim", "details": [1, 2]})),
+            UNPROCESSABLE,
+            Some("invalid_request"),
+        ),
+        audit(
+            "details as a string",
+            B::Json(json!({"action": "agent.reclaim", "details": "pid 42"})),
+            UNPROCESSABLE,
+            Some("invalid_request"),
+        ),
+        audit(
             "empty action",
             B::Json(json!({"action": ""})),
             UNPROCESSABLE,
