@@ -91,7 +91,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
         models: Default::default(),
-        log_format: LogFormat::Plain,
+        log: Default::default(),
         change_retention: std::time::Duration::from_secs(7 * 86_400),
         archive_after: TimeDelta::days(1),
     };

@@ -2,10 +2,10 @@
 //! reads an environment variable `GPU_BOOKING_AGENT_*`; the PRD's knobs keep their
 //! names there (`..._IDLE_MINUTES`, `..._CONSECUTIVE_IDLE_SAMPLES`, ...). The booking
 //! service's options are every component's (`client::BookingServiceArgs`,
-//! `GPU_BOOKING_BOOKING_URL`, ...).
+//! `GPU_BOOKING_BOOKING_URL`, ...), and so are `--admin-listen` and `--log-format`
+//! (`process::options`, `GPU_BOOKING_ADMIN_LISTEN`, `GPU_BOOKING_LOG_FORMAT`).
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use chrono::TimeDelta;
 use clap::{ArgAction, Args};
 use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::DEFAULT_GPUMEM_RESOURCE;
-use gpu_booking_process::LogFormat;
+use gpu_booking_process::{AdminArgs, LogArgs};
 use regex::Regex;
 
 use crate::agent::{AgentConfig, DEFAULT_LAST_ACTIVITY_ANNOTATION};
@@ -141,13 +141,9 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub booking: BookingServiceArgs,
 
-    /// Plain-HTTP address of /healthz, /readyz and /metrics.
-    #[arg(
-        long,
-        env = "GPU_BOOKING_AGENT_ADMIN_LISTEN",
-        default_value = "0.0.0.0:9090"
-    )]
-    pub admin_listen: SocketAddr,
+    // `--admin-listen`: /healthz, /readyz and /metrics.
+    #[command(flatten)]
+    pub admin: AdminArgs,
 
     /// Path of libnvidia-ml (default: the driver's libnvidia-ml.so.1 from the
     /// library path).
@@ -163,9 +159,9 @@ pub struct AgentArgs {
     #[arg(long, env = "GPU_BOOKING_AGENT_ONCE", default_value_t = false)]
     pub once: bool,
 
-    /// Log line format.
-    #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
-    pub log_format: LogFormat,
+    // `--log-format`.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 impl AgentArgs {

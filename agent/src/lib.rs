@@ -58,7 +58,7 @@ use crate::procfs::ProcFs;
 
 /// Runs the agent until SIGTERM or Ctrl-C (or one round with `--once`).
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    gpu_booking_process::init_logging(args.log_format);
+    args.log.init();
     let mut cfg = args.agent_config()?;
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
@@ -71,9 +71,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let admin = if args.once {
         None
     } else {
-        let listener = tokio::net::TcpListener::bind(args.admin_listen)
-            .await
-            .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+        let listener = args.admin.bind().await?;
         let router = server::admin_router(metrics.clone(), ready.clone());
         Some(tokio::spawn(server::serve(
             listener,
@@ -111,7 +109,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         dry_run = cfg.policy.idle.dry_run,
         vram_floor_mib = cfg.vram_floor_mib,
         vram_dry_run = cfg.vram_dry_run,
-        admin = %args.admin_listen,
+        admin = %args.admin.admin_listen,
         "agent sampling"
     );
     let agent = Agent::new(

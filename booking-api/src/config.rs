@@ -48,9 +48,9 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub models: ModelsArgs,
 
-    /// Log format.
-    #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
-    pub log_format: LogFormat,
+    // `--log-format`.
+    #[command(flatten)]
+    pub log: gpu_booking_process::LogArgs,
 
     /// How long booking changes are kept for followers of
     /// `/api/v1/booking-changes`; one resuming from further back lists again (410).

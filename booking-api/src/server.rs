@@ -137,7 +137,7 @@ pub fn spawn_waitlist_sweep(state: AppState, interval: Duration) -> tokio::task:
 
 /// `gpu-booking api`: migrate, then serve until SIGTERM / Ctrl-C.
 pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
-    crate::config::init_logging(args.log_format);
+    args.log.init();
     let mut auth = authenticator(&args.auth)?;
     if let Some(audience) = &args.auth.service_account_audience {
         let client = kube::Client::try_default().await.context(

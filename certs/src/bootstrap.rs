@@ -27,7 +27,7 @@ use kube::api::PostParams;
 use kube::Api;
 use rand::distr::{Alphanumeric, SampleString};
 
-use crate::config::LogFormat;
+use gpu_booking_process::LogArgs;
 use crate::error::Error;
 
 /// The field manager named in our writes.
@@ -116,9 +116,9 @@ pub struct BootstrapArgs {
         default_value = "database-url"
     )]
     pub database_url_key: String,
-    /// Log line format.
-    #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
-    pub log_format: LogFormat,
+    // `--log-format`.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// What the Secret must hold, as [`plan`] sees it.
@@ -343,7 +343,7 @@ pub async fn main(
     args: BootstrapArgs,
     mint: &dyn Fn(&[u8]) -> anyhow::Result<String>,
 ) -> anyhow::Result<()> {
-    gpu_booking_process::init_logging(args.log_format);
+    args.log.init();
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster service account or kubeconfig)")?;

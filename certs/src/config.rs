@@ -28,6 +28,7 @@ pub enum Mode {
     Dev(DevArgs),
 }
 
+use gpu_booking_process::LogArgs;
 pub use gpu_booking_process::LogFormat;
 
 /// Where the certificate goes and whom it names.
@@ -75,9 +76,9 @@ pub struct Target {
     #[arg(long, env = "GPU_BOOKING_CERTS_RENEW_BEFORE", default_value = "30days", value_parser = parse_time_delta)]
     pub renew_before: TimeDelta,
 
-    /// Log line format.
-    #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
-    pub log_format: LogFormat,
+    // `--log-format`.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 impl Target {

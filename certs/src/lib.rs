@@ -31,7 +31,6 @@ pub use error::Error;
 
 use cluster::{Cluster, Injection};
 use config::Target;
-use gpu_booking_process::init_logging;
 
 /// Attempts of one run when other writers keep getting in first.
 const ATTEMPTS: u32 = 5;
@@ -82,7 +81,7 @@ pub async fn run(args: CertsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Mode::SelfSigned(args) => {
-            init_logging(args.target.log_format);
+            args.target.log.init();
             let cluster = connect(&args.target).await?;
             let report = self_signed::run(&cluster, &args, Utc::now()).await?;
             tracing::info!(
@@ -97,7 +96,7 @@ pub async fn run(args: CertsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Mode::Csr(args) => {
-            init_logging(args.target.log_format);
+            args.target.log.init();
             let cluster = connect(&args.target).await?;
             let report = csr::run(&cluster, &args, Utc::now()).await?;
             tracing::info!(

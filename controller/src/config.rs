@@ -1,10 +1,9 @@
 //! Options of `gpu-booking controller`; `--help` is the documentation. Every option
 //! also reads an environment variable: `GPU_BOOKING_CONTROLLER_*` for the
 //! controller's own, `GPU_BOOKING_*` for those shared with other components (the
-//! booking service's, `client::BookingServiceArgs`, and the admission options,
-//! `core::admission::AdmissionArgs`).
+//! booking service's, `client::BookingServiceArgs`, the admission options,
+//! `core::admission::AdmissionArgs`, and the process's, `process::options`).
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use clap::Args;
 use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::{AdmissionArgs, AdmissionConfig};
 pub use gpu_booking_process::LogFormat;
+use gpu_booking_process::{AdminArgs, LogArgs};
 
 /// The node label GPU feature discovery writes with the product name.
 pub use gpu_booking_core::inventory::DEFAULT_PRODUCT_LABEL;
@@ -175,17 +175,13 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_GONE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     pub gone_timeout: Duration,
 
-    /// Plain-HTTP address of /healthz, /readyz and /metrics.
-    #[arg(
-        long,
-        env = "GPU_BOOKING_CONTROLLER_ADMIN_LISTEN",
-        default_value = "0.0.0.0:9090"
-    )]
-    pub admin_listen: SocketAddr,
+    // `--admin-listen`: /healthz, /readyz and /metrics.
+    #[command(flatten)]
+    pub admin: AdminArgs,
 
-    /// Log line format.
-    #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
-    pub log_format: LogFormat,
+    // `--log-format`.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 impl ControllerArgs {
@@ -226,8 +222,8 @@ impl ControllerArgs {
             preemption_vram_cushion: 256,
             models_refresh: Duration::from_secs(60),
             gone_timeout: Duration::from_secs(600),
-            admin_listen: ([0, 0, 0, 0], 9090).into(),
-            log_format: LogFormat::Plain,
+            admin: AdminArgs::default(),
+            log: LogArgs::default(),
         }
     }
 

@@ -168,7 +168,7 @@ impl Drop for Controller {
 /// credentials, the booking service at `--booking-url`, health and metrics on
 /// `--admin-listen`.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    gpu_booking_process::init_logging(args.log_format);
+    args.log.init();
     args.admission_config()?;
     let token = args.booking.token_source()?;
     let booking = BookingClient::new(
@@ -180,13 +180,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster or kubeconfig)")?;
-    let admin = tokio::net::TcpListener::bind(args.admin_listen)
-        .await
-        .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+    let admin = args.admin.bind().await?;
     let controller = Controller::start(client, Arc::new(booking), Arc::new(SystemClock), &args)?;
     let router = metrics::admin_router(controller.metrics.clone(), controller.ready.clone());
     tracing::info!(
-        admin = %args.admin_listen,
+        admin = %args.admin.admin_listen,
         booking_url = %args.booking.url().unwrap_or_default(),
         on_expiry = ?args.on_expiry,
         dry_run = args.dry_run,

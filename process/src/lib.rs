@@ -1,7 +1,8 @@
 //! What every `gpu-booking` process shares, written once: the log set-up, the
 //! shutdown signal, the plain-HTTP admin port (`/healthz`, `/readyz`, `/metrics`)
-//! of the webhook, the controller and the node agent, and the allocator's purge
-//! delay (`allocator`).
+//! of the webhook, the controller and the node agent, the options they all take
+//! (`options`: `--log-format`, `--admin-listen`) and the allocator's purge delay
+//! (`allocator`).
 // `deny`, not `forbid`: `allocator` sets one mimalloc option through its C API.
 #![deny(unsafe_code)]
 
@@ -9,6 +10,7 @@ pub mod access;
 pub mod allocator;
 pub mod duration;
 pub mod metrics;
+pub mod options;
 pub mod serve;
 pub mod testing;
 
@@ -112,6 +114,7 @@ pub async fn shutdown_signal() {
 }
 
 pub use metrics::OPENMETRICS;
+pub use options::{AdminArgs, LogArgs};
 
 /// The admin port: `/healthz` (the process runs), `/readyz` (200 once `ready` is
 /// set, else 503 with `not_ready` as the body, which says what is awaited) and

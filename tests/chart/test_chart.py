@@ -282,6 +282,22 @@ def test_every_component_is_configured_through_its_environment():
             assert not any(a.startswith("--") for a in c.get("args", [])), "options go through env"
 
 
+def test_the_admin_port_has_one_name_in_every_component():
+    """--admin-listen reads GPU_BOOKING_ADMIN_LISTEN in the webhook, the controller and
+    the agent alike (each runs in its own container, so one name cannot collide); the
+    component-specific names are gone."""
+    seen = set()
+    for obj, spec in pods("everything"):
+        for c in containers(spec):
+            env = env_of(c)
+            old = [k for k in env if k.endswith("_ADMIN_LISTEN") and k != "GPU_BOOKING_ADMIN_LISTEN"]
+            assert not old, f"{obj['metadata']['name']} sets {old}"
+            if "GPU_BOOKING_ADMIN_LISTEN" in env:
+                assert env["GPU_BOOKING_ADMIN_LISTEN"]["value"] == "0.0.0.0:9090"
+                seen.add(c["args"][0])
+    assert seen == {"webhook", "controller", "agent"}
+
+
 def test_controller_hub_restart_reads_its_token_from_a_secret_file():
     spec = pod_spec(one("controller-hub-restart", "Deployment", "-controller"))
     (c,) = spec["containers"]

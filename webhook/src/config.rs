@@ -15,6 +15,7 @@ use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_core::username::NameCase;
 
 pub use gpu_booking_process::LogFormat;
+use gpu_booking_process::{AdminArgs, LogArgs};
 
 /// `--on-booking-error`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
@@ -81,13 +82,9 @@ pub struct WebhookArgs {
     )]
     pub listen: SocketAddr,
 
-    /// Plain-HTTP address of /healthz, /readyz and /metrics.
-    #[arg(
-        long,
-        env = "GPU_BOOKING_WEBHOOK_ADMIN_LISTEN",
-        default_value = "0.0.0.0:9090"
-    )]
-    pub admin_listen: SocketAddr,
+    // `--admin-listen`: /healthz, /readyz and /metrics.
+    #[command(flatten)]
+    pub admin: AdminArgs,
 
     /// PEM certificate chain of the serving certificate; re-read when the file changes
     /// (a rotated Secret is picked up by the next connection, no restart).
@@ -244,9 +241,9 @@ pub struct WebhookArgs {
     #[command(flatten)]
     pub limits: crate::server::WebhookLimits,
 
-    /// Log line format.
-    #[arg(long, env = "GPU_BOOKING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
-    pub log_format: LogFormat,
+    // `--log-format`.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 impl WebhookArgs {
@@ -259,7 +256,7 @@ impl WebhookArgs {
     ) -> Self {
         Self {
             listen: ([0, 0, 0, 0], 8443).into(),
-            admin_listen: ([0, 0, 0, 0], 9090).into(),
+            admin: AdminArgs::default(),
             tls_cert,
             tls_key,
             booking: BookingServiceArgs {
@@ -288,7 +285,7 @@ impl WebhookArgs {
             audit_burst: 20,
             audit_per_second: 2.0,
             limits: Default::default(),
-            log_format: LogFormat::Plain,
+            log: LogArgs::default(),
         }
     }
 

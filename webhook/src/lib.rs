@@ -129,17 +129,15 @@ impl WebhookServer {
 /// Runs the webhook until SIGTERM or Ctrl-C: TLS on `--listen`, health and metrics on
 /// `--admin-listen`.
 pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
-    init_logging(args.log_format);
+    args.log.init();
     let server = WebhookServer::from_args(&args)?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding --listen {}", args.listen))?;
-    let admin = TcpListener::bind(args.admin_listen)
-        .await
-        .with_context(|| format!("binding --admin-listen {}", args.admin_listen))?;
+    let admin = args.admin.bind().await?;
     tracing::info!(
         listen = %args.listen,
-        admin = %args.admin_listen,
+        admin = %args.admin.admin_listen,
         booking_url = %args.booking.url().unwrap_or_default(),
         "webhook serving"
     );
