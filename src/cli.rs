@@ -3,7 +3,7 @@
 use chrono::TimeDelta;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gpu_booking_api::auth::{mint_token_for, Role};
-use gpu_booking_api::config::{parse_duration, ApiArgs, AuthArgs, DatabaseArgs};
+use gpu_booking_api::config::{parse_duration, ApiArgs, DatabaseArgs, JwtClaimArgs, JwtSecretArgs};
 use gpu_booking_api::server;
 
 #[derive(Debug, Parser)]
@@ -46,10 +46,12 @@ pub enum Command {
     Demo(crate::demo_args::DemoArgs),
 }
 
-/// Only what minting an HS256 token uses; the secret, issuer and audience read the
-/// same flags and environment as `gpu-booking api`, so that a shell set up for the API
+/// Only what minting an HS256 token uses; the secret, issuer and audience are the
+/// options of `gpu-booking api` (`core::jwt`), so that a shell set up for the API
 /// mints tokens it accepts.
 #[derive(Debug, Args)]
+#[command(mut_arg("jwt_issuer", |a| a.alias("issuer")))]
+#[command(mut_arg("jwt_audience", |a| a.alias("audience")))]
 pub struct TokenArgs {
     /// The user the token names (claim `sub`).
     #[arg(long)]
@@ -60,18 +62,12 @@ pub struct TokenArgs {
     /// Lifetime, e.g. 1h, 30days.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub ttl: TimeDelta,
-    /// HS256 secret (the API's --jwt-secret). Prefer --jwt-secret-file.
-    #[arg(long, env = "GPU_BOOKING_JWT_SECRET", hide_env_values = true)]
-    pub jwt_secret: Option<String>,
-    /// File holding the HS256 secret (the API's --jwt-secret-file).
-    #[arg(long, env = "GPU_BOOKING_JWT_SECRET_FILE")]
-    pub jwt_secret_file: Option<std::path::PathBuf>,
-    /// The `iss` claim: the API's --jwt-issuer, where it requires one.
-    #[arg(long, alias = "issuer", env = "GPU_BOOKING_JWT_ISSUER")]
-    pub jwt_issuer: Option<String>,
-    /// The `aud` claim: the API's --jwt-audience, where it requires one.
-    #[arg(long, alias = "audience", env = "GPU_BOOKING_JWT_AUDIENCE")]
-    pub jwt_audience: Option<String>,
+    // `--jwt-secret`, `--jwt-secret-file`.
+    #[command(flatten)]
+    pub secret: JwtSecretArgs,
+    // `--jwt-issuer` (or `--issuer`), `--jwt-audience` (or `--audience`).
+    #[command(flatten)]
+    pub claims: JwtClaimArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -90,12 +86,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Token(args) => {
-            let auth = AuthArgs {
-                jwt_secret: args.jwt_secret.clone(),
-                jwt_secret_file: args.jwt_secret_file.clone(),
-                ..AuthArgs::default()
-            };
-            let secret = server::hs256_secret(&auth)?.ok_or_else(|| {
+            let secret = server::hs256_secret(&args.secret)?.ok_or_else(|| {
                 anyhow::anyhow!("set GPU_BOOKING_JWT_SECRET or --jwt-secret-file")
             })?;
             let role = args.role.map(|r| match r {
@@ -108,8 +99,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 &args.user,
                 role,
                 args.ttl,
-                args.jwt_issuer.as_deref(),
-                args.jwt_audience.as_deref(),
+                args.claims.jwt_issuer.as_deref(),
+                args.claims.jwt_audience.as_deref(),
             )?;
             println!("{token}");
             Ok(())
@@ -121,7 +112,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bootstrap(args) => {
             let (user, ttl) = (args.service_user.clone(), args.service_token_ttl);
             gpu_booking_core::username::Username::parse(&user)?;
-            let (iss, aud) = (args.jwt_issuer.clone(), args.jwt_audience.clone());
+            let (iss, aud) = (
+                args.claims.jwt_issuer.clone(),
+                args.claims.jwt_audience.clone(),
+            );
             let mint = move |key: &[u8]| {
                 mint_token_for(
                     key,

@@ -13,7 +13,9 @@ use std::process::Command;
 use anyhow::{bail, Context};
 use chrono::TimeDelta;
 use gpu_booking_api::auth::{mint_token, Authenticator, Role};
-use gpu_booking_api::config::{ApiArgs, AuthArgs, DatabaseArgs, LogFormat, OidcArgs, PolicyArgs};
+use gpu_booking_api::config::{
+    ApiArgs, AuthArgs, DatabaseArgs, JwtSecretArgs, LogFormat, OidcArgs, PolicyArgs,
+};
 use gpu_booking_api::server;
 use gpu_booking_api::store::bookings::{self, NewBooking};
 use gpu_booking_core::username::Username;
@@ -72,7 +74,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         listen: args.listen,
         database,
         auth: AuthArgs {
-            jwt_secret: Some(String::from_utf8(secret.clone())?),
+            secret: JwtSecretArgs {
+                jwt_secret: Some(String::from_utf8(secret.clone())?),
+                jwt_secret_file: None,
+            },
             ..AuthArgs::default()
         },
         // Bookings of up to 2 GPUs, so that the page shows multi-GPU booking (the

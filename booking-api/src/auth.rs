@@ -171,9 +171,12 @@ impl Authenticator {
             None => None,
             Some(url) => Some(Oidc {
                 jwks: JwksCache::new(checked_jwks_url(url, auth.allow_insecure_jwks_url)?)?,
-                issuer: required(&auth.jwt_issuer, "--jwt-issuer (GPU_BOOKING_JWT_ISSUER)")?,
+                issuer: required(
+                    &auth.claims.jwt_issuer,
+                    "--jwt-issuer (GPU_BOOKING_JWT_ISSUER)",
+                )?,
                 audience: required(
-                    &auth.jwt_audience,
+                    &auth.claims.jwt_audience,
                     "--jwt-audience (GPU_BOOKING_JWT_AUDIENCE)",
                 )?,
                 username_claim: auth.jwt_username_claim.clone(),

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use chrono::TimeDelta;
 use clap::{Args, ValueEnum};
 use gpu_booking_core::booking_policy::Policy;
+pub use gpu_booking_core::jwt::{JwtClaimArgs, JwtSecretArgs};
 
 #[derive(Debug, Clone, Args)]
 pub struct ApiArgs {
@@ -135,13 +136,9 @@ pub struct DatabaseArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct AuthArgs {
-    /// HS256 secret for bearer tokens (small installs). Prefer --jwt-secret-file.
-    #[arg(long, env = "GPU_BOOKING_JWT_SECRET", hide_env_values = true)]
-    pub jwt_secret: Option<String>,
-
-    /// File holding the HS256 secret (e.g. a mounted Secret).
-    #[arg(long, env = "GPU_BOOKING_JWT_SECRET_FILE")]
-    pub jwt_secret_file: Option<PathBuf>,
+    // `--jwt-secret`, `--jwt-secret-file`: shared with `gpu-booking token`.
+    #[command(flatten)]
+    pub secret: JwtSecretArgs,
 
     /// JWKS URL of an OIDC provider (RS256/ES256 tokens), e.g. Keycloak's
     /// https://sso.example/realms/lab/protocol/openid-connect/certs. Needs
@@ -154,15 +151,10 @@ pub struct AuthArgs {
     #[arg(long, env = "GPU_BOOKING_ALLOW_INSECURE_JWKS_URL")]
     pub allow_insecure_jwks_url: bool,
 
-    /// Required `iss` claim of OIDC tokens (required with --jwks-url), e.g.
-    /// https://sso.example/realms/lab.
-    #[arg(long, env = "GPU_BOOKING_JWT_ISSUER")]
-    pub jwt_issuer: Option<String>,
-
-    /// Required `aud` claim of OIDC tokens (required with --jwks-url): the client id
-    /// or API audience the provider puts in tokens meant for this service.
-    #[arg(long, env = "GPU_BOOKING_JWT_AUDIENCE")]
-    pub jwt_audience: Option<String>,
+    // `--jwt-issuer`, `--jwt-audience`: shared with `gpu-booking token` and
+    // `gpu-booking bootstrap`, which write them into the tokens they mint.
+    #[command(flatten)]
+    pub claims: JwtClaimArgs,
 
     /// The OIDC token claim that names the user: `email` (accepted only with
     /// `email_verified: true`), `preferred_username`, `sub`, or any string claim.
@@ -188,12 +180,10 @@ pub struct AuthArgs {
 impl Default for AuthArgs {
     fn default() -> Self {
         AuthArgs {
-            jwt_secret: None,
-            jwt_secret_file: None,
+            secret: JwtSecretArgs::default(),
             jwks_url: None,
             allow_insecure_jwks_url: false,
-            jwt_issuer: None,
-            jwt_audience: None,
+            claims: JwtClaimArgs::default(),
             jwt_username_claim: "email".into(),
             max_token_lifetime: std::time::Duration::from_secs(24 * 3600),
             service_account_audience: None,

@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use crate::app::router;
 use crate::auth::Authenticator;
 use crate::clock::SystemClock;
-use crate::config::{ApiArgs, ApiLimits, AuthArgs, DatabaseArgs};
+use crate::config::{ApiArgs, ApiLimits, AuthArgs, DatabaseArgs, JwtSecretArgs};
 use crate::error::ErrorBody;
 use crate::metrics::Metrics;
 use crate::state::AppState;
@@ -61,8 +61,8 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 }
 
 /// The HS256 secret from the flag or the file, if configured.
-pub fn hs256_secret(auth: &AuthArgs) -> anyhow::Result<Option<Vec<u8>>> {
-    let secret = match (&auth.jwt_secret, &auth.jwt_secret_file) {
+pub fn hs256_secret(args: &JwtSecretArgs) -> anyhow::Result<Option<Vec<u8>>> {
+    let secret = match (&args.jwt_secret, &args.jwt_secret_file) {
         (Some(s), _) => Some(s.clone().into_bytes()),
         (None, Some(path)) => Some(
             std::fs::read_to_string(path)
@@ -80,7 +80,7 @@ pub fn hs256_secret(auth: &AuthArgs) -> anyhow::Result<Option<Vec<u8>>> {
 }
 
 pub fn authenticator(auth: &AuthArgs) -> anyhow::Result<Authenticator> {
-    Authenticator::from_args(auth, hs256_secret(auth)?.as_deref())
+    Authenticator::from_args(auth, hs256_secret(&auth.secret)?.as_deref())
 }
 
 pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {

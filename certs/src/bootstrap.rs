@@ -27,8 +27,9 @@ use kube::api::PostParams;
 use kube::Api;
 use rand::distr::{Alphanumeric, SampleString};
 
-use gpu_booking_process::LogArgs;
 use crate::error::Error;
+use gpu_booking_core::jwt::JwtClaimArgs;
+use gpu_booking_process::LogArgs;
 
 /// The field manager named in our writes.
 pub const MANAGER: &str = "gpu-booking-bootstrap";
@@ -72,12 +73,10 @@ pub struct BootstrapArgs {
     /// long-lived one; see docs/deploy.md).
     #[arg(long, env = "GPU_BOOKING_BOOTSTRAP_SERVICE_TOKEN_TTL", default_value = "3650days", value_parser = crate::config::parse_time_delta)]
     pub service_token_ttl: chrono::TimeDelta,
-    /// The `iss` claim of the service token, where the API requires one.
-    #[arg(long, env = "GPU_BOOKING_JWT_ISSUER")]
-    pub jwt_issuer: Option<String>,
-    /// The `aud` claim of the service token, where the API requires one.
-    #[arg(long, env = "GPU_BOOKING_JWT_AUDIENCE")]
-    pub jwt_audience: Option<String>,
+    // `--jwt-issuer`, `--jwt-audience`: the service token's `iss` and `aud`, where
+    // the API requires them (the API's own options).
+    #[command(flatten)]
+    pub claims: JwtClaimArgs,
     /// Host of the embedded Postgres; set, the password and URL keys are kept too.
     #[arg(long, env = "GPU_BOOKING_BOOTSTRAP_DATABASE_HOST")]
     pub database_host: Option<String>,

@@ -17,6 +17,8 @@ pub mod feed;
 pub mod gpu_model;
 pub mod intent;
 pub mod inventory;
+#[cfg(feature = "clap")]
+pub mod jwt;
 pub mod next_start;
 pub mod notice;
 pub mod pod_action;

@@ -16,7 +16,7 @@ use axum::Router;
 use base64::Engine;
 use chrono::Utc;
 use gpu_booking_api::auth::{Authenticator, Oidc};
-use gpu_booking_api::config::AuthArgs;
+use gpu_booking_api::config::{AuthArgs, JwtClaimArgs};
 use gpu_booking_api::error::ApiError;
 use gpu_booking_api::jwks::{JwksCache, JwksOptions};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
@@ -420,8 +420,10 @@ async fn claims_are_checked() {
 async fn oidc_settings_are_safe_by_default() {
     let args = |url: &str, issuer: Option<&str>, audience: Option<&str>, insecure: bool| AuthArgs {
         jwks_url: Some(url.into()),
-        jwt_issuer: issuer.map(Into::into),
-        jwt_audience: audience.map(Into::into),
+        claims: JwtClaimArgs {
+            jwt_issuer: issuer.map(Into::into),
+            jwt_audience: audience.map(Into::into),
+        },
         allow_insecure_jwks_url: insecure,
         ..AuthArgs::default()
     };

@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use gpu_booking_api::auth::{Authenticator, Oidc};
-use gpu_booking_api::config::AuthArgs;
+use gpu_booking_api::config::{AuthArgs, JwtClaimArgs};
 use gpu_booking_api::error::ApiError;
 use gpu_booking_api::jwks::{JwksCache, JwksOptions};
 use serde_json::Value;
@@ -124,8 +124,10 @@ impl OidcProvider {
         AuthArgs {
             jwks_url: Some(self.jwks_uri.clone()),
             allow_insecure_jwks_url: insecure,
-            jwt_issuer: Some(self.issuer.clone()),
-            jwt_audience: Some(AUDIENCE.into()),
+            claims: JwtClaimArgs {
+                jwt_issuer: Some(self.issuer.clone()),
+                jwt_audience: Some(AUDIENCE.into()),
+            },
             ..AuthArgs::default()
         }
     }
@@ -187,7 +189,7 @@ async fn tokens_of_a_real_oidc_provider() {
     );
     // Another issuer with the same keys (a second realm, say).
     let mut other_issuer = idp.args(true);
-    other_issuer.jwt_issuer = Some(format!("{}/other-realm", idp.issuer));
+    other_issuer.claims.jwt_issuer = Some(format!("{}/other-realm", idp.issuer));
     let other = Authenticator::from_args(&other_issuer, None).unwrap();
     refused(
         other
