@@ -87,7 +87,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             ..PolicyArgs::default()
         },
         oidc: OidcArgs::default(),
-        case_sensitive_names: false,
+        names: Default::default(),
         waitlist_sweep: TimeDelta::minutes(1),
         limits: Default::default(),
         // No SMTP or webhook: notices are listed on the page only, soon after.

@@ -26,12 +26,9 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub oidc: OidcArgs,
 
-    /// Compare user names as written. Default: lowercased, as JupyterHub's
-    /// authenticators normalise them (so a token's `Alice@Example.com` and the
-    /// `alice@example.com` of a JupyterHub pod are one user); set it, here and on the
-    /// webhook, when JupyterHub's authenticator keeps case.
-    #[arg(long, env = "GPU_BOOKING_CASE_SENSITIVE_NAMES")]
-    pub case_sensitive_names: bool,
+    // `--case-sensitive-names`: shared with the webhook, which must agree.
+    #[command(flatten)]
+    pub names: gpu_booking_core::username::NameCaseArgs,
 
     /// How often every waitlist is looked at again, besides right after each change
     /// that frees a unit (a backstop; any replica may run it).

@@ -98,7 +98,7 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
         auth,
         metrics,
         page: crate::page::Page::new(&args.oidc),
-        names: gpu_booking_core::username::NameCase::from_switch(args.case_sensitive_names),
+        names: args.names.name_case(),
         ambiguity_audit: crate::state::ambiguity_audit_bucket(),
         notices: crate::notices::Channels {
             email: args.notices.smtp_host.is_some(),

@@ -304,6 +304,27 @@ pub enum NameCase {
     Sensitive,
 }
 
+/// `--case-sensitive-names` (with the `clap` feature): declared once, flattened into the
+/// booking service's and the webhook's options, which must agree on it.
+#[cfg(feature = "clap")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::Args)]
+pub struct NameCaseArgs {
+    /// Compare user names as written. Default: lowercased, as JupyterHub's
+    /// authenticators normalise them (so a token's `Alice@Example.com` and the
+    /// `alice@example.com` of a JupyterHub pod are one user); set it on the API and the
+    /// webhook alike when JupyterHub's authenticator keeps case.
+    #[arg(long, env = "GPU_BOOKING_CASE_SENSITIVE_NAMES")]
+    pub case_sensitive_names: bool,
+}
+
+#[cfg(feature = "clap")]
+impl NameCaseArgs {
+    /// The comparison the switch asks for.
+    pub fn name_case(&self) -> NameCase {
+        NameCase::from_switch(self.case_sensitive_names)
+    }
+}
+
 impl NameCase {
     /// `Sensitive` when `case_sensitive`, as a command-line switch says it.
     pub fn from_switch(case_sensitive: bool) -> Self {

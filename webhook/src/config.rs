@@ -12,7 +12,7 @@ use gpu_booking_core::admission::{
     AdmissionArgs, AdmissionConfig, BookingErrorPolicy, SpawnerTrust, UnidentifiedGpuPods,
 };
 use gpu_booking_core::gpu_model::ModelName;
-use gpu_booking_core::username::NameCase;
+use gpu_booking_core::username::NameCaseArgs;
 
 pub use gpu_booking_process::LogFormat;
 use gpu_booking_process::{AdminArgs, LogArgs};
@@ -222,11 +222,9 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_UNIDENTIFIED_GPU_PODS", value_enum, default_value_t = Unidentified::Lent)]
     pub unidentified_gpu_pods: Unidentified,
 
-    /// Compare user names as written. Default: lowercased, as JupyterHub's
-    /// authenticators normalise them; set it (here and on the API) when JupyterHub's
-    /// authenticator keeps case.
-    #[arg(long, env = "GPU_BOOKING_CASE_SENSITIVE_NAMES")]
-    pub case_sensitive_names: bool,
+    // `--case-sensitive-names`: shared with the booking service, which must agree.
+    #[command(flatten)]
+    pub names: NameCaseArgs,
 
     /// Audit reports of one kind (booked, low-priority, strip, ...) sent at once at most;
     /// beyond, they are sent at --audit-per-second and the rest are dropped (counted in
@@ -281,7 +279,7 @@ impl WebhookArgs {
             spawner_namespace: Vec::new(),
             trusted_controller: Vec::new(),
             unidentified_gpu_pods: Unidentified::Lent,
-            case_sensitive_names: false,
+            names: NameCaseArgs::default(),
             audit_burst: 20,
             audit_per_second: 2.0,
             limits: Default::default(),
@@ -307,7 +305,7 @@ impl WebhookArgs {
                 groups: non_empty(&self.trusted_spawner_group),
                 namespaces: non_empty(&self.spawner_namespace),
             },
-            name_case: NameCase::from_switch(self.case_sensitive_names),
+            name_case: self.names.name_case(),
             unidentified_gpu_pods: self.unidentified_gpu_pods.into(),
             controllers: non_empty(&self.trusted_controller),
             ..self.admission.admission_config()
@@ -367,6 +365,7 @@ fn parse_model_resource(s: &str) -> Result<(ModelName, String), String> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use gpu_booking_core::username::NameCase;
 
     #[derive(Parser)]
     struct Cli {
