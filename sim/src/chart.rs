@@ -49,6 +49,9 @@ pub struct ChartValues {
     /// `webhook.gpuResources` plus every `webhook.modelResources` value.
     pub gpu_resources: Vec<String>,
     pub exclude_namespaces: Vec<String>,
+    /// `webhook.visibleDevicesWithoutGpu` is `strip`: pods that set
+    /// `NVIDIA_VISIBLE_DEVICES` without a GPU reach the webhook too.
+    pub strip_visible_devices: bool,
     pub opt_out_label: (String, String),
     pub high: PriorityClassValues,
     pub low: PriorityClassValues,
@@ -63,8 +66,9 @@ impl Default for ChartValues {
             failure_policy: FailurePolicy::Ignore,
             timeout_seconds: 5,
             gpu_resources: vec!["nvidia.com/gpu".into()],
-            exclude_namespaces: vec!["kube-system".into()],
+            exclude_namespaces: vec!["kube-system".into(), "gpu-operator".into()],
             opt_out_label: (WEBHOOK_OPT_OUT_LABEL.into(), "disabled".into()),
+            strip_visible_devices: true,
             high: PriorityClassValues {
                 name: "gpu-booking-high".into(),
                 value: 1000,
@@ -98,7 +102,8 @@ impl ChartValues {
     }
 
     /// The chart's `matchConditions` expression: does any container or init container
-    /// name one of the GPU resources in its requests or limits?
+    /// name one of the GPU resources in its requests or limits (or, with
+    /// [`Self::strip_visible_devices`], set `NVIDIA_VISIBLE_DEVICES` to hand it cards)?
     pub fn match_condition(&self) -> String {
         let any_in = |field: &str| {
             self.gpu_resources
@@ -112,9 +117,16 @@ impl ChartValues {
             any_in("requests"),
             any_in("limits")
         );
-        format!(
+        let mut expression = format!(
             "object.spec.containers.exists(c, {any}) ||\n(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {any}))"
-        )
+        );
+        if self.strip_visible_devices {
+            let visible = "has(c.env) && c.env.exists(e, e.name == 'NVIDIA_VISIBLE_DEVICES' && !(has(e.value) && e.value in ['none', 'void', '']))";
+            expression.push_str(&format!(
+                " ||\nobject.spec.containers.exists(c, {visible}) ||\n(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {visible}))"
+            ));
+        }
+        expression
     }
 
     /// The MutatingWebhookConfiguration with `ca_bundle_pem` injected as
@@ -159,7 +171,7 @@ impl ChartValues {
                     {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded},
                     {"key": self.opt_out_label.0, "operator": "NotIn", "values": [self.opt_out_label.1]},
                 ]},
-                "matchConditions": [{"name": "requests-a-gpu", "expression": self.match_condition()}],
+                "matchConditions": [{"name": "may-get-a-gpu", "expression": self.match_condition()}],
             }]
         })
     }
@@ -275,7 +287,7 @@ mod tests {
         assert_eq!(hook["clientConfig"]["service"]["namespace"], "gpu-booking");
         assert_eq!(
             hook["namespaceSelector"]["matchExpressions"][0]["values"],
-            json!(["gpu-booking", "kube-system"])
+            json!(["gpu-booking", "kube-system", "gpu-operator"])
         );
     }
 }

@@ -141,7 +141,8 @@ impl SimBuilder {
         self
     }
 
-    /// The chart's `webhook.failurePolicy`.
+    /// The chart's `webhook.failurePolicy`, for a lab without a rendered chart (with
+    /// one, `--set webhook.failurePolicy=...`).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.chart.failure_policy = policy;
         self
@@ -234,7 +235,13 @@ impl SimBuilder {
         for node in &self.nodes {
             server.put(&node.to_node());
         }
-        for class in self.chart.priority_classes() {
+        // The chart's PriorityClasses as it renders them, or as `ChartValues` builds
+        // them (the demo, which has no helm).
+        let classes = match &self.rendered {
+            Some(chart) => chart.of_kind("PriorityClass"),
+            None => self.chart.priority_classes(),
+        };
+        for class in classes {
             server.put_value("priorityclasses", class);
         }
 
@@ -271,10 +278,12 @@ impl SimBuilder {
             self.chart.service_port,
             webhook.addr,
         );
-        server.put_value(
-            "mutatingwebhookconfigurations",
-            self.chart.webhook_configuration(&webhook.ca_pem),
-        );
+        // The webhook configuration with the CA injected, as `gpu-booking certs` does.
+        let configuration = match &self.rendered {
+            Some(chart) => chart.webhook_configuration(&webhook.ca_pem)?,
+            None => self.chart.webhook_configuration(&webhook.ca_pem),
+        };
+        server.put_value("mutatingwebhookconfigurations", configuration);
 
         if let Some(chart) = &self.rendered {
             for (plural, object) in spawner::hub_rbac() {

@@ -137,6 +137,35 @@ impl RenderedChart {
             .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
     }
 
+    /// Every object of `kind`.
+    pub fn of_kind(&self, kind: &str) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .cloned()
+            .collect()
+    }
+
+    /// The chart's MutatingWebhookConfiguration with `ca_pem` as every webhook's
+    /// `caBundle`, as `gpu-booking certs` injects it.
+    pub fn webhook_configuration(&self, ca_pem: &str) -> anyhow::Result<Value> {
+        use base64::Engine as _;
+        let mut configuration = self
+            .of_kind("MutatingWebhookConfiguration")
+            .into_iter()
+            .next()
+            .context("the chart renders no MutatingWebhookConfiguration")?;
+        let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+        for webhook in configuration["webhooks"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            webhook["clientConfig"]["caBundle"] = Value::String(bundle.clone());
+        }
+        Ok(configuration)
+    }
+
     /// Removes `verb` from every rule of role `kind`/`name` (a test of what the lab
     /// does when the chart forgets it); false when there was no such role.
     pub fn remove_verb(&mut self, kind: &str, name: &str, verb: &str) -> bool {

@@ -360,6 +360,12 @@ def mwc(scenario):
     return one(scenario, "MutatingWebhookConfiguration")["webhooks"][0]
 
 
+def mwc_of(rendered):
+    """The webhook of the configuration in `rendered` (objects render.render gives)."""
+    (configuration,) = [o for o in rendered if o["kind"] == "MutatingWebhookConfiguration"]
+    return configuration["webhooks"][0]
+
+
 def test_webhook_configuration_defaults():
     w = mwc("defaults")
     assert w["failurePolicy"] == "Ignore"
@@ -373,7 +379,7 @@ def test_webhook_configuration_defaults():
     exprs = w["namespaceSelector"]["matchExpressions"]
     names = [e for e in exprs if e["key"] == "kubernetes.io/metadata.name"][0]
     assert names["operator"] == "NotIn"
-    assert set(names["values"]) == {"kube-system", render.NAMESPACE}
+    assert set(names["values"]) == {"kube-system", "gpu-operator", render.NAMESPACE}
     opt_out = [e for e in exprs if e["key"] == "gpu-booking.io/webhook"][0]
     assert opt_out == {"key": "gpu-booking.io/webhook", "operator": "NotIn", "values": ["disabled"]}
     assert w["clientConfig"]["service"]["name"] == "gpu-booking-webhook"
@@ -430,6 +436,23 @@ def test_match_conditions_send_only_gpu_pods():
     # The default configuration knows only nvidia.com/gpu.
     default = cel_program(mwc("defaults")["matchConditions"][0]["expression"])
     assert not default(with_resources(base, "container", "limits", {"nvidia.com/a100": "1"}))
+    # A pod that sets the NVIDIA runtime's variable without a GPU reaches the webhook
+    # too (visibleDevicesWithoutGpu: strip, the default), unless it hands no card.
+    def with_visible(pod, value, where="container"):
+        pod = copy.deepcopy(pod)
+        entry = {"name": "NVIDIA_VISIBLE_DEVICES", "value": value}
+        if where == "init":
+            pod["spec"]["initContainers"] = [{"name": "init", "image": "busybox", "env": [entry]}]
+        else:
+            pod["spec"]["containers"][0].setdefault("env", []).append(entry)
+        return pod
+    for value in ("all", "0", "GPU-0b9a"):
+        assert default(with_visible(bare, value)), value
+        assert default(with_visible(bare, value, "init")), value
+    for value in ("none", "void", ""):
+        assert not default(with_visible(bare, value)), value
+    allowed = cel_program(mwc_of(render.render(set_values=["webhook.visibleDevicesWithoutGpu=allow"]))["matchConditions"][0]["expression"])
+    assert not allowed(with_visible(bare, "all"))
 
 
 # --- TLS modes ---------------------------------------------------------------------

@@ -284,3 +284,39 @@ async fn a_victim_only_where_the_booked_pod_may_run(pool: PgPool) {
     );
     lab.shutdown().await;
 }
+
+/// A notebook that asks for no GPU but sets `NVIDIA_VISIBLE_DEVICES=all` (which the
+/// NVIDIA runtime reads: every card of its node, seen by no count) reaches the
+/// webhook through the chart's match condition and runs with the variable set to
+/// `none`, warned why.
+#[sqlx::test(migrations = "./migrations")]
+async fn a_pod_without_a_gpu_request_gets_no_gpu_through_the_runtimes_variable(pool: PgPool) {
+    let lab = Lab::start(pool).await;
+    let mut body = gpu_booking_sim::spawner::notebook_pod("mallory@example.com", 0);
+    body["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .expect("KubeSpawner's pod has an env")
+        .push(serde_json::json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}));
+    let pod = lab.sim.create_notebook(body).await.expect("admitted");
+    assert_eq!(gpus(&pod), 0);
+    let visible: Vec<Option<String>> = pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .iter()
+        .flatten()
+        .filter(|e| e.name == "NVIDIA_VISIBLE_DEVICES")
+        .map(|e| e.value.clone())
+        .collect();
+    assert_eq!(visible, [Some("none".to_owned())], "the runtime's variable");
+    let warnings = lab.sim.admission_warnings(&pod_name("mallory@example.com"));
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("NVIDIA_VISIBLE_DEVICES set to none")),
+        "no warning says why: {warnings:?}"
+    );
+    lab.expect("the notebook without a GPU never ran", |s| {
+        running(s, "mallory@example.com").is_some()
+    })
+    .await;
+    lab.shutdown().await;
+}

@@ -7,14 +7,14 @@ use crate::common;
 
 use common::*;
 use gpu_booking_core::admission::PRIORITY_LABEL;
-use gpu_booking_sim::{FailurePolicy, SimCluster};
+use gpu_booking_sim::SimCluster;
 use sqlx::PgPool;
 
 #[sqlx::test(migrations = "./migrations")]
 async fn failure_policy_ignore_admits_gpu_pods_unchanged(pool: PgPool) {
     let lab = Lab::start_with(
         pool,
-        SimCluster::builder().failure_policy(FailurePolicy::Ignore),
+        SimCluster::builder().rendered_chart(chart(&["webhook.failurePolicy=Ignore"])),
     )
     .await;
     lab.sim.stop_webhook().await;
@@ -44,7 +44,7 @@ async fn failure_policy_ignore_admits_gpu_pods_unchanged(pool: PgPool) {
 async fn failure_policy_fail_refuses_gpu_pods_but_not_cpu_pods(pool: PgPool) {
     let lab = Lab::start_with(
         pool,
-        SimCluster::builder().failure_policy(FailurePolicy::Fail),
+        SimCluster::builder().rendered_chart(chart(&["webhook.failurePolicy=Fail"])),
     )
     .await;
     lab.sim.stop_webhook().await;

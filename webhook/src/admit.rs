@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use gpu_booking_client::AuditReport;
 use gpu_booking_core::admission::{
-    controller_copy, decide, detect_gpu, plan_owned, plan_unmarked, trusted_identity, what_to_ask,
+    controller_copy, decide, detect_gpu, plan_no_gpu, plan_owned, trusted_identity, what_to_ask,
     AdmissionConfig, Decision, GpuRequest, Identity, LendLedger, Lookup, Schedulability,
-    OUR_KEY_STEM,
+    VisibleDevicesWithoutGpu, NVIDIA_VISIBLE_DEVICES, OUR_KEY_STEM, VISIBLE_DEVICES_STRIPPED,
 };
 use serde::de::IgnoredAny;
 use serde_json::{json, Value};
@@ -23,7 +23,8 @@ use crate::review::{read_lenient, read_typed, Envelope, RequestIn, ReviewOut, AP
 /// The admission logic with its booking client and metrics; shared by all connections.
 pub struct Webhook {
     cfg: AdmissionConfig,
-    /// Every configured GPU resource name, for [`Webhook::surely_no_gpu`].
+    /// Every configured GPU resource name (and `NVIDIA_VISIBLE_DEVICES` where pods
+    /// that set it are looked at), for [`Webhook::surely_no_gpu`].
     gpu_names: Vec<memchr::memmem::Finder<'static>>,
     /// What our marks on a pod can be spelled with (our key prefixes, the
     /// `terminate-at` annotation, our priority classes), for [`Webhook::surely_unmarked`].
@@ -40,8 +41,14 @@ const LEND_TTL: Duration = Duration::from_secs(60);
 
 impl Webhook {
     pub fn new(cfg: AdmissionConfig, booking: Arc<BookingSource>, metrics: Arc<Metrics>) -> Self {
+        // A pod that names no GPU resource is still looked at when it could set the
+        // runtime's variable (`--visible-devices-without-gpu strip`).
+        let hidden = (cfg.visible_devices_without_gpu == VisibleDevicesWithoutGpu::Strip)
+            .then_some(NVIDIA_VISIBLE_DEVICES);
         let gpu_names = cfg
             .gpu_resource_names()
+            .map(String::as_str)
+            .chain(hidden)
             .map(|name| memchr::memmem::Finder::new(name.as_bytes()).into_owned())
             .collect();
         // The stem covers both prefixes of our keys (current and legacy) and the
@@ -158,12 +165,22 @@ impl Webhook {
             Ok(Some(gpu)) => gpu,
             Ok(None) => {
                 // No GPU: nothing to decide, but no mark of ours its creator wrote
-                // survives either (`core::admission::marks`).
-                let out = match guarded(|| plan_unmarked(&pod, &self.cfg)) {
-                    Ok(patch) => allow().with_patch(&patch),
-                    Err(()) => allow().with_warning(Some(INTERNAL.into())),
+                // survives either (`core::admission::marks`), nor a GPU through the
+                // runtime's variable.
+                return match guarded(|| plan_no_gpu(&pod, &self.cfg)) {
+                    Ok((patch, true)) => {
+                        tracing::info!(
+                            "NVIDIA_VISIBLE_DEVICES set to none on a pod that asks for no GPU"
+                        );
+                        let warning = Some(VISIBLE_DEVICES_STRIPPED.to_owned());
+                        (
+                            allow().with_patch(&patch).with_warning(warning),
+                            "devices_hidden",
+                        )
+                    }
+                    Ok((patch, false)) => (allow().with_patch(&patch), "no_gpu"),
+                    Err(()) => (allow().with_warning(Some(INTERNAL.into())), "no_gpu"),
                 };
-                return (out, "no_gpu");
             }
             Err(()) => {
                 return (

@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::{
     AdmissionArgs, AdmissionConfig, BookingErrorPolicy, SpawnerTrust, UnidentifiedGpuPods,
+    VisibleDevicesWithoutGpu,
 };
 use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_core::username::NameCaseArgs;
@@ -222,6 +223,12 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_UNIDENTIFIED_GPU_PODS", value_enum, default_value_t = Unidentified::Lent)]
     pub unidentified_gpu_pods: Unidentified,
 
+    /// What a pod that asks for no GPU resource but sets `NVIDIA_VISIBLE_DEVICES`
+    /// (which the NVIDIA container runtime reads: `all` hands it every card of its
+    /// node) gets: `strip` (the variable set to `none`, with a warning) or `allow`.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_VISIBLE_DEVICES_WITHOUT_GPU", value_enum, default_value_t = VisibleDevicesWithoutGpu::Strip)]
+    pub visible_devices_without_gpu: VisibleDevicesWithoutGpu,
+
     // `--case-sensitive-names`: shared with the booking service, which must agree.
     #[command(flatten)]
     pub names: NameCaseArgs,
@@ -279,6 +286,7 @@ impl WebhookArgs {
             spawner_namespace: Vec::new(),
             trusted_controller: Vec::new(),
             unidentified_gpu_pods: Unidentified::Lent,
+            visible_devices_without_gpu: VisibleDevicesWithoutGpu::Strip,
             names: NameCaseArgs::default(),
             audit_burst: 20,
             audit_per_second: 2.0,
@@ -307,6 +315,7 @@ impl WebhookArgs {
             },
             name_case: self.names.name_case(),
             unidentified_gpu_pods: self.unidentified_gpu_pods.into(),
+            visible_devices_without_gpu: self.visible_devices_without_gpu,
             controllers: non_empty(&self.trusted_controller),
             ..self.admission.admission_config()
         };

@@ -39,8 +39,9 @@ fn duration_histogram() -> Histogram {
 
 /// Every decision label the webhook uses; their series exist from the start (at 0),
 /// and their handles are looked up without a lock on the hot path.
-pub const DECISIONS: [&str; 10] = [
+pub const DECISIONS: [&str; 11] = [
     "no_gpu",
+    "devices_hidden",
     "ignored",
     "invalid",
     "internal_error",

@@ -45,6 +45,35 @@ impl fmt::Display for BookingErrorPolicy {
     }
 }
 
+/// What a pod that asks for no GPU resource but sets `NVIDIA_VISIBLE_DEVICES` gets
+/// (the NVIDIA container runtime reads the variable: `all` would hand it every card
+/// of its node, seen by no scheduler, booking or count).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum VisibleDevicesWithoutGpu {
+    /// The variable set to `none` in every container that sets it, with a warning.
+    #[default]
+    Strip,
+    /// Left as the pod's creator wrote it.
+    Allow,
+}
+
+impl FromStr for VisibleDevicesWithoutGpu {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "strip" => Ok(Self::Strip),
+            "allow" => Ok(Self::Allow),
+            other => Err(format!("expected strip or allow, not {other:?}")),
+        }
+    }
+}
+
+/// The warning a pod gets when its `NVIDIA_VISIBLE_DEVICES` was set to `none`.
+pub const VISIBLE_DEVICES_STRIPPED: &str = "NVIDIA_VISIBLE_DEVICES set to none: this pod asks for no GPU resource, and a GPU comes only with one (ask for nvidia.com/gpu, or book one)";
+
 /// What a GPU pod without a trusted identity gets: never its GPU without our low
 /// priority label, since a pod without one could never be preempted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -33,6 +33,27 @@ impl GpuRequest {
     }
 }
 
+/// Values of `NVIDIA_VISIBLE_DEVICES` that hand a container no GPU: `none` (no card,
+/// the driver's tools only), `void` and the empty string (the runtime does nothing).
+const NO_DEVICES: [&str; 3] = ["none", "void", ""];
+
+/// Whether `container` sets `NVIDIA_VISIBLE_DEVICES` to something that can hand it
+/// cards: a value other than [`NO_DEVICES`], or one from elsewhere (`valueFrom`,
+/// which the webhook cannot read).
+pub(crate) fn sets_visible_devices(container: &Value) -> bool {
+    container
+        .get("env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.get("name").and_then(Value::as_str) == Some(super::NVIDIA_VISIBLE_DEVICES))
+        .any(|e| match e.get("value") {
+            Some(Value::String(v)) => !NO_DEVICES.contains(&v.trim()),
+            Some(_) => true,
+            None => e.get("valueFrom").is_some(),
+        })
+}
+
 /// The GPU request of `pod`, or `None` when no container or init container asks for a
 /// configured GPU resource above zero in its requests or limits.
 pub fn detect_gpu(pod: &Value, cfg: &AdmissionConfig) -> Option<GpuRequest> {

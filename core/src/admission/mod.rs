@@ -44,7 +44,7 @@ mod trust;
 
 pub use decision::{
     decide, what_to_ask, Ask, BeyondBooking, BookingErrorPolicy, Decision, Lookup, Schedulability,
-    StripReason, UnidentifiedGpuPods,
+    StripReason, UnidentifiedGpuPods, VisibleDevicesWithoutGpu, VISIBLE_DEVICES_STRIPPED,
 };
 pub use detect::{detect_gpu, GpuRequest};
 pub use identity::{identify, named_user, Identity};
@@ -56,8 +56,8 @@ pub use marks::{
 #[cfg(feature = "clap")]
 pub use options::AdmissionArgs;
 pub use patch::{
-    plan, plan_cpu_only, plan_cpu_only_because, plan_demoted, plan_node_resource, plan_owned,
-    plan_unmarked,
+    plan, plan_cpu_only, plan_cpu_only_because, plan_demoted, plan_no_gpu, plan_node_resource,
+    plan_owned, plan_unmarked,
 };
 pub use quantity::parse_quantity;
 pub use replica::{AdmissionState, Replica};
@@ -198,6 +198,9 @@ pub struct AdmissionConfig {
     /// are admitted as it decided ([`controller_copy`]). Compared exactly.
     #[serde(default)]
     pub controllers: Vec<String>,
+    /// What a pod that sets `NVIDIA_VISIBLE_DEVICES` without asking for a GPU gets.
+    #[serde(default)]
+    pub visible_devices_without_gpu: VisibleDevicesWithoutGpu,
 }
 
 impl Default for AdmissionConfig {
@@ -217,6 +220,7 @@ impl Default for AdmissionConfig {
             name_case: NameCase::default(),
             unidentified_gpu_pods: UnidentifiedGpuPods::default(),
             controllers: Vec::new(),
+            visible_devices_without_gpu: VisibleDevicesWithoutGpu::default(),
         }
     }
 }

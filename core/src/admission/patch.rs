@@ -13,11 +13,11 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::{json, Map, Value};
 
-use super::detect::{container_gpu_units, CONTAINER_LISTS};
+use super::detect::{container_gpu_units, sets_visible_devices, CONTAINER_LISTS};
 use super::marks::{is_harmless_key, is_our_key};
 use super::{
-    AdmissionConfig, Decision, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, GPU_REMOVED_ANNOTATION,
-    MODEL_LABEL, NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL,
+    AdmissionConfig, Decision, VisibleDevicesWithoutGpu, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION,
+    GPU_REMOVED_ANNOTATION, MODEL_LABEL, NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL,
 };
 use crate::gpu_model::ModelName;
 
@@ -105,7 +105,23 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
 /// and our high priority class taken away (it is only for booked GPU pods). Empty
 /// for a pod that has none (the usual case).
 pub fn plan_unmarked(pod: &Value, cfg: &AdmissionConfig) -> Patch {
+    no_gpu(pod, cfg, false).0
+}
+
+/// A pod that asks for no GPU: [`plan_unmarked`], and where it sets
+/// `NVIDIA_VISIBLE_DEVICES` to hand a container cards anyway (`all`, an index, a
+/// `valueFrom`) and the configuration says strip, the variable set to `none` in
+/// those containers. `none` rather than removing it: an explicit entry also wins over
+/// an `envFrom` and over the image's own `ENV NVIDIA_VISIBLE_DEVICES=all` (CUDA base
+/// images set it). The second value says whether it did (the pod gets a warning).
+pub fn plan_no_gpu(pod: &Value, cfg: &AdmissionConfig) -> (Patch, bool) {
+    let strip = cfg.visible_devices_without_gpu == VisibleDevicesWithoutGpu::Strip;
+    no_gpu(pod, cfg, strip)
+}
+
+fn no_gpu(pod: &Value, cfg: &AdmissionConfig, hide_devices: bool) -> (Patch, bool) {
     let mut ed = PodEditor::new(pod.clone());
+    let mut hidden = false;
     if pod.is_object() {
         ed.unmark(cfg, &[]);
         let current = ed.pod.pointer("/spec/priorityClassName");
@@ -114,8 +130,16 @@ pub fn plan_unmarked(pod: &Value, cfg: &AdmissionConfig) -> Patch {
         {
             ed.clear_priority_class();
         }
+        if hide_devices {
+            for (list, index) in ed.container_slots() {
+                if ed.container(list, &index).is_some_and(sets_visible_devices) {
+                    ed.hide_devices(list, &index);
+                    hidden = true;
+                }
+            }
+        }
     }
-    ed.finish()
+    (ed.finish(), hidden)
 }
 
 /// The CPU-only step on its own: every GPU resource and the VRAM budget removed from
@@ -730,6 +754,65 @@ mod tests {
         // A pod without marks of ours gets no patch on the no-GPU path.
         let clean = json!({"metadata": {"labels": {"app": "x"}}, "spec": {"priorityClassName": "gpu-booking-low"}});
         assert!(plan_unmarked(&clean, &cfg).0.is_empty());
+    }
+
+    #[test]
+    fn a_pod_without_a_gpu_gets_no_devices_through_the_runtime() {
+        let cfg = AdmissionConfig::default();
+        let env = |value: Value| json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": value}]);
+        let pod = json!({"spec": {
+        "initContainers": [{"name": "fetch", "env": [{"name": "NVIDIA_VISIBLE_DEVICES",
+            "valueFrom": {"configMapKeyRef": {"name": "gpus", "key": "which"}}}]}],
+        "containers": [
+            {"name": "all", "env": env(json!("all"))},
+            {"name": "one", "env": [{"name": "A", "value": "b"},
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]},
+            {"name": "none", "env": env(json!("none"))},
+            {"name": "void", "env": env(json!("void"))},
+            {"name": "plain"},
+        ]}});
+        let (patch, hidden) = plan_no_gpu(&pod, &cfg);
+        assert!(hidden);
+        let out = apply(&pod, &patch);
+        let visible = |list: &str, i: usize| -> Vec<Value> {
+            out["spec"][list][i]["env"]
+                .as_array()
+                .map(|e| {
+                    e.iter()
+                        .filter(|e| e["name"] == NVIDIA_VISIBLE_DEVICES)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let none = json!({"name": NVIDIA_VISIBLE_DEVICES, "value": "none"});
+        assert_eq!(
+            visible("initContainers", 0),
+            [none.clone()],
+            "a valueFrom is replaced"
+        );
+        assert_eq!(visible("containers", 0), [none.clone()]);
+        assert_eq!(visible("containers", 1), [none.clone()]);
+        assert_eq!(
+            out["spec"]["containers"][1]["env"][0],
+            json!({"name": "A", "value": "b"})
+        );
+        assert_eq!(
+            visible("containers", 3),
+            [json!({"name": NVIDIA_VISIBLE_DEVICES, "value": "void"})]
+        );
+        assert!(
+            out["spec"]["containers"][4].get("env").is_none(),
+            "nothing added where nothing was set"
+        );
+        // Nothing to hide, or the admin allows it: no change.
+        let harmless = json!({"spec": {"containers": [{"name": "a", "env": env(json!("none"))}]}});
+        assert_eq!(plan_no_gpu(&harmless, &cfg), (Patch(Vec::new()), false));
+        let allow = AdmissionConfig {
+            visible_devices_without_gpu: VisibleDevicesWithoutGpu::Allow,
+            ..AdmissionConfig::default()
+        };
+        assert_eq!(plan_no_gpu(&pod, &allow), (Patch(Vec::new()), false));
     }
 
     #[test]
