@@ -1,6 +1,6 @@
 -- Every value by which a pod label can name a user: the name and both KubeSpawner
 -- slugs (escape, 6.x; safe, 7.x). Each belongs to exactly one user, so that a label
--- never resolves to someone else (issue 13: `alice-40example-2ecom` could book and
+-- never resolves to someone else (`alice-40example-2ecom` could book and
 -- his pods' label was Alice's escape slug; two names can share a safe slug, which
 -- keeps 32 bits of a hash). The booking service writes a user's keys with the user;
 -- a second user whose keys meet a known user's is refused (username_collision).

@@ -1,4 +1,4 @@
--- A booking is for N GPUs (issue 12 item 3): `units` of its model, each held as a
+-- A booking is for N GPUs: `units` of its model, each held as a
 -- slot, so that the exclusion constraint still makes overbooking impossible
 -- whatever the application does. The slots need not be adjacent: adjacent ones
 -- would fragment (a 2-unit booking refused with two units free), while any set

@@ -1,4 +1,4 @@
--- The waitlist (issue 16, item 3): "book me the first window of `duration` on
+-- The waitlist: "book me the first window of `duration` on
 -- `model`, starting from `not_before` and no later than `latest_start`". Entries of a
 -- model are served in the order of `id` (first come, first served). An entry turns
 -- into a booking at most once: the promotion updates it `WHERE state = 'waiting'`
@@ -28,7 +28,7 @@ CREATE UNIQUE INDEX waitlist_entry_one_waiting ON waitlist_entry (user_name, mod
 CREATE INDEX waitlist_entry_queue ON waitlist_entry (model, id) WHERE state = 'waiting';
 CREATE INDEX waitlist_entry_user ON waitlist_entry (user_name, id);
 
--- Calendar feed tokens (issue 16, item 4): one per user, kept only as its SHA-256,
+-- Calendar feed tokens: one per user, kept only as its SHA-256,
 -- so that the table does not hold a usable secret. Re-issuing replaces the row;
 -- revoking deletes it.
 CREATE TABLE feed_token (

@@ -1,4 +1,4 @@
--- Notices to users (issue 16 item 1): an outbox in Postgres.
+-- Notices to users: an outbox in Postgres.
 --
 -- One row per notice; its unique `key` (an audit row's id, or a booking's id, lead
 -- time and event time) makes each notice once-only across replicas and restarts.

@@ -1,4 +1,4 @@
--- Lock only what conflicts (issue 17, item 3). Until now every create on a model took
+-- Lock only what conflicts. Until now every create on a model took
 -- the model's row lock, so creates on one model ran one at a time whatever their
 -- windows. Now a create locks the model's days that its window touches, so that
 -- creates whose windows share no day run at once:
@@ -144,7 +144,7 @@ BEGIN
 END
 $$;
 
--- Reads that must not grow with history (issue 17). The exclusion constraints' GiST
+-- Reads that must not grow with history. The exclusion constraints' GiST
 -- indexes hold only bookings that are not cancelled, and GiST cannot serve
 -- `user_name = ANY(...)` or an order: listing a user's bookings, or a model's over a
 -- window (cancelled ones included), read the whole table. Two btree indexes, paid

@@ -1,4 +1,4 @@
--- Booked versus used (issue 16 item 5): what each booking's pods did, as spans.
+-- Booked versus used: what each booking's pods did, as spans.
 --
 -- `held`: a span while the booking's high-priority pods held `units` GPUs, opened and
 -- closed from the controller's held-units reports (`until` NULL: held now).

@@ -1,4 +1,4 @@
--- The overbooking backstop, same rule, cheaper index (issue 17). `booking_slot_excl`
+-- The overbooking backstop, same rule, cheaper index. `booking_slot_excl`
 -- compared slot sets with intarray's `gist__int_ops`, whose inner keys are lists of
 -- ranges that are expanded back into every integer they cover on each visit, so an
 -- insert costs more the higher the slot numbers go. Measured here (psql, single-row

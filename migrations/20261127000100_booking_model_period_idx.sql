@@ -1,5 +1,5 @@
 -- The reads of one model's bookings over a window get an index that leads with the
--- model (issue 17). They used the slot constraint's index, which leads with the
+-- model. They used the slot constraint's index, which leads with the
 -- period (migration 20261122000002, chosen for the constraint's own checks): a
 -- search for one model's bookings over a window walks the entries of every model
 -- that overlap the window. Measured on the history bench's data (1,000,000

@@ -1,6 +1,6 @@
 -- An admin's list of a model's bookings (`GET /bookings?model=`, newest start first,
--- cancelled ones included, a page at a time) reads an index in its own order (issue
--- 17). `booking_model_end_idx` (model, end_at), added for it by migration
+-- cancelled ones included, a page at a time) reads an index in its own order.
+-- `booking_model_end_idx` (model, end_at), added for it by migration
 -- 20261125000200, serves a window's start but not the order: the planner read the
 -- start index backwards instead and filtered by model, which walks every other
 -- model's bookings between the newest start and the page's last one, so the list

@@ -1,5 +1,5 @@
 -- The units booked per model and UTC day, kept by every change of a booking in its own
--- transaction (issue 17: "no scan that grows with history").
+-- transaction ("no scan that grows with history").
 --
 -- `/schedulability` and `/me/next-start` first ask, per model, whether the bookings
 -- that overlap the user's earliest window could hold so many units at one instant

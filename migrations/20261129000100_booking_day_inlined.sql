@@ -1,4 +1,4 @@
--- The day functions, inlined (issue 17: creates).
+-- The day functions, inlined (creates).
 --
 -- `booking_day` and `booking_counted_by_day` are SQL functions declared IMMUTABLE
 -- whose bodies were not: `extract(epoch FROM timestamptz)` and `timestamptz -

@@ -1,5 +1,5 @@
--- Creates that arrive together are decided under one transaction's locks (issue 17:
--- the service's create queue, booking-api/src/create_queue.rs): the locks of every
+-- Creates that arrive together are decided under one transaction's locks (the
+-- service's create queue, booking-api/src/create_queue.rs): the locks of every
 -- create in the batch, taken in one global order, then each create's reads.
 --
 -- The order is the one every other locker keeps: all users' locks, then all models'

@@ -1,4 +1,4 @@
--- Bookings that ended long ago leave the exclusion constraints' indexes (issue 17).
+-- Bookings that ended long ago leave the exclusion constraints' indexes.
 --
 -- Why: a create's own insert is what grows with history. Each insert walks and
 -- extends the GiST indexes of `booking_slot_excl` and `booking_user_excl`, and those

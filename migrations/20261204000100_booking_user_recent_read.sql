@@ -1,5 +1,5 @@
 -- A create reads its user's bookings that can matter to the rules, not the user's
--- whole history (issue 17: no read that grows with history).
+-- whole history (no read that grows with history).
 --
 -- Why: `booking_lock_and_read` read every booking the user ever made that was not
 -- cancelled (`booking_user_live_idx`, by user and start), each fetched from the

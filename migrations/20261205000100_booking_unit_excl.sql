@@ -1,4 +1,4 @@
--- The overbooking backstop keyed by unit (issue 17): same rule, a search that meets
+-- The overbooking backstop keyed by unit: same rule, a search that meets
 -- only the bookings of the unit it checks.
 --
 -- Why: `booking_slot_excl` was an exclusion constraint on `booking` itself, over

@@ -1,5 +1,5 @@
 -- A create decides from the window's days, not from the bookings over its window
--- (issue 17: creates with a year of planned bookings).
+-- (creates with a year of planned bookings).
 --
 -- A create read every booking of its model over its window (69 in the history bench,
 -- each a heap tuple found through the GiST index (model, period)) to count the units

@@ -1,5 +1,5 @@
 -- What an INSERT into `booking` derives is written once per statement, not once per
--- row (issue 17: the cost of a create).
+-- row (the cost of a create).
 --
 -- Three AFTER INSERT row triggers derived a new booking's change-log row
 -- (`booking_change_after`), its days' units and slots (`booking_day_units_insert`)

@@ -1,4 +1,4 @@
--- A model's availability over a year reads its days, not its bookings (issue 17).
+-- A model's availability over a year reads its days, not its bookings.
 --
 -- Why: `GET /models/{m}/availability` answers, per UTC day, the most units booked at
 -- one instant of the day. It read every booking of the model over the range (a year:

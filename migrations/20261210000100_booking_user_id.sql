@@ -1,4 +1,4 @@
--- The user constraint keyed by a number for each user, not by the name (issue 17).
+-- The user constraint keyed by a number for each user, not by the name.
 --
 -- Why: `booking_user_excl` (one booking of a user at a time) was a GiST over
 -- (user_name, period). An inner entry of a GiST on text keeps the range of names

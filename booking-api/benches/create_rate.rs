@@ -57,7 +57,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let phase = Duration::from_secs_f64(secs as f64 / rounds as f64);
     let pool = common::fresh_database(&base, "gpu_booking_bench", 32).await?;
-    gpu_booking_api::MIGRATOR.run(&pool).await?;
+    gpu_booking_api::server::migrate(&pool).await?;
     sqlx::query("CREATE TABLE bench_row (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL, at timestamptz NOT NULL)")
         .execute(&pool)
         .await?;

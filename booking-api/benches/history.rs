@@ -113,7 +113,7 @@ async fn main() -> anyhow::Result<()> {
     let users = env("GPU_BOOKING_HISTORY_USERS", 100_000);
 
     let pool = common::fresh_database(&base, "gpu_booking_bench_history", POOL).await?;
-    gpu_booking_api::MIGRATOR.run(&pool).await?;
+    gpu_booking_api::server::migrate(&pool).await?;
     create_bench_row(&pool).await?;
     let api = Arc::new(TestApi::start(common::api_pool(&pool).await?).await?);
     let http = reqwest::Client::builder()
@@ -474,7 +474,7 @@ async fn database_of_its_own(
     prefixes: &[&str],
 ) -> anyhow::Result<(PgPool, Bench)> {
     let pool = common::fresh_database(base, name, POOL).await?;
-    gpu_booking_api::MIGRATOR.run(&pool).await?;
+    gpu_booking_api::server::migrate(&pool).await?;
     create_bench_row(&pool).await?;
     let other = Bench {
         api: Arc::new(TestApi::start(common::api_pool(&pool).await?).await?),

@@ -57,7 +57,64 @@ pub fn pool_options(max_connections: u32) -> PgPoolOptions {
 }
 
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    adopt_reworded_migrations(pool).await?;
     MIGRATOR.run(pool).await.context("running migrations")
+}
+
+/// Migrations whose comments were reworded after they were released, no statement
+/// changed: each with the SHA-384 it had then. sqlx refuses to run when an applied
+/// migration's checksum differs from its file's; a database that applied one of these
+/// with its old text takes the new checksum first, and only then, so the check still
+/// guards every statement.
+pub const REWORDED_MIGRATIONS: [(i64, &str); 19] = [
+    (20261123000010, "f767a8aed32e178cf5f394c96407d2e37c58b1afddb276ea51a3eed7216267b02e6a1ae221e17cf016b400adc36aaee5"),
+    (20261124000040, "84bff23a3a805e43dc1039714b0492c603109b261bbe1d1aa373c08ecb921d466dfc1787af2c56472ca3a4ba83eef04f"),
+    (20261124000070, "c4b811462ffae84e845f5f44c35fd464b57ab836298792c8a44c234a033b47d223ea852fc150edd97a4fb6a308e9d805"),
+    (20261124000080, "f66349692eeefa7d6410c801f69c798d9f070b010f81702938dd3d7efd801d27253ba2407458d8ac12c0c0c91832262d"),
+    (20261125000200, "f57847bcb3cc28a6d2369c166f96c4397ca8380e9ea341144055f27882920cb2722a20cc433eb0c596be324144c071da"),
+    (20261125000500, "4687b7598e31a93bcf12187613956aefc1d6ef59b1f2a7c2814d3e71ebc3f76d056095f48470e1299e0814657310298a"),
+    (20261126000100, "3159bf3f3b2527c75064e152877b052e9cc0eca20b60c327dfa7cf3e4e0f4ec2291ccbb366b574db02b7d724db347684"),
+    (20261127000100, "d5a69b183cacb5fa6ec8f6ef1269da0090ca52002956d4cdf209d9f7bc4e705570c885a79fa506422e43067f3c5867a4"),
+    (20261127000200, "965f2fbab3c091a061d426c694734e0b096f920e72dfd6da2bb7c0fed650172c46d1a751539ed90359af844f273e726b"),
+    (20261128000100, "240754d3b77f39f44d84bda39f3adb4d684166cb59a9ab4360d070946b335cd859884bf164e8908c07aa2fd916de6d2d"),
+    (20261129000100, "5d3599ef094e713ae1eb1e293355b5023e660e6e8e2b97bf70616a2cee4937aedf1cf4dc4ff74841ad357e474595584a"),
+    (20261130000100, "0a26b614a2742becf45ab579a70e52ba44403208e08db33bf064730ac14e6835ccd3ca9ec981b6010d737efa3ab616a9"),
+    (20261201000100, "c6f702d70a2e3767515cf79c908bc6acd43a775e152d67df3db46f3f09dffdc40ab837aae7fb0e54d95eef549ed7de57"),
+    (20261204000100, "b862b8c27d5577f909a52cafb7d1cb4c07c6841fa209f6648fecc9f098636b286f9fd7bf866f86cbd0ca857ff7d25d5e"),
+    (20261205000100, "91b7c853cb81939535f14c01365c490fa01e65601f0d6bb61dcdb4310dc531a1ae4c4c9128b26c8f1db4d7aaceabbe83"),
+    (20261207000100, "53bb8e686b83e036401ad0115e22b2852f9816ca60823923930baaf1d9beaa6172b7be02e6b4143eac91d1bedacff8e8"),
+    (20261208000100, "eed6a06e8a5ca4402b4ff75f7d72952a4eac457e5dee2b19906eaf26b6cd5acbd3640a1a2252ef328bbd095cbfe19e4e"),
+    (20261209000100, "0ccbd76d0ab593367c3420762dc81134c30cf787af068491e355a7fc28f7340ba888d8fe407e4f34688de647712e4bcd"),
+    (20261210000100, "751c2be5fc804604901df2e3033b82ff2d57293119ae3011789cd25fffa7715e791233f6e27242ee83f2084812591dfa"),
+];
+
+/// Gives the migrations of [`REWORDED_MIGRATIONS`] that a database applied with their
+/// old text the checksum of their current text; nothing for a new database.
+async fn adopt_reworded_migrations(pool: &PgPool) -> anyhow::Result<()> {
+    let applied: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .context("looking for applied migrations")?;
+    if !applied {
+        return Ok(());
+    }
+    for (version, old) in REWORDED_MIGRATIONS {
+        let Some(migration) = MIGRATOR.iter().find(|m| m.version == version) else {
+            continue;
+        };
+        let old = hex::decode(old).context("a reworded migration's old checksum")?;
+        // A runtime statement: `_sqlx_migrations` is sqlx's table, not in `.sqlx/`.
+        sqlx::query(
+            "UPDATE _sqlx_migrations SET checksum = $1 WHERE version = $2 AND checksum = $3",
+        )
+        .bind(migration.checksum.as_ref())
+        .bind(version)
+        .bind(old)
+        .execute(pool)
+        .await
+        .with_context(|| format!("adopting the reworded migration {version}"))?;
+    }
+    Ok(())
 }
 
 /// The HS256 secret from the flag or the file, if configured.

@@ -27,6 +27,7 @@ mod metrics_bounded;
 mod metrics_state;
 mod notices;
 mod oidc_provider;
+mod reworded_migrations;
 mod rules_api;
 mod service_accounts;
 mod units_api;
