@@ -788,11 +788,11 @@ mod tests {
         let none = json!({"name": NVIDIA_VISIBLE_DEVICES, "value": "none"});
         assert_eq!(
             visible("initContainers", 0),
-            [none.clone()],
+            std::slice::from_ref(&none),
             "a valueFrom is replaced"
         );
-        assert_eq!(visible("containers", 0), [none.clone()]);
-        assert_eq!(visible("containers", 1), [none.clone()]);
+        assert_eq!(visible("containers", 0), std::slice::from_ref(&none));
+        assert_eq!(visible("containers", 1), std::slice::from_ref(&none));
         assert_eq!(
             out["spec"]["containers"][1]["env"][0],
             json!({"name": "A", "value": "b"})
