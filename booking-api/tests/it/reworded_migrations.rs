@@ -32,7 +32,11 @@ fn a_migrations_checksum_is_the_sha384_of_its_file() {
     }
     for (version, old) in REWORDED_MIGRATIONS {
         let current = MIGRATOR.iter().find(|m| m.version == version).unwrap();
-        assert_ne!(hex::encode(current.checksum.as_ref()), old, "{version} was reworded");
+        assert_ne!(
+            hex::encode(current.checksum.as_ref()),
+            old,
+            "{version} was reworded"
+        );
     }
 }
 
@@ -65,6 +69,8 @@ async fn a_database_migrated_with_the_old_comments_starts(pool: PgPool) {
     // A migration that changed in another way is still refused.
     let (version, _) = REWORDED_MIGRATIONS[0];
     set_checksum(&pool, version, vec![0; 48]).await;
-    let refused = migrate(&pool).await.expect_err("a changed migration is refused");
+    let refused = migrate(&pool)
+        .await
+        .expect_err("a changed migration is refused");
     assert!(format!("{refused:#}").contains("modified"), "{refused:#}");
 }
