@@ -105,7 +105,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     // people's tokens and the service token printed below for curl.
     let lab = crate::demo_cluster::builder(&args);
     let auth =
-        Authenticator::new(Some(&secret), None).with_service_accounts(lab.service_accounts());
+        Authenticator::new(Some(&secret), None).with_service_accounts(lab.service_accounts()?);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -112,9 +112,15 @@ impl SimBuilder {
     }
 
     /// What the booking API verifies the lab's ServiceAccount tokens with (TokenReviews
-    /// answered by this lab's API server).
-    pub fn service_accounts(&self) -> gpu_booking_api::service_accounts::ServiceAccounts {
-        service_accounts::verifier(&self.server)
+    /// answered by this lab's API server): as the chart configures the API, when the
+    /// lab installs it.
+    pub fn service_accounts(
+        &self,
+    ) -> anyhow::Result<gpu_booking_api::service_accounts::ServiceAccounts> {
+        match &self.rendered {
+            Some(chart) => service_accounts::chart_verifier(&self.server, chart),
+            None => Ok(service_accounts::verifier(&self.server)),
+        }
     }
 
     /// The lab's nodes as configured so far.

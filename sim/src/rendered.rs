@@ -265,6 +265,16 @@ impl Workload<'_> {
         format!("system:serviceaccount:{RELEASE_NAMESPACE}:{account}")
     }
 
+    /// The plain `value` of the container's environment variable `name`.
+    pub fn env_value(&self, name: &str) -> Option<String> {
+        self.container["env"]
+            .as_array()?
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_owned)
+    }
+
     /// The container's `args` (the subcommand, `["controller"]`).
     pub fn args(&self) -> Vec<String> {
         strings(&self.container["args"])

@@ -55,6 +55,30 @@ pub fn verifier(server: &FakeApiServer) -> ServiceAccounts {
     ServiceAccounts::new(client, AUDIENCE.to_owned(), roles)
 }
 
+/// The verifier as the chart configures the booking API: the audience and the
+/// ServiceAccounts' roles from its Deployment's environment
+/// (`GPU_BOOKING_SERVICE_ACCOUNT_AUDIENCE`, `GPU_BOOKING_SERVICE_ACCOUNT`, read by
+/// the API's own parser), the TokenReviews made as the API's ServiceAccount.
+pub fn chart_verifier(
+    server: &FakeApiServer,
+    chart: &crate::rendered::RenderedChart,
+) -> anyhow::Result<ServiceAccounts> {
+    let workload = chart.workload("Deployment", API)?;
+    let audience = workload
+        .env_value("GPU_BOOKING_SERVICE_ACCOUNT_AUDIENCE")
+        .context("the chart's API accepts no ServiceAccount tokens")?;
+    let roles = workload
+        .env_value("GPU_BOOKING_SERVICE_ACCOUNT")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|b| !b.is_empty())
+        .map(gpu_booking_api::service_accounts::parse_binding)
+        .collect::<Result<BTreeMap<_, _>, String>>()
+        .map_err(anyhow::Error::msg)?;
+    let client = server.client_as(&workload.username(), &GROUPS);
+    Ok(ServiceAccounts::new(client, audience, roles))
+}
+
 /// The components' projected tokens, one file each, as the kubelet mounts them
 /// (removed with this value).
 pub struct ProjectedTokens {

@@ -102,7 +102,11 @@ impl Lab {
             pool.clone(),
             Policy::default(),
             Arc::new(gpu_booking_api::clock::SystemClock),
-            Some(builder.service_accounts()),
+            Some(
+                builder
+                    .service_accounts()
+                    .expect("the chart configures the API for ServiceAccount tokens"),
+            ),
         )
         .await
         .expect("the booking API starts");
