@@ -32,6 +32,14 @@ took "sqlx offline data checked"
 ./scripts/chart-tools.sh
 took "chart tools"
 
+# The API's tokens against a real OIDC provider (npm oidc-provider, installed into
+# tests/oidc/node_modules on first use), in the same run as every other test; without
+# node the OIDC tests say they were skipped.
+if ./scripts/oidc-test.sh --install; then
+  export GPU_BOOKING_REQUIRE_OIDC_PROVIDER=1
+fi
+took "OIDC provider installed"
+
 started="$(date -u +'%Y-%m-%d %H:%M:%S+00')"
 cargo test --workspace
 took "cargo test --workspace"
@@ -48,10 +56,6 @@ for db in $left_behind; do
     -c "DELETE FROM _sqlx_test.databases WHERE db_name = '$db'" ||
     echo "could not drop $db" >&2
 done
-# The API's tokens against a real OIDC provider (npm oidc-provider, installed into
-# tests/oidc/node_modules on first use; skipped with a message without node).
-./scripts/oidc-test.sh
-took "OIDC provider tests"
 # Benchmarks are not run here (they print figures, they do not pass or fail) but must compile.
 cargo check --workspace --all-targets
 took "benchmarks compiled (cargo check)"
