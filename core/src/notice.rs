@@ -12,6 +12,7 @@ use crate::booking_policy::human_duration;
 
 /// What a notice is about. The names are the API's and the outbox's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NoticeKind {
     /// A planned booking starts soon.

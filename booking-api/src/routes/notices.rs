@@ -14,22 +14,6 @@ use crate::state::AppState;
 /// Newest notices shown with the preferences.
 const RECENT: i64 = 20;
 
-/// A kind of notice.
-// The schema of `muted`'s items only: the service reads them as strings and checks
-// each with `NoticeKind::parse`; a contract test holds this list to `NoticeKind::ALL`.
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum MutedKind {
-    BookingStarts,
-    BookingEnds,
-    GpuTakenBack,
-    SpawnStripped,
-    ProcessesReclaimed,
-    WaitlistPromoted,
-    BookingIdle,
-}
-
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoticePrefs {
@@ -43,7 +27,9 @@ pub struct NoticePrefs {
     pub email_enabled: bool,
     pub webhook_enabled: bool,
     /// Kinds not wanted (a repeat is dropped, but counts towards `maxItems`).
-    #[schema(value_type = Vec<MutedKind>, inline, max_items = 7)]
+    // Read as strings and checked with `NoticeKind::parse` (an unknown kind is a 422
+    // naming it); documented as the kinds themselves.
+    #[schema(value_type = Vec<NoticeKind>, inline, max_items = 7)]
     pub muted: Vec<String>,
 }
 
