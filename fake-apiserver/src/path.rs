@@ -17,6 +17,23 @@ impl ResourceKey {
         }
     }
 
+    /// The API group (`""` for the core group, `coordination.k8s.io`).
+    pub fn group(&self) -> &str {
+        self.prefix
+            .strip_prefix("/apis/")
+            .and_then(|gv| gv.split('/').next())
+            .unwrap_or("")
+    }
+
+    /// `pods`, `leases.coordination.k8s.io`: how the API server names the resource
+    /// in its errors.
+    pub fn qualified(&self) -> String {
+        match self.group() {
+            "" => self.plural.clone(),
+            group => format!("{}.{group}", self.plural),
+        }
+    }
+
     /// The `apiVersion` of objects of this resource (`v1`, `coordination.k8s.io/v1`).
     pub fn api_version(&self) -> String {
         match self.prefix.strip_prefix("/apis/") {

@@ -97,16 +97,6 @@ impl Attributes<'_> {
     }
 }
 
-/// The API group of a resource key (`""` for the core group).
-fn group_of(resource: &ResourceKey) -> String {
-    resource
-        .prefix
-        .strip_prefix("/apis/")
-        .and_then(|gv| gv.split('/').next())
-        .unwrap_or("")
-        .to_owned()
-}
-
 /// A refused request: what the fake keeps, and what the client gets.
 pub(crate) struct Refusal {
     pub denial: Denial,
@@ -126,7 +116,7 @@ pub(crate) fn authorize(
     }
     let attrs = Attributes {
         verb: verb.as_str(),
-        group: group_of(&target.resource),
+        group: target.resource.group().to_owned(),
         resource: &target.resource.plural,
         subresource: target.subresource.as_deref(),
         namespace: target.namespace.as_deref(),
@@ -149,7 +139,7 @@ pub(crate) fn authorize(
             user.username, attrs.verb, attrs.group
         ),
     };
-    let error = ApiError::forbidden(&qualified(&target.resource), attrs.name.unwrap_or(""), &why);
+    let error = ApiError::forbidden(&target.resource.qualified(), attrs.name.unwrap_or(""), &why);
     let denial = Denial {
         user: user.username.clone(),
         verb,
@@ -160,15 +150,6 @@ pub(crate) fn authorize(
         message: error.message(),
     };
     Err(Box::new(Refusal { denial, error }))
-}
-
-/// `pods`, `leases.coordination.k8s.io`: how the API server names a resource in its
-/// errors.
-pub(crate) fn qualified(resource: &ResourceKey) -> String {
-    match group_of(resource).as_str() {
-        "" => resource.plural.clone(),
-        group => format!("{}.{group}", resource.plural),
-    }
 }
 
 /// The rules of every role bound to `user` that apply in `namespace` (`None`: the

@@ -147,8 +147,9 @@ pub(crate) async fn handle(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
         .to_owned();
+    // Who asks: authorized, admitted and validated as that user.
+    let user = crate::admission::UserInfo::from_headers(&parts.headers);
     if shared.rbac.load(std::sync::atomic::Ordering::SeqCst) {
-        let user = crate::admission::UserInfo::from_headers(&parts.headers);
         let decision = crate::rbac::authorize(&shared.lock(), &user, verb, &target);
         if let Err(refusal) = decision {
             tracing::warn!(denied = %refusal.denial, "the fake API server refused a request (RBAC)");
@@ -201,9 +202,14 @@ pub(crate) async fn handle(
     let mut warnings = Vec::new();
     if verb == Verb::Create {
         if let Ok(obj) = serde_json::from_slice::<Value>(&body) {
-            let user = crate::admission::UserInfo::from_headers(&parts.headers);
-            let outcome =
-                crate::admission::admit_create(&shared, &target, obj, user, dry_run(&params)).await;
+            let outcome = crate::admission::admit_create(
+                &shared,
+                &target,
+                obj,
+                user.clone(),
+                dry_run(&params),
+            )
+            .await;
             warnings = outcome.warnings;
             match outcome.result {
                 Ok(obj) => body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default()),
@@ -214,7 +220,6 @@ pub(crate) async fn handle(
             }
         }
     }
-    let user = crate::admission::UserInfo::from_headers(&parts.headers);
     let result = dispatch(&shared, verb, &target, &params, &content_type, &body, user);
     shared.changed();
     let response = match result {

@@ -57,7 +57,7 @@ pub use marks::{
 pub use options::AdmissionArgs;
 pub use patch::{
     plan, plan_cpu_only, plan_cpu_only_because, plan_demoted, plan_no_gpu, plan_node_resource,
-    plan_owned, plan_unmarked,
+    plan_owned,
 };
 pub use quantity::parse_quantity;
 pub use replica::{AdmissionState, Replica};

@@ -102,24 +102,15 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
 }
 
 /// The patch for a pod without a GPU: every key of ours its creator wrote removed,
-/// and our high priority class taken away (it is only for booked GPU pods). Empty
-/// for a pod that has none (the usual case).
-pub fn plan_unmarked(pod: &Value, cfg: &AdmissionConfig) -> Patch {
-    no_gpu(pod, cfg, false).0
-}
-
-/// A pod that asks for no GPU: [`plan_unmarked`], and where it sets
-/// `NVIDIA_VISIBLE_DEVICES` to hand a container cards anyway (`all`, an index, a
-/// `valueFrom`) and the configuration says strip, the variable set to `none` in
-/// those containers. `none` rather than removing it: an explicit entry also wins over
-/// an `envFrom` and over the image's own `ENV NVIDIA_VISIBLE_DEVICES=all` (CUDA base
-/// images set it). The second value says whether it did (the pod gets a warning).
+/// and our high priority class taken away (it is only for booked GPU pods); empty
+/// for the usual pod. Where it sets `NVIDIA_VISIBLE_DEVICES` to hand a container
+/// cards anyway (`all`, an index, a `valueFrom`) and the configuration says strip,
+/// the variable set to `none` in those containers: `none` rather than removed, since
+/// an explicit entry also wins over an `envFrom` and over the image's own
+/// `ENV NVIDIA_VISIBLE_DEVICES=all` (CUDA base images set it). The second value says
+/// whether it did (the pod gets a warning).
 pub fn plan_no_gpu(pod: &Value, cfg: &AdmissionConfig) -> (Patch, bool) {
-    let strip = cfg.visible_devices_without_gpu == VisibleDevicesWithoutGpu::Strip;
-    no_gpu(pod, cfg, strip)
-}
-
-fn no_gpu(pod: &Value, cfg: &AdmissionConfig, hide_devices: bool) -> (Patch, bool) {
+    let hide_devices = cfg.visible_devices_without_gpu == VisibleDevicesWithoutGpu::Strip;
     let mut ed = PodEditor::new(pod.clone());
     let mut hidden = false;
     if pod.is_object() {
@@ -739,7 +730,7 @@ mod tests {
         for out in [
             apply(&pod, &plan(&pod, &strip, &cfg)),
             apply(&pod, &plan(&pod, &unchecked, &cfg)),
-            apply(&pod, &plan_unmarked(&pod, &cfg)),
+            apply(&pod, &plan_no_gpu(&pod, &cfg).0),
         ] {
             let left: Vec<_> = ours_left(&out)
                 .into_iter()
@@ -753,7 +744,7 @@ mod tests {
         }
         // A pod without marks of ours gets no patch on the no-GPU path.
         let clean = json!({"metadata": {"labels": {"app": "x"}}, "spec": {"priorityClassName": "gpu-booking-low"}});
-        assert!(plan_unmarked(&clean, &cfg).0.is_empty());
+        assert!(plan_no_gpu(&clean, &cfg).0.is_empty());
     }
 
     #[test]
