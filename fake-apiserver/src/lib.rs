@@ -15,10 +15,16 @@
 //! the object's `status`; a write to the main resource keeps the stored `status`).
 //!
 //! - **list**: `labelSelector` (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`),
-//!   `fieldSelector` (`=`, `==`, `!=` on any dotted path: `metadata.name`,
-//!   `metadata.namespace`, `spec.nodeName`, `status.phase`, ...; a missing field reads
-//!   as `""`), `limit`/`continue` paging (the token is an offset: pages are not a
-//!   consistent snapshot), and the list's `resourceVersion`.
+//!   `fieldSelector` (`=`, `==`, `!=`, with `\`-escaped `,` and `=` in values, on the
+//!   field labels kube-apiserver supports for the resource: `metadata.name`, and
+//!   `metadata.namespace` where namespaced, plus e.g. a pod's `spec.nodeName` and
+//!   `status.phase`, a node's `spec.unschedulable`, an event's `involvedObject.*`;
+//!   any other label is a 400 BadRequest worded as the server words it, mostly
+//!   `field label not supported: <label>`; a missing field reads as the API server's
+//!   selectable fields give it, `""` for `spec.nodeName`),
+//!   `limit`/`continue` paging (the token is an offset: pages are not a consistent
+//!   snapshot), and the list's `resourceVersion`. Watch and deletecollection take the
+//!   same selectors.
 //! - **watch** (`?watch=true`): newline-delimited `WatchEvent`s, resumable from a
 //!   `resourceVersion` (changes are replayed from a history of the last 10,000; an older
 //!   version gets an `ERROR` event with a 410 `Expired` status, as the real server
@@ -192,6 +198,7 @@
 
 mod admission;
 mod change;
+mod field_labels;
 mod fields;
 mod filters;
 mod kubelet;

@@ -1,7 +1,10 @@
 //! Label selectors (equality and set-based) and field selectors (`=`, `==`, `!=` on
-//! any dotted path, e.g. `spec.nodeName`, `metadata.name`, `status.phase`).
+//! the field labels each resource supports, [`crate::field_labels`]).
 
 use serde_json::Value;
+
+use crate::field_labels::{field_label, Read};
+use crate::path::ResourceKey;
 
 /// One requirement of a label selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,40 +97,103 @@ impl LabelSelector {
     }
 }
 
-/// A parsed `fieldSelector`: `path=value`, `path==value` or `path!=value`, comma
-/// separated. A missing field reads as the empty string, as the API server's field
-/// sets do (so `spec.nodeName=` selects unscheduled pods).
+/// A parsed `fieldSelector`: `label=value`, `label==value` or `label!=value`, comma
+/// separated, each label one the resource supports ([`field_label`]). A label the
+/// object lacks reads as its selectable fields would give it (`spec.nodeName=`
+/// selects unscheduled pods).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FieldSelector(Vec<(String, bool, String)>);
+pub struct FieldSelector(Vec<(Read, bool, String)>);
+
+/// Splits at commas not escaped by a backslash, keeping escapes for [`unescape`]
+/// (apimachinery's `fields.splitTerms`).
+fn split_terms(s: &str) -> Vec<&str> {
+    let mut terms = Vec::new();
+    let (mut start, mut escaped) = (0, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            ',' => {
+                terms.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&s[start..]);
+    terms
+}
+
+/// `(label, equal, raw value)` split at the first operator, `!=`, `==` or `=` tried
+/// in that order at each position (`fields.splitTerm`); nothing is trimmed.
+fn split_term(term: &str) -> Option<(&str, bool, &str)> {
+    term.char_indices().find_map(|(i, _)| {
+        let rest = &term[i..];
+        ["!=", "==", "="]
+            .into_iter()
+            .find(|op| rest.starts_with(op))
+            .map(|op| (&term[..i], op != "!=", &rest[op.len()..]))
+    })
+}
+
+/// A value with `\\`, `\,` and `\=` unescaped; a bare `,` or `=`, or any other escape,
+/// is an error (`fields.UnescapeValue`, whose errors these are, the rune printed as
+/// Go's `%v` prints one: a number).
+fn unescape(raw: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut escaped = false;
+    for c in raw.chars() {
+        match c {
+            '\\' | ',' | '=' if escaped => {
+                out.push(c);
+                escaped = false;
+            }
+            _ if escaped => {
+                return Err(format!(
+                    "invalid field selector: invalid escape sequence: \\{c}"
+                ))
+            }
+            '\\' => escaped = true,
+            ',' | '=' => {
+                return Err(format!(
+                    "invalid field selector: unescaped character in value: {}",
+                    u32::from(c)
+                ))
+            }
+            _ => out.push(c),
+        }
+    }
+    if escaped {
+        return Err("invalid field selector: invalid escape sequence: \\".into());
+    }
+    Ok(out)
+}
 
 impl FieldSelector {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let mut reqs = Vec::new();
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (path, equal, value) = if let Some((k, v)) = part.split_once("!=") {
-                (k, false, v)
-            } else if let Some((k, v)) = part.split_once("==") {
-                (k, true, v)
-            } else if let Some((k, v)) = part.split_once('=') {
-                (k, true, v)
-            } else {
-                return Err(format!("invalid field selector {part:?}"));
-            };
-            reqs.push((path.trim().to_owned(), equal, value.trim().to_owned()));
+    /// As kube-apiserver reads `fieldSelector` for a list, watch or deletecollection
+    /// of `resource`: `fields.ParseSelector` (terms sorted, so the first bad one in
+    /// that order is the one reported), then the resource's field label conversion,
+    /// whose refusal the handler answers as 400 BadRequest.
+    pub fn parse(s: &str, resource: &ResourceKey) -> Result<Self, String> {
+        let mut terms = split_terms(s);
+        terms.sort_unstable();
+        let mut parsed = Vec::new();
+        for term in terms.into_iter().filter(|t| !t.is_empty()) {
+            let (label, equal, raw) = split_term(term)
+                .ok_or_else(|| format!("invalid selector: '{s}'; can't understand '{term}'"))?;
+            parsed.push((label, equal, unescape(raw)?));
         }
+        let reqs = parsed
+            .into_iter()
+            .map(|(label, equal, value)| Ok((field_label(resource, label)?, equal, value)))
+            .collect::<Result<_, String>>()?;
         Ok(Self(reqs))
     }
 
     pub fn matches(&self, obj: &Value) -> bool {
-        self.0.iter().all(|(path, equal, value)| {
-            let pointer = format!("/{}", path.replace('.', "/"));
-            let field = match obj.pointer(&pointer) {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(s)) => s.clone(),
-                Some(other) => other.to_string(),
-            };
-            (field == *value) == *equal
-        })
+        self.0
+            .iter()
+            .all(|(read, equal, value)| (read.read(obj) == *value) == *equal)
     }
 }
 
@@ -180,16 +246,67 @@ mod tests {
         assert!(LabelSelector::parse("a b").is_err());
     }
 
+    fn pods() -> ResourceKey {
+        ResourceKey::new("/api/v1", "pods")
+    }
+
     #[test]
     fn fields() {
         let pod = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}});
-        assert!(FieldSelector::parse("spec.nodeName=n1,metadata.name=p")
-            .unwrap()
-            .matches(&pod));
-        assert!(!FieldSelector::parse("spec.nodeName!=n1")
-            .unwrap()
-            .matches(&pod));
-        assert!(FieldSelector::parse("status.phase=").unwrap().matches(&pod));
-        assert!(FieldSelector::parse("nonsense").is_err());
+        let parse = |s: &str| FieldSelector::parse(s, &pods()).unwrap();
+        assert!(parse("spec.nodeName=n1,metadata.name=p").matches(&pod));
+        assert!(parse("spec.nodeName==n1").matches(&pod));
+        assert!(!parse("spec.nodeName!=n1").matches(&pod));
+        assert!(parse("status.phase=").matches(&pod));
+        assert!(parse("").matches(&pod));
+        assert!(parse(",").matches(&pod));
+        let running = json!({"status": {"phase": "Running"}});
+        let done = json!({"status": {"phase": "Succeeded"}});
+        let unfinished = parse("status.phase!=Succeeded,status.phase!=Failed");
+        assert!(unfinished.matches(&running));
+        assert!(!unfinished.matches(&done));
+        assert!(parse("spec.nodeName=").matches(&running));
+    }
+
+    #[test]
+    fn field_syntax_is_apimachinerys() {
+        let err = |s: &str| FieldSelector::parse(s, &pods()).unwrap_err();
+        assert_eq!(
+            err("nonsense"),
+            "invalid selector: 'nonsense'; can't understand 'nonsense'"
+        );
+        assert_eq!(
+            err("spec.nodeName=a=b"),
+            "invalid field selector: unescaped character in value: 61"
+        );
+        assert_eq!(
+            err("spec.nodeName=a\\x"),
+            "invalid field selector: invalid escape sequence: \\x"
+        );
+        assert_eq!(
+            err("spec.nodeName=a\\"),
+            "invalid field selector: invalid escape sequence: \\"
+        );
+        // Nothing is trimmed: the label is `spec.nodeName `.
+        assert_eq!(
+            err("spec.nodeName = a"),
+            "field label not supported: spec.nodeName "
+        );
+        // Terms are sorted before their labels are checked.
+        assert_eq!(err("zzz=1,foo.bar=x"), "field label not supported: foo.bar");
+        // A syntax error wins over an unsupported label.
+        assert_eq!(
+            err("aaa=1,spec.nodeName"),
+            "invalid selector: 'aaa=1,spec.nodeName'; can't understand 'spec.nodeName'"
+        );
+    }
+
+    #[test]
+    fn escaped_values() {
+        let pod = json!({"metadata": {"name": "a,b=c\\d"}});
+        let sel = FieldSelector::parse("metadata.name=a\\,b\\=c\\\\d", &pods()).unwrap();
+        assert!(sel.matches(&pod));
+        let sel = FieldSelector::parse("metadata.name!=a\\,b", &pods()).unwrap();
+        assert!(sel.matches(&pod));
     }
 }

@@ -13,7 +13,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use serde_json::{json, Value};
 
-use crate::path::{self, Target};
+use crate::path::{self, ResourceKey, Target};
 use crate::select::{FieldSelector, LabelSelector, Selector};
 use crate::status::ApiError;
 use crate::store::Write;
@@ -99,11 +99,16 @@ fn verb_of(method: &Method, target: &Target, params: &HashMap<String, String>) -
     })
 }
 
-fn selector(params: &HashMap<String, String>) -> Result<Selector, ApiError> {
+/// The selectors of a list, watch or deletecollection of `resource`; a field label
+/// the resource does not support is a 400, as kube-apiserver answers it.
+fn selector(
+    params: &HashMap<String, String>,
+    resource: &ResourceKey,
+) -> Result<Selector, ApiError> {
     let labels = LabelSelector::parse(params.get("labelSelector").map_or("", String::as_str))
         .map_err(ApiError::bad_request)?;
-    let fields = FieldSelector::parse(params.get("fieldSelector").map_or("", String::as_str))
-        .map_err(ApiError::bad_request)?;
+    let fields = params.get("fieldSelector").map_or("", String::as_str);
+    let fields = FieldSelector::parse(fields, resource).map_err(ApiError::bad_request)?;
     Ok(Selector { labels, fields })
 }
 
@@ -325,7 +330,7 @@ fn dispatch(
             Ok(json_response(200, &deleted))
         }
         Verb::DeleteCollection => {
-            let sel = selector(params)?;
+            let sel = selector(params, resource)?;
             let mut store = shared.lock();
             let doomed = store.list(resource, target.namespace.as_deref(), &sel);
             let mut items = Vec::new();
@@ -355,7 +360,7 @@ fn list(
     target: &Target,
     params: &HashMap<String, String>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let sel = selector(params)?;
+    let sel = selector(params, &target.resource)?;
     let store = shared.lock();
     let all = store.list(&target.resource, target.namespace.as_deref(), &sel);
     let start: usize = params
@@ -402,7 +407,7 @@ fn watch(
     target: &Target,
     params: &HashMap<String, String>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let sel = selector(params)?;
+    let sel = selector(params, &target.resource)?;
     let since = params.get("resourceVersion").and_then(|rv| rv.parse().ok());
     let timeout = params
         .get("timeoutSeconds")

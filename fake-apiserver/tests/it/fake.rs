@@ -174,6 +174,60 @@ async fn field_selected_watch_sees_objects_leave() {
 }
 
 #[tokio::test]
+async fn field_selectors_take_only_the_resources_field_labels() {
+    let server = FakeApiServer::new();
+    let mut running = pod("a");
+    running.metadata.namespace = Some("jhub".into());
+    server.put(&running);
+    let mut done = pod("b");
+    done.metadata.namespace = Some("jhub".into());
+    server.put(&done);
+    server.modify::<Pod>(Some("jhub"), "a", |p| {
+        p["status"]["phase"] = json!("Running")
+    });
+    server.modify::<Pod>(Some("jhub"), "b", |p| {
+        p["status"]["phase"] = json!("Succeeded")
+    });
+    let pods: Api<Pod> = Api::all(server.client());
+    let unfinished = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+    let names: Vec<_> = pods
+        .list(&unfinished)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(names, ["a"]);
+
+    let e = api_error(
+        pods.list(&ListParams::default().fields("foo.bar=x"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (400, "BadRequest"));
+    assert_eq!(e.message, "field label not supported: foo.bar");
+    // kube hands the refused watch back as the stream's first item.
+    let wp = WatchParams::default().fields("spec.containers=x");
+    let mut stream = pods.watch(&wp, "0").await.unwrap().boxed();
+    let e = api_error(stream.next().await.unwrap().unwrap_err());
+    assert_eq!(e.code, 400);
+    assert_eq!(e.message, "field label not supported: spec.containers");
+    // Nodes are cluster scoped: no `metadata.namespace`.
+    let nodes: Api<Node> = Api::all(server.client());
+    let e = api_error(
+        nodes
+            .list(&ListParams::default().fields("metadata.namespace=x"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.message, "field label not supported: metadata.namespace");
+    assert!(nodes
+        .list(&ListParams::default().fields("spec.unschedulable=false"))
+        .await
+        .is_ok());
+}
+
+#[tokio::test]
 async fn bound_pods_wait_for_the_kubelet() {
     let server = FakeApiServer::new();
     let mut p = pod("a");
