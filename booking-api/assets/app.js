@@ -424,8 +424,9 @@
     table.append(body);
     // Units in use are not booked ones: pods without a booking borrow free units, and a
     // booking takes them back (a newcomer read "2 of 2 in use" as "nothing to book").
+    const others = othersText(model);
     const usage = model ? ' · in use now: ' + model.in_use + ' of ' + model.units +
-      ' (lent to users without a booking; a booking takes them back)' : '';
+      ' (lent to users without a booking; a booking takes them back)' + (others ? ' · ' + others : '') : '';
     return el('div', { class: 'calendar-model' },
       el('h4', { id: title }, av.model, el('span', { class: 'muted', text: ' ' + av.units + (av.units === 1 ? ' unit' : ' units') + usage })),
       el('div', { class: 'table-scroll' }, table));
@@ -562,6 +563,30 @@
     return el('span', { class: 'badge status-' + s, text: s });
   }
 
+  // Why a running booking's pod waits for a card, in the controller's words (text,
+  // never HTML): the booking holds, but the card is not there yet.
+  function waitingNote(b) {
+    return b.status === 'active' && b.waiting ? el('p', { class: 'waiting-note', text: b.waiting }) : null;
+  }
+
+  // Cards of a model that other workloads hold (pods our webhook did not admit,
+  // which bookings never take back), with their namespaces; '' when none.
+  function othersText(m) {
+    if (!m || !(m.others_in_use > 0)) return '';
+    const ns = m.other_namespaces && m.other_namespaces.length ? ' (namespaces: ' + m.other_namespaces.join(', ') + ')' : '';
+    return m.others_in_use + ' held by other workloads' + ns;
+  }
+
+  // For admins: the declared units exceed what bookings can really get, and why.
+  function overDeclaredText(m) {
+    if (!m || !m.over_declared) return '';
+    const why = [];
+    if (m.cards !== null && m.cards !== undefined && m.cards < m.units) why.push('the nodes have ' + m.cards + (m.cards === 1 ? ' card' : ' cards'));
+    if (m.others_in_use > 0) why.push('other workloads hold ' + m.others_in_use);
+    return 'Declared ' + m.units + (m.units === 1 ? ' unit' : ' units') + '; bookings can get ' + m.bookable +
+      (why.length ? ': ' + why.join(' and ') : '') + '.';
+  }
+
   function timeNote(b) {
     const now = Date.now();
     if (b.status === 'active') return el('span', { class: 'time-left', text: fmtDuration(new Date(b.end).getTime() - now) + ' left' });
@@ -585,7 +610,7 @@
         el('td', { 'data-label': 'Model' }, b.model, b.override ? [' ', el('span', { class: 'badge badge-exception', text: 'override' })] : null),
         el('td', { 'data-label': 'Start', text: fmtTime(b.start) }),
         el('td', { 'data-label': 'End', text: fmtTime(b.end) }),
-        el('td', { 'data-label': 'Status' }, statusBadge(b.status)),
+        el('td', { 'data-label': 'Status' }, statusBadge(b.status), waitingNote(b)),
         el('td', { 'data-label': 'Time', class: 'time-cell', 'data-id': b.id }, timeNote(b)),
         el('td', { 'data-label': 'Actions' }, actionButton(b)));
       tb.append(el('tr', { 'data-id': b.id, 'data-status': b.status }, cells));
@@ -703,6 +728,8 @@
     const form = el('form', { class: 'model-form' + (m ? '' : ' model-new'), 'data-model': key, novalidate: true },
       el('h4', { text: m ? m.name : 'Add a model' }),
       m ? el('p', { class: 'muted', text: 'In use now: ' + m.in_use + ' of ' + m.units + (m.usage_reported_at ? ' (reported ' + fmtTime(m.usage_reported_at) + ')' : ' (no usage reported yet)') + '. Resource: ' + (m.resource || 'the default') + '.' }) : null,
+      othersText(m) ? el('p', { class: 'muted others-note', text: othersText(m) + '.' }) : null,
+      overDeclaredText(m) ? el('p', { class: 'notice warn over-declared', text: overDeclaredText(m) }) : null,
       m ? null : el('div', {}, el('label', { for: id('name'), text: 'Name' }), el('input', { id: id('name'), name: 'name', type: 'text', autocomplete: 'off', required: true })),
       el('div', { class: 'model-fields' },
         el('div', {}, el('label', { for: id('units'), text: 'Units' }),

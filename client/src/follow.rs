@@ -218,6 +218,7 @@ mod tests {
             cancelled_at: None,
             ended_early_at: None,
             override_rules: false,
+            waiting: None,
         }
     }
 

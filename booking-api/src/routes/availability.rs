@@ -90,7 +90,8 @@ pub async fn get(
         },
     )
     .await?;
-    let views = ahead.iter().map(|b| b.view(now));
+    let views = ahead.iter().map(|b| b.view(now)).collect();
+    let views = crate::routes::bookings::with_waiting(&state.pool, views).await?;
     let (mut active, mut next) = (None, None::<Booking>);
     for b in views {
         match b.status {

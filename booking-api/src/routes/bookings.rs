@@ -14,7 +14,8 @@ use crate::extract::{Json, Path, Query};
 use crate::metrics::ResultLabels;
 use crate::routes::MAX_PAGE_LIMIT;
 use crate::state::AppState;
-use crate::store::bookings;
+use crate::store::{bookings, held};
+use gpu_booking_core::window::BookingStatus;
 use gpu_booking_core::wire::Booking;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -167,7 +168,8 @@ pub async fn list(
     )
     .await?;
     let now = state.clock.now();
-    Ok(axum::Json(rows.iter().map(|r| r.view(now)).collect()))
+    let views = rows.iter().map(|r| r.view(now)).collect();
+    Ok(axum::Json(with_waiting(&state.pool, views).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/bookings/{id}", tag = "bookings", params(("id" = i64, Path)),
@@ -179,7 +181,10 @@ pub async fn get(
     Path(id): Path<i64>,
 ) -> Result<axum::Json<Booking>, ApiError> {
     let row = owned_booking(&state, &caller, id).await?;
-    Ok(axum::Json(row.view(state.clock.now())))
+    let view = with_waiting(&state.pool, vec![row.view(state.clock.now())]).await?;
+    Ok(axum::Json(
+        view.into_iter().next().expect("one booking in, one out"),
+    ))
 }
 
 #[utoipa::path(delete, path = "/api/v1/bookings/{id}", tag = "bookings", params(("id" = i64, Path)),
@@ -251,6 +256,28 @@ pub async fn change(
     )
     .await?;
     Ok(axum::Json(updated.view(now)))
+}
+
+/// `views` with why each active one's pod waits for a card, as the controller last
+/// reported it (`waiting`); a booking that is not active never waits. Read beside the
+/// booking, not from it: the change stream builds its bookings without this, so that
+/// its followers are not sent what changes with the cluster.
+pub(crate) async fn with_waiting(
+    pool: &sqlx::PgPool,
+    mut views: Vec<Booking>,
+) -> Result<Vec<Booking>, ApiError> {
+    let active: Vec<i64> = views
+        .iter()
+        .filter(|b| b.status == BookingStatus::Active)
+        .map(|b| b.id)
+        .collect();
+    let mut why = held::waiting(pool, &active).await?;
+    for b in &mut views {
+        if b.status == BookingStatus::Active {
+            b.waiting = why.remove(&b.id);
+        }
+    }
+    Ok(views)
 }
 
 /// The booking `id`, if the caller may see it (its owner or an admin). Another

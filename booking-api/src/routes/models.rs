@@ -19,6 +19,9 @@ fn view(m: Model) -> wire::Model {
     wire::Model {
         free: wire::count(m.free_now()),
         mismatch: m.mismatch(),
+        bookable: m.bookable(),
+        over_declared: m.over_declared(),
+        others_in_use: m.others_in_use.map(wire::count),
         units: wire::count(m.units),
         gpumem_mib: wire::count(m.gpumem_mib),
         in_use: wire::count(m.in_use),
@@ -30,6 +33,7 @@ fn view(m: Model) -> wire::Model {
         resource: m.resource,
         usage_reported_at: m.usage_reported_at,
         gpumem_advertised: m.gpumem_advertised,
+        other_namespaces: m.other_namespaces,
     }
 }
 
@@ -128,7 +132,7 @@ pub async fn put_usage(
     State(state): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-    Json(body): Json<wire::UsageReport>,
+    Json(mut body): Json<wire::UsageReport>,
 ) -> Result<axum::Json<wire::Model>, ApiError> {
     caller.require_service()?;
     if body.in_use < 0
@@ -145,6 +149,18 @@ pub async fn put_usage(
             "gpumem_unit_mib must not be negative".into(),
         ));
     }
+    if let Some(problem) = body.others_problem() {
+        return Err(ApiError::Invalid(problem));
+    }
+    // Namespaces are recorded with their count, never without it.
+    if body.others_in_use.is_none() && !body.other_namespaces.is_empty() {
+        return Err(ApiError::Invalid(
+            "other_namespaces needs others_in_use".into(),
+        ));
+    }
+    // Shown as a list: each once, in order, whatever the reporter sent.
+    body.other_namespaces.sort_unstable();
+    body.other_namespaces.dedup();
     let model = models::set_usage(&state.pool, &name, &body, state.clock.now())
         .await?
         .ok_or_else(|| ApiError::unknown_model(&name))?;

@@ -71,8 +71,11 @@ pub async fn put_held(
             "units held must be between 0 and 100000".into(),
         ));
     }
+    if let Some(problem) = body.waiting_problem() {
+        return Err(ApiError::Invalid(problem));
+    }
     let now = state.clock.now();
-    held::replace(&state.pool, &body.bookings, now).await?;
+    held::replace(&state.pool, &body.bookings, &body.waiting, now).await?;
     usage::record(&state.pool, &body.bookings, &body.active, now).await?;
     Ok(axum::Json(HeldReported {
         bookings: body.bookings.len(),

@@ -66,6 +66,9 @@ impl BookingRow {
             cancelled_at: self.cancelled_at,
             ended_early_at: self.ended_early_at,
             override_rules: self.override_rules,
+            // Not the booking's: read beside it where users read bookings
+            // (`routes::bookings::with_waiting`), never in the change stream.
+            waiting: None,
         }
     }
 }

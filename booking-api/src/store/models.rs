@@ -37,6 +37,11 @@ pub struct Model {
     pub gpumem_advertised: bool,
     /// The VRAM budget one unit can hold, MiB, when advertised.
     pub gpumem_unit_mib: Option<i32>,
+    /// Cards that pods of other workloads use (which bookings never preempt), NULL
+    /// until a report counts them.
+    pub others_in_use: Option<i32>,
+    /// The namespaces of those pods, sorted.
+    pub other_namespaces: Vec<String>,
 }
 
 impl Model {
@@ -53,6 +58,23 @@ impl Model {
         )
     }
 
+    /// The cards bookings can really get: those counted less those other workloads
+    /// use, when both are known.
+    pub fn bookable(&self) -> Option<u64> {
+        gpu_booking_core::wire::models::bookable(
+            self.cards.map(gpu_booking_core::wire::count),
+            self.others_in_use.map(gpu_booking_core::wire::count),
+        )
+    }
+
+    /// Whether the declared units exceed what bookings can really get.
+    pub fn over_declared(&self) -> bool {
+        gpu_booking_core::wire::models::over_declared(
+            gpu_booking_core::wire::count(self.units),
+            self.bookable(),
+        )
+    }
+
     /// The per-unit VRAM budget the nodes advertise, when they all do.
     pub fn advertised_unit_mib(&self) -> Option<i32> {
         self.gpumem_unit_mib
@@ -66,7 +88,8 @@ pub async fn list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Model>> {
     sqlx::query_as!(
         Model,
         "SELECT name, position, units, patterns, resource, gpumem_mib, in_use,
-             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib
+             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib,
+             others_in_use, other_namespaces
          FROM gpu_model ORDER BY position, name"
     )
     .fetch_all(db)
@@ -77,7 +100,8 @@ pub async fn get(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<Option<Mod
     sqlx::query_as!(
         Model,
         "SELECT name, position, units, patterns, resource, gpumem_mib, in_use,
-             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib
+             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib,
+             others_in_use, other_namespaces
          FROM gpu_model WHERE name = $1",
         name
     )
@@ -146,7 +170,8 @@ pub async fn upsert(
             position = COALESCE($2, gpu_model.position), units = $3, patterns = $4, resource = $5,
             gpumem_mib = $6, updated_at = $7
          RETURNING name, position, units, patterns, resource, gpumem_mib, in_use,
-             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib",
+             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib,
+             others_in_use, other_namespaces",
         m.name,
         m.position,
         m.units,
@@ -165,7 +190,8 @@ pub use gpu_booking_core::wire::UsageReport;
 
 /// Records what the controller counted. The declared `units` are the admin's: a
 /// report never changes them (a node away for maintenance must not shrink what can
-/// be booked), it records `cards` beside them.
+/// be booked), it records `cards` beside them. Other workloads are replaced whole
+/// (the count with its namespaces) when the report counts them, kept otherwise.
 pub async fn set_usage(
     db: impl PgExecutor<'_>,
     name: &str,
@@ -177,15 +203,20 @@ pub async fn set_usage(
         "UPDATE gpu_model SET in_use = $2, cards = COALESCE($3, cards),
             gpumem_advertised = COALESCE($4, gpumem_advertised),
             gpumem_unit_mib = CASE WHEN $4 IS NULL THEN gpumem_unit_mib ELSE $5 END,
+            others_in_use = COALESCE($7, others_in_use),
+            other_namespaces = CASE WHEN $7 IS NULL THEN other_namespaces ELSE $8 END,
             usage_reported_at = $6, updated_at = $6
          WHERE name = $1 RETURNING name, position, units, patterns, resource, gpumem_mib, in_use,
-             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib",
+             usage_reported_at, cards, gpumem_advertised, gpumem_unit_mib,
+             others_in_use, other_namespaces",
         name,
         report.in_use,
         report.cards,
         report.gpumem_advertised,
         report.gpumem_unit_mib,
-        at
+        at,
+        report.others_in_use,
+        &report.other_namespaces
     )
     .fetch_optional(db)
     .await

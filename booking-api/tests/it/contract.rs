@@ -412,8 +412,27 @@ fn the_reports_and_models_state_their_limits() {
     let active = property(&doc, "HeldReport", "active");
     assert_eq!(active["maxProperties"], json!(wire::MAX_REPORTED_BOOKINGS));
 
+    let waiting = property(&doc, "HeldReport", "waiting");
+    assert_eq!(waiting["maxProperties"], json!(wire::MAX_REPORTED_BOOKINGS));
+    assert_eq!(
+        waiting["additionalProperties"]["maxLength"],
+        json!(wire::MAX_WAITING_LEN)
+    );
+    assert_eq!(
+        waiting["additionalProperties"]["pattern"],
+        NO_CONTROL_PATTERN
+    );
+
     let cards = property(&doc, "UsageReport", "cards");
     assert_eq!(cards["maximum"], json!(wire::MAX_REPORTED_CARDS));
+    let others = property(&doc, "UsageReport", "others_in_use");
+    assert_eq!(others["maximum"], json!(wire::MAX_REPORTED_CARDS));
+    let namespaces = property(&doc, "UsageReport", "other_namespaces");
+    assert_eq!(namespaces["maxItems"], json!(wire::MAX_OTHER_NAMESPACES));
+    assert_eq!(
+        namespaces["items"]["maxLength"],
+        json!(wire::models::MAX_NAMESPACE_LEN)
+    );
 
     let name = &parameter(&doc, "put", "/api/v1/models/{name}", "name")["schema"];
     assert_eq!(name["maxLength"], json!(MAX_MODEL_NAME_LEN));

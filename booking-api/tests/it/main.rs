@@ -27,6 +27,7 @@ mod metrics_bounded;
 mod metrics_state;
 mod notices;
 mod oidc_provider;
+mod other_workloads;
 mod reworded_migrations;
 mod rules_api;
 mod service_accounts;

@@ -339,6 +339,8 @@ impl Inventory {
                     cards: Some(clamp(u.cards)),
                     gpumem_advertised: Some(u.gpumem_advertised),
                     gpumem_unit_mib: u.gpumem_unit_mib.map(clamp),
+                    others_in_use: None,
+                    other_namespaces: Vec::new(),
                 };
                 match ctx.booking.put_usage(&model, &report).await {
                     Ok(()) => {
@@ -378,6 +380,7 @@ impl Inventory {
                 .map(|(id, units)| (id, gpu_booking_core::wire::reported(units)))
                 .collect(),
             active: booking_units::last_active_by_booking(pods),
+            waiting: BTreeMap::new(),
         };
         let news = match &self.held_reported {
             None => true,

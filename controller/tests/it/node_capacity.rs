@@ -97,7 +97,7 @@ async fn gpumem_is_advertised_reasserted_removed_and_never_rewritten() {
             .is_some_and(|u| u.gpumem_advertised == Some(true))
     })
     .await;
-    let a100 = h.booking.state().usage["a100"];
+    let a100 = h.booking.state().usage["a100"].clone();
     assert_eq!((a100.cards, a100.gpumem_unit_mib), (Some(2), Some(40448)));
 
     // Right already: nothing is written however long it runs.
@@ -152,7 +152,7 @@ async fn a_time_sliced_card_is_one_card_and_unnamed_cards_fall_back_to_gpu() {
             .is_some_and(|u| u.gpumem_advertised == Some(true))
     })
     .await;
-    let gpu = h.booking.state().usage["gpu"];
+    let gpu = h.booking.state().usage["gpu"].clone();
     assert_eq!(
         (gpu.cards, gpu.in_use),
         (Some(1), 1),

@@ -1,15 +1,15 @@
 //! A booking as the booking service shows it: the answer of `/api/v1/bookings` (and
 //! its `{id}` routes), of a model's availability, and the `booking` of each change of
 //! the change stream ([`crate::wire::changes`]), which the controller and the
-//! webhook's replica follow.
+//! webhook's replica follow (without `waiting`: see the field).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::window::BookingStatus;
 
-/// A booking as the API shows it. Every field is always sent; the unit counts and
-/// indices are `u32` (see the module [`crate::wire`] on integers).
+/// A booking as the API shows it. Every field but `waiting` is always sent; the unit
+/// counts and indices are `u32` (see the module [`crate::wire`] on integers).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Booking {
@@ -36,6 +36,13 @@ pub struct Booking {
     /// Created by an admin with the rules overridden.
     #[serde(rename = "override")]
     pub override_rules: bool,
+    /// Why the booking's pod waits for a card, as the controller last reported it (a
+    /// sentence for its user, e.g. other workloads hold the model's cards); only
+    /// while the booking is active, absent when it is not waiting. Never in the
+    /// change stream: it changes with the cluster, not with the booking, and
+    /// followers need only the booking.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 impl Booking {
@@ -76,6 +83,7 @@ mod tests {
             cancelled_at: None,
             ended_early_at: None,
             override_rules: false,
+            waiting: None,
         }
     }
 

@@ -49,8 +49,10 @@ pub use audit::{
 };
 pub use bookings::Booking;
 pub use changes::{BookingChange, BookingChanges};
-pub use held::{HeldReport, HeldReported, MAX_HELD_UNITS, MAX_REPORTED_BOOKINGS};
-pub use models::{Model, UsageReport, MAX_REPORTED_CARDS};
+pub use held::{
+    HeldReport, HeldReported, MAX_HELD_UNITS, MAX_REPORTED_BOOKINGS, MAX_WAITING_LEN,
+};
+pub use models::{Model, UsageReport, MAX_OTHER_NAMESPACES, MAX_REPORTED_CARDS};
 pub use schedulability::{ActiveBooking, Schedulability};
 
 /// A count that a store keeps signed (a Postgres `integer` column checked `>= 0`) as

@@ -80,7 +80,7 @@ impl Booking for FakeBooking {
     fn put_usage<'a>(&'a self, model: &'a str, report: &'a UsageReport) -> Answer<'a, ()> {
         let mut state = self.state();
         state.usage_calls += 1;
-        state.usage.insert(model.to_owned(), *report);
+        state.usage.insert(model.to_owned(), report.clone());
         drop(state);
         self.changed(());
         Box::pin(async { Ok(()) })
