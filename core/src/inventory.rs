@@ -317,6 +317,9 @@ pub struct PodGpus<'a> {
     pub model: Option<&'a ModelName>,
     /// Resource units requested (replicas on a time-sliced card).
     pub units: u64,
+    /// Bookings cannot get its cards while it runs: not booked, and never giving
+    /// way ([`crate::preemption_policy::PreemptionPolicy::held_from_bookings`]).
+    pub other: bool,
 }
 
 /// One model across the cluster: what the controller reports beside the admin's
@@ -328,6 +331,10 @@ pub struct ModelInventory {
     /// Cards with at least one pod on them. On a time-sliced card the replicas in use
     /// are rounded up to cards: a card that some pod uses is not free to book.
     pub in_use: u64,
+    /// Cards with a pod on them that never gives way to bookings (other workloads,
+    /// lent pods where the controller may not act), counted the same way: what
+    /// bookings cannot get while those run.
+    pub others_in_use: u64,
     /// Whether every node with cards of the model advertises the VRAM budget (a pod
     /// budgeted for the model can then always find its resource).
     pub gpumem_advertised: bool,
@@ -390,8 +397,10 @@ pub fn model_inventory<'a>(
             }
         }
     }
-    // Resource units in use per (node, model), then rounded up to cards.
+    // Resource units in use per (node, model), then rounded up to cards; those of
+    // other workloads apart too.
     let mut used: BTreeMap<(&str, ModelName), u64> = BTreeMap::new();
+    let mut used_by_others: BTreeMap<(&str, ModelName), u64> = BTreeMap::new();
     for pod in pods {
         let Some(inv) = by_name.get(pod.node) else {
             continue;
@@ -401,21 +410,29 @@ pub fn model_inventory<'a>(
             None => inv.generic_model(cfg).cloned(),
         };
         if let Some(model) = model {
+            if pod.other {
+                *used_by_others.entry((pod.node, model.clone())).or_default() += pod.units;
+            }
             *used.entry((pod.node, model)).or_default() += pod.units;
         }
     }
-    for ((node, model), units) in used {
-        let Some(inv) = by_name.get(node) else {
-            continue;
-        };
+    let cards_of = |node: &str, model: &ModelName, units: u64| {
+        let inv = by_name.get(node)?;
         let replicas = inv
             .groups
             .iter()
-            .find(|g| g.model == model)
+            .find(|g| g.model == *model)
             .map_or(1, |g| g.replicas);
-        let cards = units.div_ceil(replicas).min(inv.units_of(&model));
-        if let Some(entry) = out.get_mut(&model) {
+        Some(units.div_ceil(replicas).min(inv.units_of(model)))
+    };
+    for ((node, model), units) in used {
+        if let (Some(cards), Some(entry)) = (cards_of(node, &model, units), out.get_mut(&model)) {
             entry.in_use += cards;
+        }
+    }
+    for ((node, model), units) in used_by_others {
+        if let (Some(cards), Some(entry)) = (cards_of(node, &model, units), out.get_mut(&model)) {
+            entry.others_in_use += cards;
         }
     }
     out
@@ -720,6 +737,7 @@ mod tests {
         let models = [name("t4"), name("a100"), name("unused")];
         let pods = |n: &'static str, k: u64| {
             (0..k).map(move |_| PodGpus {
+                other: false,
                 node: n,
                 model: None,
                 units: 1,
@@ -740,6 +758,7 @@ mod tests {
             ModelInventory {
                 cards: 2,
                 in_use: 1,
+                others_in_use: 0,
                 gpumem_advertised: true,
                 gpumem_unit_mib: Some(15360 - 512)
             },
@@ -750,6 +769,7 @@ mod tests {
             ModelInventory {
                 cards: 3,
                 in_use: 1,
+                others_in_use: 0,
                 gpumem_advertised: false,
                 gpumem_unit_mib: None
             },
@@ -760,6 +780,33 @@ mod tests {
         assert_eq!(five[&name("t4")].in_use, 2);
         let many = model_inventory([("t4", &t4, Some(1))], pods("t4", 50), &models, &c);
         assert_eq!(many[&name("t4")].in_use, 2, "never more than the cards");
+        // Another workload's replicas count apart, rounded up to cards the same way:
+        // one of three on a card makes that card one bookings cannot get.
+        let other = |n: &'static str, k: u64| {
+            (0..k).map(move |_| PodGpus {
+                other: true,
+                node: n,
+                model: None,
+                units: 1,
+            })
+        };
+        let mixed = model_inventory(
+            [("t4", &t4, Some(1)), ("a1", &a1, Some(1))],
+            pods("t4", 2).chain(other("t4", 1)).chain(other("a1", 2)),
+            &models,
+            &c,
+        );
+        assert_eq!(
+            (mixed[&name("t4")].in_use, mixed[&name("t4")].others_in_use),
+            (1, 1)
+        );
+        assert_eq!(
+            (
+                mixed[&name("a100")].in_use,
+                mixed[&name("a100")].others_in_use
+            ),
+            (2, 2)
+        );
     }
 
     #[test]
@@ -815,7 +862,7 @@ mod tests {
             let models = [name("t4")];
             let out = model_inventory(
                 [("n1", &inv, None), ("n2", &inv, None)],
-                pods.iter().map(|&(n, units)| PodGpus { node: names[n], model: None, units }),
+                pods.iter().map(|&(n, units)| PodGpus { node: names[n], model: None, units, other: false }),
                 &models,
                 &c,
             );

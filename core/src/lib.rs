@@ -22,6 +22,7 @@ pub mod jwt;
 pub mod next_start;
 pub mod notice;
 pub mod pod_action;
+pub mod preemption_policy;
 pub mod rate;
 pub mod rules;
 pub mod usage;

@@ -69,6 +69,10 @@ pub struct PodFacts {
     pub owned: bool,
     /// JupyterHub runs it (its user and server are on it).
     pub hub_server: bool,
+    /// In a namespace the controller does not serve but an admin made preemptible
+    /// ([`crate::preemption_policy`]): lent pods and other workloads there give way
+    /// to booked pods, and are only deleted.
+    pub delete_only: bool,
 }
 
 /// What is done to the pod.
@@ -118,8 +122,21 @@ pub fn plan(
             }
         }
         Trigger::Preempted => {
-            if pod.standing != Some(PodStanding::Low) || pod.deleting {
+            if pod.deleting {
+                return Plan::Skip("already going");
+            }
+            // Where it does not serve, the controller only deletes: neither the pod
+            // nor its replacement is its to make.
+            let yields = match pod.standing {
+                Some(PodStanding::Low) => true,
+                None => pod.delete_only,
+                Some(PodStanding::High) => false,
+            };
+            if !yields {
                 return Plan::Skip("no longer a low-priority pod");
+            }
+            if pod.delete_only {
+                return Plan::Act(Mode::Delete);
             }
             match on_expiry {
                 OnExpiry::Delete => Mode::Delete,
@@ -246,6 +263,38 @@ mod tests {
         assert_eq!(at(&lent(), OnExpiry::Delete), Plan::Act(Mode::Delete));
         assert_eq!(
             at(&booked(false), OnExpiry::RecreateCpu),
+            Plan::Skip("no longer a low-priority pod")
+        );
+        // Another workload: kept unless an admin made its namespace preemptible,
+        // then only deleted, whatever the mode.
+        let other = PodFacts::default();
+        assert_eq!(
+            at(&other, OnExpiry::RecreateCpu),
+            Plan::Skip("no longer a low-priority pod")
+        );
+        let opted_in = PodFacts {
+            delete_only: true,
+            ..PodFacts::default()
+        };
+        let lent_there = PodFacts {
+            delete_only: true,
+            ..lent()
+        };
+        for mode in [
+            OnExpiry::RecreateCpu,
+            OnExpiry::HubRestart,
+            OnExpiry::Demote,
+        ] {
+            assert_eq!(at(&opted_in, mode), Plan::Act(Mode::Delete));
+            assert_eq!(at(&lent_there, mode), Plan::Act(Mode::Delete));
+        }
+        // A booked pod in such a namespace is still never preempted.
+        let booked_there = PodFacts {
+            delete_only: true,
+            ..booked(false)
+        };
+        assert_eq!(
+            at(&booked_there, OnExpiry::RecreateCpu),
             Plan::Skip("no longer a low-priority pod")
         );
     }

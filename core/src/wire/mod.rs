@@ -49,9 +49,7 @@ pub use audit::{
 };
 pub use bookings::Booking;
 pub use changes::{BookingChange, BookingChanges};
-pub use held::{
-    HeldReport, HeldReported, MAX_HELD_UNITS, MAX_REPORTED_BOOKINGS, MAX_WAITING_LEN,
-};
+pub use held::{HeldReport, HeldReported, MAX_HELD_UNITS, MAX_REPORTED_BOOKINGS, MAX_WAITING_LEN};
 pub use models::{Model, UsageReport, MAX_OTHER_NAMESPACES, MAX_REPORTED_CARDS};
 pub use schedulability::{ActiveBooking, Schedulability};
 
