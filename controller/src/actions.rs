@@ -203,6 +203,8 @@ pub struct Ctx {
     pub hub: Option<Arc<Hub>>,
     /// Where intents are recorded (the controller's own namespace).
     pub intent_namespace: String,
+    /// Where it acts and which pods give way to booked ones.
+    pub policy: gpu_booking_core::preemption_policy::PreemptionPolicy,
     /// Cancelled when the controller is killed: actions stop where they are.
     pub halt: tokio_util::sync::CancellationToken,
 }
@@ -333,6 +335,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, ActionError> {
             .is_some_and(|i| i.node.is_none() && i.unschedulable_for_gpu),
         owned,
         hub_server: hub_server(&pod).is_some(),
+        delete_only: ctx.policy.delete_only(&job.namespace),
     };
     let trigger = match &job.reason {
         Reason::Expired { .. } => Trigger::Expired,

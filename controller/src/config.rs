@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::{AdmissionArgs, AdmissionConfig};
+use gpu_booking_core::preemption_policy::PreemptionPolicy;
 pub use gpu_booking_process::LogFormat;
 use gpu_booking_process::{AdminArgs, LogArgs};
 
@@ -58,10 +59,24 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_DRY_RUN", default_value_t = false)]
     pub dry_run: bool,
 
-    /// Watch pods in this namespace only (default, or `*` as the chart's
-    /// `controller.namespace` writes it: all namespaces).
+    /// Act on pods in this namespace only: end booked pods, take lent cards back,
+    /// re-create and annotate pods (default, or `*` as the chart's
+    /// `controller.namespace` writes it: every namespace). GPU pods are counted in
+    /// every namespace whatever this says.
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_NAMESPACE")]
     pub namespace: Option<String>,
+
+    /// Namespaces whose other workloads (GPU pods our webhook did not admit as
+    /// booked or lent) may be deleted to make room for a booked pod, where lent pods
+    /// cannot make room; comma-separated. Empty (default): other workloads are never
+    /// preempted.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_CONTROLLER_PREEMPTIBLE_NAMESPACES",
+        value_delimiter = ',',
+        num_args = 0..
+    )]
+    pub preemptible_namespaces: Vec<String>,
 
     /// Node label holding the GPU product name (matched against the models' patterns).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_PRODUCT_LABEL", default_value = DEFAULT_PRODUCT_LABEL)]
@@ -193,6 +208,14 @@ impl ControllerArgs {
             .filter(|ns| !ns.is_empty() && *ns != "*")
     }
 
+    /// Where it acts and which pods give way to booked ones (core decides).
+    pub fn preemption_policy(&self) -> PreemptionPolicy {
+        PreemptionPolicy::new(
+            self.served_namespace(),
+            self.preemptible_namespaces.iter().cloned(),
+        )
+    }
+
     pub fn with_defaults(booking_url: &str) -> Self {
         Self {
             booking: BookingServiceArgs::new(booking_url, None),
@@ -202,6 +225,7 @@ impl ControllerArgs {
             hub_token_file: None,
             dry_run: false,
             namespace: None,
+            preemptible_namespaces: Vec::new(),
             product_label: DEFAULT_PRODUCT_LABEL.into(),
             admission: AdmissionArgs::default(),
             advertise_gpumem: true,

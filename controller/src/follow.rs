@@ -149,7 +149,8 @@ pub fn lent_pods_of<'a>(
     let mut lent: Vec<&PodInfo> = pods
         .values()
         .filter(|p| {
-            p.priority == Some(Priority::Low)
+            p.served
+                && p.priority == Some(Priority::Low)
                 && p.node.is_some()
                 && !p.finished
                 && !p.deleting
@@ -292,6 +293,7 @@ mod tests {
             booking_id: booking,
             booking_units: None,
             unschedulable_for_gpu: false,
+            served: true,
             model_label: Some("a100".into()),
             user: Some("Alice".into()),
             terminate_at: end,

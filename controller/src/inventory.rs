@@ -9,7 +9,7 @@
 //! - In use: cards with a pod on them (replicas of a time-sliced card rounded up).
 //! - The VRAM budget a node advertises: units x (memory per unit - reserve).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gpu_booking_client::Model;
 use gpu_booking_core::admission::parse_quantity;
@@ -18,6 +18,8 @@ use gpu_booking_core::inventory::{
     model_inventory, node_inventory, InventoryConfig, ModelInventory, NodeFacts, NodeInventory,
     PodGpus, NVIDIA_LABEL_PREFIX, NVML_MEMORY_LABEL,
 };
+use gpu_booking_core::preemption_policy::PreemptionPolicy;
+pub use gpu_booking_core::wire::MAX_OTHER_NAMESPACES;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{json, Map, Value};
 
@@ -191,8 +193,15 @@ impl NodeInfo {
     }
 }
 
-/// Units, cards in use and VRAM budget of one model.
-pub type Usage = ModelInventory;
+/// One model as the controller reports it: core's count (units, cards in use, by
+/// other workloads too, the VRAM budget) and the namespaces whose other workloads
+/// hold its cards.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub counted: ModelInventory,
+    /// Sorted; at most [`MAX_OTHER_NAMESPACES`].
+    pub other_namespaces: Vec<String>,
+}
 
 /// The node's GPUs as core counts them.
 pub fn node_gpus(node: &NodeInfo, models: &Models) -> NodeInventory {
@@ -240,6 +249,7 @@ pub fn usage<'a>(
     nodes: impl IntoIterator<Item = &'a NodeInfo>,
     pods: impl IntoIterator<Item = &'a PodInfo>,
     models: &Models,
+    policy: &PreemptionPolicy,
 ) -> BTreeMap<String, Usage> {
     let nodes: Vec<(&NodeInfo, NodeInventory)> = nodes
         .into_iter()
@@ -259,7 +269,17 @@ pub fn usage<'a>(
             (p, model.and_then(|m| ModelName::parse(m).ok()))
         })
         .collect();
-    model_inventory(
+    let generic_models = node_models(nodes.iter().map(|(n, _)| *n), models);
+    let mut other_namespaces: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    for (pod, _) in pods.iter().filter(|(p, _)| lost_to_bookings(p, policy)) {
+        if let Some(model) = pod_model(pod, &generic_models) {
+            other_namespaces
+                .entry(model)
+                .or_default()
+                .insert(&pod.namespace);
+        }
+    }
+    let counted = model_inventory(
         nodes
             .iter()
             .map(|(n, inv)| (n.name.as_str(), inv, n.gpumem_allocatable())),
@@ -268,14 +288,37 @@ pub fn usage<'a>(
                 node: p.node.as_deref()?,
                 model: model.as_ref(),
                 units: p.gpu.as_ref()?.units,
+                other: lost_to_bookings(p, policy),
             })
         }),
         &names,
         &models.inventory,
-    )
-    .into_iter()
-    .map(|(m, u)| (m.as_str().to_owned(), u))
-    .collect()
+    );
+    counted
+        .into_iter()
+        .map(|(m, counted)| {
+            let name = m.as_str().to_owned();
+            let other_namespaces = other_namespaces
+                .get(&name)
+                .map(|set| {
+                    set.iter()
+                        .take(MAX_OTHER_NAMESPACES)
+                        .map(|ns| (*ns).to_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let usage = Usage {
+                counted,
+                other_namespaces,
+            };
+            (name, usage)
+        })
+        .collect()
+}
+
+/// Whether bookings cannot get the pod's cards while it runs (core's policy).
+fn lost_to_bookings(pod: &PodInfo, policy: &PreemptionPolicy) -> bool {
+    policy.held_from_bookings(pod.priority, &pod.namespace)
 }
 
 #[cfg(test)]
@@ -339,6 +382,7 @@ mod tests {
             scheduler_preempted: false,
             unschedulable: false,
             unschedulable_for_gpu: false,
+            served: true,
         }
     }
 
@@ -388,8 +432,8 @@ mod tests {
                 pending
             },
         ];
-        let usage = usage(&nodes, &pods, &models);
-        let pair = |m: &str| (usage[m].cards, usage[m].in_use);
+        let usage = usage(&nodes, &pods, &models, &PreemptionPolicy::default());
+        let pair = |m: &str| (usage[m].counted.cards, usage[m].counted.in_use);
         assert_eq!(pair("a100-40gb"), (6, 3));
         assert_eq!(pair("mig-1g.5gb"), (7, 3));
         assert_eq!(pair("rtx-a6000"), (8, 1));

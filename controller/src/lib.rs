@@ -108,6 +108,7 @@ impl Controller {
             gone_timeout: args.gone_timeout,
             hub,
             intent_namespace: args.lease_namespace.clone(),
+            policy: args.preemption_policy(),
             halt: tokio_util::sync::CancellationToken::new(),
         });
         let halt = ctx.halt.clone();

@@ -44,6 +44,16 @@ pub struct ModelLabel {
     pub model: String,
 }
 
+/// A booked pod that waits with no pod that may give way.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitingLabel {
+    pub model: String,
+    /// The namespaces (at most three, comma-separated, in order) whose pods hold
+    /// the cards and may not give way; empty when bookings hold them. The series
+    /// are the waiting pods of the last round only, so they stay few.
+    pub held_by: String,
+}
+
 /// The inventory as gauges (every replica keeps them, from its own watches).
 #[derive(Default)]
 pub struct InventoryGauges {
@@ -53,6 +63,8 @@ pub struct InventoryGauges {
     pub units: Family<ModelLabel, Gauge>,
     /// Cards with a pod on them.
     pub in_use: Family<ModelLabel, Gauge>,
+    /// Cards other workloads (pods not admitted as booked or lent) use.
+    pub others_in_use: Family<ModelLabel, Gauge>,
     /// 1 when a model's cards disagree with its declared units.
     pub mismatch: Family<ModelLabel, Gauge>,
     /// Nodes with GPUs.
@@ -77,6 +89,9 @@ pub struct Metrics {
     pub is_leader: Gauge,
     /// Expiry timers armed now.
     pub timers: Gauge,
+    /// Booked pods Pending with no pod that may give way, by model and who holds
+    /// the cards.
+    pub booked_pods_waiting: Family<WaitingLabel, Gauge>,
     /// How far the booking change stream lagged the booking database at its last
     /// answer: a long transaction there holds back every booking change made after
     /// it began, so cancellations and moves reach pods that much later. NaN before
@@ -124,6 +139,11 @@ impl Metrics {
                 Gauge::default(),
             ),
             timers: r.add("expiry_timers", "Expiry timers armed", Gauge::default()),
+            booked_pods_waiting: r.add(
+                "booked_pods_waiting",
+                "Booked pods Pending with no pod that may give way, by model and the namespaces whose pods hold the cards",
+                Family::default(),
+            ),
             booking_changes_behind: r.add_with_unit(
                 "booking_changes_behind",
                 "How far the booking change stream lagged the booking database at its last answer (NaN before it and during a backlog)",
@@ -144,6 +164,11 @@ impl Metrics {
                 in_use: r.add(
                     "model_in_use",
                     "Cards of each model with a pod on them",
+                    Family::default(),
+                ),
+                others_in_use: r.add(
+                    "model_others_in_use",
+                    "Cards of each model that other workloads (pods not admitted as booked or lent) use",
                     Family::default(),
                 ),
                 mismatch: r.add(

@@ -180,6 +180,9 @@ pub struct PodInfo {
     pub unschedulable: bool,
     /// ... for want of a GPU resource or of the VRAM budget.
     pub unschedulable_for_gpu: bool,
+    /// In a namespace the controller serves (`--namespace`): it ends, re-creates
+    /// and annotates this pod. Pods elsewhere are only counted.
+    pub served: bool,
 }
 
 /// The VRAM budget of the containers (their limit, else their request; init
@@ -289,6 +292,7 @@ impl PodInfo {
             scheduler_preempted,
             unschedulable,
             unschedulable_for_gpu,
+            served: true,
         })
     }
 
@@ -297,9 +301,10 @@ impl PodInfo {
         self.gpu.is_some() || self.priority.is_some()
     }
 
-    /// A booked pod with an end, still running or waiting to.
+    /// A booked pod with an end, still running or waiting to, where the controller
+    /// acts (one elsewhere is not its to end).
     pub fn expiry(&self) -> Option<DateTime<Utc>> {
-        (self.priority == Some(Priority::High) && !self.finished && !self.deleting)
+        (self.served && self.priority == Some(Priority::High) && !self.finished && !self.deleting)
             .then_some(self.terminate_at)
             .flatten()
     }

@@ -11,17 +11,24 @@
 //!   model) and the VRAM budget resource, minus what the pods bound there request.
 //!   Pods already terminating, and pods the controller is acting on, count as gone:
 //!   the room they free is on its way, so it is not freed a second time.
-//! - **Tenants**: lent pods (`gpu-booking.io/priority=low`) holding a GPU of the model,
-//!   neither terminating nor being acted on. Booked pods are never tenants.
+//! - **Tenants**: the pods core's preemption policy lets give way
+//!   ([`PreemptionPolicy`]): lent pods (`gpu-booking.io/priority=low` with our class)
+//!   where the controller acts, then, only where those cannot make room, other
+//!   workloads in the namespaces an admin made preemptible; neither terminating nor
+//!   being acted on. Booked pods are never tenants. Every pod counts for room,
+//!   whatever its namespace.
+//! - **Why a pod waits** when no tenant can make room: the units on its nodes, and
+//!   who holds them ([`Shortfall`], for core's sentence).
 //! - A round decides for each Pending booked pod in turn and books the room it gets,
 //!   so two booked pods never count on the same freed unit.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gpu_booking_core::eviction::{self, Need, Plan, Room, Tenant};
+use gpu_booking_core::preemption_policy::{Holder, PreemptionPolicy, Shortfall, Verdict};
 
 use crate::inventory::{self, Models, NodeInfo};
-use crate::pods::{PodInfo, Priority};
+use crate::pods::PodInfo;
 
 /// What the round reads.
 pub struct View<'a> {
@@ -36,6 +43,8 @@ pub struct View<'a> {
     pub going: &'a HashSet<String>,
     /// VRAM to keep spare beside a booked pod's budget, MiB.
     pub cushion_mib: u64,
+    /// Which pods may give way.
+    pub policy: &'a PreemptionPolicy,
 }
 
 /// What a round decided for one booked pod.
@@ -43,10 +52,11 @@ pub struct View<'a> {
 pub enum Decision {
     /// Room is free or on its way: nothing to do but wait for the scheduler.
     Fits { node: String },
-    /// These lent pods (uids, least recently used first) give way on `node`.
+    /// These pods (uids, least recently used first) give way on `node`.
     Evict { node: String, victims: Vec<String> },
-    /// No lent pod could make room for it.
-    NoRoom,
+    /// No pod that may give way could make room for it: why, on the nodes it may
+    /// run on.
+    NoRoom(Shortfall),
 }
 
 /// Room and tenants for one round of decisions.
@@ -58,9 +68,22 @@ pub struct Round {
     vram: BTreeMap<String, Option<u64>>,
     /// The VRAM budget one unit holds, by (model, node), where the node advertises it.
     unit_vram: BTreeMap<(String, String), u64>,
-    /// Tenants by model; ids are `namespace/name`.
-    tenants: BTreeMap<String, Vec<Tenant>>,
+    /// Tenants by model, lent pods first and other workloads an admin made
+    /// preemptible second; ids are `namespace/name`.
+    tenants: [BTreeMap<String, Vec<Tenant>>; 2],
     uids: HashMap<String, String>,
+    /// Units held by (model, node): every pod, and how many by whom.
+    held: BTreeMap<(String, String), Held>,
+    /// GPU units by (model, node) before any pod.
+    capacity: BTreeMap<(String, String), u64>,
+}
+
+/// Who holds a model's units on one node.
+#[derive(Debug, Clone, Default)]
+struct Held {
+    booked: u64,
+    /// Pods that may not give way, by namespace.
+    kept: BTreeMap<String, u64>,
 }
 
 fn going(pod: &PodInfo, view: &View<'_>) -> bool {
@@ -101,8 +124,10 @@ impl Round {
                 (n > 0).then(|| (key.clone(), total / n))
             })
             .collect();
-        let mut tenants: BTreeMap<String, Vec<Tenant>> = BTreeMap::new();
+        let capacity = units.clone();
+        let mut tenants: [BTreeMap<String, Vec<Tenant>>; 2] = Default::default();
         let mut uids = HashMap::new();
+        let mut held: BTreeMap<(String, String), Held> = BTreeMap::new();
         for pod in view.pods.values() {
             let (Some(node), Some(gpu)) = (&pod.node, &pod.gpu) else {
                 continue;
@@ -119,16 +144,27 @@ impl Round {
             if let Some(Some(free)) = vram.get_mut(node) {
                 *free = free.saturating_sub(pod.placement.gpumem_mib);
             }
-            if pod.priority == Some(Priority::Low) {
-                uids.insert(pod.key(), pod.uid.clone());
-                tenants.entry(model).or_default().push(Tenant {
-                    id: pod.key(),
-                    node: node.clone(),
-                    units: gpu.units,
-                    vram_mib: pod.placement.gpumem_mib,
-                    last_active: pod.last_used(),
-                });
-            }
+            let holders = held.entry((model.clone(), node.clone())).or_default();
+            let tier = match view.policy.verdict(pod.priority, &pod.namespace) {
+                Verdict::Lent => 0,
+                Verdict::OptedIn => 1,
+                Verdict::Kept => {
+                    if Holder::of(pod.priority) == Holder::Booked {
+                        holders.booked += gpu.units;
+                    } else {
+                        *holders.kept.entry(pod.namespace.clone()).or_default() += gpu.units;
+                    }
+                    continue;
+                }
+            };
+            uids.insert(pod.key(), pod.uid.clone());
+            tenants[tier].entry(model).or_default().push(Tenant {
+                id: pod.key(),
+                node: node.clone(),
+                units: gpu.units,
+                vram_mib: pod.placement.gpumem_mib,
+                last_active: pod.last_used(),
+            });
         }
         Self {
             node_models,
@@ -137,6 +173,8 @@ impl Round {
             unit_vram,
             tenants,
             uids,
+            held,
+            capacity,
         }
     }
 
@@ -171,7 +209,6 @@ impl Round {
                 free_vram_mib: self.vram.get(node).copied().flatten(),
             })
             .collect();
-        let tenants = self.tenants.get(model).map(Vec::as_slice).unwrap_or(&[]);
         // The cushion never asks for more VRAM than the pod's units hold: a pod whose
         // budget fills its cards (whole cards) can use nothing beyond them, and asking
         // for it would cost a second victim for one booked unit.
@@ -180,16 +217,28 @@ impl Round {
             .filter_map(|room| self.unit_vram.get(&(model.to_owned(), room.node.clone())))
             .map(|&per_unit| (per_unit.saturating_mul(need.units)).saturating_sub(need.vram_mib))
             .fold(view.cushion_mib, u64::min);
-        match eviction::plan(&need, cushion, &rooms, tenants) {
+        // Lent pods first; other workloads only where lent pods cannot make room.
+        let lent = self.tenants[0].get(model).cloned().unwrap_or_default();
+        let mut plan = eviction::plan(&need, cushion, &rooms, &lent);
+        if plan == Plan::NoRoom && self.tenants[1].contains_key(model) {
+            let mut both = lent;
+            both.extend(self.tenants[1][model].iter().cloned());
+            plan = eviction::plan(&need, cushion, &rooms, &both);
+        }
+        match plan {
             Plan::Fits { node } => {
                 self.reserve(model, &node, &need);
                 Decision::Fits { node }
             }
             Plan::Evict { node, victims } => {
-                let list = self.tenants.entry(model.to_owned()).or_default();
-                let (gone, kept): (Vec<Tenant>, Vec<Tenant>) =
-                    list.drain(..).partition(|t| victims.contains(&t.id));
-                *list = kept;
+                let mut gone = Vec::new();
+                for tier in &mut self.tenants {
+                    let list = tier.entry(model.to_owned()).or_default();
+                    let (out, kept): (Vec<Tenant>, Vec<Tenant>) =
+                        list.drain(..).partition(|t| victims.contains(&t.id));
+                    *list = kept;
+                    gone.extend(out);
+                }
                 for t in &gone {
                     if let Some(free) = self.units.get_mut(&(model.to_owned(), node.clone())) {
                         *free = free.saturating_add(t.units);
@@ -205,8 +254,27 @@ impl Round {
                     .collect();
                 Decision::Evict { node, victims }
             }
-            Plan::NoRoom => Decision::NoRoom,
+            Plan::NoRoom => Decision::NoRoom(self.shortfall(model, &rooms)),
         }
+    }
+
+    /// Who holds the units of `model` on the nodes of `rooms`.
+    fn shortfall(&self, model: &str, rooms: &[Room]) -> Shortfall {
+        let mut out = Shortfall::default();
+        for room in rooms {
+            let key = (model.to_owned(), room.node.clone());
+            let held = self.held.get(&key).cloned().unwrap_or_default();
+            let capacity = self.capacity.get(&key).copied().unwrap_or(0);
+            out.units += capacity;
+            // Taken: held by pods, on its way back, or given to an earlier booked
+            // pod of this round.
+            out.held += capacity.saturating_sub(room.free_units);
+            out.booked += held.booked;
+            for (ns, n) in held.kept {
+                *out.kept.entry(ns).or_default() += n;
+            }
+        }
+        out
     }
 
     fn reserve(&mut self, model: &str, node: &str, need: &Need) {
@@ -222,7 +290,7 @@ impl Round {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::{GpuUse, Placement};
+    use crate::pods::{GpuUse, Placement, Priority};
     use chrono::{DateTime, Utc};
     use gpu_booking_client::Model;
 
@@ -256,6 +324,7 @@ mod tests {
             scheduler_preempted: false,
             unschedulable: node.is_none(),
             unschedulable_for_gpu: false,
+            served: true,
         }
     }
 
@@ -294,6 +363,7 @@ mod tests {
         models: Models,
         generic: Vec<String>,
         going: HashSet<String>,
+        policy: PreemptionPolicy,
     }
 
     impl World {
@@ -305,6 +375,7 @@ mod tests {
                 models: models(),
                 generic: vec!["nvidia.com/gpu".into()],
                 going: HashSet::new(),
+                policy: PreemptionPolicy::new(Some("jhub"), Vec::new()),
             }
         }
         fn view(&self) -> View<'_> {
@@ -318,6 +389,7 @@ mod tests {
                 model_node_label: "gpu-booking.io/model",
                 going: &self.going,
                 cushion_mib: 256,
+                policy: &self.policy,
             }
         }
         fn decide(&self, booked: &str) -> Decision {
@@ -397,9 +469,93 @@ mod tests {
                 }
             )
         );
+        // Room for neither now: the first booked pod of the round holds one unit
+        // (counted with bookings), the other two are on their way.
         assert_eq!(
             round.decide(&view, &w.pods["uid-booked"], "a100"),
-            Decision::NoRoom
+            Decision::NoRoom(Shortfall {
+                units: 3,
+                held: 3,
+                booked: 1,
+                kept: BTreeMap::new(),
+            })
+        );
+    }
+
+    /// A pod of another namespace holding a card: counted, never a victim, named
+    /// when it is what keeps the booked pod waiting.
+    fn research_job(name: &str, node: &str, started: &str) -> PodInfo {
+        let mut job = pod(name, Some(node), Priority::Low, started);
+        job.priority = None;
+        job.namespace = "research".into();
+        job.served = false;
+        job
+    }
+
+    #[test]
+    fn other_workloads_count_and_stay() {
+        // a: 2 cards, a booked pod and a research job on them.
+        let mut w = busy();
+        w.pods.remove("uid-low-new");
+        w.pods.insert(
+            "uid-train".into(),
+            research_job("train", "a", "2025-01-01T00:00:00Z"),
+        );
+        assert_eq!(
+            w.decide("booked"),
+            Decision::NoRoom(Shortfall {
+                units: 2,
+                held: 2,
+                booked: 1,
+                kept: [("research".to_owned(), 1)].into(),
+            })
+        );
+        // A lent pod of our webhook in a namespace the controller does not act in
+        // is kept too.
+        let mut w = busy();
+        w.pods.get_mut("uid-low-new").unwrap().namespace = "elsewhere".into();
+        assert!(matches!(w.decide("booked"), Decision::NoRoom(s) if s.kept["elsewhere"] == 1));
+    }
+
+    #[test]
+    fn lent_pods_give_way_before_opted_in_workloads() {
+        // a: 3 cards: a research job (least recently active), a lent pod, free none
+        // once the booked pod and ... hold the third.
+        let mut w = busy();
+        w.nodes.get_mut("a").unwrap().facts.allocatable = [("nvidia.com/gpu".to_owned(), 3)].into();
+        w.pods.insert(
+            "uid-train".into(),
+            research_job("train", "a", "2024-01-01T00:00:00Z"),
+        );
+        w.policy = PreemptionPolicy::new(Some("jhub"), ["research".to_owned()]);
+        // The lent pod goes although the research job was idle longer.
+        assert_eq!(
+            w.decide("booked"),
+            Decision::Evict {
+                node: "a".into(),
+                victims: vec!["uid-low-new".into()]
+            }
+        );
+        // Without the lent pod, the opted-in job gives way.
+        w.pods.remove("uid-low-new");
+        w.pods
+            .get_mut("uid-high")
+            .unwrap()
+            .gpu
+            .as_mut()
+            .unwrap()
+            .units = 2;
+        assert_eq!(
+            w.decide("booked"),
+            Decision::Evict {
+                node: "a".into(),
+                victims: vec!["uid-train".into()]
+            }
+        );
+        // Not opted in: it stays, and says so.
+        w.policy = PreemptionPolicy::new(Some("jhub"), Vec::new());
+        assert!(
+            matches!(w.decide("booked"), Decision::NoRoom(s) if s.kept["research"] == 1 && s.booked == 2)
         );
     }
 

@@ -210,6 +210,13 @@ impl Expiry {
     /// Runs an action on its own task, unless this replica does not lead or the pod
     /// has one under way; its end comes back as [`Msg::Done`].
     pub(super) fn start(&mut self, job: Job) {
+        // Every action starts here: none outside the namespaces it may act in,
+        // whatever asked for it.
+        if !self.ctx.policy.acts_in(&job.namespace) {
+            self.ctx.metrics.action(job.reason.metric(), "skipped");
+            tracing::debug!(pod = %format!("{}/{}", job.namespace, job.name), "not acting outside the served namespaces");
+            return;
+        }
         if !self.leader() || !self.in_flight.insert(job.uid.clone()) {
             return;
         }

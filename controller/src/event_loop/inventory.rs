@@ -238,7 +238,12 @@ impl Inventory {
 
     fn usage(&self, pods: &HashMap<String, PodInfo>) -> Option<BTreeMap<String, Usage>> {
         let models = self.models.as_ref()?;
-        Some(inventory::usage(self.nodes.values(), pods.values(), models))
+        Some(inventory::usage(
+            self.nodes.values(),
+            pods.values(),
+            models,
+            &self.ctx.policy,
+        ))
     }
 
     /// The inventory gauges, from this replica's own view (followers' too).
@@ -247,7 +252,7 @@ impl Inventory {
             return;
         };
         let g = &self.ctx.metrics.inventory;
-        for family in [&g.cards, &g.units, &g.in_use, &g.mismatch] {
+        for family in [&g.cards, &g.units, &g.in_use, &g.others_in_use, &g.mismatch] {
             family.clear();
         }
         for (model, u) in usage {
@@ -255,8 +260,12 @@ impl Inventory {
                 model: model.clone(),
             };
             let declared = models.declared.get(model).copied();
+            let u = &u.counted;
             g.cards.get_or_create(&label).set(u.cards as i64);
             g.in_use.get_or_create(&label).set(u.in_use as i64);
+            g.others_in_use
+                .get_or_create(&label)
+                .set(u.others_in_use as i64);
             if let Some(units) = declared {
                 g.units.get_or_create(&label).set(i64::from(units));
                 let cards = i64::try_from(u.cards).unwrap_or(i64::MAX);
@@ -317,9 +326,10 @@ impl Inventory {
             for (model, u) in &changed {
                 tracing::info!(
                     model,
-                    cards = u.cards,
-                    in_use = u.in_use,
-                    gpumem_advertised = u.gpumem_advertised,
+                    cards = u.counted.cards,
+                    in_use = u.counted.in_use,
+                    others_in_use = u.counted.others_in_use,
+                    gpumem_advertised = u.counted.gpumem_advertised,
                     "dry run: would report usage"
                 );
                 self.ctx.metrics.action("report_usage", "dry_run");
@@ -335,12 +345,12 @@ impl Inventory {
             for (model, u) in changed {
                 let clamp = gpu_booking_core::wire::reported;
                 let report = UsageReport {
-                    in_use: clamp(u.in_use),
-                    cards: Some(clamp(u.cards)),
-                    gpumem_advertised: Some(u.gpumem_advertised),
-                    gpumem_unit_mib: u.gpumem_unit_mib.map(clamp),
-                    others_in_use: None,
-                    other_namespaces: Vec::new(),
+                    in_use: clamp(u.counted.in_use),
+                    cards: Some(clamp(u.counted.cards)),
+                    gpumem_advertised: Some(u.counted.gpumem_advertised),
+                    gpumem_unit_mib: u.counted.gpumem_unit_mib.map(clamp),
+                    others_in_use: Some(clamp(u.counted.others_in_use)),
+                    other_namespaces: u.other_namespaces.clone(),
                 };
                 match ctx.booking.put_usage(&model, &report).await {
                     Ok(()) => {
@@ -373,6 +383,7 @@ impl Inventory {
         &mut self,
         booked: &[BookedPod<String>],
         pods: &HashMap<String, PodInfo>,
+        waiting: BTreeMap<i64, String>,
     ) {
         let held = HeldReport {
             bookings: gpu_booking_core::booking_units::held_by_booking(booked)
@@ -380,7 +391,7 @@ impl Inventory {
                 .map(|(id, units)| (id, gpu_booking_core::wire::reported(units)))
                 .collect(),
             active: booking_units::last_active_by_booking(pods),
-            waiting: BTreeMap::new(),
+            waiting,
         };
         let news = match &self.held_reported {
             None => true,

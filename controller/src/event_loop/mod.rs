@@ -43,6 +43,9 @@ use follower::Follower;
 use inventory::Inventory;
 use preemption::Preemption;
 
+/// The pods that may hold a GPU: those not finished (`status.phase` is one of the
+/// fields kube-apiserver selects pods by).
+const UNFINISHED_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
 /// How often usage is pushed and node labels are checked (changes are batched).
 const SYNC_EVERY: Duration = Duration::from_secs(1);
 /// How often the leader looks for recorded actions left unfinished (besides when it
@@ -96,16 +99,16 @@ impl Loop {
         }
     }
 
+    /// Every pod that may hold a GPU, in every namespace: a card a pod elsewhere
+    /// holds is not free, whoever made the pod (it acts only where the policy lets
+    /// it). Pods that finished hold nothing and are left to the API server's
+    /// field selector (a pod that finishes leaves the watch as a deletion).
     fn pod_stream(
         &self,
     ) -> futures::stream::BoxStream<'static, Result<Event<PodLite>, watcher::Error>> {
-        let api: Api<PodLite> = match self.args.served_namespace() {
-            Some(ns) => Api::namespaced(self.ctx.client.clone(), ns),
-            None => Api::all(self.ctx.client.clone()),
-        };
-        watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed()
+        let api: Api<PodLite> = Api::all(self.ctx.client.clone());
+        let config = watcher::Config::default().fields(UNFINISHED_PODS);
+        watcher::watcher(api, config).default_backoff().boxed()
     }
 
     /// Runs until the task is dropped.
@@ -222,9 +225,10 @@ impl Loop {
 
     fn upsert_pod(&mut self, pod: &PodLite) {
         let cfg = self.ctx.cfg.current();
-        let Some(info) = PodInfo::from_pod(pod, &cfg) else {
+        let Some(mut info) = PodInfo::from_pod(pod, &cfg) else {
             return;
         };
+        info.served = self.ctx.policy.serves(&info.namespace);
         self.preemption
             .note_gpumem(&info.uid, pod.unschedulable_for(&cfg.gpumem_resource));
         self.expiry.listed(&info.uid);
@@ -238,7 +242,8 @@ impl Loop {
         self.expiry.schedule(&info);
         self.follower
             .check_booking_of(&info, self.expiry.pods_synced());
-        let scheduler_preempted = info.scheduler_preempted && info.priority.is_some();
+        let scheduler_preempted =
+            info.scheduler_preempted && info.priority.is_some() && info.served;
         let job = scheduler_preempted.then(|| job_for(&info, Reason::SchedulerPreempted));
         self.expiry.insert(info);
         if let Some(job) = job {
@@ -274,7 +279,9 @@ impl Loop {
             return;
         }
         let booked = booking_units::booked_pods(self.expiry.pods());
-        self.inventory.report_held(&booked, self.expiry.pods());
+        let waiting = self.preemption.waiting_by_booking();
+        self.inventory
+            .report_held(&booked, self.expiry.pods(), waiting);
         for job in self.preemption.beyond_units(&booked, self.expiry.pods()) {
             self.expiry.start(job);
         }

@@ -3,12 +3,13 @@
 //! and booked pods beyond their booking's units. It decides which actions to take;
 //! the expiry part ([`super::expiry::Expiry::start`]) runs them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_booking_core::admission::{pending_lent, PendingLent};
 use gpu_booking_core::booking_units::BookedPod;
+use gpu_booking_core::preemption_policy::{waiting_reason, NAMED_NAMESPACES};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -19,6 +20,7 @@ use super::inventory::Inventory;
 use super::{job_for, Msg};
 use crate::actions::{self, Ctx, Job, Reason};
 use crate::config::ControllerArgs;
+use crate::metrics::WaitingLabel;
 use crate::pods::{PodInfo, Priority, PREEMPTION_ROUNDS_ANNOTATION};
 use crate::victims::{self, Round, View};
 
@@ -32,6 +34,9 @@ pub(super) struct Preemption {
     attempts: HashMap<String, Attempts>,
     /// Pods the scheduler cannot place for want of the VRAM budget.
     pending_gpumem: HashSet<String>,
+    /// The booked pods that wait with no pod that may give way, as the last round
+    /// found them.
+    waiting: Vec<Waiting>,
     /// Lent pods the scheduler cannot place for want of a GPU, since when.
     pending_lent: HashMap<String, Instant>,
 }
@@ -46,6 +51,7 @@ impl Preemption {
             attempts: HashMap::new(),
             pending_gpumem: HashSet::new(),
             pending_lent: HashMap::new(),
+            waiting: Vec::new(),
         }
     }
 
@@ -72,7 +78,8 @@ impl Preemption {
     /// or a lent pod waiting for a GPU.
     pub(super) fn track(&mut self, info: &PodInfo) {
         let uid = &info.uid;
-        if info.priority == Some(Priority::High)
+        if info.served
+            && info.priority == Some(Priority::High)
             && info.node.is_none()
             && info.unschedulable
             && !info.deleting
@@ -81,7 +88,8 @@ impl Preemption {
         } else {
             self.pending.remove(uid);
         }
-        if info.priority == Some(Priority::Low)
+        if info.served
+            && info.priority == Some(Priority::Low)
             && info.node.is_none()
             && info.unschedulable_for_gpu
             && !info.deleting
@@ -103,6 +111,33 @@ impl Preemption {
         }
     }
 
+    /// Why each booking whose pod waits does (for the held-units report: its page
+    /// and the API show it).
+    pub(super) fn waiting_by_booking(&self) -> BTreeMap<i64, String> {
+        self.waiting
+            .iter()
+            .filter_map(|w| Some((w.booking_id?, w.reason.clone())))
+            .collect()
+    }
+
+    /// The waiting booked pods as gauges, by model and the namespaces whose pods
+    /// keep them waiting (the alert names them).
+    fn publish_waiting(&mut self, waiting: Vec<Waiting>) {
+        let gauge = &self.ctx.metrics.booked_pods_waiting;
+        gauge.clear();
+        for w in &waiting {
+            let mut held_by: Vec<&str> = w.held_by.iter().map(String::as_str).collect();
+            held_by.truncate(NAMED_NAMESPACES);
+            gauge
+                .get_or_create(&WaitingLabel {
+                    model: w.model.clone(),
+                    held_by: held_by.join(","),
+                })
+                .inc();
+        }
+        self.waiting = waiting;
+    }
+
     /// A booking covers its units and no more: the pods beyond a booking's units,
     /// newest first, are demoted (two pods admitted before the count caught up both
     /// got high priority). Level-triggered: a demotion that failed or was missed is
@@ -115,7 +150,7 @@ impl Preemption {
         gpu_booking_core::booking_units::beyond_units(booked)
             .into_iter()
             .filter_map(|uid| {
-                let info = pods.get(&uid)?;
+                let info = pods.get(&uid).filter(|p| p.served)?;
                 let (Some(booking_id), Some(units)) = (info.booking_id, info.booking_units) else {
                     return None;
                 };
@@ -167,12 +202,12 @@ impl Preemption {
         let pods = expiry.pods();
         let pending = &self.pending;
         self.attempts.retain(|uid, _| pending.contains(uid));
-        let mut waiting: Vec<&PodInfo> = self
+        let mut pending_pods: Vec<&PodInfo> = self
             .pending
             .iter()
             .filter_map(|uid| pods.get(uid))
             .collect();
-        waiting.sort_by(|a, b| {
+        pending_pods.sort_by(|a, b| {
             (a.started, &a.namespace, &a.name).cmp(&(b.started, &b.namespace, &b.name))
         });
         let cfg = self.ctx.cfg.current();
@@ -186,12 +221,14 @@ impl Preemption {
             model_node_label: &self.args.admission.model_node_label,
             going: expiry.in_flight(),
             cushion_mib: self.args.preemption_vram_cushion,
+            policy: &self.ctx.policy,
         };
         let mut round = Round::new(&view);
         let now = Instant::now();
         let mut jobs = Vec::new();
         let mut notes = Vec::new();
-        for pod in waiting {
+        let mut waiting_now = Vec::new();
+        for pod in pending_pods {
             let Some(model) = pod
                 .model_label
                 .clone()
@@ -210,14 +247,32 @@ impl Preemption {
                 .entry(pod.uid.clone())
                 .or_insert_with(|| Attempts::resumed(pod.preemption_rounds, now, retry));
             state.rounds = state.rounds.max(pod.preemption_rounds);
+            if !matches!(decision, victims::Decision::NoRoom(_)) {
+                state.waiting = None;
+            }
             match decision {
                 victims::Decision::Fits { .. } => {}
-                victims::Decision::NoRoom => {
-                    if !state.said_no_room {
-                        state.said_no_room = true;
-                        self.ctx.metrics.action("preempt", "no_victim");
-                        tracing::info!(pod = %pod.key(), %model, "booked pod waits; no lent pod can make room");
+                victims::Decision::NoRoom(shortfall) => {
+                    let reason = waiting_reason(&model, &shortfall);
+                    if state.waiting.as_deref() != Some(reason.as_str()) {
+                        if state.waiting.is_none() {
+                            self.ctx.metrics.action("preempt", "no_victim");
+                        }
+                        tracing::info!(pod = %pod.key(), %model, %reason, "booked pod waits; no pod that may give way can make room");
+                        notes.push((
+                            pod.clone(),
+                            "WaitingForGpu",
+                            format!("gpu-booking: {reason}"),
+                        ));
+                        state.waiting = Some(reason.clone());
                     }
+                    waiting_now.push(Waiting {
+                        booking_id: pod.booking_id,
+                        model: model.clone(),
+                        held_by: shortfall.kept.keys().cloned().collect(),
+                        reason,
+                    });
+                    continue;
                 }
                 victims::Decision::Evict { node, victims } => {
                     if state.next.is_some_and(|next| now < next) {
@@ -262,6 +317,7 @@ impl Preemption {
                 }
             }
         }
+        self.publish_waiting(waiting_now);
         let mut start_now = Vec::new();
         for (pod, rounds, round_jobs) in jobs {
             start_now.extend(self.record_round(&pod, rounds, round_jobs));
@@ -316,6 +372,16 @@ impl Preemption {
     }
 }
 
+/// A booked pod that waits with no pod that may give way.
+#[derive(Debug, Clone)]
+struct Waiting {
+    booking_id: Option<i64>,
+    model: String,
+    /// Namespaces whose pods keep it waiting, in order.
+    held_by: Vec<String>,
+    reason: String,
+}
+
 /// The preemption rounds for one Pending booked pod.
 #[derive(Debug, Default)]
 struct Attempts {
@@ -323,7 +389,8 @@ struct Attempts {
     /// No round before this.
     next: Option<Instant>,
     gave_up: bool,
-    said_no_room: bool,
+    /// Why it waits, as last told (an Event when it changes).
+    waiting: Option<String>,
 }
 
 impl Attempts {
