@@ -106,16 +106,18 @@ def controller_pod_rules(rendered):
         if o["kind"] in ("Role", "ClusterRole") and o["metadata"]["labels"]["app.kubernetes.io/component"] == "controller":
             for r in o["rules"]:
                 if "pods" in r["resources"]:
-                    out[(o["kind"], o["metadata"].get("namespace"))] = r["verbs"]
-    return out
+                    out.setdefault((o["kind"], o["metadata"].get("namespace")), []).extend(r["verbs"])
+    return {k: sorted(v) for k, v in out.items()}
 
 
-def test_the_controller_changes_pods_only_in_the_namespace_it_serves():
-    # What its code does to pods, in every on-expiry mode: read, delete, create a
-    # replacement, patch an annotation (the end-to-end suite runs with these rules).
-    verbs = ["get", "list", "watch", "create", "delete", "patch"]
+def test_the_controller_reads_pods_everywhere_and_changes_them_only_where_it_serves():
+    # What its code does to pods, in every on-expiry mode: watch them all (every GPU
+    # pod counts), and where it serves read one, delete, create a replacement, patch an
+    # annotation (the end-to-end suite runs with these rules).
+    read = ["list", "watch"]
+    verbs = sorted(["get", "create", "delete", "patch"])
     rendered = render.render()
-    assert controller_pod_rules(rendered) == {("Role", "jhub"): verbs}
+    assert controller_pod_rules(rendered) == {("ClusterRole", None): read, ("Role", "jhub"): verbs}
     (binding,) = [o for o in rendered if o["kind"] == "RoleBinding" and o["metadata"]["name"] == "gpu-booking-controller-pods"]
     assert binding["metadata"]["namespace"] == "jhub"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-booking-controller", "namespace": "gpu-booking"}]
@@ -128,10 +130,18 @@ def test_the_controller_changes_pods_only_in_the_namespace_it_serves():
     assert events["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]
     # `delete` mode still finishes a two-step action begun under another mode.
     assert controller_pod_rules(render.render(set_values=["controller.onExpiry=delete"])) == {
-        ("Role", "jhub"): verbs}
+        ("ClusterRole", None): read, ("Role", "jhub"): verbs}
+    # Other workloads an admin made preemptible: deleted there, nothing else.
+    opted = render.render(set_values=["controller.preemption.otherWorkloadNamespaces={research,batch}"])
+    assert controller_pod_rules(opted) == {
+        ("ClusterRole", None): read, ("Role", "jhub"): verbs,
+        ("Role", "research"): ["delete", "get"], ("Role", "batch"): ["delete", "get"]}
+    (deployment,) = [o for o in opted if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-controller")]
+    env = {e["name"]: e.get("value") for e in pod_spec(deployment)["containers"][0]["env"]}
+    assert env["GPU_BOOKING_CONTROLLER_PREEMPTIBLE_NAMESPACES"] == "research,batch"
     # Every namespace: an explicit choice, a ClusterRole, no namespace option.
     everywhere = render.render(set_values=["controller.namespace=*"])
-    assert controller_pod_rules(everywhere) == {("ClusterRole", None): verbs}
+    assert controller_pod_rules(everywhere) == {("ClusterRole", None): sorted(read + verbs)}
     assert not [o for o in everywhere if o["metadata"]["name"].endswith("-node-events")]
     (deployment,) = [o for o in everywhere if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-controller")]
     assert "GPU_BOOKING_CONTROLLER_NAMESPACE" not in {e["name"] for e in pod_spec(deployment)["containers"][0]["env"]}
