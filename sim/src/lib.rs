@@ -471,6 +471,37 @@ impl SimCluster {
         create_notebook_as(&self.hub_client(), body, self.grace_period).await
     }
 
+    /// Runs a pod of another workload in `namespace` (a training job's, as a cluster
+    /// admin or a CI system creates it: no JupyterHub user), asking for `gpus` of
+    /// the generic GPU resource; the pod as stored, admitted as the cluster admits it.
+    pub async fn run_workload(
+        &self,
+        namespace: &str,
+        name: &str,
+        gpus: u32,
+    ) -> Result<Pod, kube::Error> {
+        let mut body = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "train",
+                    "image": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+                    "command": ["python", "train.py"],
+                    "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}},
+                }],
+            },
+        });
+        if let Some(seconds) = self.grace_period {
+            body["spec"]["terminationGracePeriodSeconds"] = json!(seconds);
+        }
+        let api: Api<Pod> = Api::namespaced(self.server.client(), namespace);
+        let pod: Pod = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+        api.create(&PostParams::default(), &pod).await
+    }
+
     /// Stops `user`'s notebook as JupyterHub does (a graceful delete).
     pub async fn stop_notebook(&self, user: &str) -> Result<(), kube::Error> {
         self.hub()

@@ -9,6 +9,7 @@ mod e2e_booking_end;
 mod e2e_crash;
 mod e2e_forged;
 mod e2e_hub;
+mod e2e_other_workloads;
 mod e2e_service_accounts;
 mod e2e_spawn;
 mod e2e_storm;

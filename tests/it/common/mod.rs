@@ -155,7 +155,7 @@ impl Lab {
     }
 
     /// `GET /api/v1/models` as the admin.
-    async fn models(&self) -> Vec<Value> {
+    pub async fn models(&self) -> Vec<Value> {
         let models: Value = self
             .http
             .get(format!("{}/api/v1/models", self.api.url))

@@ -1,0 +1,241 @@
+//! End to end, on the simulated lab: every GPU in the cluster counts, whoever holds it.
+//!
+//! - a training job in namespace `research` holding a card is counted (no card that
+//!   does not exist is lent), and it is never a victim: a booked user gets a card
+//!   from the least recently active lent notebook instead;
+//! - a booked user whose cards are all held by bookings and by pods that bookings do
+//!   not preempt is told why, on the pod (an Event) and on the booking (the API),
+//!   and the admin sees in `GET /models` what other workloads hold;
+//! - an admin who made `research` preemptible gets its job deleted for a booked user.
+//!
+//! With the chart's defaults the webhook lends a card to a GPU pod of any namespace
+//! it sees (`webhook.unidentifiedGpuPods: lent`), so the job is a lent pod the
+//! controller may not touch: it serves `jhub` only.
+
+use crate::common;
+
+use chrono::TimeDelta;
+use common::*;
+use gpu_booking_core::admission::PRIORITY_LABEL;
+use gpu_booking_sim::{GpuNode, SimCluster};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use serde_json::Value;
+use sqlx::PgPool;
+
+const RESEARCH: &str = "research";
+
+/// One node of `cards` A100s, and a CPU node.
+fn a100_node(cards: u32) -> gpu_booking_sim::SimBuilder {
+    SimCluster::builder().nodes(vec![
+        GpuNode::gpu("gpu-a100-0", "NVIDIA-A100-SXM4-40GB", cards, 40960),
+        GpuNode::cpu_only("cpu-0"),
+    ])
+}
+
+fn on_gpu(pod: &Pod) -> bool {
+    gpus(pod) > 0 && node_of(pod).is_some_and(|n| n.starts_with("gpu-"))
+}
+
+/// The research job, running on a card.
+async fn research_job(lab: &Lab) -> Pod {
+    let job = lab
+        .sim
+        .run_workload(RESEARCH, "train-0", 1)
+        .await
+        .expect("the admin's training job is admitted");
+    lab.expect("the research job never ran on a GPU", |s| {
+        s.get::<Pod>(Some(RESEARCH), "train-0")
+            .is_some_and(|p| is_running(&p) && on_gpu(&p))
+    })
+    .await;
+    job
+}
+
+fn still_running(lab: &Lab, job: &Pod) -> bool {
+    lab.sim
+        .server
+        .get::<Pod>(Some(RESEARCH), "train-0")
+        .is_some_and(|p| p.metadata.uid == job.metadata.uid && is_running(&p) && on_gpu(&p))
+}
+
+async fn lend(lab: &Lab, user: &str) {
+    let pod = lab.sim.spawn(user, 1).await.expect("admitted");
+    assert_eq!(
+        label(&pod, PRIORITY_LABEL),
+        Some("low"),
+        "{user} is lent a card"
+    );
+    lab.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
+        running(s, user).is_some_and(|p| on_gpu(&p))
+    })
+    .await;
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_job_elsewhere_is_counted_and_never_a_victim(pool: PgPool) {
+    let lab = Lab::start_with(pool, a100_node(3)).await;
+    let job = research_job(&lab).await;
+    // Bob first, so his is the least recently active of the two lent notebooks.
+    lend(&lab, "bob@example.com").await;
+    lend(&lab, "carol@example.com").await;
+    lab.wait_in_use("a100", 3).await;
+
+    // No card is free: erin runs on CPU, not Pending on a card that is not there.
+    let erin = lab
+        .sim
+        .spawn("erin@example.com", 1)
+        .await
+        .expect("admitted");
+    assert_eq!(
+        gpus(&erin),
+        0,
+        "the webhook lent erin a card the research job holds"
+    );
+
+    let bob = lab.notebook("bob@example.com").unwrap();
+    let carol = lab.notebook("carol@example.com").unwrap();
+    lab.book("alice@example.com", "a100", TimeDelta::hours(2))
+        .await;
+    lab.sim
+        .spawn("alice@example.com", 1)
+        .await
+        .expect("admitted");
+    lab.expect("alice's booked notebook never got a card", |s| {
+        running(s, "alice@example.com").is_some_and(|p| on_gpu(&p))
+    })
+    .await;
+    lab.expect("bob's lent notebook did not come back CPU-only", |s| {
+        running(s, "bob@example.com")
+            .is_some_and(|p| p.metadata.uid != bob.metadata.uid && gpus(&p) == 0)
+    })
+    .await;
+    let still = lab.notebook("carol@example.com").unwrap();
+    assert!(
+        still.metadata.uid == carol.metadata.uid && on_gpu(&still),
+        "carol's lent notebook, more recently active than bob's, was ended too"
+    );
+    assert!(
+        still_running(&lab, &job),
+        "the research job was ended for a booking"
+    );
+    lab.shutdown().await;
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_booked_user_is_told_which_workloads_hold_the_cards(pool: PgPool) {
+    let lab = Lab::start_with(pool, a100_node(2)).await;
+    let job = research_job(&lab).await;
+    lab.book("alice@example.com", "a100", TimeDelta::hours(2))
+        .await;
+    lab.sim
+        .spawn("alice@example.com", 1)
+        .await
+        .expect("admitted");
+    lab.expect("alice's booked notebook never ran", |s| {
+        running(s, "alice@example.com").is_some_and(|p| on_gpu(&p))
+    })
+    .await;
+    lab.wait_in_use("a100", 2).await;
+
+    // Both cards are taken: one by a booking, one by a job bookings do not preempt.
+    let frank = lab
+        .book("frank@example.com", "a100", TimeDelta::hours(2))
+        .await;
+    let pod = lab
+        .sim
+        .spawn("frank@example.com", 1)
+        .await
+        .expect("admitted");
+    assert_eq!(label(&pod, PRIORITY_LABEL), Some("high"));
+    let why = "waiting: 2 of 2 a100 held, 1 by bookings, 1 by pods in namespace research that bookings do not preempt";
+    lab.expect("frank's pod has no Event saying why it waits", |s| {
+        s.list::<Event>(Some("jhub")).iter().any(|e| {
+            e.regarding.as_ref().and_then(|r| r.uid.as_ref()) == pod.metadata.uid.as_ref()
+                && e.reason.as_deref() == Some("WaitingForGpu")
+                && e.note.as_deref().is_some_and(|n| n.contains(why))
+        })
+    })
+    .await;
+    // The booking says so to its user.
+    let token = lab.api.token("frank@example.com", None).unwrap();
+    let http = reqwest::Client::new();
+    let mut shown = Value::Null;
+    for _ in 0..100 {
+        shown = http
+            .get(format!("{}/api/v1/bookings/{}", lab.api.url, frank.id))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("the booking API answers")
+            .json()
+            .await
+            .expect("a booking as JSON");
+        if shown["waiting"] == why {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        shown["waiting"], why,
+        "the booking does not say why: {shown}"
+    );
+    // The admin sees what other workloads hold, and that the declared units are
+    // more than bookings can get.
+    let a100 = lab
+        .models()
+        .await
+        .into_iter()
+        .find(|m| m["name"] == "a100")
+        .unwrap();
+    assert_eq!(a100["others_in_use"], 1, "{a100}");
+    assert_eq!(
+        a100["other_namespaces"],
+        serde_json::json!([RESEARCH]),
+        "{a100}"
+    );
+    assert_eq!(a100["bookable"], 1, "{a100}");
+    assert_eq!(a100["over_declared"], true, "{a100}");
+    assert!(still_running(&lab, &job), "the research job was ended");
+    assert!(
+        lab.notebook("frank@example.com")
+            .is_some_and(|p| node_of(&p).is_none()),
+        "frank's pod should still wait"
+    );
+    lab.shutdown().await;
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn an_admin_may_make_a_namespace_give_way(pool: PgPool) {
+    let chart = chart(&["controller.preemption.otherWorkloadNamespaces={research}"]);
+    let lab = Lab::start_with(pool, a100_node(1).rendered_chart(chart)).await;
+    let job = research_job(&lab).await;
+    lab.wait_in_use("a100", 1).await;
+    lab.book("alice@example.com", "a100", TimeDelta::hours(2))
+        .await;
+    lab.sim
+        .spawn("alice@example.com", 1)
+        .await
+        .expect("admitted");
+    lab.expect(
+        "the research job was not deleted (never re-created by us)",
+        |s| {
+            s.get::<Pod>(Some(RESEARCH), "train-0")
+                .is_none_or(|p| p.metadata.uid != job.metadata.uid)
+        },
+    )
+    .await;
+    lab.expect(
+        "alice's booked notebook never got the research job's card",
+        |s| running(s, "alice@example.com").is_some_and(|p| on_gpu(&p)),
+    )
+    .await;
+    assert!(
+        lab.sim
+            .server
+            .get::<Pod>(Some(RESEARCH), "train-0")
+            .is_none(),
+        "the controller re-created the research job: only its owner may"
+    );
+    lab.shutdown().await;
+}
