@@ -16,7 +16,7 @@ use gpu_booking_core::admission::parse_quantity;
 use gpu_booking_core::gpu_model::{ModelCatalog, ModelName, ModelPattern};
 use gpu_booking_core::inventory::{
     model_inventory, node_inventory, InventoryConfig, ModelInventory, NodeFacts, NodeInventory,
-    PodGpus, NVIDIA_LABEL_PREFIX, NVML_MEMORY_LABEL,
+    PodGpus, MODEL_PRESENT_LABEL_PREFIX, NVIDIA_LABEL_PREFIX, NVML_MEMORY_LABEL,
 };
 use gpu_booking_core::preemption_policy::PreemptionPolicy;
 pub use gpu_booking_core::wire::MAX_OTHER_NAMESPACES;
@@ -110,6 +110,8 @@ pub struct NodeInfo {
     pub facts: NodeFacts,
     /// The value of the model label the node carries now.
     pub model_label: Option<String>,
+    /// The models whose presence label (`model.gpu-booking.io/<model>`) it carries now.
+    pub models_present: BTreeSet<String>,
     /// `status.capacity` and `status.allocatable` as far as the VRAM budget goes:
     /// each map (present or not) with the budget resource only, what the status
     /// patch is planned against.
@@ -171,6 +173,12 @@ impl NodeInfo {
                 allocatable,
             },
             model_label: label(model_label),
+            models_present: labels
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, _)| k.strip_prefix(MODEL_PRESENT_LABEL_PREFIX))
+                .map(str::to_owned)
+                .collect(),
             gpumem_status: json!({ "status": gpumem_status }),
         })
     }
@@ -208,11 +216,13 @@ pub fn node_gpus(node: &NodeInfo, models: &Models) -> NodeInventory {
     node_inventory(&node.facts, &models.inventory)
 }
 
-/// The model label a node should carry: its one model (none for several).
+/// The model label a node should carry: its one model, or the one model of its
+/// generic cards (core's [`NodeInventory::model_label`]); none for several.
 pub fn node_model(node: &NodeInfo, models: &Models) -> Option<String> {
     node_gpus(node, models)
-        .model
-        .label()
+        .model_label(&models.inventory)
+        .ok()
+        .flatten()
         .map(|m| m.as_str().to_owned())
 }
 
@@ -352,6 +362,7 @@ mod tests {
                 allocatable: alloc.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             },
             model_label: None,
+            models_present: BTreeSet::new(),
             gpumem_status: json!({"status": {}}),
         }
     }

@@ -71,7 +71,8 @@ pub struct InventoryGauges {
     pub gpu_nodes: Gauge,
     /// GPU nodes whose GPU memory GFD does not describe (no budget can be advertised).
     pub gpu_nodes_without_telemetry: Gauge,
-    /// GPU nodes with cards of several models (left without a model label).
+    /// GPU nodes with cards of several models behind the generic GPU resource (left
+    /// without a model label; models with a resource of their own need none).
     pub nodes_with_several_models: Gauge,
     /// Pods Pending because no node has the VRAM budget they ask for.
     pub pods_pending_gpumem: Gauge,
@@ -184,7 +185,7 @@ impl Metrics {
                 ),
                 nodes_with_several_models: r.add(
                     "nodes_with_several_models",
-                    "GPU nodes with cards of several models, left without a model label",
+                    "GPU nodes with cards of several models behind the generic GPU resource, left without a model label",
                     Gauge::default(),
                 ),
                 pods_pending_gpumem: r.add(

@@ -46,6 +46,11 @@ pub enum GpuModelError {
 /// patterns by eye. No two real products differ only in case, so ignoring it costs
 /// nothing and keeps a driver upgrade from silently moving cards out of their model.
 ///
+/// Matching also takes a space and a `-` as the same character: `nvidia-smi` prints
+/// `Tesla V100-SXM2-16GB` where GPU feature discovery's label has
+/// `Tesla-V100-SXM2-16GB` (a label value has no spaces), so a pattern copied from
+/// either matches both.
+///
 /// Patterns are printable ASCII only (product strings are ASCII; the space is allowed
 /// because `nvidia-smi` names such as `Tesla V100-SXM2-16GB` contain one).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -53,7 +58,7 @@ pub enum GpuModelError {
 pub struct ModelPattern {
     /// As written, for display and serialization.
     source: String,
-    /// ASCII-lowercased `source`, what matching uses.
+    /// `source` folded ([`fold`]), what matching uses.
     folded: String,
 }
 
@@ -81,7 +86,7 @@ impl ModelPattern {
         }
         Ok(Self {
             source: pattern.to_owned(),
-            folded: pattern.to_ascii_lowercase(),
+            folded: fold(pattern),
         })
     }
 
@@ -89,10 +94,16 @@ impl ModelPattern {
         &self.source
     }
 
-    /// Whether the whole of `product` matches this pattern, ignoring ASCII case.
+    /// Whether the whole of `product` matches this pattern, ignoring ASCII case and
+    /// the difference between a space and a `-`.
     pub fn matches(&self, product: &str) -> bool {
-        glob_match(&self.folded, &product.to_ascii_lowercase())
+        glob_match(&self.folded, &fold(product))
     }
+}
+
+/// ASCII-lowercased, spaces as `-`: what a pattern and a product are compared as.
+fn fold(text: &str) -> String {
+    text.to_ascii_lowercase().replace(' ', "-")
 }
 
 /// Glob match of a folded pattern against a folded text, in time linear in their
@@ -288,7 +299,7 @@ impl ModelCatalog {
     /// Like [`model_for`](Self::model_for), as a [`ModelName`].
     pub fn model_name_for(&self, product: &str) -> Option<&ModelName> {
         // Fold the product once, not once per pattern.
-        let folded = product.to_ascii_lowercase();
+        let folded = fold(product);
         self.entries
             .iter()
             .find(|entry| {
@@ -305,7 +316,7 @@ impl ModelCatalog {
     /// take part, so that a card pattern such as `*A100*` never claims the card's MIG
     /// devices (NVIDIA's proposal matches MIG devices against MIG entries only).
     pub fn mig_model_name_for(&self, product: &str) -> Option<&ModelName> {
-        let folded = product.to_ascii_lowercase();
+        let folded = fold(product);
         self.entries
             .iter()
             .find(|entry| {
@@ -376,6 +387,23 @@ mod tests {
         assert!(pattern("*ab*ab").matches("abab"));
         assert!(!pattern("*ab*ab").matches("aba"));
         assert!(pattern("Tesla V100-SXM2-16GB").matches("tesla v100-sxm2-16gb"));
+    }
+
+    #[test]
+    fn a_pattern_copied_from_nvidia_smi_or_from_gfd_matches_both() {
+        // nvidia-smi prints spaces; GFD's label value has `-` in their place.
+        for p in [
+            "Tesla V100-SXM2-16GB",
+            "Tesla-V100-SXM2-16GB",
+            "*V100 SXM2*",
+        ] {
+            for product in ["Tesla V100-SXM2-16GB", "Tesla-V100-SXM2-16GB"] {
+                assert!(pattern(p).matches(product), "{p} vs {product}");
+            }
+        }
+        assert!(!pattern("Tesla V100").matches("Tesla-V100-SXM2-16GB"));
+        // The pattern is shown as written.
+        assert_eq!(pattern("Tesla V100*").as_str(), "Tesla V100*");
     }
 
     #[test]

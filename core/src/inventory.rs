@@ -128,6 +128,12 @@ impl NodeModel {
     }
 }
 
+/// Node labels, one per model a node has cards of (`model.gpu-booking.io/a100:
+/// "true"`): a node with several models carries them all (what a KubeSpawner
+/// profile or an admin can select), besides the single model label where there is
+/// one model.
+pub const MODEL_PRESENT_LABEL_PREFIX: &str = "model.gpu-booking.io/";
+
 /// A node's GPUs, as the inventory sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeInventory {
@@ -142,6 +148,40 @@ pub struct NodeInventory {
 impl NodeInventory {
     /// The model of a pod's generic GPU on this node (a pod that names its model by
     /// resource knows it already).
+    /// The node's single model label: its one model, else the one model of its
+    /// generic cards when its other models each have a resource of their own (pods of
+    /// those ask for the resource and need no label). `Err` with the models when its
+    /// generic cards are of several: one label cannot select them all.
+    pub fn model_label<'a>(
+        &'a self,
+        cfg: &InventoryConfig,
+    ) -> Result<Option<&'a ModelName>, Vec<&'a ModelName>> {
+        if let NodeModel::One(model) = &self.model {
+            return Ok(Some(model));
+        }
+        let mut generic: Vec<&ModelName> = self
+            .groups
+            .iter()
+            .filter(|g| g.generic(cfg))
+            .map(|g| &g.model)
+            .collect();
+        generic.sort();
+        generic.dedup();
+        match generic.len() {
+            0 => Ok(None),
+            1 => Ok(Some(generic[0])),
+            _ => Err(generic),
+        }
+    }
+
+    /// Every model the node has cards of, in order.
+    pub fn models(&self) -> Vec<&ModelName> {
+        let mut models: Vec<&ModelName> = self.groups.iter().map(|g| &g.model).collect();
+        models.sort();
+        models.dedup();
+        models
+    }
+
     pub fn generic_model(&self, cfg: &InventoryConfig) -> Option<&ModelName> {
         let mut models = self
             .groups
@@ -288,6 +328,15 @@ pub fn node_inventory(facts: &NodeFacts, cfg: &InventoryConfig) -> NodeInventory
     let mut models: Vec<ModelName> = groups.iter().map(|g| g.model.clone()).collect();
     models.sort();
     models.dedup();
+    // NVML's and GFD's node-wide memory describe one kind of card: a model reached
+    // through a resource of its own takes it only on a node of one model, else only
+    // its resource's own memory label (unknown without: no budget is better than a
+    // wrong one).
+    if models.len() > 1 {
+        for g in groups.iter_mut().filter(|g| !g.mig && !g.generic(cfg)) {
+            g.memory_mib = label_u64(facts, &format!("{}.memory", g.resource)).filter(|&m| m > 0);
+        }
+    }
     let model = match models.len() {
         0 => NodeModel::None,
         1 => NodeModel::One(models.remove(0)),
@@ -477,6 +526,68 @@ mod tests {
             .iter()
             .map(|g| (g.model.as_str(), g.units))
             .collect()
+    }
+
+    /// Seed 001's node: several models, each under its own resource. It needs no
+    /// single model label (pods ask for the resource), and carries one presence label
+    /// per model; only generic cards of several models are left unlabelled.
+    #[test]
+    fn several_models_each_with_its_own_resource() {
+        let mut c = cfg(&[("a100", &["*A100*"]), ("t4", &["*T4*"])]);
+        c.model_resources
+            .insert("nvidia.com/a100".into(), name("a100"));
+        c.model_resources.insert("nvidia.com/t4".into(), name("t4"));
+        let both = node_inventory(
+            &facts(
+                &[
+                    ("nvidia.com/a100.memory", "40960"),
+                    ("nvidia.com/t4.memory", "15360"),
+                ],
+                &[("nvidia.com/a100", 2), ("nvidia.com/t4", 1)],
+            ),
+            &c,
+        );
+        assert_eq!(units(&both), [("a100", 2), ("t4", 1)]);
+        assert_eq!(both.model_label(&c), Ok(None));
+        assert_eq!(both.models(), [&name("a100"), &name("t4")]);
+        assert_eq!(
+            both.gpumem_mib,
+            Some(2 * (40960 - 512) + (15360 - 512)),
+            "each model's memory from its own resource's label"
+        );
+        // Generic cards of one model beside a model with its own resource: the
+        // label selects the generic one.
+        let mixed = node_inventory(
+            &facts(
+                &[
+                    ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"),
+                    ("nvidia.com/gpu.count", "2"),
+                ],
+                &[("nvidia.com/gpu", 2), ("nvidia.com/t4", 1)],
+            ),
+            &c,
+        );
+        assert_eq!(mixed.model_label(&c), Ok(Some(&name("a100"))));
+        // Two MIG profiles of the mixed strategy, each its own model and resource.
+        let mut m = cfg(&[]);
+        m.model_resources
+            .insert("nvidia.com/mig-1g.10gb".into(), name("mig-small"));
+        m.model_resources
+            .insert("nvidia.com/mig-3g.40gb".into(), name("mig-big"));
+        let mig = node_inventory(
+            &facts(
+                &[
+                    ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+                    ("nvidia.com/mig.strategy", "mixed"),
+                    ("nvidia.com/mig-1g.10gb.count", "4"),
+                    ("nvidia.com/mig-3g.40gb.count", "1"),
+                ],
+                &[("nvidia.com/mig-1g.10gb", 4), ("nvidia.com/mig-3g.40gb", 1)],
+            ),
+            &m,
+        );
+        assert_eq!(units(&mig), [("mig-small", 4), ("mig-big", 1)]);
+        assert_eq!(mig.model_label(&m), Ok(None));
     }
 
     #[test]

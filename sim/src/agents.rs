@@ -164,6 +164,9 @@ impl NodeGpus {
             Some(mig) => (mig.count, mig.count, 1),
             None => (node.gpus, node.gpus * node.replicas, node.replicas.max(1)),
         };
+        // Cards of the node's other models are devices too (each pod holds one).
+        let others: u32 = node.own_resource_cards.iter().map(|c| c.count).sum();
+        let (cards, units) = (cards + others, units + others);
         let card_mib = node.mig.as_ref().map_or(node.memory_mib, |m| m.memory_mib);
         let gpu = Arc::new(FakeGpu::new(cards as usize, card_mib));
         let proc_dir = tempfile::tempdir()?;

@@ -25,6 +25,16 @@ pub struct Mig {
     pub memory_mib: u64,
 }
 
+/// Cards of one model reached through a resource of their own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelCards {
+    /// e.g. `nvidia.com/t4`.
+    pub resource: String,
+    pub product: String,
+    pub count: u32,
+    pub memory_mib: u64,
+}
+
 /// One node of the simulated lab.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuNode {
@@ -39,6 +49,9 @@ pub struct GpuNode {
     /// Time-slicing replicas per card (1: not shared).
     pub replicas: u32,
     pub mig: Option<Mig>,
+    /// Cards of other models on the node, each model under a resource of its own
+    /// (the device plugin's renaming, seed 001), besides the generic ones.
+    pub own_resource_cards: Vec<ModelCards>,
     /// Allocatable CPU cores, memory (GiB) and pods.
     pub cpu: u32,
     pub memory_gib: u32,
@@ -55,6 +68,7 @@ impl GpuNode {
             memory_mib,
             replicas: 1,
             mig: None,
+            own_resource_cards: Vec::new(),
             cpu: 64,
             memory_gib: 512,
             pods: 110,
@@ -81,6 +95,25 @@ impl GpuNode {
     pub fn mig(mut self, profile: &str, count: u32, memory_mib: u64) -> Self {
         self.mig = Some(Mig {
             profile: profile.to_owned(),
+            count,
+            memory_mib,
+        });
+        self
+    }
+
+    /// `count` cards of `product` besides the node's others, under `resource` (a
+    /// node with cards of several models), labelled as the device plugin and GFD
+    /// describe a renamed resource (`<resource>.count`, `.memory`, `.product`).
+    pub fn with_cards(
+        mut self,
+        resource: &str,
+        product: &str,
+        count: u32,
+        memory_mib: u64,
+    ) -> Self {
+        self.own_resource_cards.push(ModelCards {
+            resource: resource.to_owned(),
+            product: product.to_owned(),
             count,
             memory_mib,
         });
@@ -140,6 +173,14 @@ impl GpuNode {
                 .label("nvidia.com/gpu.replicas", &self.replicas.to_string())
                 .label("nvidia.com/gpu.sharing-strategy", sharing)
                 .allocatable("nvidia.com/gpu", &self.gpu_allocatable().to_string());
+        }
+        for cards in &self.own_resource_cards {
+            let r = &cards.resource;
+            node = node
+                .label(&format!("{r}.count"), &cards.count.to_string())
+                .label(&format!("{r}.memory"), &cards.memory_mib.to_string())
+                .label(&format!("{r}.product"), &cards.product)
+                .allocatable(r, &cards.count.to_string());
         }
         if let (Some(mig), Some(product)) = (&self.mig, &self.product) {
             let prefix = format!("nvidia.com/mig-{}", mig.profile);

@@ -553,9 +553,15 @@ impl SimCluster {
             s.list::<k8s_openapi::api::core::v1::Node>(None)
                 .into_iter()
                 .filter(|n| {
+                    // The model label, or (a node of models with resources of their
+                    // own, which needs none) a label per model.
                     let labels = n.metadata.labels.clone().unwrap_or_default();
+                    let per_model = labels.keys().any(|k| {
+                        k.starts_with(gpu_booking_core::inventory::MODEL_PRESENT_LABEL_PREFIX)
+                    });
                     labels.contains_key(gpu_booking_core::inventory::DEFAULT_PRODUCT_LABEL)
                         && !labels.contains_key(&self.model_node_label)
+                        && !per_model
                 })
                 .filter_map(|n| n.metadata.name)
                 .collect()
@@ -564,7 +570,7 @@ impl SimCluster {
             return Ok(());
         }
         anyhow::bail!(
-            "the controller did not label GPU nodes {:?} with {} within {timeout:?} (is every product a declared model?)",
+            "the controller did not label GPU nodes {:?} with {} or per model within {timeout:?} (is every product a declared model?)",
             unlabelled(&self.server),
             self.model_node_label
         )

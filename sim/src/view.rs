@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
 const DEFAULT_PRODUCT_LABEL: &str = gpu_booking_core::inventory::DEFAULT_PRODUCT_LABEL;
-const GPU: &str = gpu_booking_core::admission::DEFAULT_GPU_RESOURCE;
 /// KubeSpawner's raw username (the annotation of `USERNAME_KEY`).
 const USERNAME_ANNOTATION: &str = gpu_booking_core::admission::USERNAME_KEY;
 /// Where the node agent reports a pod's last GPU activity (and the controller reads it).
@@ -99,8 +98,12 @@ impl ClusterView {
                     .status
                     .as_ref()
                     .and_then(|s| s.allocatable.as_ref())
-                    .and_then(|a| a.get(GPU))
-                    .and_then(|q| q.0.parse::<usize>().ok())
+                    .map(|a| {
+                        a.iter()
+                            .filter(|(k, _)| k.starts_with(NVIDIA_RESOURCE_PREFIX))
+                            .filter_map(|(_, q)| q.0.parse::<usize>().ok())
+                            .sum()
+                    })
                     .unwrap_or(0);
                 let mut pods = by_node.remove(&name).unwrap_or_default();
                 pods.sort_by(|a, b| a.name.cmp(&b.name));
@@ -144,6 +147,9 @@ fn is_finished(phase: &str) -> bool {
 
 /// GPUs a pod holds: the larger of the sum over containers and the largest init
 /// container, each container's request (or its limit when it gives no request).
+/// The resources of NVIDIA's device plugin.
+const NVIDIA_RESOURCE_PREFIX: &str = "nvidia.com/";
+
 pub fn gpus_of(pod: &Pod) -> u64 {
     let Some(spec) = &pod.spec else { return 0 };
     let main: u64 = spec.containers.iter().map(container_gpus).sum();
@@ -157,13 +163,19 @@ pub fn gpus_of(pod: &Pod) -> u64 {
     main.max(init)
 }
 
-/// GPUs one container asks for (its request, else its limit).
+/// GPUs one container asks for (its request, else its limit), of any NVIDIA GPU
+/// resource: the generic one, a MIG profile's, a model's own (`nvidia.com/t4`).
 pub fn container_gpus(c: &k8s_openapi::api::core::v1::Container) -> u64 {
     let res = c.resources.as_ref();
     let get =
         |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-            m.and_then(|m| m.get(GPU))
-                .and_then(|q| q.0.parse::<u64>().ok())
+            let m = m?;
+            let gpus = m
+                .iter()
+                .filter(|(k, _)| k.starts_with(NVIDIA_RESOURCE_PREFIX))
+                .filter_map(|(_, q)| q.0.parse::<u64>().ok())
+                .collect::<Vec<u64>>();
+            (!gpus.is_empty()).then(|| gpus.iter().sum())
         };
     get(res.and_then(|r| r.requests.as_ref()))
         .or_else(|| get(res.and_then(|r| r.limits.as_ref())))

@@ -205,3 +205,21 @@ def test_the_agent_may_change_only_its_annotation_on_a_pod():
         else:
             bad["metadata"]["annotations"].pop("hub.jupyter.org/username")
         assert not allowed(pod, bad), change
+
+
+def test_a_model_declared_with_its_resource_reaches_the_webhook():
+    """`models.declared[].resource` is the one place to give a model its resource: the
+    webhook's option and its match conditions take it as they take
+    webhook.modelResources; the two must agree."""
+    declared = ["models.declared[0].name=t4", "models.declared[0].units=1",
+                "models.declared[0].patterns[0]=Tesla T4", "models.declared[0].resource=nvidia.com/t4"]
+    rendered = render.render(set_values=declared + ["webhook.modelResources.a100=nvidia.com/a100"])
+    (deployment,) = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-webhook")]
+    env = {e["name"]: e.get("value") for e in pod_spec(deployment)["containers"][0]["env"]}
+    assert env["GPU_BOOKING_WEBHOOK_MODEL_RESOURCE"] == "a100=nvidia.com/a100,t4=nvidia.com/t4"
+    (config,) = [o for o in rendered if o["kind"] == "MutatingWebhookConfiguration"]
+    expression = config["webhooks"][0]["matchConditions"][0]["expression"]
+    assert "'nvidia.com/t4' in c.resources.limits" in expression
+    clash = render.template(set_values=declared + ["webhook.modelResources.t4=nvidia.com/tesla-t4"], check=False)
+    assert clash.returncode != 0
+    assert "models.declared gives the resource nvidia.com/t4" in clash.stderr

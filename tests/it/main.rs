@@ -11,6 +11,7 @@ mod e2e_forged;
 mod e2e_hub;
 mod e2e_other_workloads;
 mod e2e_service_accounts;
+mod e2e_several_models;
 mod e2e_spawn;
 mod e2e_storm;
 mod e2e_units;

@@ -227,9 +227,26 @@ priorityClassName: {{ . }}
 {{- define "gpu-booking.gpuResources" -}}
 {{- $all := list }}
 {{- range .Values.webhook.gpuResources }}{{ $all = append $all . }}{{ end }}
-{{- range $model, $resource := .Values.webhook.modelResources }}{{ $all = append $all $resource }}{{ end }}
+{{- range $model, $resource := include "gpu-booking.modelResources" . | fromJson }}{{ $all = append $all $resource }}{{ end }}
 {{- $all | uniq | toJson }}
 {{- end }}
+{{/* Per-model resources as JSON, MODEL: RESOURCE: webhook.modelResources and the
+     `resource` of each model in models.declared (a model declared with its resource
+     needs nothing else); the two must agree. */}}
+{{- define "gpu-booking.modelResources" -}}
+{{- $out := deepCopy (.Values.webhook.modelResources | default dict) }}
+{{- range .Values.models.declared }}
+{{- if .resource }}
+{{- $was := get $out .name }}
+{{- if and $was (ne $was .resource) }}
+{{- fail (printf "model %s: models.declared gives the resource %s, webhook.modelResources %s" .name .resource $was) }}
+{{- end }}
+{{- $_ := set $out .name .resource }}
+{{- end }}
+{{- end }}
+{{- $out | toJson }}
+{{- end }}
+
 
 {{/* A map as "key=value,key=value" in key order, for the comma-separated options. */}}
 {{- define "gpu-booking.pairs" -}}

@@ -3,12 +3,13 @@
 //! booking to the booking service, the model label and the VRAM budget to each node.
 //! The counting itself is [`crate::inventory`]'s (and core's).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_booking_client::{ClientError, HeldReport, Model, UsageReport};
 use gpu_booking_core::booking_units::BookedPod;
+use gpu_booking_core::inventory::MODEL_PRESENT_LABEL_PREFIX;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::Event;
@@ -285,10 +286,9 @@ impl Inventory {
             if !memory_known || !node.has_gpu_telemetry(&self.args.product_label) {
                 blind += 1;
             }
-            if matches!(
-                inv.model,
-                gpu_booking_core::inventory::NodeModel::Several(_)
-            ) {
+            // Several models that only a label could tell apart (those with a
+            // resource of their own need none).
+            if inv.model_label(&models.inventory).is_err() {
                 several += 1;
             }
         }
@@ -453,14 +453,19 @@ impl Inventory {
         let mut refused = Vec::new();
         for node in self.nodes.values() {
             let inv = inventory::node_gpus(node, models);
-            if let gpu_booking_core::inventory::NodeModel::Several(several) = &inv.model {
-                if !self.several_models.contains(&node.name) {
-                    let names: Vec<&str> = several.iter().map(|m| m.as_str()).collect();
-                    refused.push((node.name.clone(), names.join(", ")));
+            let want = match inv.model_label(&models.inventory) {
+                Ok(model) => model.map(|m| m.as_str().to_owned()),
+                Err(several) => {
+                    if !self.several_models.contains(&node.name) {
+                        let names: Vec<&str> = several.iter().map(|m| m.as_str()).collect();
+                        refused.push((node.name.clone(), names.join(", ")));
+                    }
+                    None
                 }
-            }
-            let want = inv.model.label().map(|m| m.as_str().to_owned());
-            if want == node.model_label {
+            };
+            let present: BTreeSet<String> =
+                inv.models().iter().map(|m| m.as_str().to_owned()).collect();
+            if want == node.model_label && present == node.models_present {
                 continue;
             }
             if self
@@ -470,14 +475,23 @@ impl Inventory {
             {
                 continue;
             }
-            work.push((node.name.clone(), want));
+            // Presence labels to add ("true") and to remove (null, a merge patch's
+            // deletion).
+            let mut labels = serde_json::Map::new();
+            labels.insert(self.args.admission.model_node_label.clone(), json!(want));
+            for model in present.symmetric_difference(&node.models_present) {
+                let value = present.contains(model).then_some("true");
+                labels.insert(format!("{MODEL_PRESENT_LABEL_PREFIX}{model}"), json!(value));
+            }
+            work.push((node.name.clone(), want, labels));
         }
         for (name, several) in refused {
             self.several_models.insert(name.clone());
             let note = format!(
-                "cards of several models ({several}) on one node: one model label cannot \
-                 select them all, so the node carries none and booked pods of these \
-                 models are not placed here; their cards still count"
+                "cards of several models ({several}) reached through the generic GPU \
+                 resource on one node: one model label cannot select them all, so the \
+                 node carries none and booked pods of these models are not placed here \
+                 (give each model its own resource); their cards still count"
             );
             tracing::warn!(node = %name, models = %several, "node with several GPU models left unlabelled");
             if self.ctx.dry_run {
@@ -488,7 +502,7 @@ impl Inventory {
                 node_capacity::warn_node(&ctx, &name, "SeveralGpuModels", &note).await;
             });
         }
-        for (name, want) in work {
+        for (name, want, labels) in work {
             self.labelling.insert(name.clone(), now);
             if self.ctx.dry_run {
                 tracing::info!(node = %name, model = ?want, "dry run: would label node");
@@ -496,10 +510,9 @@ impl Inventory {
                 continue;
             }
             let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
-            let label = self.args.admission.model_node_label.clone();
             tokio::spawn(async move {
                 let api: Api<Node> = Api::all(ctx.client.clone());
-                let patch = json!({"metadata": {"labels": {label: want}}});
+                let patch = json!({"metadata": {"labels": labels}});
                 if !ctx.leadership.is_leader() {
                     return;
                 }

@@ -291,6 +291,16 @@ impl AdmissionConfig {
         }
     }
 
+    /// The resource that names `model`, when it has one of its own (the first by
+    /// name, should two name it): pods of the model then ask for it instead of a
+    /// generic GPU, and need no node selector.
+    pub fn resource_of(&self, model: &ModelName) -> Option<&str> {
+        self.model_resources
+            .iter()
+            .find(|(_, m)| *m == model)
+            .map(|(r, _)| r.as_str())
+    }
+
     /// The configured VRAM budget per unit of `model` (or the default).
     pub fn gpumem_for(&self, model: Option<&ModelName>) -> Option<u64> {
         model

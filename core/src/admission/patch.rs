@@ -15,6 +15,7 @@ use serde_json::{json, Map, Value};
 
 use super::detect::{container_gpu_units, sets_visible_devices, CONTAINER_LISTS};
 use super::marks::{is_harmless_key, is_our_key};
+use super::quantity::gpu_units;
 use super::{
     AdmissionConfig, Decision, VisibleDevicesWithoutGpu, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION,
     GPU_REMOVED_ANNOTATION, MODEL_LABEL, NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL,
@@ -67,7 +68,7 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
                 &until.to_rfc3339_opts(SecondsFormat::Secs, true),
             );
             ed.remove_annotation(GPU_REMOVED_ANNOTATION);
-            ed.select_model(cfg, Some(model));
+            ed.place_on(cfg, model);
             match &cfg.high_priority_class {
                 Some(class) => ed.set_priority_class(class),
                 None => ed.demote_priority_class(cfg),
@@ -81,7 +82,7 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
             ed.remove_annotation(&cfg.terminate_at_annotation);
             ed.remove_annotation(BOOKING_UNITS_ANNOTATION);
             ed.remove_annotation(GPU_REMOVED_ANNOTATION);
-            ed.select_model(cfg, Some(model));
+            ed.place_on(cfg, model);
             match &cfg.low_priority_class {
                 Some(class) => ed.set_priority_class(class),
                 None => ed.demote_priority_class(cfg),
@@ -313,6 +314,56 @@ impl PodEditor {
             match value {
                 Some(value) => self.set(&["metadata", "labels", key], json!(value)),
                 None => self.remove(&["metadata", "labels", key]),
+            }
+        }
+    }
+
+    /// Where a booked or lent pod runs: on `model`. A model with a resource of its
+    /// own (seed 001's `nvidia.com/a100`, a MIG profile's) is that resource, not a
+    /// node: the pod's generic GPU requests become the model's resource and no node
+    /// selector is written, so nodes with cards of several models take it. Otherwise
+    /// the model's node label selects its nodes (the controller labels nodes of one
+    /// model).
+    fn place_on(&mut self, cfg: &AdmissionConfig, model: &ModelName) {
+        match cfg.resource_of(model) {
+            Some(resource) => {
+                self.request_as(cfg, resource);
+                self.select_model(cfg, None);
+            }
+            None => self.select_model(cfg, Some(model)),
+        }
+    }
+
+    /// Every generic GPU request and limit of every container and init container
+    /// moved to `resource`, added to what it asks of `resource` already.
+    fn request_as(&mut self, cfg: &AdmissionConfig, resource: &str) {
+        for (list, index) in self.container_slots() {
+            for section in ["requests", "limits"] {
+                let Some(map) = self
+                    .container(list, &index)
+                    .and_then(|c| c.get("resources"))
+                    .and_then(|r| r.get(section))
+                    .and_then(Value::as_object)
+                else {
+                    continue;
+                };
+                let generic: Vec<(String, u64)> = map
+                    .iter()
+                    .filter(|(k, _)| cfg.gpu_resources.contains(k))
+                    .map(|(k, v)| (k.clone(), gpu_units(v)))
+                    .collect();
+                if generic.is_empty() {
+                    continue;
+                }
+                let already = map.get(resource).map_or(0, gpu_units);
+                let units = generic
+                    .iter()
+                    .fold(already, |sum, (_, n)| sum.saturating_add(*n));
+                let base = ["spec", list, index.as_str(), "resources", section];
+                for (key, _) in &generic {
+                    self.remove(&[&base[..], &[key.as_str()]].concat());
+                }
+                self.set(&[&base[..], &[resource]].concat(), json!(units.to_string()));
             }
         }
     }
@@ -567,6 +618,79 @@ mod tests {
         assert!(
             text.contains("/metadata/labels/gpu-booking.io~1booking"),
             "{text}"
+        );
+    }
+
+    /// A model with its own resource: the pod asks for it instead of the generic GPU
+    /// (requests and limits, containers and init containers), with no node selector,
+    /// so that a node with cards of several models takes it.
+    #[test]
+    fn a_model_with_its_own_resource_is_the_resource_not_the_node() {
+        let mut cfg = AdmissionConfig::default();
+        cfg.model_resources
+            .insert("nvidia.com/a100".into(), ModelName::parse("a100").unwrap());
+        let pod = json!({"metadata": {}, "spec": {
+        "nodeSelector": {"gpu-booking.io/model": "t4", "zone": "x"},
+        "initContainers": [{"name": "i", "resources": {"requests": {"nvidia.com/gpu": 1}}}],
+        "containers": [
+            {"name": "a", "resources": {"requests": {"nvidia.com/gpu": "2", "cpu": "1"},
+                                         "limits": {"nvidia.com/gpu": "2"}}},
+            {"name": "b"},
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/a100": "1"}}}
+        ]}});
+        let lent = Decision::LowPriority {
+            model: ModelName::parse("a100").unwrap(),
+            gpumem_mib: None,
+            beyond_booking: None,
+        };
+        for decision in [booked(), lent] {
+            let out = apply(&pod, &plan(&pod, &decision, &cfg));
+            assert_eq!(
+                out["spec"]["nodeSelector"],
+                json!({"zone": "x"}),
+                "no model selector, the creator's other selectors kept"
+            );
+            // The GPU resources only (the budget is another test's).
+            let res = |list: &str, i: usize| {
+                let mut r = out["spec"][list][i]["resources"].clone();
+                for section in ["requests", "limits"] {
+                    if let Some(map) = r.get_mut(section).and_then(Value::as_object_mut) {
+                        map.remove("gpu-booking.io/gpumem");
+                        if map.is_empty() {
+                            r.as_object_mut().map(|o| o.remove(section));
+                        }
+                    }
+                }
+                r
+            };
+            assert_eq!(
+                res("containers", 0),
+                json!({"requests": {"nvidia.com/a100": "2", "cpu": "1"},
+                       "limits": {"nvidia.com/a100": "2"}})
+            );
+            assert_eq!(
+                res("initContainers", 0),
+                json!({"requests": {"nvidia.com/a100": "1"}})
+            );
+            assert_eq!(res("containers", 1), Value::Null);
+            assert_eq!(
+                res("containers", 2),
+                json!({"limits": {"nvidia.com/a100": "2"}}),
+                "added to what it asked of the model's resource"
+            );
+            // Admitted again (a copy, a re-review): nothing more changes.
+            assert_eq!(
+                plan(&out, &decision, &cfg).0.len(),
+                0,
+                "the plan is not idempotent"
+            );
+        }
+        // A model without a resource of its own keeps the node selector.
+        let out = apply(&pod, &plan(&pod, &booked(), &AdmissionConfig::default()));
+        assert_eq!(out["spec"]["nodeSelector"]["gpu-booking.io/model"], "a100");
+        assert_eq!(
+            out["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+            "2"
         );
     }
 
