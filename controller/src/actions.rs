@@ -477,25 +477,31 @@ async fn restart(ctx: &Ctx, job: &Job, pod: &Value) -> Result<Outcome, ActionErr
     begin(ctx, job, &intent, None).await
 }
 
-/// The JupyterHub user and server name of a KubeSpawner pod (the raw name in the
-/// annotation, the server name in its label; "" for the default server). The
-/// annotation alone, not [`named_user`]: the hub's API names users by their raw name,
-/// and a label slug would name no one (or, for a lossy slug, someone else).
+/// The JupyterHub user and server name of a KubeSpawner pod (the raw names in its
+/// annotations; "" for the default server). The annotations, not the labels: the
+/// hub's API names users and servers by their raw names, and KubeSpawner 7 cleans the
+/// label values (`GPU run` -> `gpu-run---64409e31`), which would name no server (or,
+/// for a lossy slug, someone else's). The label is read only on a pod without the
+/// server annotation (KubeSpawner before 4.0 wrote the label alone, raw).
 fn hub_server(pod: &Value) -> Option<(String, String)> {
-    let user = pod
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(USERNAME_KEY))
-        .and_then(Value::as_str)
-        .filter(|u| !u.is_empty())?;
-    let server = pod
-        .pointer("/metadata/labels")
-        .and_then(|l| l.get(HUB_SERVER_LABEL))
-        .and_then(Value::as_str)
+    let annotation = |key: &str| {
+        pod.pointer("/metadata/annotations")
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_str)
+    };
+    let user = annotation(USERNAME_KEY).filter(|u| !u.is_empty())?;
+    let server = annotation(HUB_SERVER_LABEL)
+        .or_else(|| {
+            pod.pointer("/metadata/labels")
+                .and_then(|l| l.get(HUB_SERVER_LABEL))
+                .and_then(Value::as_str)
+        })
         .unwrap_or_default();
     Some((user.to_owned(), server.to_owned()))
 }
 
-/// KubeSpawner's label with the server's name ("" for the default server).
+/// KubeSpawner's annotation (and label) with the server's name ("" for the default
+/// server).
 const HUB_SERVER_LABEL: &str = "hub.jupyter.org/servername";
 
 fn new_intent(job: &Job, replacement: Replacement) -> Intent {
@@ -883,5 +889,42 @@ async fn audit(ctx: &Ctx, job: &Job, pod: &Value, outcome: &Outcome) {
     if let Err(e) = ctx.booking.audit(&report).await {
         ctx.metrics.error("booking");
         tracing::warn!(error = %e, "could not record the action in the audit log");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The hub names servers by their raw name: KubeSpawner 7 cleans the label's
+    /// value, the annotation of the same key keeps it exact.
+    #[test]
+    fn the_hub_server_is_named_by_the_annotations() {
+        let pod = json!({"metadata": {
+            "annotations": {USERNAME_KEY: "Zoë@uni.example", HUB_SERVER_LABEL: "GPU run"},
+            "labels": {USERNAME_KEY: "zo-uni-example---1f2e", HUB_SERVER_LABEL: "gpu-run---64409e31"},
+        }});
+        assert_eq!(
+            hub_server(&pod),
+            Some(("Zoë@uni.example".to_owned(), "GPU run".to_owned()))
+        );
+        // An older KubeSpawner wrote the label alone (raw); the default server has none.
+        let old = json!({"metadata": {
+            "annotations": {USERNAME_KEY: "bob"},
+            "labels": {HUB_SERVER_LABEL: "train"},
+        }});
+        assert_eq!(
+            hub_server(&old),
+            Some(("bob".to_owned(), "train".to_owned()))
+        );
+        let default = json!({"metadata": {"annotations": {USERNAME_KEY: "bob"}}});
+        assert_eq!(
+            hub_server(&default),
+            Some(("bob".to_owned(), String::new()))
+        );
+        // No raw user name: not the hub's to restart.
+        let slug_only = json!({"metadata": {"labels": {USERNAME_KEY: "bob"}}});
+        assert_eq!(hub_server(&slug_only), None);
     }
 }

@@ -54,6 +54,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_HUB_TOKEN_FILE")]
     pub hub_token_file: Option<PathBuf>,
 
+    /// How long one call to JupyterHub may take: the hub holds a stop or a start open
+    /// up to 10 s before it answers 202 (its `slow_stop_timeout` and
+    /// `slow_spawn_timeout`), so less would count its ordinary answers as failures.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_HUB_TIMEOUT", value_parser = parse_duration, default_value = "30s")]
+    pub hub_timeout: Duration,
+
     /// Log and count what would be done; change nothing (no deletes, creates, patches,
     /// node labels or status, events, usage reports or audit rows).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_DRY_RUN", default_value_t = false)]
@@ -223,6 +229,7 @@ impl ControllerArgs {
             hub_api_url: None,
             hub_token: None,
             hub_token_file: None,
+            hub_timeout: Duration::from_secs(30),
             dry_run: false,
             namespace: None,
             preemptible_namespaces: Vec::new(),
@@ -286,7 +293,7 @@ impl ControllerArgs {
             self.hub_token_file.as_deref(),
         )
         .map_err(|e| anyhow::anyhow!("--on-expiry hub-restart needs --hub-token-file: {e}"))?;
-        crate::hub::Hub::new(url, token, self.booking.booking_timeout).map(Some)
+        crate::hub::Hub::new(url, token, self.hub_timeout).map(Some)
     }
 
     /// How the inventory names cards no pattern names, and the VRAM reserve.

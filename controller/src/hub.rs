@@ -44,6 +44,8 @@ pub struct Hub {
     /// `.../hub/api/` (always ending in `/`).
     base: Url,
     token: TokenSource,
+    /// One call's bound (`--hub-timeout`).
+    timeout: Duration,
 }
 
 impl Hub {
@@ -64,7 +66,12 @@ impl Hub {
                 env!("CARGO_PKG_VERSION")
             ))
             .build()?;
-        Ok(Self { http, base, token })
+        Ok(Self {
+            http,
+            base,
+            token,
+            timeout,
+        })
     }
 
     /// `users/{user}` or `users/{user}/server` / `users/{user}/servers/{server}`, each
@@ -94,7 +101,13 @@ impl Hub {
             .header(reqwest::header::AUTHORIZATION, format!("token {token}"))
             .send()
             .await
-            .map_err(|e| HubError::Call(e.without_url()))?;
+            .map_err(|e| {
+                if e.is_timeout() {
+                    HubError::TimedOut(self.timeout)
+                } else {
+                    HubError::Call(e.without_url())
+                }
+            })?;
         let status = resp.status();
         let body = resp.json::<Value>().await.unwrap_or(Value::Null);
         Ok((status, body))
@@ -172,6 +185,8 @@ pub enum HubError {
     Token(TokenError),
     #[error("calling JupyterHub: {0}")]
     Call(reqwest::Error),
+    #[error("JupyterHub did not answer within {0:?} (--hub-timeout)")]
+    TimedOut(Duration),
     #[error("JupyterHub answered {0} for the user")]
     User(StatusCode),
     #[error("JupyterHub refused to stop the server: {0} {1}")]
