@@ -54,7 +54,7 @@ pub use marks::{
     OUR_KEY_STEM, OUR_PREFIXES,
 };
 #[cfg(feature = "clap")]
-pub use options::AdmissionArgs;
+pub use options::{AdmissionArgs, PriorityClassArgs};
 pub use patch::{
     plan, plan_cpu_only, plan_cpu_only_because, plan_demoted, plan_no_gpu, plan_node_resource,
     plan_owned,
