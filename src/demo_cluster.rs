@@ -20,6 +20,8 @@ const NOTEBOOK_GRACE_SECONDS: i64 = 5;
 /// The node agents' idle window in the demo: a kernel left idle this long has its GPU
 /// process reclaimed (the PRD's default is 30 minutes; a demo is watched for minutes).
 const IDLE_MINUTES: u32 = 2;
+/// ... and its warning before the reclaim (the agent's default is 5 minutes).
+const RECLAIM_WARNING_MINUTES: i64 = 1;
 
 /// The users of the demo's seeded notebooks, in spawn order: those lent the two a100s
 /// stay (the "stripped" sample finds both in use, and zoë, booked, takes one back when
@@ -47,7 +49,10 @@ pub fn builder(args: &DemoArgs) -> SimBuilder {
         .webhook_admin_listen(args.webhook_admin_listen)
         .cert_dir(args.cert_dir.clone())
         .notebook_grace_period(NOTEBOOK_GRACE_SECONDS)
-        .agent(|cfg| cfg.policy.idle.idle_minutes = IDLE_MINUTES)
+        .agent(|cfg| {
+            cfg.policy.idle.idle_minutes = IDLE_MINUTES;
+            cfg.reclaim_warning = chrono::TimeDelta::minutes(RECLAIM_WARNING_MINUTES);
+        })
         // The "stripped" sample asks for the a100 by its own resource name.
         .webhook_arg(format!("--model-resource=a100={}", A100_RESOURCE))
 }

@@ -28,6 +28,7 @@ use gpu_booking_agent::audit::RecordingAudit;
 use gpu_booking_agent::cluster::KubeCluster;
 use gpu_booking_agent::nvml::NvmlSampler;
 use gpu_booking_agent::procfs::ProcFs;
+use gpu_booking_agent::signal_policy::SignalSequence;
 use gpu_booking_agent::Metrics;
 use gpu_booking_fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
@@ -90,6 +91,10 @@ async fn main() -> anyhow::Result<()> {
     let nvml = NvmlSampler::init(None)?;
     println!("NVML driver {:?}", nvml.driver_version());
     let mut cfg = AgentConfig::defaults(NODE);
+    // The PRD's policy, which the recorded runs in docs/agent.md followed: no warning
+    // before the reclaim, SIGTERM first.
+    cfg.reclaim_warning = TimeDelta::zero();
+    cfg.reclaim_signals = SignalSequence::term_kill();
     cfg.term_grace = Duration::from_secs(5);
     cfg.vram_dry_run = budget_mib.is_none();
     let audit = Arc::new(RecordingAudit::default());

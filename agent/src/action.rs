@@ -1,6 +1,7 @@
 //! What is to be done to one pod and why (an idle reclaim or a watchdog recycle,
-//! [`ActionPlan`], with its evidence), and what was done ([`ActionReport`]). The
-//! agent plans; the actor ([`crate::actor`]) carries the plans out.
+//! [`ActionPlan`], with its evidence), what was done ([`ActionReport`]), and the
+//! warning that comes before an idle reclaim ([`warning_event`]). The agent plans;
+//! the actor ([`crate::actor`]) carries the plans out.
 
 use std::sync::Arc;
 
@@ -8,10 +9,12 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_booking_core::eviction::OverBudget;
 use serde_json::{json, Value};
 
+use crate::cluster::{EventKind, PodEvent};
 use crate::gpu::GpuSample;
 use crate::idle::Track;
 use crate::pod_usage::PodUsage;
 use crate::reclaim_policy::IdleRule;
+use crate::reclaim_warning::Warned;
 use crate::signals::{KillOutcome, Target};
 
 pub(crate) const MIB: u64 = 1024 * 1024;
@@ -157,6 +160,7 @@ impl ActionPlan {
         u: &PodUsage,
         track: &Track,
         rule: &IdleRule,
+        warned: Option<&Warned>,
         samples: &[GpuSample],
         now: DateTime<Utc>,
     ) -> Self {
@@ -174,6 +178,7 @@ impl ActionPlan {
                 "util_threshold_percent": rule.util_threshold_percent,
                 "window_minutes": rule.idle_minutes,
                 "window_samples": rule.idle_samples,
+                "warned_at": warned.map(|w| w.at.to_rfc3339_opts(SecondsFormat::Secs, true)),
                 "used_mib": u.used_bytes() / MIB,
                 "processes": processes_json(&processes),
             }),
@@ -238,6 +243,37 @@ impl ActionPlan {
             evidence,
             why,
         }
+    }
+}
+
+/// The Warning Event before an idle reclaim: since when the pod is idle, and when its
+/// GPU processes end unless it uses the GPU (times in UTC, to the minute, the end
+/// rounded down so that the pod's owner is never told later than it happens).
+pub(crate) fn warning_event(
+    u: &PodUsage,
+    samples: &[GpuSample],
+    idle_since: DateTime<Utc>,
+    ends_at: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> PodEvent {
+    let clock = |t: DateTime<Utc>| {
+        if t.date_naive() == now.date_naive() {
+            t.format("%H:%M UTC").to_string()
+        } else {
+            t.format("%Y-%m-%d %H:%M UTC").to_string()
+        }
+    };
+    let minutes = (now - idle_since).num_minutes();
+    PodEvent {
+        kind: EventKind::Warning,
+        reason: "GPUReclaimWarning".into(),
+        action: "WarnIdleGPU".into(),
+        note: format!(
+            "Idle since {}: this pod's GPU processes ({}) have had no GPU activity for {minutes} minutes, and end at {} unless it uses the GPU. The pod itself keeps running.",
+            clock(idle_since),
+            describe(&planned(u, samples)),
+            clock(ends_at),
+        ),
     }
 }
 

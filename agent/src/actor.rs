@@ -74,8 +74,9 @@ impl Actor {
         report
     }
 
-    /// SIGTERM, grace, SIGKILL; then NVML must no longer list the processes, else
-    /// again, up to `max_reclaim_retry` more times.
+    /// The signal sequence (by default SIGINT, SIGTERM, SIGKILL, the grace after
+    /// each); then NVML must no longer list the processes, else again, up to
+    /// `max_reclaim_retry` more times.
     async fn end_processes(&self, plan: &ActionPlan, report: &mut ActionReport) {
         let mut remaining: Vec<Target> = plan.processes.iter().map(|p| p.target.clone()).collect();
         loop {
@@ -174,18 +175,15 @@ impl Actor {
 
     async fn event(&self, plan: &ActionPlan, report: &ActionReport) {
         let freed = report.freed_bytes / MIB;
-        let signals: Vec<&str> = {
-            let mut s: Vec<&str> = report
-                .kills
-                .iter()
-                .flat_map(|k| k.signals.iter().copied())
-                .collect();
-            s.sort_unstable();
-            s.dedup();
-            s.iter()
-                .map(|x| if *x == "KILL" { "SIGKILL" } else { "SIGTERM" })
-                .collect()
-        };
+        // The signals sent, in the sequence's order.
+        let signals: Vec<String> = self
+            .killer
+            .sequence
+            .signals()
+            .iter()
+            .filter(|s| report.kills.iter().any(|k| k.signals.contains(&s.name())))
+            .map(|s| format!("SIG{}", s.name()))
+            .collect();
         let (kind, reason, note) = match (plan.kind, report.result) {
             (ActionKind::IdleReclaim, "dry_run") => (
                 EventKind::Normal,

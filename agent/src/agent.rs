@@ -1,17 +1,19 @@
 //! One sampling round ([`Agent::tick`]): read the GPUs, attribute their processes to
 //! pod containers, update idle times, metrics and the last-activity annotation, then
-//! pick what to reclaim (idle pods) and what to recycle (the VRAM watchdog),
-//! re-check it against a fresh sample, and hand the plans ([`crate::action`]) to the
-//! actor ([`crate::actor`]), which carries them out.
+//! pick what to reclaim (idle pods, each warned first, [`crate::reclaim_warning`]) and
+//! what to recycle (the VRAM watchdog), re-check it against a fresh sample, and hand
+//! the plans ([`crate::action`]) to the actor ([`crate::actor`]), which carries them
+//! out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use gpu_booking_core::admission::AdmissionConfig;
 use gpu_booking_core::eviction::{under_vram_floor, watchdog_pick, OverBudget, VramTenant};
 
-use crate::action::{ActionKind, ActionPlan, ActionReport, PlanSettings};
+use crate::action::{warning_event, ActionKind, ActionPlan, ActionReport, PlanSettings};
 use crate::actor::Actor;
 use crate::audit::AuditSink;
 use crate::cluster::Cluster;
@@ -22,6 +24,8 @@ use crate::pod_usage::{AttributedProcess, PodUsage};
 use crate::pods::{PodIndex, PodInfo};
 use crate::procfs::{ProcError, ProcFs, ProcessInfo};
 use crate::reclaim_policy::Policy;
+use crate::reclaim_warning::{Next, Warned, Warnings};
+use crate::signal_policy::SignalSequence;
 use crate::signals::Killer;
 
 const MIB: u64 = 1024 * 1024;
@@ -46,6 +50,12 @@ const UNATTRIBUTED_REASONS: [&str; 7] = [
 pub struct AgentConfig {
     pub node_name: String,
     pub policy: Policy,
+    /// A pod idle for its whole window is warned (an Event) this long before its
+    /// GPU processes end; zero: no warning.
+    pub reclaim_warning: TimeDelta,
+    /// The signals that end GPU processes, in order.
+    pub reclaim_signals: SignalSequence,
+    /// After each signal but SIGKILL, before the next.
     pub term_grace: Duration,
     /// How long to wait for an exit after SIGKILL.
     pub kill_wait: Duration,
@@ -53,7 +63,9 @@ pub struct AgentConfig {
     pub vram_watchdog: bool,
     pub vram_floor_mib: u64,
     pub vram_dry_run: bool,
-    pub gpumem_resource: String,
+    /// How pods are read: the VRAM budget resource and our priority classes (the
+    /// rest of it is the webhook's and unused here).
+    pub admission: AdmissionConfig,
     /// Empty: the annotation is not written.
     pub last_activity_annotation: String,
     /// The annotation is rewritten only when the time moved at least this much.
@@ -71,13 +83,15 @@ impl AgentConfig {
         Self {
             node_name: node_name.into(),
             policy: Policy::defaults(),
+            reclaim_warning: TimeDelta::minutes(5),
+            reclaim_signals: SignalSequence::default(),
             term_grace: Duration::from_secs(15),
             kill_wait: Duration::from_secs(5),
             max_reclaim_retry: 2,
             vram_watchdog: true,
             vram_floor_mib: 1536,
             vram_dry_run: true,
-            gpumem_resource: gpu_booking_core::admission::DEFAULT_GPUMEM_RESOURCE.into(),
+            admission: AdmissionConfig::default(),
             last_activity_annotation: DEFAULT_LAST_ACTIVITY_ANNOTATION.into(),
             annotation_min_change: TimeDelta::minutes(1),
             pod_refresh: TimeDelta::seconds(30),
@@ -105,6 +119,11 @@ pub struct TickReport {
     /// System processes (process allowlist) left alone.
     pub allowlisted_processes: usize,
     pub idle_candidates: usize,
+    /// Pods warned this round that their GPU processes end unless they use the GPU.
+    pub warned: Vec<String>,
+    /// Pods whose warning was withdrawn this round (they used the GPU, or are exempt
+    /// or gone).
+    pub withdrawn: Vec<String>,
     /// Pods picked for an action that the re-check found active again.
     pub rechecked_active: Vec<String>,
     pub actions: Vec<ActionReport>,
@@ -124,6 +143,7 @@ struct State {
     processes: HashMap<u32, CachedProcess>,
     unattributed: HashSet<(u32, u64)>,
     tracker: IdleTracker,
+    warnings: Warnings,
     under_floor: HashSet<String>,
     /// When the watchdog last reported a dry run for a pod, so that a pod that stays
     /// over budget under pressure is reported every [`VRAM_DRY_RUN_REPEAT`], not
@@ -165,7 +185,12 @@ impl Agent {
             },
             max_reclaim_retry: cfg.max_reclaim_retry,
             sampler: sampler.clone(),
-            killer: Killer::new(proc.clone(), cfg.term_grace, cfg.kill_wait),
+            killer: Killer::new(
+                proc.clone(),
+                cfg.reclaim_signals.clone(),
+                cfg.term_grace,
+                cfg.kill_wait,
+            ),
             cluster: cluster.clone(),
             audit,
             metrics: metrics.clone(),
@@ -220,6 +245,9 @@ impl Agent {
         let idle = self.idle_candidates(&state, &usage, now);
         report.idle_candidates = idle.len();
         self.metrics.idle_candidates.set(idle.len() as i64);
+        let idle = self
+            .warn_first(&mut state, &samples, &usage, idle, now, &mut report)
+            .await;
         let vram = self.vram_choices(&mut state, &samples, &usage, &idle, now);
         if idle.is_empty() && vram.is_empty() {
             return report;
@@ -244,7 +272,10 @@ impl Agent {
         let mut state = self.state.lock().await;
         for action in &report.actions {
             match action.kind {
-                ActionKind::IdleReclaim => state.tracker.restart(&action.uid),
+                ActionKind::IdleReclaim => {
+                    state.tracker.restart(&action.uid);
+                    state.warnings.forget(&action.uid);
+                }
                 ActionKind::VramRecycle if action.result == "dry_run" => {
                     state.vram_dry_runs.insert(action.uid.clone(), now);
                 }
@@ -269,7 +300,7 @@ impl Agent {
                 self.metrics.call("pods", true);
                 state.pods = PodIndex::new(
                     pods.iter()
-                        .filter_map(|p| PodInfo::from_pod(p, &self.cfg.gpumem_resource)),
+                        .filter_map(|p| PodInfo::from_pod(p, &self.cfg.admission)),
                 );
                 state.pods_loaded = true;
                 true
@@ -563,6 +594,84 @@ impl Agent {
         out
     }
 
+    /// Of the pods idle for their whole window, those to reclaim now: warned at least
+    /// `reclaim_warning` ago and idle since (or, without a warning period or in a dry
+    /// run, all of them). The others are warned now (an Event, from which the period
+    /// counts; if it cannot be recorded, again next round) or wait. The warnings of
+    /// pods no longer idle are withdrawn.
+    async fn warn_first(
+        &self,
+        state: &mut State,
+        samples: &[GpuSample],
+        usage: &BTreeMap<String, PodUsage>,
+        idle: Vec<String>,
+        now: DateTime<Utc>,
+        report: &mut TickReport,
+    ) -> Vec<String> {
+        for uid in state
+            .warnings
+            .withdraw_unless(|uid| idle.iter().any(|i| i == uid))
+        {
+            let pod = usage.get(&uid).map_or(uid, |u| u.pod.key());
+            tracing::info!(pod = %pod, "idle reclaim warning withdrawn: the pod used the GPU again (or is exempt, or its GPU processes are gone)");
+            report.withdrawn.push(pod);
+        }
+        let mut due = Vec::new();
+        for uid in idle {
+            let (Some(u), Some(track)) = (usage.get(&uid), state.tracker.get(&uid)) else {
+                continue;
+            };
+            let rule = self.cfg.policy.idle_rule(&u.pod.namespace);
+            // A dry run warns nobody of what will not happen: it reports at the end of
+            // the window what would be done.
+            let period = if rule.dry_run {
+                TimeDelta::zero()
+            } else {
+                self.cfg.reclaim_warning
+            };
+            let idle_since = track.last_activity;
+            let ends_at = match state.warnings.next(&uid, idle_since, now, period) {
+                Next::Reclaim { .. } => {
+                    due.push(uid);
+                    continue;
+                }
+                Next::Wait { .. } => continue,
+                Next::Warn { ends_at } => ends_at,
+            };
+            let event = warning_event(u, samples, idle_since, ends_at, now);
+            let recorded = self.cluster.pod_event(&u.pod, &event).await;
+            self.metrics.call("event", recorded.is_ok());
+            match recorded {
+                Ok(()) => {
+                    tracing::warn!(
+                        node = %self.cfg.node_name,
+                        pod_ns = %u.pod.namespace,
+                        pod_name = %u.pod.name,
+                        pod_uid = %u.pod.uid,
+                        idle_since = %idle_since.to_rfc3339_opts(SecondsFormat::Secs, true),
+                        ends_at = %ends_at.to_rfc3339_opts(SecondsFormat::Secs, true),
+                        reason = "idle",
+                        action = "agent.reclaim_warning",
+                        "GPU processes idle for the whole window: warned, they end unless the pod uses the GPU"
+                    );
+                    state.warnings.warned(
+                        &uid,
+                        Warned {
+                            idle_since,
+                            at: now,
+                            ends_at,
+                        },
+                    );
+                    report.warned.push(u.pod.key());
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %u.pod.key(), error = %e, "recording the reclaim warning failed; no reclaim before a warning is recorded, tried again next round");
+                }
+            }
+        }
+        due
+    }
+
     /// Per GPU under the floor, the tenant to recycle: `(gpu, uid, choice)`.
     fn vram_choices(
         &self,
@@ -705,6 +814,7 @@ impl Agent {
                 u,
                 track,
                 &rule,
+                state.warnings.get(&uid),
                 samples,
                 now,
             ));

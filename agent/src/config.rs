@@ -3,7 +3,10 @@
 //! names there (`..._IDLE_MINUTES`, `..._CONSECUTIVE_IDLE_SAMPLES`, ...). The booking
 //! service's options are every component's (`client::BookingServiceArgs`,
 //! `GPU_BOOKING_BOOKING_URL`, ...), and so are `--admin-listen` and `--log-format`
-//! (`process::options`, `GPU_BOOKING_ADMIN_LISTEN`, `GPU_BOOKING_LOG_FORMAT`).
+//! (`process::options`, `GPU_BOOKING_ADMIN_LISTEN`, `GPU_BOOKING_LOG_FORMAT`), and the
+//! priority classes are the webhook's and the controller's (`--high-priority-class`,
+//! `GPU_BOOKING_HIGH_PRIORITY_CLASS`, core's `PriorityClassArgs`): the agent believes a
+//! pod booked as the controller does.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -13,7 +16,7 @@ use anyhow::Context;
 use chrono::TimeDelta;
 use clap::{ArgAction, Args};
 use gpu_booking_client::BookingServiceArgs;
-use gpu_booking_core::admission::DEFAULT_GPUMEM_RESOURCE;
+use gpu_booking_core::admission::{AdmissionConfig, PriorityClassArgs, DEFAULT_GPUMEM_RESOURCE};
 use gpu_booking_process::{AdminArgs, LogArgs};
 use regex::Regex;
 
@@ -23,6 +26,7 @@ use crate::reclaim_policy::{
     DEFAULT_IDLE_MINUTES, DEFAULT_OPT_OUT_ANNOTATION, DEFAULT_PROCESS_ALLOWLIST,
     DEFAULT_UTIL_THRESHOLD_PERCENT,
 };
+use crate::signal_policy::{SignalSequence, DEFAULT_RECLAIM_SIGNALS};
 
 #[derive(Debug, Clone, Args)]
 #[command(mut_arg("booking_url", |a| a.help(
@@ -61,10 +65,35 @@ pub struct AgentArgs {
     #[arg(long, env = "GPU_BOOKING_AGENT_GPU_UTIL_THRESHOLD_PERCENT", default_value_t = DEFAULT_UTIL_THRESHOLD_PERCENT)]
     pub gpu_util_threshold_percent: u32,
 
-    /// Time between SIGTERM and SIGKILL (PRD: TERM_GRACE_SECONDS). A bare number is
-    /// seconds.
+    /// Wait after each signal of --reclaim-signals but KILL for the processes to
+    /// exit before the next (PRD: TERM_GRACE_SECONDS). A bare number is seconds.
     #[arg(long, env = "GPU_BOOKING_AGENT_TERM_GRACE", default_value = "15s", value_parser = parse_duration)]
     pub term_grace: Duration,
+
+    /// Signals that end a pod's GPU processes (idle reclaim and the VRAM watchdog),
+    /// in order, each to the processes still running after the wait that followed
+    /// the one before: comma-separated of INT, HUP, USR1, USR2, TERM, KILL, none
+    /// twice, KILL last. INT first is an interrupt: a Python program runs its
+    /// cleanup.
+    #[arg(long, env = "GPU_BOOKING_AGENT_RECLAIM_SIGNALS", default_value = DEFAULT_RECLAIM_SIGNALS, value_parser = SignalSequence::parse)]
+    pub reclaim_signals: SignalSequence,
+
+    /// A pod idle for its whole window first gets a Warning Event that says when its
+    /// GPU processes end; they end this long after, if it is still idle then. 0s
+    /// ends them at the window's end, unwarned. A bare number is seconds.
+    #[arg(long, env = "GPU_BOOKING_AGENT_RECLAIM_WARNING", default_value = "5m", value_parser = parse_time_delta)]
+    pub reclaim_warning: TimeDelta,
+
+    /// Idle reclaim also ends the GPU processes of booked pods (our high priority
+    /// class with our priority label, as the controller believes them). Off: a
+    /// booking's card is its user's for the booking's time, used or idle.
+    #[arg(long, env = "GPU_BOOKING_AGENT_RECLAIM_BOOKED_PODS", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    pub reclaim_booked_pods: bool,
+
+    // `--high-priority-class`, `--low-priority-class`: the webhook's and the
+    // controller's, with the same variables.
+    #[command(flatten)]
+    pub priority_classes: PriorityClassArgs,
 
     /// Further attempts when the GPU still lists a process after SIGKILL (PRD:
     /// MAX_RECLAIM_RETRY).
@@ -207,14 +236,20 @@ impl AgentArgs {
                 process_allowlist,
                 opt_out: self.opt_out_annotation.clone(),
                 sample_interval: self.sample_interval,
+                reclaim_booked_pods: self.reclaim_booked_pods,
             },
+            reclaim_warning: self.reclaim_warning,
+            reclaim_signals: self.reclaim_signals.clone(),
             term_grace: self.term_grace,
             kill_wait: Duration::from_secs(5),
             max_reclaim_retry: self.max_reclaim_retry,
             vram_watchdog: self.vram_watchdog,
             vram_floor_mib: self.vram_floor_mib,
             vram_dry_run: self.vram_dry_run,
-            gpumem_resource: self.gpumem_resource.trim().to_owned(),
+            admission: self.priority_classes.apply(AdmissionConfig {
+                gpumem_resource: self.gpumem_resource.trim().to_owned(),
+                ..AdmissionConfig::default()
+            }),
             last_activity_annotation: self.last_activity_annotation.trim().to_owned(),
             annotation_min_change: TimeDelta::minutes(1),
             pod_refresh: delta(self.pod_refresh, "--pod-refresh")?,
@@ -225,7 +260,7 @@ impl AgentArgs {
 
 /// The one duration parser of every component: humantime or bare seconds, range-guarded
 /// (see `gpu_booking_process::duration`).
-pub use gpu_booking_process::duration::parse_duration;
+pub use gpu_booking_process::duration::{parse_duration, parse_time_delta};
 
 #[cfg(test)]
 mod tests {
@@ -257,10 +292,18 @@ mod tests {
         );
         assert!(!idle.dry_run && idle.enabled);
         assert_eq!(cfg.term_grace, Duration::from_secs(15));
+        // Ours beyond the PRD: a warning first, an interrupt first, booked pods spared.
+        assert_eq!(cfg.reclaim_warning, TimeDelta::minutes(5));
+        assert_eq!(cfg.reclaim_signals.to_string(), "INT,TERM,KILL");
+        assert!(!cfg.policy.reclaim_booked_pods);
+        assert_eq!(
+            cfg.admission.high_priority_class.as_deref(),
+            Some("gpu-booking-high")
+        );
         assert_eq!(cfg.max_reclaim_retry, 2);
         assert_eq!(cfg.vram_floor_mib, 1536);
         assert!(cfg.vram_dry_run && cfg.vram_watchdog);
-        assert_eq!(cfg.gpumem_resource, "gpu-booking.io/gpumem");
+        assert_eq!(cfg.admission.gpumem_resource, "gpu-booking.io/gpumem");
         assert_eq!(
             cfg.policy.opt_out,
             ("gpu-reclaimer/enabled".to_owned(), "false".to_owned())
@@ -289,6 +332,10 @@ mod tests {
             "--vram-floor-mib=2048",
             "--vram-dry-run=false",
             "--idle-reclaim=false",
+            "--reclaim-signals=TERM,KILL",
+            "--reclaim-warning=0s",
+            "--reclaim-booked-pods",
+            "--high-priority-class=lab-booked",
             "--booking-url=http://api:8080",
             "--service-token=t",
             "--log-format=json",
@@ -305,6 +352,13 @@ mod tests {
         assert!(!cfg.vram_dry_run);
         assert_eq!(cfg.policy.opt_out.1, "yes");
         assert_eq!(cfg.policy.idle.idle_samples, 300, "given explicitly");
+        assert_eq!(cfg.reclaim_signals, SignalSequence::term_kill());
+        assert_eq!(cfg.reclaim_warning, TimeDelta::zero());
+        assert!(cfg.policy.reclaim_booked_pods);
+        assert_eq!(
+            cfg.admission.high_priority_class.as_deref(),
+            Some("lab-booked")
+        );
     }
 
     #[test]
@@ -339,6 +393,11 @@ mod tests {
             vec!["--namespace-allowlist=Bad_NS"],
             vec!["--namespace-policy=dev:speed=1"],
             vec!["--dry-run=maybe"],
+            vec!["--reclaim-signals=TERM"],
+            vec!["--reclaim-signals=KILL,TERM"],
+            vec!["--reclaim-signals=INT,INT,KILL"],
+            vec!["--reclaim-warning=-1s"],
+            vec!["--reclaim-booked-pods=sometimes"],
         ] {
             assert!(parse(&bad).is_err(), "{bad:?}");
         }

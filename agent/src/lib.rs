@@ -4,8 +4,10 @@
 //! process to a pod container through `/proc/<pid>/cgroup` and the node's pods, and
 //!
 //! - **reclaims idle GPUs** (the idle-reclaim PRD): a pod whose GPU processes were
-//!   idle for the whole window is re-checked once more, then its GPU processes get
-//!   SIGTERM and, after the grace, SIGKILL; the pod itself is never deleted;
+//!   idle for the whole window is warned (an Event), and if still idle after the
+//!   warning period re-checked once more, then its GPU processes get SIGINT, SIGTERM
+//!   and SIGKILL, the grace after each; the pod itself is never deleted, and booked
+//!   pods are spared;
 //! - **keeps VRAM within budget** (the VRAM-budget ADR): only when a GPU's free memory
 //!   is under the floor, the biggest tenant over its declared `gpumem` budget has its
 //!   GPU processes recycled (dry run by default);
@@ -37,7 +39,9 @@ pub mod pod_usage;
 pub mod pods;
 pub mod procfs;
 pub mod reclaim_policy;
+pub mod reclaim_warning;
 pub mod server;
+pub mod signal_policy;
 pub mod signals;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -107,6 +111,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         idle_minutes = cfg.policy.idle.idle_minutes,
         idle_samples = cfg.policy.idle.idle_samples,
         dry_run = cfg.policy.idle.dry_run,
+        reclaim_warning_s = cfg.reclaim_warning.num_seconds(),
+        reclaim_signals = %cfg.reclaim_signals,
+        reclaim_booked_pods = cfg.policy.reclaim_booked_pods,
         vram_floor_mib = cfg.vram_floor_mib,
         vram_dry_run = cfg.vram_dry_run,
         admin = %args.admin.admin_listen,

@@ -1,11 +1,14 @@
 //! The node's pods as the agent needs them: UID, name, containers and their IDs,
-//! annotations, labels and the declared VRAM budget; and the index that maps a
-//! cgroup's pod UID and container ID to them.
+//! annotations, labels, the declared VRAM budget and whether the pod is booked; and
+//! the index that maps a cgroup's pod UID and container ID to them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use gpu_booking_core::admission::{named_user, parse_quantity};
+use gpu_booking_core::admission::{
+    named_user, our_label, parse_quantity, trusted_priority, AdmissionConfig, PodStanding,
+    PRIORITY_LABEL,
+};
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 
 use crate::cgroup::{status_container_id, ContainerRef};
@@ -27,6 +30,10 @@ pub struct PodInfo {
     /// The declared VRAM budget: the sum over containers of the `gpumem` resource
     /// (limits, else requests), in MiB; `None` when no container declares one.
     pub gpumem_budget_mib: Option<u64>,
+    /// Booked (high) or lent (low), as the controller believes it: our priority label
+    /// counts as high only with our high priority class, which a pod's creator cannot
+    /// give itself (core's [`trusted_priority`]).
+    pub standing: Option<PodStanding>,
 }
 
 impl PodInfo {
@@ -53,9 +60,11 @@ impl PodInfo {
         })
     }
 
-    /// The parts of a pod the agent uses; `None` for a pod without UID, namespace or
-    /// name (the API server always sets them).
-    pub fn from_pod(pod: &Pod, gpumem_resource: &str) -> Option<Self> {
+    /// The parts of a pod the agent uses, read with `cfg`'s VRAM budget resource and
+    /// priority classes; `None` for a pod without UID, namespace or name (the API
+    /// server always sets them).
+    pub fn from_pod(pod: &Pod, cfg: &AdmissionConfig) -> Option<Self> {
+        let gpumem_resource = cfg.gpumem_resource.as_str();
         let meta = &pod.metadata;
         let uid = meta.uid.clone()?;
         let namespace = meta.namespace.clone()?;
@@ -93,14 +102,23 @@ impl PodInfo {
                 containers.push((c.name.clone(), id_of(&c.name)));
             }
         }
+        let labels = meta.labels.clone().unwrap_or_default();
+        let spec = pod.spec.as_ref();
+        let standing = trusted_priority(
+            our_label(|k| labels.get(k).map(String::as_str), PRIORITY_LABEL),
+            spec.and_then(|s| s.priority_class_name.as_deref()),
+            spec.and_then(|s| s.priority),
+            cfg,
+        );
         Some(Self {
             uid: uid.to_ascii_lowercase(),
             namespace,
             name,
-            labels: meta.labels.clone().unwrap_or_default(),
+            labels,
             annotations: meta.annotations.clone().unwrap_or_default(),
             containers,
             gpumem_budget_mib: budget,
+            standing,
         })
     }
 }
@@ -192,7 +210,7 @@ mod tests {
                 "labels": {"hub.jupyter.org/username": "bob-2esmith"}},
             "spec": {"containers": [{"name": "notebook"}]}
         }));
-        let info = PodInfo::from_pod(&p, "gpu-booking.io/gpumem").unwrap();
+        let info = PodInfo::from_pod(&p, &AdmissionConfig::default()).unwrap();
         assert_eq!(info.username(), Some("bob-2esmith"));
     }
 
@@ -216,7 +234,7 @@ mod tests {
                 {"name": "sidecar", "image": "x", "imageID": "", "ready": false, "restartCount": 0}
             ]}
         }));
-        let info = PodInfo::from_pod(&p, "gpu-booking.io/gpumem").unwrap();
+        let info = PodInfo::from_pod(&p, &AdmissionConfig::default()).unwrap();
         assert_eq!(info.uid, "6b1c0f1e-2d3a-4b5c-8d9e-0a1b2c3d4e5f");
         assert_eq!(info.key(), "jhub/jupyter-alice");
         assert_eq!(info.gpumem_budget_mib, Some(8192 + 1024));
@@ -253,20 +271,77 @@ mod tests {
             "spec": {"containers": [{"name": "c", "resources": {"limits": {"gpu-booking.io/gpumem": "lots"}}}]}
         }));
         assert_eq!(
-            PodInfo::from_pod(&p, "gpu-booking.io/gpumem")
+            PodInfo::from_pod(&p, &AdmissionConfig::default())
                 .unwrap()
                 .gpumem_budget_mib,
             None
         );
         let p = pod(json!({"metadata": {"name": "a", "namespace": "b", "uid": "u"}}));
         assert_eq!(
-            PodInfo::from_pod(&p, "gpu-booking.io/gpumem")
+            PodInfo::from_pod(&p, &AdmissionConfig::default())
                 .unwrap()
                 .gpumem_budget_mib,
             None
         );
         let p = pod(json!({"metadata": {"name": "a"}}));
-        assert!(PodInfo::from_pod(&p, "gpu-booking.io/gpumem").is_none());
+        assert!(PodInfo::from_pod(&p, &AdmissionConfig::default()).is_none());
+    }
+
+    #[test]
+    fn booked_only_with_our_high_class_and_its_resolved_priority() {
+        let standing =
+            |labels: serde_json::Value, spec: serde_json::Value, cfg: &AdmissionConfig| {
+                let mut spec = spec;
+                spec["containers"] = json!([{"name": "notebook"}]);
+                let p = pod(json!({
+                    "metadata": {"name": "a", "namespace": "jhub", "uid": "u", "labels": labels},
+                    "spec": spec
+                }));
+                PodInfo::from_pod(&p, cfg).unwrap().standing
+            };
+        let cfg = AdmissionConfig::default();
+        let high = json!({"gpu-booking.io/priority": "high"});
+        let ours = json!({"priorityClassName": "gpu-booking-high", "priority": 1000});
+        assert_eq!(
+            standing(high.clone(), ours.clone(), &cfg),
+            Some(PodStanding::High)
+        );
+        // Pods from before the label moved carry the legacy key.
+        assert_eq!(
+            standing(json!({"gpu-booking/priority": "high"}), ours.clone(), &cfg),
+            Some(PodStanding::High)
+        );
+        // A label its creator wrote, without our class (or its resolved priority): lent.
+        for spec in [
+            json!({}),
+            json!({"priorityClassName": "other-high", "priority": 1000}),
+            json!({"priorityClassName": "gpu-booking-high"}),
+        ] {
+            assert_eq!(
+                standing(high.clone(), spec.clone(), &cfg),
+                Some(PodStanding::Low),
+                "{spec}"
+            );
+        }
+        // Our class alone, without the label, is not a booking's pod.
+        assert_eq!(standing(json!({}), ours.clone(), &cfg), None);
+        // The configured class is the one believed.
+        let renamed = AdmissionConfig {
+            high_priority_class: Some("lab-booked".into()),
+            ..AdmissionConfig::default()
+        };
+        assert_eq!(
+            standing(high.clone(), ours, &renamed),
+            Some(PodStanding::Low)
+        );
+        assert_eq!(
+            standing(
+                high,
+                json!({"priorityClassName": "lab-booked", "priority": 5}),
+                &renamed
+            ),
+            Some(PodStanding::High)
+        );
     }
 
     #[test]
@@ -278,7 +353,11 @@ mod tests {
             "status": {"containerStatuses": [{"name": "c", "containerID": format!("cri-o://{CID}"),
                 "image": "x", "imageID": "", "ready": true, "restartCount": 0}]}
         }));
-        let index = PodIndex::new([PodInfo::from_pod(&p, "x/y").unwrap()]);
+        let cfg = AdmissionConfig {
+            gpumem_resource: "x/y".into(),
+            ..AdmissionConfig::default()
+        };
+        let index = PodIndex::new([PodInfo::from_pod(&p, &cfg).unwrap()]);
         let c = ContainerRef {
             pod_uid: "6b1c0f1e-2d3a-4b5c-8d9e-0a1b2c3d4e5f".into(),
             container_id: CID.into(),

@@ -1,9 +1,10 @@
 //! Who may be reclaimed, and after how long: the idle rule (with per-namespace
 //! overrides, e.g. looser for development namespaces), the opt-out annotation, the
-//! namespace and label allowlists and the process-name allowlist. Pure.
+//! namespace and label allowlists, the process-name allowlist, and booked pods. Pure.
 
 use std::time::Duration;
 
+use gpu_booking_core::admission::PodStanding;
 use regex::Regex;
 
 use crate::pods::PodInfo;
@@ -202,6 +203,8 @@ pub enum Exemption {
     OptOut,
     NamespaceAllowlist,
     LabelAllowlist,
+    /// A pod that holds its booking's units (idle reclaim only).
+    Booked,
 }
 
 impl Exemption {
@@ -210,6 +213,7 @@ impl Exemption {
             Exemption::OptOut => "opt_out",
             Exemption::NamespaceAllowlist => "namespace_allowlist",
             Exemption::LabelAllowlist => "label_allowlist",
+            Exemption::Booked => "booked",
         }
     }
 }
@@ -236,6 +240,11 @@ pub struct Policy {
     pub opt_out: (String, String),
     /// The sample interval, for namespaces that set idle minutes without a count.
     pub sample_interval: Duration,
+    /// Idle reclaim ends booked pods' GPU processes too. Off by default: a booking's
+    /// card is its user's for the booking's time, used or idle, and nobody else may
+    /// have it meanwhile, so ending an idle booked kernel frees nothing for anyone
+    /// and costs its user their kernel's state.
+    pub reclaim_booked_pods: bool,
 }
 
 impl Policy {
@@ -256,6 +265,7 @@ impl Policy {
             sample_interval: Duration::from_secs(60),
             opt_out: parse_opt_out(DEFAULT_OPT_OUT_ANNOTATION)
                 .unwrap_or_else(|_| ("gpu-reclaimer/enabled".into(), "false".into())),
+            reclaim_booked_pods: false,
         }
     }
 
@@ -282,16 +292,25 @@ impl Policy {
         None
     }
 
-    /// Why the pod is exempt from idle reclaim, if so (allowlists and opt-out).
+    /// Why the pod is exempt from idle reclaim, if so (allowlists, opt-out, and a
+    /// booked pod unless booked pods are reclaimed too). The VRAM watchdog knows
+    /// only [`Self::allowlisted`]: a booked pod keeps to its budget like any other.
     pub fn idle_exemption(&self, pod: &PodInfo) -> Option<Exemption> {
         if let Some(e) = self.allowlisted(pod) {
             return Some(e);
         }
         let (key, value) = &self.opt_out;
-        match pod.annotations.get(key) {
-            Some(v) if v.trim().eq_ignore_ascii_case(value) => Some(Exemption::OptOut),
-            _ => None,
+        if pod
+            .annotations
+            .get(key)
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case(value))
+        {
+            return Some(Exemption::OptOut);
         }
+        if !self.reclaim_booked_pods && pod.standing == Some(PodStanding::High) {
+            return Some(Exemption::Booked);
+        }
+        None
     }
 
     /// Whether the process is a system process that is never reclaimed.
@@ -334,6 +353,7 @@ mod tests {
                 .collect(),
             containers: vec![],
             gpumem_budget_mib: None,
+            standing: None,
         }
     }
 
@@ -392,6 +412,25 @@ mod tests {
             policy.allowlisted(&pod("jhub", &[], &[("gpu-reclaimer/enabled", "false")])),
             None
         );
+    }
+
+    #[test]
+    fn booked_pods_are_spared_idle_reclaim_unless_told_otherwise() {
+        let mut policy = Policy::defaults();
+        let booked = PodInfo {
+            standing: Some(PodStanding::High),
+            ..pod("jhub", &[], &[])
+        };
+        let lent = PodInfo {
+            standing: Some(PodStanding::Low),
+            ..pod("jhub", &[], &[])
+        };
+        assert_eq!(policy.idle_exemption(&booked), Some(Exemption::Booked));
+        assert_eq!(policy.idle_exemption(&lent), None);
+        // The watchdog's rule does not spare it.
+        assert_eq!(policy.allowlisted(&booked), None);
+        policy.reclaim_booked_pods = true;
+        assert_eq!(policy.idle_exemption(&booked), None);
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Ending GPU processes: SIGTERM, up to the grace period for them to exit, then
-//! SIGKILL. PIDs are in the host PID namespace (the DaemonSet runs with `hostPID`).
+//! Ending GPU processes: each signal of the sequence ([`SignalSequence`], by default
+//! SIGINT, SIGTERM, SIGKILL) to the processes still running, then up to the grace
+//! period for them to exit before the next. PIDs are in the host PID namespace (the
+//! DaemonSet runs with `hostPID`).
 //!
 //! Each process is opened as a pidfd first and then checked against what the agent
 //! saw (start time and container): a PID that was reused in between is never
@@ -20,6 +22,7 @@ use rustix::process::{pidfd_open, pidfd_send_signal, PidfdFlags, Signal};
 
 use crate::cgroup::ContainerRef;
 use crate::procfs::{ProcError, ProcFs, RunState};
+use crate::signal_policy::{ReclaimSignal, SignalSequence};
 
 /// How often the fallback looks at `/proc` for an exit.
 const POLL: Duration = Duration::from_millis(50);
@@ -36,7 +39,7 @@ pub struct Target {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct KillOutcome {
     pub pid: u32,
-    /// Signals sent, in order: `TERM`, `KILL`.
+    /// Signals sent, in order: `INT`, `TERM`, `KILL` ...
     pub signals: Vec<&'static str>,
     /// It has exited (or was already gone).
     pub exited: bool,
@@ -60,22 +63,31 @@ struct Live {
 #[derive(Debug, Clone)]
 pub struct Killer {
     proc: ProcFs,
-    /// Between SIGTERM and SIGKILL.
+    /// The signals, in order.
+    pub sequence: SignalSequence,
+    /// After each signal but SIGKILL, before the next.
     pub grace: Duration,
     /// How long to wait for an exit after SIGKILL.
     pub kill_wait: Duration,
 }
 
 impl Killer {
-    pub fn new(proc: ProcFs, grace: Duration, kill_wait: Duration) -> Self {
+    pub fn new(
+        proc: ProcFs,
+        sequence: SignalSequence,
+        grace: Duration,
+        kill_wait: Duration,
+    ) -> Self {
         Self {
             proc,
+            sequence,
             grace,
             kill_wait,
         }
     }
 
-    /// Ends every target: SIGTERM to all, the grace period, SIGKILL to those left.
+    /// Ends every target: each signal of the sequence to those still running, then
+    /// the grace period (after SIGKILL, the kill wait).
     pub async fn terminate(&self, targets: &[Target]) -> Vec<KillOutcome> {
         let mut outcomes: Vec<KillOutcome> = targets
             .iter()
@@ -94,13 +106,16 @@ impl Killer {
                 Err(e) => outcomes[index].error = Some(e),
             }
         }
-        for (signal, name, wait) in [
-            (Signal::TERM, "TERM", self.grace),
-            (Signal::KILL, "KILL", self.kill_wait),
-        ] {
+        for &step in self.sequence.signals() {
             if live.is_empty() {
                 break;
             }
+            let (signal, name) = (step.signal(), step.name());
+            let wait = if step == ReclaimSignal::Kill {
+                self.kill_wait
+            } else {
+                self.grace
+            };
             let mut sent = Vec::new();
             for l in live.drain(..) {
                 let outcome = &mut outcomes[l.index];

@@ -94,13 +94,14 @@ fn alive(pid: u32) -> bool {
 
 #[sqlx::test(migrations = "./migrations")]
 async fn the_agent_reclaims_the_idle_gpu_process_of_a_lent_notebook(pool: PgPool) {
-    // An idle window of five samples (a second): the PRD's minutes are the agent's
-    // own tests' business; here the whole chain is.
+    // An idle window of five samples (a second), ended unwarned: the PRD's minutes
+    // and the warning are the agent's own tests' business; here the whole chain is.
     let lab = Lab::start_with(
         pool.clone(),
         a100_lab().agent(|cfg| {
             cfg.policy.idle.idle_minutes = 0;
             cfg.policy.idle.idle_samples = 5;
+            cfg.reclaim_warning = TimeDelta::zero();
         }),
     )
     .await;

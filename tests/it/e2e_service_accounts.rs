@@ -53,7 +53,8 @@ async fn actors_of(pool: &PgPool, prefix: &str) -> Vec<String> {
 #[sqlx::test(migrations = "./migrations")]
 async fn each_component_authenticates_as_its_own_service_account(pool: PgPool) {
     // One A100, so that alice's booking takes it back from bob's lent notebook; an
-    // idle window of five samples, so that the agent reclaims bob's idle kernel.
+    // idle window of five samples and no warning, so that the agent reclaims bob's
+    // idle kernel at once.
     let builder = SimCluster::builder()
         .nodes(vec![
             GpuNode::gpu("gpu-a100-0", "NVIDIA-A100-SXM4-40GB", 1, 40960),
@@ -63,6 +64,7 @@ async fn each_component_authenticates_as_its_own_service_account(pool: PgPool) {
         .agent(|cfg| {
             cfg.policy.idle.idle_minutes = 0;
             cfg.policy.idle.idle_samples = 5;
+            cfg.reclaim_warning = TimeDelta::zero();
         });
     let lab = Lab::start_with(pool.clone(), builder).await;
 

@@ -264,18 +264,6 @@ async fn a_process_ignoring_sigterm_gets_sigkill() {
     );
 }
 
-/// Waits until `pid` has exec'd into `comm` (so its signal dispositions are set).
-async fn wait_for_exec(pid: u32, comm: &str) {
-    for _ in 0..500 {
-        let now = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if now.trim() == comm {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("{pid} did not exec {comm}");
-}
-
 #[tokio::test]
 async fn unattributable_pids_are_counted_logged_and_left_alone() {
     let mut node = Node::new(config(), vec![pod("jhub", "known", 8).build()]);

@@ -14,6 +14,7 @@ use gpu_booking_agent::fake_gpu::FakeGpu;
 use gpu_booking_agent::pods::PodInfo;
 use gpu_booking_agent::procfs::ProcFs;
 use gpu_booking_agent::Metrics;
+use gpu_booking_core::admission::AdmissionConfig;
 use gpu_booking_fake_apiserver::{FakeApiServer, Verb};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -53,7 +54,7 @@ async fn lists_only_this_nodes_pods_annotates_and_records_events() {
         list.query
     );
 
-    let info = PodInfo::from_pod(&pods[0], "gpu-booking.io/gpumem").unwrap();
+    let info = PodInfo::from_pod(&pods[0], &AdmissionConfig::default()).unwrap();
     cluster
         .annotate_pod(
             &info,

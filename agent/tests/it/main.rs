@@ -7,3 +7,4 @@ mod acceptance;
 mod audit_api;
 mod common;
 mod kube_cluster;
+mod reclaim_rules;

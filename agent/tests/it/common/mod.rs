@@ -13,6 +13,7 @@ use gpu_booking_agent::audit::RecordingAudit;
 use gpu_booking_agent::fake_cluster::FakeCluster;
 use gpu_booking_agent::fake_gpu::FakeGpu;
 use gpu_booking_agent::procfs::{write_fake_process, ProcFs};
+use gpu_booking_agent::signal_policy::SignalSequence;
 use gpu_booking_agent::Metrics;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
@@ -79,6 +80,21 @@ impl PodSpec {
         self
     }
 
+    /// Booked, as the webhook admits a booked pod: our priority label and our high
+    /// priority class, which the API server resolved into `spec.priority`.
+    pub fn booked(mut self) -> Self {
+        self.value["spec"]["priorityClassName"] = json!("gpu-booking-high");
+        self.value["spec"]["priority"] = json!(1000);
+        self.label("gpu-booking.io/priority", "high")
+    }
+
+    /// Lent, as the webhook admits a pod lent a free GPU.
+    pub fn lent(mut self) -> Self {
+        self.value["spec"]["priorityClassName"] = json!("gpu-booking-low");
+        self.value["spec"]["priority"] = json!(-10);
+        self.label("gpu-booking.io/priority", "low")
+    }
+
     /// A VRAM budget of `mib` on the notebook container (as the webhook sets it).
     pub fn budget(mut self, mib: u64) -> Self {
         let r = &mut self.value["spec"]["containers"][0]["resources"];
@@ -103,8 +119,18 @@ pub struct Node {
     pub children: Vec<Child>,
 }
 
-/// The PRD's defaults, with a short grace so that the signal tests stay quick.
+/// The PRD's settings (reclaim at the end of the window, unwarned; SIGTERM, then
+/// SIGKILL), with a short grace so that the signal tests stay quick. What we add to
+/// the PRD (the warning, the interrupt first) is tested with [`our_defaults`].
 pub fn config() -> AgentConfig {
+    let mut cfg = our_defaults();
+    cfg.reclaim_warning = TimeDelta::zero();
+    cfg.reclaim_signals = SignalSequence::term_kill();
+    cfg
+}
+
+/// The agent's defaults, with a short grace so that the signal tests stay quick.
+pub fn our_defaults() -> AgentConfig {
     let mut cfg = AgentConfig::defaults("gpu-node-1");
     cfg.term_grace = Duration::from_millis(300);
     cfg.kill_wait = Duration::from_secs(5);
@@ -237,4 +263,16 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
             .parse()
             .ok()
     })
+}
+
+/// Waits until `pid` has exec'd into `comm` (so its signal dispositions are set).
+pub async fn wait_for_exec(pid: u32, comm: &str) {
+    for _ in 0..500 {
+        let now = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if now.trim() == comm {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{pid} did not exec {comm}");
 }
