@@ -339,6 +339,20 @@ def test_priority_classes():
     assert objects("minimal", "PriorityClass") == []
 
 
+def test_the_agent_believes_a_pod_booked_by_the_webhooks_class():
+    """The agent spares booked pods' idle kernels: booked by the same classes as the
+    webhook's and the controller's (one option group, the same variables)."""
+    webhook = env_of(pod_spec(one("everything", "Deployment", "-webhook"))["containers"][0])
+    agent = env_of(pod_spec(one("everything", "DaemonSet", "-agent"))["containers"][0])
+    for name in ("GPU_BOOKING_HIGH_PRIORITY_CLASS", "GPU_BOOKING_LOW_PRIORITY_CLASS"):
+        assert agent[name] == webhook[name], name
+    assert agent["GPU_BOOKING_AGENT_RECLAIM_BOOKED_PODS"]["value"] == "false"
+    assert agent["GPU_BOOKING_AGENT_RECLAIM_WARNING"]["value"] == "5m"
+    assert agent["GPU_BOOKING_AGENT_RECLAIM_SIGNALS"]["value"] == "INT,TERM,KILL"
+    out = render.template(set_values=["agent.enabled=true", "agent.reclaimSignals=KILL\\,TERM"], check=False)
+    assert out.returncode != 0 and "reclaimSignals" in out.stderr, "the schema wants KILL last"
+
+
 def test_the_migration_job_runs_before_install_and_upgrade():
     job = one("defaults", "Job", "-migrate")
     # The embedded database appears with the release, after the pre-install hooks: on

@@ -165,6 +165,16 @@ and the agent (client::BookingServiceArgs). */}}
   value: {{ include "gpu-booking.serviceTokenPath" . }}
 {{- end }}
 
+{{/* The priority classes, the same variables and values in the webhook, the
+controller and the agent (core::admission::PriorityClassArgs): the webhook gives them,
+the controller and the agent believe a pod booked only with the high one. */}}
+{{- define "gpu-booking.priorityClassEnv" -}}
+- name: GPU_BOOKING_HIGH_PRIORITY_CLASS
+  value: {{ .Values.priorityClasses.high.name | quote }}
+- name: GPU_BOOKING_LOW_PRIORITY_CLASS
+  value: {{ .Values.priorityClasses.low.name | quote }}
+{{- end }}
+
 {{/* The admission options, the same variables and values in the webhook and the
 controller (core::admission::AdmissionArgs): the controller acts on what the webhook
 wrote. */}}
@@ -173,10 +183,7 @@ wrote. */}}
   value: {{ .Values.webhook.terminateAtAnnotation | quote }}
 - name: GPU_BOOKING_MODEL_NODE_LABEL
   value: {{ .Values.webhook.modelNodeLabel | quote }}
-- name: GPU_BOOKING_HIGH_PRIORITY_CLASS
-  value: {{ .Values.priorityClasses.high.name | quote }}
-- name: GPU_BOOKING_LOW_PRIORITY_CLASS
-  value: {{ .Values.priorityClasses.low.name | quote }}
+{{ include "gpu-booking.priorityClassEnv" . }}
 - name: GPU_BOOKING_GPU_RESOURCE
   value: {{ join "," .Values.webhook.gpuResources | quote }}
 - name: GPU_BOOKING_GPUMEM_RESOURCE
