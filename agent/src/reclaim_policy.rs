@@ -240,10 +240,9 @@ pub struct Policy {
     pub opt_out: (String, String),
     /// The sample interval, for namespaces that set idle minutes without a count.
     pub sample_interval: Duration,
-    /// Idle reclaim ends booked pods' GPU processes too. Off by default: a booking's
-    /// card is its user's for the booking's time, used or idle, and nobody else may
-    /// have it meanwhile, so ending an idle booked kernel frees nothing for anyone
-    /// and costs its user their kernel's state.
+    /// Idle reclaim ends booked pods' GPU processes too. Off by default: a booking
+    /// gives its user the card for the booking's time, used or idle, and ending
+    /// their idle kernel would cost them its state.
     pub reclaim_booked_pods: bool,
 }
 

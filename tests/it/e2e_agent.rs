@@ -6,7 +6,9 @@
 //!   the booking service's audit log has the row;
 //! - of two lent notebooks, the one whose GPU was idle longest (as the agent reports
 //!   it) is the one that gives way to a booked user, even though it started last
-//!   (without the agent's reports the controller would take the older one).
+//!   (without the agent's reports the controller would take the older one);
+//! - with the chart's settings, a booked user's idle kernel is kept while a lent
+//!   user's, idle for less time, is warned and then reclaimed.
 //!
 //! Runs on the real Postgres (`DATABASE_URL`), each test on a fresh database.
 
@@ -17,6 +19,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use common::*;
 use gpu_booking_core::admission::PRIORITY_LABEL;
+use gpu_booking_fake_apiserver::FakeApiServer;
 use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
 use gpu_booking_sim::{GpuNode, SimBuilder, SimCluster};
 use k8s_openapi::api::core::v1::Pod;
@@ -226,6 +229,90 @@ async fn the_lent_notebook_idle_longest_gives_way_to_a_booked_user(pool: PgPool)
         bob_now.metadata.uid.as_ref() == Some(&bob_uid) && on_gpu(&bob_now) && is_running(&bob_now),
         "bob, busy on his GPU, lost it although carol's was idle longer:\n{}",
         serde_json::to_string_pretty(&lab.sim.view()).unwrap()
+    );
+    lab.shutdown().await;
+}
+
+/// The reasons of the Events on the pod with `uid`.
+fn events_on(s: &FakeApiServer, uid: &str) -> Vec<String> {
+    s.list::<Event>(Some(NOTEBOOK_NAMESPACE))
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_booked_users_idle_kernel_is_kept_while_a_lent_users_is_warned_then_reclaimed(
+    pool: PgPool,
+) {
+    // The chart's agent settings (booked pods spared, a warning first) with a warning
+    // of a second and an idle window of five samples.
+    let lab = Lab::start_with(
+        pool,
+        a100_lab()
+            .rendered_chart(chart(&["agent.reclaimWarning=1s"]))
+            .agent(|cfg| {
+                cfg.policy.idle.idle_minutes = 0;
+                cfg.policy.idle.idle_samples = 5;
+            }),
+    )
+    .await;
+    // Alice books an A100 and spawns first; her kernel waits for her from the start.
+    lab.book(ALICE, "a100", TimeDelta::hours(2)).await;
+    let alice = lab.sim.spawn(ALICE, 1).await.expect("admitted");
+    assert_eq!(
+        label(&alice, PRIORITY_LABEL),
+        Some("high"),
+        "alice is booked"
+    );
+    lab.expect("alice's booked notebook never ran on a GPU", |s| {
+        running(s, ALICE).is_some_and(|p| on_gpu(&p))
+    })
+    .await;
+    eventually(&lab, "alice's booked kernel is not on the card", || {
+        lab.sim.gpu_process(ALICE).is_some()
+    })
+    .await;
+    let alice_pid = lab.sim.gpu_process(ALICE).unwrap();
+    let alice_uid = lab.notebook(ALICE).and_then(|p| p.metadata.uid).unwrap();
+
+    // Bob is lent the other card and leaves it idle too, for less time than alice.
+    let (bob, bob_pid) = lent_notebook(&lab, BOB).await;
+    let bob_uid = bob.metadata.uid.clone().unwrap();
+    lab.expect(
+        "the agent never warned bob before reclaiming his idle kernel",
+        |s| events_on(s, &bob_uid).contains(&"GPUReclaimWarning".to_owned()),
+    )
+    .await;
+    eventually(
+        &lab,
+        "the agent never ended bob's idle kernel after its warning",
+        || lab.sim.gpu_process(BOB).is_none() && !alive(bob_pid),
+    )
+    .await;
+    lab.expect("bob's reclaim left no Event after the warning", |s| {
+        events_on(s, &bob_uid) == ["GPUReclaimWarning", "GPUProcessesReclaimed"]
+    })
+    .await;
+
+    // Alice's kernel has been idle longer than bob's, and is hers: still on the card,
+    // never warned, and still reported (its last GPU activity) for the usage report.
+    assert!(
+        alive(alice_pid) && lab.sim.gpu_process(ALICE) == Some(alice_pid),
+        "the agent ended alice's booked kernel:\n{}",
+        serde_json::to_string_pretty(&lab.sim.view()).unwrap_or_default()
+    );
+    let alice_events = events_on(&lab.sim.server, &alice_uid);
+    assert!(
+        alice_events.is_empty(),
+        "alice's booked pod got {alice_events:?}"
+    );
+    let alice_now = lab.notebook(ALICE).expect("alice's notebook");
+    assert!(
+        last_activity(&alice_now).is_some(),
+        "the agent stopped reporting alice's GPU activity: {:?}",
+        alice_now.metadata.annotations
     );
     lab.shutdown().await;
 }
