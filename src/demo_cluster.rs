@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_booking_api::store::models::Model;
-use gpu_booking_sim::models::{declare, DEMO_MODELS};
-use gpu_booking_sim::{lab, BookingService, SimBuilder, SimCluster};
+use gpu_booking_sim::models::{declare, LabModel, DEMO_MODELS};
+use gpu_booking_sim::{lab, BookingService, GpuNode, SimBuilder, SimCluster};
 use sqlx::PgPool;
 
 use crate::demo_args::DemoArgs;
@@ -37,14 +37,41 @@ const SEED_USERS: [&str; 6] = [
     "ivan@uni.example",
 ];
 
-/// The per-model resource the "stripped" sample asks for.
+/// The a100s' own resource (the device plugin's renaming, seed 001), which the
+/// "stripped" sample asks for: the a100 is that resource, not a node label.
 const A100_RESOURCE: &str = "nvidia.com/a100";
+
+/// The demo's models: the lab's, the a100 under its own resource.
+const MODELS: [LabModel; 2] = [
+    LabModel {
+        resource: Some(A100_RESOURCE),
+        ..DEMO_MODELS[0]
+    },
+    DEMO_MODELS[1],
+];
+
+/// The lab's nodes, with the a100 node's cards under their own resource.
+fn nodes() -> Vec<GpuNode> {
+    lab::demo_lab()
+        .into_iter()
+        .map(|node| match node.product.as_deref() {
+            Some(product) if node.name == "gpu-a100-0" => GpuNode::gpu(
+                &node.name,
+                product,
+                0,
+                node.memory_mib,
+            )
+            .with_cards(A100_RESOURCE, product, node.gpus, node.memory_mib),
+            _ => node,
+        })
+        .collect()
+}
 
 /// The demo's lab, not started yet: the API's authenticator verifies the lab's
 /// ServiceAccount tokens with its [`SimBuilder::service_accounts`] first.
 pub fn builder(args: &DemoArgs) -> SimBuilder {
     SimCluster::builder()
-        .nodes(lab::demo_lab())
+        .nodes(nodes())
         .webhook_listen(args.webhook_listen)
         .webhook_admin_listen(args.webhook_admin_listen)
         .cert_dir(args.cert_dir.clone())
@@ -53,7 +80,6 @@ pub fn builder(args: &DemoArgs) -> SimBuilder {
             cfg.policy.idle.idle_minutes = IDLE_MINUTES;
             cfg.reclaim_warning = chrono::TimeDelta::minutes(RECLAIM_WARNING_MINUTES);
         })
-        // The "stripped" sample asks for the a100 by its own resource name.
         .webhook_arg(format!("--model-resource=a100={}", A100_RESOURCE))
 }
 
@@ -64,7 +90,7 @@ pub async fn start(
     pool: &PgPool,
     booking_url: String,
 ) -> anyhow::Result<Arc<SimCluster>> {
-    declare(pool, &DEMO_MODELS, lab.lab_nodes()).await?;
+    declare(pool, &MODELS, lab.lab_nodes()).await?;
     let sim = lab.start(BookingService { url: booking_url }).await?;
     Ok(Arc::new(sim))
 }

@@ -9,12 +9,15 @@ use sqlx::PgPool;
 use crate::lab::GpuNode;
 
 /// A model as the lab declares it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LabModel {
     pub name: &'static str,
     pub pattern: &'static str,
     /// The VRAM budget each pod of this model gets.
     pub gpumem_mib: i32,
+    /// Its own resource, when its cards are reached through one
+    /// ([`GpuNode::with_cards`]).
+    pub resource: Option<&'static str>,
 }
 
 /// The demo's models (the booking page's seeds): `a100` and `a6000`.
@@ -23,22 +26,31 @@ pub const DEMO_MODELS: [LabModel; 2] = [
         name: "a100",
         pattern: "*A100*",
         gpumem_mib: 40960,
+        resource: None,
     },
     LabModel {
         name: "a6000",
         pattern: "*A6000*",
         gpumem_mib: 49152,
+        resource: None,
     },
 ];
 
 /// Physical cards of `model` in `nodes` (a time-sliced card counts once).
 pub fn cards(model: &LabModel, nodes: &[GpuNode]) -> anyhow::Result<u32> {
     let pattern = ModelPattern::parse(model.pattern)?;
-    Ok(nodes
+    let generic: u32 = nodes
         .iter()
         .filter(|n| n.product.as_deref().is_some_and(|p| pattern.matches(p)))
         .map(|n| n.gpus)
-        .sum())
+        .sum();
+    let own: u32 = nodes
+        .iter()
+        .flat_map(|n| &n.own_resource_cards)
+        .filter(|c| model.resource == Some(c.resource.as_str()))
+        .map(|c| c.count)
+        .sum();
+    Ok(generic + own)
 }
 
 /// Declares `wanted` with the card counts of `nodes`, unless the database already has
@@ -53,7 +65,7 @@ pub async fn declare(pool: &PgPool, wanted: &[LabModel], nodes: &[GpuNode]) -> a
             name: model.name,
             units: i32::try_from(cards(model, nodes)?)?,
             patterns: &patterns,
-            resource: None,
+            resource: model.resource,
             gpumem_mib: model.gpumem_mib,
             position: Some(i32::try_from(position)?),
         };
