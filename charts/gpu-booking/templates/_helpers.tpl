@@ -230,13 +230,6 @@ priorityClassName: {{ . }}
 {{- end }}
 {{- end }}
 
-{{/* The webhook's GPU resources: the generic ones and every per-model one. */}}
-{{- define "gpu-booking.gpuResources" -}}
-{{- $all := list }}
-{{- range .Values.webhook.gpuResources }}{{ $all = append $all . }}{{ end }}
-{{- range $model, $resource := include "gpu-booking.modelResources" . | fromJson }}{{ $all = append $all $resource }}{{ end }}
-{{- $all | uniq | toJson }}
-{{- end }}
 {{/* Per-model resources as JSON, MODEL: RESOURCE: webhook.modelResources and the
      `resource` of each model in models.declared (a model declared with its resource
      needs nothing else); the two must agree. */}}
@@ -254,6 +247,13 @@ priorityClassName: {{ . }}
 {{- $out | toJson }}
 {{- end }}
 
+{{/* The webhook's GPU resources: the generic ones and every per-model one. */}}
+{{- define "gpu-booking.gpuResources" -}}
+{{- $all := list }}
+{{- range .Values.webhook.gpuResources }}{{ $all = append $all . }}{{ end }}
+{{- range $model, $resource := include "gpu-booking.modelResources" . | fromJson }}{{ $all = append $all $resource }}{{ end }}
+{{- $all | uniq | toJson }}
+{{- end }}
 
 {{/* A map as "key=value,key=value" in key order, for the comma-separated options. */}}
 {{- define "gpu-booking.pairs" -}}
