@@ -818,6 +818,22 @@ pub struct PodRef<'a> {
 
 /// A Kubernetes Event on `pod`; a failure is logged, not fatal.
 pub async fn note_pod(ctx: &Ctx, pod: &PodRef<'_>, reason: &str, message: &str, action: &str) {
+    record_on_pod(ctx, pod, EventType::Normal, reason, message, action).await;
+}
+
+/// A Warning Event on the pod: something its user should act on.
+pub async fn warn_pod(ctx: &Ctx, pod: &PodRef<'_>, reason: &str, message: &str, action: &str) {
+    record_on_pod(ctx, pod, EventType::Warning, reason, message, action).await;
+}
+
+async fn record_on_pod(
+    ctx: &Ctx,
+    pod: &PodRef<'_>,
+    type_: EventType,
+    reason: &str,
+    message: &str,
+    action: &str,
+) {
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
@@ -827,7 +843,7 @@ pub async fn note_pod(ctx: &Ctx, pod: &PodRef<'_>, reason: &str, message: &str, 
         ..ObjectReference::default()
     };
     let event = Event {
-        type_: EventType::Normal,
+        type_,
         reason: reason.into(),
         note: Some(message.chars().take(1000).collect()),
         action: action.into(),

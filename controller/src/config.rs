@@ -168,6 +168,13 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_RETRY", default_value = "60s", value_parser = parse_duration)]
     pub preemption_retry: Duration,
 
+    /// How long the user of a lent notebook chosen to give way to a booked one has
+    /// before it ends: the controller marks it (an annotation with the deadline, a
+    /// Warning Event), ends it then if the booked pod still waits, and unmarks it when
+    /// the booked pod no longer does. `0s`: ended at once.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_GRACE", default_value = "2m", value_parser = parse_duration)]
+    pub preemption_grace: Duration,
+
     /// How long a lent pod may wait for a GPU the scheduler cannot give it before it
     /// is recreated CPU-only (the backstop of the webhook's lend ledger: several
     /// webhook replicas, or a late usage report, may lend more units than exist).
@@ -248,6 +255,7 @@ impl ControllerArgs {
             booking_relist_after: Duration::from_secs(30),
             preemption_interval: Duration::from_secs(2),
             preemption_retry: Duration::from_secs(60),
+            preemption_grace: Duration::from_secs(120),
             lent_pending_grace: Duration::from_secs(30),
             preemption_attempts: 3,
             preemption_vram_cushion: 256,

@@ -308,6 +308,8 @@ mod tests {
             }),
             started: Some(now() - TimeDelta::hours(1)),
             last_activity: None,
+            preempt_at: None,
+            preempt_for: None,
             preemption_rounds: 0,
             scheduler_preempted: false,
             unschedulable: false,

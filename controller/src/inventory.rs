@@ -389,6 +389,8 @@ mod tests {
             }),
             started: None,
             last_activity: None,
+            preempt_at: None,
+            preempt_for: None,
             preemption_rounds: 0,
             scheduler_preempted: false,
             unschedulable: false,

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
     detect_gpu, named_user, our_label, parse_quantity, trusted_priority, AdmissionConfig,
     PodStanding, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, LAST_GPU_ACTIVITY_ANNOTATION,
-    MODEL_LABEL, PRIORITY_LABEL,
+    MODEL_LABEL, PREEMPT_AT_ANNOTATION, PREEMPT_FOR_ANNOTATION, PRIORITY_LABEL,
 };
 use gpu_booking_core::eviction::NodeConstraints;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -171,6 +171,10 @@ pub struct PodInfo {
     pub started: Option<DateTime<Utc>>,
     /// Last GPU activity, as the node agent reported it.
     pub last_activity: Option<DateTime<Utc>>,
+    /// Chosen to give way to a booked pod: when it ends, and for whom (`namespace/name`)
+    /// ([`PREEMPT_AT_ANNOTATION`], [`PREEMPT_FOR_ANNOTATION`]).
+    pub preempt_at: Option<DateTime<Utc>>,
+    pub preempt_for: Option<String>,
     /// Preemption rounds started for it, as recorded on it
     /// ([`PREEMPTION_ROUNDS_ANNOTATION`]; 0 when absent or unreadable).
     pub preemption_rounds: u32,
@@ -286,6 +290,8 @@ impl PodInfo {
                 .or(meta.creation_timestamp.as_ref())
                 .map(|t| t.0),
             last_activity: annotation(LAST_GPU_ACTIVITY_ANNOTATION).and_then(parse_time),
+            preempt_at: annotation(PREEMPT_AT_ANNOTATION).and_then(parse_time),
+            preempt_for: annotation(PREEMPT_FOR_ANNOTATION).map(str::to_owned),
             preemption_rounds: annotation(PREEMPTION_ROUNDS_ANNOTATION)
                 .and_then(|n| n.trim().parse().ok())
                 .unwrap_or(0),

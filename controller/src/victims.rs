@@ -320,6 +320,8 @@ mod tests {
             }),
             started: t(started),
             last_activity: None,
+            preempt_at: None,
+            preempt_for: None,
             preemption_rounds: 0,
             scheduler_preempted: false,
             unschedulable: node.is_none(),

@@ -26,6 +26,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use chrono::{DateTime, Utc};
+
 use crate::admission::PodStanding;
 
 /// What a pod holding a GPU is to the bookings.
@@ -126,6 +128,30 @@ impl PreemptionPolicy {
     }
 }
 
+/// What becomes of a lent pod marked to give way at a deadline (after the warning
+/// of `--preemption-grace`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marked {
+    /// Its user has until the deadline.
+    Wait,
+    /// The deadline passed and the booked pod still waits: it ends now.
+    End,
+    /// The booked pod no longer waits (bound elsewhere, stopped, ended): the pod keeps
+    /// its GPU, and its user is told.
+    Unmark,
+}
+
+/// The fate of a pod marked to end at `deadline` for a booked pod that still waits
+/// (`booked_waits`) or not, at `now`. Only a booked pod still waiting ends anyone,
+/// however late.
+pub fn marked(deadline: DateTime<Utc>, now: DateTime<Utc>, booked_waits: bool) -> Marked {
+    match (booked_waits, now >= deadline) {
+        (false, _) => Marked::Unmark,
+        (true, true) => Marked::End,
+        (true, false) => Marked::Wait,
+    }
+}
+
 /// Where a waiting booked pod's model stands on the nodes it may run on, in units.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Shortfall {
@@ -210,6 +236,22 @@ mod tests {
         assert!(!p.held_from_bookings(None, "research"));
         assert!(!p.held_from_bookings(Some(PodStanding::Low), "jhub"));
         assert!(!p.held_from_bookings(Some(PodStanding::High), "other"));
+    }
+
+    #[test]
+    fn a_marked_pod_ends_at_its_deadline_only_while_the_booked_pod_waits() {
+        let t0: DateTime<Utc> = "2026-11-29T10:00:00Z".parse().unwrap();
+        let deadline = t0 + chrono::TimeDelta::minutes(2);
+        assert_eq!(marked(deadline, t0, true), Marked::Wait);
+        assert_eq!(marked(deadline, deadline, true), Marked::End);
+        assert_eq!(
+            marked(deadline, deadline + chrono::TimeDelta::hours(1), true),
+            Marked::End,
+            "a pod that keeps the card past the deadline is ended as before"
+        );
+        for now in [t0, deadline, deadline + chrono::TimeDelta::seconds(1)] {
+            assert_eq!(marked(deadline, now, false), Marked::Unmark);
+        }
     }
 
     #[test]

@@ -33,10 +33,6 @@ fn a100_node(cards: u32) -> gpu_booking_sim::SimBuilder {
     ])
 }
 
-fn on_gpu(pod: &Pod) -> bool {
-    gpus(pod) > 0 && node_of(pod).is_some_and(|n| n.starts_with("gpu-"))
-}
-
 /// The research job, running on a card.
 async fn research_job(lab: &Lab) -> Pod {
     let job = lab
@@ -95,16 +91,7 @@ async fn a_job_elsewhere_is_counted_and_never_a_victim(pool: PgPool) {
 
     let bob = lab.notebook("bob@example.com").unwrap();
     let carol = lab.notebook("carol@example.com").unwrap();
-    lab.book("alice@example.com", "a100", TimeDelta::hours(2))
-        .await;
-    lab.sim
-        .spawn("alice@example.com", 1)
-        .await
-        .expect("admitted");
-    lab.expect("alice's booked notebook never got a card", |s| {
-        running(s, "alice@example.com").is_some_and(|p| on_gpu(&p))
-    })
-    .await;
+    lab.book_and_run("alice@example.com", "a100").await;
     lab.expect("bob's lent notebook did not come back CPU-only", |s| {
         running(s, "bob@example.com")
             .is_some_and(|p| p.metadata.uid != bob.metadata.uid && gpus(&p) == 0)
@@ -126,16 +113,7 @@ async fn a_job_elsewhere_is_counted_and_never_a_victim(pool: PgPool) {
 async fn a_booked_user_is_told_which_workloads_hold_the_cards(pool: PgPool) {
     let lab = Lab::start_with(pool, a100_node(2)).await;
     let job = research_job(&lab).await;
-    lab.book("alice@example.com", "a100", TimeDelta::hours(2))
-        .await;
-    lab.sim
-        .spawn("alice@example.com", 1)
-        .await
-        .expect("admitted");
-    lab.expect("alice's booked notebook never ran", |s| {
-        running(s, "alice@example.com").is_some_and(|p| on_gpu(&p))
-    })
-    .await;
+    lab.book_and_run("alice@example.com", "a100").await;
     lab.wait_in_use("a100", 2).await;
 
     // Both cards are taken: one by a booking, one by a job bookings do not preempt.

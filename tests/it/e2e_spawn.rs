@@ -91,10 +91,6 @@ fn a100_lab() -> gpu_booking_sim::SimBuilder {
     ])
 }
 
-fn on_gpu(pod: &Pod) -> bool {
-    gpus(pod) > 0 && node_of(pod).is_some_and(|n| n.starts_with("gpu-"))
-}
-
 #[sqlx::test(migrations = "./migrations")]
 async fn lent_gpu_is_taken_back_from_exactly_one_pod(pool: PgPool) {
     let lab = Lab::start_with(pool, a100_lab()).await;
@@ -318,5 +314,98 @@ async fn a_pod_without_a_gpu_request_gets_no_gpu_through_the_runtimes_variable(p
         running(s, "mallory@example.com").is_some()
     })
     .await;
+    lab.shutdown().await;
+}
+
+/// With a warning period (`controller.preemption.grace`), the lent notebook chosen to
+/// give way is marked with its deadline and warned (a Warning Event), keeps its GPU
+/// until then, and only then comes back CPU-only for the booked user; the other lent
+/// notebook is never marked.
+#[sqlx::test(migrations = "./migrations")]
+async fn a_lent_notebook_is_warned_before_its_gpu_is_taken_back(pool: PgPool) {
+    let chart = chart(&["controller.preemption.grace=6s"]);
+    let lab = Lab::start_with(pool, a100_lab().rendered_chart(chart)).await;
+    let lent = ["bob@example.com", "carol@example.com"];
+    for user in lent {
+        lab.sim.spawn(user, 1).await.expect("admitted");
+        lab.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
+            running(s, user).is_some_and(|p| on_gpu(&p))
+        })
+        .await;
+    }
+    lab.wait_in_use("a100", 2).await;
+    let before: Vec<Pod> = lent.iter().map(|u| lab.notebook(u).unwrap()).collect();
+    lab.book("alice@example.com", "a100", TimeDelta::hours(2))
+        .await;
+    lab.sim
+        .spawn("alice@example.com", 1)
+        .await
+        .expect("admitted");
+    let preempt_at = "gpu-booking.io/preempt-at";
+    lab.expect("no lent notebook was marked to give way", |s| {
+        lent.iter()
+            .any(|u| running(s, u).is_some_and(|p| annotation(&p, preempt_at).is_some()))
+    })
+    .await;
+    let victim = *lent
+        .iter()
+        .find(|u| {
+            lab.notebook(u)
+                .is_some_and(|p| annotation(&p, preempt_at).is_some())
+        })
+        .unwrap();
+    let marked = lab.notebook(victim).unwrap();
+    let deadline: DateTime<Utc> = annotation(&marked, preempt_at).unwrap().parse().unwrap();
+    let events = lab
+        .sim
+        .server
+        .list::<k8s_openapi::api::events::v1::Event>(Some("jhub"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.regarding.as_ref().and_then(|r| r.uid.as_ref())
+                == marked.metadata.uid.as_ref()
+                && e.reason.as_deref() == Some("GpuTakenBackSoon")
+                && e.type_.as_deref() == Some("Warning")),
+        "the victim's user was not warned"
+    );
+    // Until the deadline both lent notebooks keep their GPUs and alice waits.
+    let still_there = lent.iter().zip(&before).all(|(u, was)| {
+        lab.notebook(u).is_some_and(|p| {
+            p.metadata.uid == was.metadata.uid
+                && on_gpu(&p)
+                && p.metadata.deletion_timestamp.is_none()
+        })
+    });
+    assert!(
+        still_there || Utc::now() >= deadline,
+        "a lent notebook was ended before its deadline {deadline}"
+    );
+    lab.expect(
+        "alice's booked notebook never got the card after the deadline",
+        |s| running(s, "alice@example.com").is_some_and(|p| on_gpu(&p)),
+    )
+    .await;
+    let alice = lab.notebook("alice@example.com").unwrap();
+    let started = alice
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .map(|t| t.0)
+        .expect("a running pod has a start time");
+    assert!(
+        started >= deadline - TimeDelta::seconds(1),
+        "alice's notebook started at {started}, before the victim's deadline {deadline}"
+    );
+    lab.expect("the victim did not come back CPU-only", |s| {
+        running(s, victim).is_some_and(|p| p.metadata.uid != marked.metadata.uid && gpus(&p) == 0)
+    })
+    .await;
+    let other = lent.iter().find(|u| **u != victim).unwrap();
+    let kept = lab.notebook(other).unwrap();
+    assert!(
+        on_gpu(&kept) && annotation(&kept, preempt_at).is_none(),
+        "the other lent notebook was marked or ended too"
+    );
     lab.shutdown().await;
 }

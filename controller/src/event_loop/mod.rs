@@ -295,6 +295,9 @@ impl Loop {
         for job in self.preemption.lent_due_on_cpu(self.expiry.pods()) {
             self.expiry.start(job);
         }
+        for job in self.preemption.settle_marked(self.expiry.pods()) {
+            self.expiry.start(job);
+        }
         for job in self.preemption.round(&self.expiry, &self.inventory) {
             self.expiry.start(job);
         }
@@ -313,7 +316,7 @@ impl Loop {
                 // Not recorded: the round counts all the same (in this replica's
                 // memory) and ends nobody; the next one comes after its spacing.
                 if recorded {
-                    for job in jobs {
+                    for job in self.preemption.mark(jobs) {
                         self.expiry.start(job);
                     }
                 }

@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_booking_core::admission::{pending_lent, PendingLent};
+use gpu_booking_core::admission::{PREEMPT_AT_ANNOTATION, PREEMPT_FOR_ANNOTATION};
 use gpu_booking_core::booking_units::BookedPod;
-use gpu_booking_core::preemption_policy::{waiting_reason, NAMED_NAMESPACES};
+use gpu_booking_core::preemption_policy::{
+    marked as marked_fate, waiting_reason, Marked, NAMED_NAMESPACES,
+};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -37,6 +40,9 @@ pub(super) struct Preemption {
     /// The booked pods that wait with no pod that may give way, as the last round
     /// found them.
     waiting: Vec<Waiting>,
+    /// Marked pods whose mark is being removed (not asked again before the watch
+    /// shows it gone or a while passed).
+    unmarking: HashMap<String, Instant>,
     /// Lent pods the scheduler cannot place for want of a GPU, since when.
     pending_lent: HashMap<String, Instant>,
 }
@@ -52,6 +58,7 @@ impl Preemption {
             pending_gpumem: HashSet::new(),
             pending_lent: HashMap::new(),
             waiting: Vec::new(),
+            unmarking: HashMap::new(),
         }
     }
 
@@ -211,6 +218,10 @@ impl Preemption {
             (a.started, &a.namespace, &a.name).cmp(&(b.started, &b.namespace, &b.name))
         });
         let cfg = self.ctx.cfg.current();
+        // Pods marked to give way are on their way out: their room is counted as
+        // coming, so that no second pod is chosen for it.
+        let mut going = expiry.in_flight().clone();
+        going.extend(pods.values().filter(|p| marked(p)).map(|p| p.uid.clone()));
         let view = View {
             pods,
             nodes: inventory.nodes(),
@@ -219,7 +230,7 @@ impl Preemption {
             generic: &cfg.gpu_resources,
             gpumem_resource: &cfg.gpumem_resource,
             model_node_label: &self.args.admission.model_node_label,
-            going: expiry.in_flight(),
+            going: &going,
             cushion_mib: self.args.preemption_vram_cushion,
             policy: &self.ctx.policy,
         };
@@ -308,8 +319,16 @@ impl Preemption {
                         .collect();
                     jobs.push((pod.clone(), state.rounds, round_jobs));
                     tracing::info!(pod = %pod.key(), %model, %node, victims = ?names, round = state.rounds, "preempting for a booked pod");
+                    let when = if self.args.preemption_grace.is_zero() {
+                        "now".to_owned()
+                    } else {
+                        format!(
+                            "at {} UTC, after warning their users",
+                            (self.ctx.clock.now() + grace_of(&self.args)).format("%H:%M:%S")
+                        )
+                    };
                     notes.push((pod.clone(), "PreemptingForBooking", format!(
-                        "gpu-booking ends the lent {model} pod(s) {} on node {node} (least recently GPU-active) to make room for this pod (round {} of {})",
+                        "gpu-booking ends the lent {model} pod(s) {} on node {node} (least recently GPU-active) {when} to make room for this pod (round {} of {})",
                         names.join(", "),
                         state.rounds,
                         self.args.preemption_attempts
@@ -337,6 +356,89 @@ impl Preemption {
             });
         }
         start_now
+    }
+
+    /// The victims of a recorded round: with `--preemption-grace`, each is marked
+    /// (its deadline and booked pod written on it, a Warning Event, an audit row that
+    /// notices its user) and ended at the deadline by [`Self::settle_marked`];
+    /// returns those to end now (no grace, a dry run, or a namespace where the
+    /// controller may only delete: it cannot mark there).
+    pub(super) fn mark(&self, jobs: Vec<Job>) -> Vec<Job> {
+        let grace = grace_of(&self.args);
+        if grace.is_zero() || self.ctx.dry_run {
+            return jobs;
+        }
+        let deadline = self.ctx.clock.now() + grace;
+        let mut now = Vec::new();
+        for job in jobs {
+            let Reason::Preempted {
+                model, for_whom, ..
+            } = &job.reason
+            else {
+                now.push(job);
+                continue;
+            };
+            if !self.ctx.policy.serves(&job.namespace) {
+                now.push(job);
+                continue;
+            }
+            let (ctx, model, for_whom) = (self.ctx.clone(), model.clone(), for_whom.clone());
+            tokio::spawn(async move {
+                mark_victim(&ctx, &job, &model, &for_whom, deadline).await;
+            });
+        }
+        now
+    }
+
+    /// The marked pods at each tick: ended once their deadline passed while their
+    /// booked pod still waits (the jobs returned), unmarked (and their users told)
+    /// once it no longer does; core decides ([`marked_fate`]).
+    pub(super) fn settle_marked(&mut self, pods: &HashMap<String, PodInfo>) -> Vec<Job> {
+        let now = self.ctx.clock.now();
+        let waiting: HashSet<String> = self
+            .pending
+            .iter()
+            .filter_map(|uid| pods.get(uid))
+            .map(PodInfo::key)
+            .collect();
+        let retry = self.args.preemption_interval.max(Duration::from_secs(5));
+        self.unmarking
+            .retain(|uid, since| pods.get(uid).is_some_and(marked) && since.elapsed() < retry);
+        let mut due = Vec::new();
+        for pod in pods.values().filter(|p| marked(p)) {
+            let (Some(deadline), Some(for_whom)) = (pod.preempt_at, pod.preempt_for.as_ref())
+            else {
+                continue;
+            };
+            match marked_fate(deadline, now, waiting.contains(for_whom)) {
+                Marked::Wait => {}
+                Marked::End => {
+                    let booked = pods.values().find(|b| b.key() == *for_whom);
+                    let model = pod
+                        .model_label
+                        .clone()
+                        .or_else(|| pod.gpu.as_ref().and_then(|g| g.model.clone()))
+                        .unwrap_or_default();
+                    due.push(job_for(
+                        pod,
+                        Reason::Preempted {
+                            model,
+                            for_whom: for_whom.clone(),
+                            attempt: booked.map_or(0, |b| b.preemption_rounds),
+                        },
+                    ));
+                }
+                Marked::Unmark => {
+                    if self.unmarking.contains_key(&pod.uid) || self.ctx.dry_run {
+                        continue;
+                    }
+                    self.unmarking.insert(pod.uid.clone(), Instant::now());
+                    let (ctx, pod) = (self.ctx.clone(), pod.clone());
+                    tokio::spawn(async move { unmark_victim(&ctx, &pod).await });
+                }
+            }
+        }
+        due
     }
 
     /// Writes the round's number on the booked pod ([`PREEMPTION_ROUNDS_ANNOTATION`],
@@ -370,6 +472,102 @@ impl Preemption {
         });
         Vec::new()
     }
+}
+
+/// A lent pod chosen to give way after a warning, not ended yet: where the
+/// controller serves, not terminating.
+fn marked(pod: &PodInfo) -> bool {
+    pod.preempt_at.is_some() && pod.served && !pod.deleting && pod.priority == Some(Priority::Low)
+}
+
+/// `--preemption-grace` as a time span.
+fn grace_of(args: &ControllerArgs) -> chrono::TimeDelta {
+    chrono::TimeDelta::from_std(args.preemption_grace).unwrap_or(chrono::TimeDelta::MAX)
+}
+
+/// Marks `job`'s pod to end at `deadline` for the booked pod `for_whom`: the
+/// annotations (guarded by its uid), a Warning Event for its user, an audit row (the
+/// booking service notices its user from it).
+async fn mark_victim(
+    ctx: &Ctx,
+    job: &Job,
+    model: &str,
+    for_whom: &str,
+    deadline: chrono::DateTime<chrono::Utc>,
+) {
+    let at = deadline.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let api = actions::pods(ctx, &job.namespace);
+    let patch = json!({"metadata": {
+        "uid": job.uid,
+        "annotations": {PREEMPT_AT_ANNOTATION: at, PREEMPT_FOR_ANNOTATION: for_whom},
+    }});
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let key = format!("{}/{}", job.namespace, job.name);
+    let written = tokio::select! {
+        _ = ctx.halt.cancelled() => return,
+        written = actions::with_retries(|| api.patch(&job.name, &params, &patch)) => written,
+    };
+    if let Err(e) = written {
+        ctx.metrics.action("preempt", "error");
+        ctx.metrics.error("kubernetes");
+        tracing::warn!(pod = %key, error = %e, "could not mark the lent pod; the next round chooses again");
+        return;
+    }
+    ctx.metrics.action("preempt", "marked");
+    tracing::info!(pod = %key, %model, booked = %for_whom, %at, "lent pod marked to give way");
+    let message = format!(
+        "gpu-booking: the {model} GPU lent to this notebook (no booking) is needed by a booked \
+         user; the notebook ends at {} UTC unless that user gets a GPU elsewhere first. Save \
+         your work now. A booking keeps a GPU.",
+        deadline.format("%H:%M:%S")
+    );
+    let at_pod = actions::PodRef {
+        namespace: &job.namespace,
+        name: &job.name,
+        uid: &job.uid,
+    };
+    actions::warn_pod(ctx, &at_pod, "GpuTakenBackSoon", &message, "Preempt").await;
+    let report = gpu_booking_client::AuditReport {
+        action: "controller.preempt_warned".into(),
+        subject: Some(key),
+        user: None,
+        booking_id: None,
+        details: json!({"model": model, "booked_pod": for_whom, "ends_at": at}),
+    };
+    if let Err(e) = ctx.booking.audit(&report).await {
+        ctx.metrics.error("booking");
+        tracing::warn!(error = %e, "could not record the warning in the audit log");
+    }
+}
+
+/// Takes the mark off a pod whose booked pod no longer waits, and tells its user.
+async fn unmark_victim(ctx: &Ctx, pod: &PodInfo) {
+    let api = actions::pods(ctx, &pod.namespace);
+    let patch = json!({"metadata": {
+        "uid": pod.uid,
+        "annotations": {PREEMPT_AT_ANNOTATION: null, PREEMPT_FOR_ANNOTATION: null},
+    }});
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let written = tokio::select! {
+        _ = ctx.halt.cancelled() => return,
+        written = actions::with_retries(|| api.patch(&pod.name, &params, &patch)) => written,
+    };
+    if let Err(e) = written {
+        ctx.metrics.action("preempt", "error");
+        ctx.metrics.error("kubernetes");
+        tracing::warn!(pod = %pod.key(), error = %e, "could not unmark the lent pod");
+        return;
+    }
+    ctx.metrics.action("preempt", "unmarked");
+    tracing::info!(pod = %pod.key(), "lent pod no longer needed; unmarked");
+    let at = actions::PodRef {
+        namespace: &pod.namespace,
+        name: &pod.name,
+        uid: &pod.uid,
+    };
+    let message = "gpu-booking: the booked user no longer needs this notebook's GPU; it keeps \
+                   running on it (it was lent, so it may be needed again)";
+    actions::note_pod(ctx, &at, "GpuKept", message, "Preempt").await;
 }
 
 /// A booked pod that waits with no pod that may give way.

@@ -105,6 +105,7 @@ async fn usage_preemption_and_expiry_reach_the_booking_service(pool: sqlx::PgPoo
     let mut args = ControllerArgs::with_defaults(&api.url);
     args.identity = Some("controller-0".into());
     args.preemption_interval = Duration::from_millis(200);
+    args.preemption_grace = Duration::ZERO;
     let _controller = Controller::start(
         server.client(),
         Arc::new(booking),

@@ -5,7 +5,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use chrono::TimeDelta;
+use chrono::{DateTime, TimeDelta, Utc};
 use common::*;
 use gpu_booking_controller::OnExpiry;
 use gpu_booking_fake_apiserver::{Failure, PodDeletion, Verb};
@@ -790,4 +790,111 @@ async fn a_small_tenant_of_a_time_sliced_card_coexists_with_the_booked_pod() {
         .deletion_timestamp
         .is_none());
     assert_eq!(c.metrics.action_count("preempt", "no_victim"), 0);
+}
+
+/// The annotations of a marked victim: its deadline and the booked pod.
+fn mark_of(h: &Harness, name: &str) -> (Option<String>, Option<String>) {
+    let pod = h.pod(name).expect("the pod is there");
+    let annotations = pod.metadata.annotations.unwrap_or_default();
+    (
+        annotations.get("gpu-booking.io/preempt-at").cloned(),
+        annotations.get("gpu-booking.io/preempt-for").cloned(),
+    )
+}
+
+/// The busy cluster, a booked pod waiting for an a100, and two minutes' warning.
+fn graced_cluster() -> Harness {
+    let mut h = Harness::new();
+    h.args.preemption_grace = Duration::from_secs(120);
+    busy_cluster(&h);
+    pod("jupyter-bob")
+        .gpu(1)
+        .booked_pending("a100")
+        .put(&h.server);
+    h
+}
+
+/// Until `name` carries the mark (or no longer does).
+async fn until_marked(h: &Harness, name: &str, marked: bool) {
+    h.wait(|s| {
+        s.get::<k8s_openapi::api::core::v1::Pod>(Some(NS), name)
+            .and_then(|p| p.metadata.annotations)
+            .is_some_and(|a| a.contains_key("gpu-booking.io/preempt-at") == marked)
+    })
+    .await;
+}
+
+/// With `--preemption-grace`, the victim is marked (its deadline on it, a Warning
+/// Event, an audit row that notices its user) and ended at the deadline, not before.
+#[tokio::test(start_paused = true)]
+async fn a_lent_pod_is_warned_then_ended_at_its_deadline() {
+    let h = graced_cluster();
+    let _c = h.start();
+    until_marked(&h, "low-old", true).await;
+    let (at, for_whom) = mark_of(&h, "low-old");
+    let at: DateTime<Utc> = at.unwrap().parse().unwrap();
+    assert!(at > h.now() + TimeDelta::seconds(100), "{at}");
+    assert_eq!(for_whom.as_deref(), Some("jhub/jupyter-bob"));
+    let events = h.events_on("low-old");
+    assert!(
+        events.iter().any(|e| e.starts_with("GpuTakenBackSoon")),
+        "{events:?}"
+    );
+    assert!(h
+        .booking
+        .state()
+        .audits
+        .iter()
+        .any(|a| a.action == "controller.preempt_warned"
+            && a.subject.as_deref() == Some("jhub/low-old")));
+    // Only as many as needed: low-new is neither marked nor ended.
+    assert_eq!(mark_of(&h, "low-new"), (None, None));
+    h.run_for(Duration::from_secs(90)).await;
+    assert_eq!(h.deletes(), 0, "ended before its deadline");
+    h.until_deleting("low-old").await;
+    assert!(h.now() >= at, "ended at {} before {at}", h.now());
+    assert_eq!(h.deletes(), 1);
+    assert_eq!(mark_of(&h, "low-new"), (None, None));
+}
+
+/// A victim its booked pod no longer needs (the booked pod stopped) is unmarked and
+/// told, and keeps its GPU.
+#[tokio::test(start_paused = true)]
+async fn a_marked_pod_no_longer_needed_is_unmarked() {
+    let h = graced_cluster();
+    let c = h.start();
+    until_marked(&h, "low-old", true).await;
+    h.server.pod_gone(NS, "jupyter-bob");
+    until_marked(&h, "low-old", false).await;
+    assert_eq!(mark_of(&h, "low-old"), (None, None));
+    let events = h.events_on("low-old");
+    assert!(
+        events.iter().any(|e| e.starts_with("GpuKept")),
+        "{events:?}"
+    );
+    h.run_for(Duration::from_secs(600)).await;
+    assert_eq!(h.deletes(), 0, "a victim no longer needed was ended");
+    assert_eq!(c.metrics.action_count("preempt", "unmarked"), 1);
+}
+
+/// The deadline is on the pod: a controller that starts (a new leader) ends a marked
+/// victim then, not at once and not a grace later.
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_honours_a_recorded_deadline() {
+    let h = graced_cluster();
+    let deadline = h.now() + TimeDelta::seconds(60);
+    h.server
+        .modify::<k8s_openapi::api::core::v1::Pod>(Some(NS), "low-new", |p| {
+            p["metadata"]["annotations"]["gpu-booking.io/preempt-at"] = json!(rfc3339(deadline));
+            p["metadata"]["annotations"]["gpu-booking.io/preempt-for"] = json!("jhub/jupyter-bob");
+        });
+    let _c = h.start();
+    h.run_for(Duration::from_secs(30)).await;
+    assert_eq!(h.deletes(), 0, "ended before the recorded deadline");
+    // The mark's room counts as coming: no second victim is chosen meanwhile.
+    assert_eq!(mark_of(&h, "low-old"), (None, None));
+    h.until_deleting("low-new").await;
+    assert!(h.now() >= deadline);
+    assert!(h.now() < deadline + TimeDelta::seconds(30), "a grace later");
+    assert_eq!(h.deletes(), 1);
 }

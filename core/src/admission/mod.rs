@@ -106,6 +106,13 @@ pub const LAST_GPU_ACTIVITY_ANNOTATION: &str = our_key!("last-gpu-activity");
 /// Annotation: how many preemption rounds the controller has run for a booked pod
 /// that is still Pending (it gives up after its limit).
 pub const PREEMPTION_ROUNDS_ANNOTATION: &str = our_key!("preemption-rounds");
+/// Annotation on a lent pod chosen to give way to a booked one after a warning
+/// (`--preemption-grace`): when it ends (RFC 3339). Written by the controller when it
+/// chooses the pod, so that whichever replica leads ends it then, not before.
+pub const PREEMPT_AT_ANNOTATION: &str = our_key!("preempt-at");
+/// Annotation beside [`PREEMPT_AT_ANNOTATION`]: the booked pod (`namespace/name`) it
+/// gives way to; the mark goes when that pod no longer waits.
+pub const PREEMPT_FOR_ANNOTATION: &str = our_key!("preempt-for");
 /// Label of the controller's intent ConfigMaps (`copy` or `hub`): what it was about to
 /// do when it deleted a pod, so that a successor finishes it.
 pub const INTENT_LABEL: &str = our_key!("intent");

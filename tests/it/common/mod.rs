@@ -323,6 +323,19 @@ impl Lab {
         self.sim.notebook(user)
     }
 
+    /// Books `model` for `user` (two hours from now), spawns their notebook and waits
+    /// until it runs on a GPU.
+    pub async fn book_and_run(&self, user: &str, model: &str) -> Booking {
+        let booking = self.book(user, model, TimeDelta::hours(2)).await;
+        self.sim.spawn(user, 1).await.expect("admitted");
+        self.expect(
+            &format!("{user}'s booked notebook never ran on a GPU"),
+            |s| running(s, user).is_some_and(|p| on_gpu(&p)),
+        )
+        .await;
+        booking
+    }
+
     pub async fn shutdown(self) {
         self.sim.shutdown().await;
         self.api.stop().await;
@@ -354,6 +367,11 @@ pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 /// GPUs the pod asks for.
 pub fn gpus(pod: &Pod) -> u64 {
     gpu_booking_sim::view::gpus_of(pod)
+}
+
+/// Whether the pod asks for a GPU and is bound to a GPU node of the lab.
+pub fn on_gpu(pod: &Pod) -> bool {
+    gpus(pod) > 0 && node_of(pod).is_some_and(|n| n.starts_with("gpu-"))
 }
 
 /// `user`'s notebook, running (bound, started, not terminating).

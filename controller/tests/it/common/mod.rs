@@ -255,6 +255,8 @@ impl Harness {
         server.set_clock(move || gpu_booking_controller::Clock::now(&c));
         let mut args = ControllerArgs::with_defaults("http://booking.invalid");
         args.identity = Some("controller-0".into());
+        // Victims end at once unless a test gives them a warning period.
+        args.preemption_grace = std::time::Duration::ZERO;
         Self {
             server,
             booking: FakeBooking::with_models(models()),
