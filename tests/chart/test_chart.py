@@ -615,28 +615,6 @@ def test_controller_may_patch_node_status_only_when_it_advertises_gpumem():
     assert env["GPU_BOOKING_CONTROLLER_GPUMEM_RESERVE_MIB"] == "512"
 
 
-def test_network_policies():
-    policies = {p["metadata"]["name"]: p for p in objects("everything", "NetworkPolicy")}
-    deny = policies["gpu-booking-default-deny"]
-    assert deny["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in deny["spec"]
-    api = policies["gpu-booking-api"]["spec"]["ingress"][0]["from"]
-    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}}} in api
-    webhook = policies["gpu-booking-webhook"]["spec"]["ingress"]
-    assert webhook[0]["ports"] == [{"port": "https", "protocol": "TCP"}]
-    # Only the API server (its addresses and the konnectivity agents) reaches /mutate.
-    assert webhook[0]["from"] == [
-        {"ipBlock": {"cidr": "10.0.0.10/32"}},
-        {"ipBlock": {"cidr": "fd00::10/128"}},
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-         "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}},
-    ]
-    assert objects("defaults", "NetworkPolicy") == []
-    # Without the API server's addresses: networkPolicy.webhookFrom, any IPv4 or IPv6 source.
-    rendered = render.render(set_values=["networkPolicy.enabled=true"])
-    policy = next(o for o in rendered if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "gpu-booking-webhook")
-    assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
-
-
 def test_identity_is_trusted_from_the_hub_only():
     webhook = env_of(pod_spec(one("defaults", "Deployment", "-webhook"))["containers"][0])
     # zero-to-jupyterhub's hub ServiceAccount in its usual namespace.
