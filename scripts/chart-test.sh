@@ -6,8 +6,10 @@
 #   3. kubernetes-validate --strict of every rendered object for Kubernetes 1.30 and for
 #      the newest version it knows (objects of CRDs it has no schema for are listed;
 #      tests/chart checks their fields);
-#   4. checkov on every rendered scenario, the checks it fails on purpose skipped with
-#      their reasons in charts/gpu-booking/checkov-skips.yaml (tests/chart/checkov.py);
+#   4. checkov on each rendered scenario in a directory of its own (its graph checks
+#      join the objects of a whole directory: one scenario's NetworkPolicies would hide
+#      another's pods without one), the checks it fails on purpose skipped with their
+#      reasons in charts/gpu-booking/checkov-skips.yaml (tests/chart/checkov.py);
 #   5. pytest tests/chart (promtool check rules / test rules in test_alerts.py): security defaults of every pod, no secret in the defaults,
 #      every rendered option accepted by the real binary (when GPU_BOOKING_BIN is set),
 #      the webhook configuration (its CEL matchConditions evaluated on real pods), the
