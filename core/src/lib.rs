@@ -21,6 +21,7 @@ pub mod inventory;
 pub mod jwt;
 pub mod next_start;
 pub mod notice;
+pub mod notice_text;
 pub mod pod_action;
 pub mod preemption_policy;
 pub mod rate;

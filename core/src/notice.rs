@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::booking_policy::human_duration;
+use crate::notice_text::{capitalised, gpu_word, gpus, Style};
 
 /// What a notice is about. The names are the API's and the outbox's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -91,8 +92,15 @@ pub struct Message {
     pub text: String,
 }
 
-/// The text of an audit row's notice. `subject` is the pod (`namespace/name`).
-pub fn audit_message(kind: NoticeKind, subject: Option<&str>, details: &Value) -> Message {
+/// The text of an audit row's notice. `subject` is the pod (`namespace/name`);
+/// `booking_id` the row's booking (the waitlist's new booking).
+pub fn audit_message(
+    kind: NoticeKind,
+    subject: Option<&str>,
+    details: &Value,
+    booking_id: Option<i64>,
+    style: &Style,
+) -> Message {
     let pod = subject.unwrap_or("your notebook");
     let text_of = |key: &str| details[key].as_str().map(str::to_owned);
     match kind {
@@ -133,24 +141,31 @@ pub fn audit_message(kind: NoticeKind, subject: Option<&str>, details: &Value) -
         NoticeKind::WaitlistPromoted => {
             // The row's subject is the model; its start and end are RFC 3339 text,
             // kept only if they parse as such (details are not trusted as words).
-            let model = subject.unwrap_or("a GPU");
+            let model = subject.unwrap_or_default();
             let time = |key: &str| {
                 text_of(key)
                     .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
-                    .map(|t| {
-                        t.with_timezone(&Utc)
-                            .format("%Y-%m-%d %H:%M UTC")
-                            .to_string()
-                    })
+                    .map(|t| style.time(t.with_timezone(&Utc)))
             };
+            // A waitlist entry asks for one GPU; a row that says otherwise is believed.
+            let units = details["units"]
+                .as_u64()
+                .and_then(|u| u32::try_from(u).ok())
+                .unwrap_or(1);
+            let came_free = capitalised(&gpus(units, model));
+            let booking = booking_id
+                .map(|id| format!(" (booking {id})"))
+                .unwrap_or_default();
             Message {
                 title: "Your waitlist entry was booked".into(),
-                text: match (time("start"), time("end")) {
-                    (Some(start), Some(end)) => {
-                        format!("A {model} GPU came free: you are booked from {start} to {end}.")
-                    }
-                    _ => format!("A {model} GPU came free: your waitlist entry is now a booking."),
-                },
+                text: style.with_link(match (time("start"), time("end")) {
+                    (Some(start), Some(end)) => format!(
+                        "{came_free} came free: you are booked from {start} to {end}{booking}."
+                    ),
+                    _ => format!(
+                        "{came_free} came free: your waitlist entry is now a booking{booking}."
+                    ),
+                }),
             }
         }
         _ => Message {
@@ -161,36 +176,36 @@ pub fn audit_message(kind: NoticeKind, subject: Option<&str>, details: &Value) -
 }
 
 /// The text of a reminder: `kind` is [`NoticeKind::BookingStarts`] or
-/// [`NoticeKind::BookingEnds`], `at` the booking's start or end.
+/// [`NoticeKind::BookingEnds`], `at` the booking's start or end, `units` its GPUs.
 pub fn reminder_message(
     kind: NoticeKind,
     booking_id: i64,
     model: &str,
+    units: u32,
     at: DateTime<Utc>,
     now: DateTime<Utc>,
+    style: &Style,
 ) -> Message {
-    let when = format!(
-        "{} (in {})",
-        at.to_rfc3339_opts(SecondsFormat::Secs, true),
-        human_duration(at - now)
-    );
+    let what = gpus(units, model);
+    let when = format!("{} (in {})", style.time(at), human_duration(at - now));
+    let gpu = gpu_word(units);
     match kind {
         NoticeKind::BookingEnds => Message {
             title: format!("Your {model} booking ends in {}", human_duration(at - now)),
-            text: format!(
-                "Booking {booking_id} of a {model} GPU ends at {when}. Save your work: the \
-                 notebook loses its GPU then."
-            ),
+            text: style.with_link(format!(
+                "Booking {booking_id} of {what} ends {when}. Save your work: the notebook \
+                 loses its {gpu} then."
+            )),
         },
         _ => Message {
             title: format!(
                 "Your {model} booking starts in {}",
                 human_duration(at - now)
             ),
-            text: format!(
-                "Booking {booking_id} of a {model} GPU starts at {when}. Spawn your notebook \
-                 from then on to get the GPU."
-            ),
+            text: style.with_link(format!(
+                "Booking {booking_id} of {what} starts {when}. Spawn your notebook from then \
+                 on to get the {gpu}."
+            )),
         },
     }
 }
@@ -363,6 +378,8 @@ pub enum WebhookFormat {
 /// What a notice holds when it is sent.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Notice<'a> {
+    /// The outbox's id of the notice.
+    pub id: i64,
     pub kind: NoticeKind,
     pub user: &'a str,
     pub title: &'a str,
@@ -370,6 +387,25 @@ pub struct Notice<'a> {
     pub booking_id: Option<i64>,
     pub created_at: DateTime<Utc>,
     pub details: &'a Value,
+}
+
+/// The `Message-ID` of a notice's e-mail (RFC 5322, 3.6.4): the same for every try
+/// of it, so that a mail sent twice (a replica that died between the server's
+/// "accepted" and recording it) is one message to the reader's mail program; the
+/// notice's creation time beside its id keeps two installations that send from one
+/// domain (a lab's test and production) from sharing ids. `domain` is the sender's
+/// (`localhost` if it is none that an id may hold).
+pub fn message_id(notice: &Notice<'_>, domain: &str) -> String {
+    let fits = !domain.is_empty()
+        && domain
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-'));
+    format!(
+        "<gpu-booking.notice-{}.{}@{}>",
+        notice.id,
+        notice.created_at.timestamp_micros(),
+        if fits { domain } else { "localhost" }
+    )
 }
 
 /// The outgoing webhook's body for `notice`.
@@ -459,24 +495,129 @@ mod tests {
             from_audit("waitlist.booked", &json!({})),
             Some(NoticeKind::WaitlistPromoted)
         );
+        let berlin = Style {
+            zone: chrono_tz::Europe::Berlin,
+            page_url: Some("https://gpu.lab.example/".into()),
+        };
         let m = audit_message(
             NoticeKind::WaitlistPromoted,
             Some("a100"),
             &json!({"start": "2026-12-01T09:00:00Z", "end": "2026-12-02T09:00:00Z"}),
+            Some(12),
+            &berlin,
         );
-        assert!(
-            m.text.contains("a100") && m.text.contains("2026-12-01 09:00 UTC"),
-            "{m:?}"
+        assert_eq!(
+            m.text,
+            "One a100 GPU came free: you are booked from Tue 1 Dec 2026, 10:00 CET to \
+             Wed 2 Dec 2026, 10:00 CET (booking 12).\n\n\
+             Your bookings: https://gpu.lab.example/#mine"
+        );
+        // Times that are not RFC 3339 are left out, not shown as they came.
+        let m = audit_message(
+            NoticeKind::WaitlistPromoted,
+            Some("a100"),
+            &json!({"start": "soon", "end": "2026-12-02T09:00:00Z"}),
+            None,
+            &Style::default(),
+        );
+        assert_eq!(
+            m.text,
+            "One a100 GPU came free: your waitlist entry is now a booking."
+        );
+        let m = audit_message(
+            NoticeKind::WaitlistPromoted,
+            None,
+            &json!({}),
+            None,
+            &Style::default(),
+        );
+        assert_eq!(
+            m.text,
+            "One GPU came free: your waitlist entry is now a booking."
         );
         assert_eq!(from_audit("controller.expire", &ended), None);
         for action in SOURCE_ACTIONS {
             assert!(from_audit(action, &ended).is_some() || action == "controller.preempt");
         }
-        let m = audit_message(NoticeKind::GpuTakenBack, Some("jhub/jupyter-bob"), &ended);
+        let m = audit_message(
+            NoticeKind::GpuTakenBack,
+            Some("jhub/jupyter-bob"),
+            &ended,
+            None,
+            &berlin,
+        );
         assert!(
             m.text.contains("jhub/jupyter-bob") && m.text.contains("a100"),
             "{m:?}"
         );
+    }
+
+    #[test]
+    fn reminders_name_the_gpus_the_zones_time_and_the_link() {
+        let at = Utc.with_ymd_and_hms(2026, 11, 29, 8, 12, 0).unwrap();
+        let berlin = Style {
+            zone: chrono_tz::Europe::Berlin,
+            page_url: Some("https://gpu.lab.example".into()),
+        };
+        let m = reminder_message(
+            NoticeKind::BookingEnds,
+            7,
+            "a100",
+            1,
+            at,
+            at - TimeDelta::hours(1),
+            &berlin,
+        );
+        assert_eq!(m.title, "Your a100 booking ends in 1 h");
+        assert_eq!(
+            m.text,
+            "Booking 7 of one a100 GPU ends Sun 29 Nov 2026, 09:12 CET (in 1 h). Save your \
+             work: the notebook loses its GPU then.\n\n\
+             Your bookings: https://gpu.lab.example#mine"
+        );
+        let m = reminder_message(
+            NoticeKind::BookingStarts,
+            8,
+            "a100",
+            2,
+            at,
+            at - TimeDelta::days(1),
+            &Style::default(),
+        );
+        assert_eq!(m.title, "Your a100 booking starts in 1 day");
+        assert_eq!(
+            m.text,
+            "Booking 8 of 2 a100 GPUs starts Sun 29 Nov 2026, 08:12 UTC (in 1 day). Spawn \
+             your notebook from then on to get the GPUs."
+        );
+    }
+
+    #[test]
+    fn message_ids_are_the_notices_whatever_the_try() {
+        let details = json!({});
+        let n = Notice {
+            id: 42,
+            kind: NoticeKind::BookingEnds,
+            user: "a@b",
+            title: "T",
+            text: "X",
+            booking_id: Some(3),
+            created_at: t(0),
+            details: &details,
+        };
+        let id = message_id(&n, "lab.example");
+        assert_eq!(id, message_id(&n, "lab.example"));
+        assert!(
+            id.starts_with("<gpu-booking.notice-42.") && id.ends_with("@lab.example>"),
+            "{id}"
+        );
+        let later = Notice {
+            created_at: t(1),
+            ..n.clone()
+        };
+        assert_ne!(message_id(&later, "lab.example"), id);
+        assert!(message_id(&n, "bad domain>").ends_with("@localhost>"));
+        assert!(message_id(&n, "").ends_with("@localhost>"));
     }
 
     #[test]
@@ -537,6 +678,7 @@ mod tests {
     fn webhook_bodies() {
         let details = json!({"model": "a100"});
         let n = Notice {
+            id: 1,
             kind: NoticeKind::BookingEnds,
             user: "a@b",
             title: "T",

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::booking_policy::human_duration;
 use crate::notice::Message;
+use crate::notice_text::Style;
 
 /// How long one observation of GPU activity counts as active: the node agent writes
 /// a pod's last-activity annotation when it moved by a minute or more, the controller
@@ -112,26 +113,29 @@ pub fn nudge_key(booking_id: i64) -> String {
     format!("idle:{booking_id}")
 }
 
-/// The idle nudge's text; `link` is where the user can end the booking early.
+/// The idle nudge's text: the booking's end in the lab's zone, and the page's link
+/// (My bookings, where the user can end it early) last, when the page is known.
 pub fn nudge_message(
     booking_id: i64,
     model: &str,
     idle_for: TimeDelta,
     end: DateTime<Utc>,
     now: DateTime<Utc>,
-    link: &str,
+    style: &Style,
 ) -> Message {
     let hours = idle_for.num_hours().max(1);
     let unit = if hours == 1 { "hour" } else { "hours" };
     Message {
         title: format!("Your booking of {model} has been idle for {hours} {unit}"),
-        text: format!(
+        text: style.with_link(format!(
             "Your booking of {model} (booking {booking_id}) has been idle for {hours} {unit}; \
-             release it early? It would still hold the GPU for {} more, and someone on the \
-             waitlist may need it. End it at {link} (My bookings, \"End now\"), or ignore \
-             this if you still need it: this is asked once per booking.",
-            human_duration(end - now)
-        ),
+             release it early? It would still hold the GPU for {} more (until {}), and \
+             someone on the waitlist may need it. End it on the booking page (My bookings, \
+             \"End now\"), or ignore this if you still need it: this is asked once per \
+             booking.",
+            human_duration(end - now),
+            style.time(end)
+        )),
     }
 }
 
@@ -241,19 +245,31 @@ mod tests {
 
     #[test]
     fn nudge_text_names_model_hours_and_link() {
+        let page = Style {
+            zone: chrono_tz::Europe::Berlin,
+            page_url: Some("https://x/".into()),
+        };
+        let m = nudge_message(7, "A100", TimeDelta::hours(5), t(48), t(10), &page);
+        assert!(m.text.contains(
+            "Your booking of A100 (booking 7) has been idle for 5 hours; release it early?"
+        ));
+        assert!(m.text.contains(&format!("(until {})", page.time(t(48)))));
+        assert!(
+            m.text.ends_with("\n\nYour bookings: https://x/#mine"),
+            "{}",
+            m.text
+        );
+        assert_eq!(m.title, "Your booking of A100 has been idle for 5 hours");
+        // No page address: no link, the page named in words.
         let m = nudge_message(
             7,
             "A100",
             TimeDelta::hours(5),
             t(48),
             t(10),
-            "https://x/#mine",
+            &Style::default(),
         );
-        assert!(m.text.contains(
-            "Your booking of A100 (booking 7) has been idle for 5 hours; release it early?"
-        ));
-        assert!(m.text.contains("https://x/#mine"));
-        assert_eq!(m.title, "Your booking of A100 has been idle for 5 hours");
+        assert!(!m.text.contains("http") && m.text.contains("booking page"));
     }
 
     #[test]

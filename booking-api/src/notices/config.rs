@@ -8,6 +8,7 @@ use anyhow::Context;
 use chrono::TimeDelta;
 use clap::{Args, ValueEnum};
 use gpu_booking_core::notice::WebhookFormat;
+use gpu_booking_core::notice_text::Tz;
 
 #[derive(Debug, Clone, Args)]
 pub struct NoticeArgs {
@@ -84,10 +85,15 @@ pub struct NoticeArgs {
     #[arg(long, env = "GPU_BOOKING_IDLE_NUDGE_AFTER", default_value = "8h", value_parser = gpu_booking_process::duration::parse_duration)]
     pub idle_nudge_after: Duration,
 
-    /// The booking page's address as users reach it (e.g. `https://gpu.lab.example/`),
-    /// for the link in the idle nudge; unset: the notice names the page without a link.
+    /// The booking page's address as users reach it (e.g. `https://gpu.lab.example/`):
+    /// every notice about a booking ends with its link (My bookings); unset: no link.
     #[arg(long, env = "GPU_BOOKING_PAGE_URL")]
     pub page_url: Option<String>,
+
+    /// The lab's time zone (IANA, e.g. `Europe/Berlin`): notices show times in it
+    /// ("Sun 29 Nov 2026, 09:12 CET").
+    #[arg(long, env = "GPU_BOOKING_TIME_ZONE", default_value = "UTC", value_parser = parse_time_zone)]
+    pub time_zone: Tz,
 
     /// How long the records of use behind the usage report (`GET
     /// /api/v1/admin/usage`) are kept; older ones are deleted by the notice rounds.
@@ -112,6 +118,7 @@ impl Default for NoticeArgs {
             notice_webhook_format: Format::Json,
             idle_nudge_after: Duration::from_secs(8 * 3600),
             page_url: None,
+            time_zone: Tz::UTC,
             usage_retention: Duration::from_secs(400 * 86400),
         }
     }
@@ -166,6 +173,13 @@ pub fn parse_leads(s: &str) -> Result<Leads, String> {
     Ok(Leads(leads))
 }
 
+/// An IANA time zone name (`Europe/Berlin`, `UTC`).
+pub fn parse_time_zone(s: &str) -> Result<Tz, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is no IANA time zone (e.g. Europe/Berlin, UTC)"))
+}
+
 /// Reads a secret file's first line (trailing newline and spaces dropped).
 pub fn read_secret(path: &std::path::Path) -> anyhow::Result<String> {
     let text =
@@ -188,6 +202,18 @@ mod tests {
         assert_eq!(parse_leads("").unwrap(), Leads(vec![]));
         for bad in ["0s", "61days", "soon", "1h,x", "1s,2s,3s,4s,5s,6s,7s,8s,9s"] {
             assert!(parse_leads(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn time_zones() {
+        assert_eq!(
+            parse_time_zone("Europe/Berlin"),
+            Ok(chrono_tz::Europe::Berlin)
+        );
+        assert_eq!(parse_time_zone(" UTC "), Ok(Tz::UTC));
+        for bad in ["", "CET+1", "Mars/Olympus"] {
+            assert!(parse_time_zone(bad).is_err(), "{bad}");
         }
     }
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::notice::{self as rules, Channel, Message, Notice, NoticeKind, Prefs};
+use gpu_booking_core::notice_text::Style;
 use gpu_booking_core::usage;
 use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
@@ -195,8 +196,9 @@ pub struct Settings {
     /// The idle nudge's threshold (`None`: no nudges; the default here, for tests;
     /// `--idle-nudge-after` defaults to 8 h).
     pub idle_nudge_after: Option<TimeDelta>,
-    /// The page's address for the nudge's link.
-    pub page_url: Option<String>,
+    /// The lab's time zone and the page's address: how notices show times and where
+    /// they link.
+    pub style: Style,
     /// Records of use older than this are deleted.
     pub usage_retention: TimeDelta,
 }
@@ -210,12 +212,15 @@ impl Settings {
             idle_nudge_after: TimeDelta::from_std(args.idle_nudge_after)
                 .ok()
                 .filter(|d| *d > TimeDelta::zero()),
-            page_url: args
-                .page_url
-                .as_deref()
-                .map(str::trim)
-                .filter(|u| !u.is_empty())
-                .map(str::to_owned),
+            style: Style {
+                zone: args.time_zone,
+                page_url: args
+                    .page_url
+                    .as_deref()
+                    .map(str::trim)
+                    .filter(|u| !u.is_empty())
+                    .map(str::to_owned),
+            },
             usage_retention: TimeDelta::from_std(args.usage_retention)
                 .unwrap_or(TimeDelta::days(400)),
             ..Settings::default()
@@ -235,7 +240,7 @@ impl Default for Settings {
             batch: 256,
             retention: TimeDelta::days(90),
             idle_nudge_after: None,
-            page_url: None,
+            style: Style::default(),
             usage_retention: TimeDelta::days(400),
         }
     }
@@ -363,7 +368,13 @@ impl Worker {
             let Some(kind) = rules::from_audit(&action, &details) else {
                 continue;
             };
-            let message = rules::audit_message(kind, subject.as_deref(), &details);
+            let message = rules::audit_message(
+                kind,
+                subject.as_deref(),
+                &details,
+                booking_id,
+                &self.settings.style,
+            );
             let key = rules::audit_key(id);
             let notice = NewNotice {
                 key: &key,
@@ -413,7 +424,7 @@ impl Worker {
         };
         let now = self.clock.now();
         let rows = sqlx::query!(
-            "SELECT id, user_name, model, start_at, end_at FROM booking
+            "SELECT id, user_name, model, units, start_at, end_at FROM booking
              WHERE cancelled_at IS NULL
                AND ((start_at > $1 AND start_at <= $2) OR (end_at > $1 AND end_at <= $2))",
             now,
@@ -426,6 +437,7 @@ impl Worker {
         for row in rows {
             let (id, user, model, start, end) =
                 (row.id, row.user_name, row.model, row.start_at, row.end_at);
+            let units = u32::try_from(row.units).unwrap_or(1);
             for (kind, at) in [
                 (NoticeKind::BookingStarts, start),
                 (NoticeKind::BookingEnds, end),
@@ -440,7 +452,15 @@ impl Worker {
                     kind,
                     booking_id: Some(id),
                     audit_id: None,
-                    message: rules::reminder_message(kind, id, &model, at, now),
+                    message: rules::reminder_message(
+                        kind,
+                        id,
+                        &model,
+                        units,
+                        at,
+                        now,
+                        &self.settings.style,
+                    ),
                     details: json!({ "model": model, "at": at, "lead_seconds": lead.num_seconds() }),
                 };
                 // One transaction per notice: the notice and its deliveries together.
@@ -464,10 +484,6 @@ impl Worker {
             return Ok(0);
         };
         let now = self.clock.now();
-        let link = match &self.settings.page_url {
-            Some(url) => format!("{}#mine", url.trim_end_matches('#')),
-            None => "the booking page".to_owned(),
-        };
         let mut queued = 0;
         let mut conn = self.pool.acquire().await?;
         for b in crate::store::usage::idle(&mut *conn, now, after).await? {
@@ -488,7 +504,14 @@ impl Worker {
                 kind: NoticeKind::BookingIdle,
                 booking_id: Some(b.id),
                 audit_id: None,
-                message: usage::nudge_message(b.id, &b.model, idle_for, b.end_at, now, &link),
+                message: usage::nudge_message(
+                    b.id,
+                    &b.model,
+                    idle_for,
+                    b.end_at,
+                    now,
+                    &self.settings.style,
+                ),
                 details: json!({
                     "model": b.model,
                     "idle_since": u.idle_since(),
@@ -562,6 +585,7 @@ impl Worker {
             };
             let details = audit::read_details(c.notice_id, &c.details);
             let notice = Notice {
+                id: c.notice_id,
                 kind,
                 user: &c.user_name,
                 title: &c.title,

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use gpu_booking_core::notice::{webhook_body, Channel, Notice, WebhookFormat};
-use lettre::message::Mailbox;
+use gpu_booking_core::notice::{message_id, webhook_body, Channel, Notice, WebhookFormat};
+use lettre::message::{Mailbox, SinglePart};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
@@ -123,21 +123,31 @@ impl EmailSender {
     }
 
     async fn send(&self, to: &str, notice: &Notice<'_>) -> Result<(), String> {
-        let to: Mailbox = to.parse().map_err(|e| format!("address: {e}"))?;
-        let message = Message::builder()
-            .from(self.from.clone())
-            .to(to)
-            .subject(notice.title)
-            .body(format!(
-                "{}\n\n-- \ngpu-booking: change which notices you get on the booking page.\n",
-                notice.text
-            ))
-            .map_err(|e| format!("message: {e}"))?;
+        let message = self.message(to, notice)?;
         self.transport
             .send(message)
             .await
             .map(|_| ())
             .map_err(|e| format!("smtp: {e}"))
+    }
+
+    /// The mail of `notice` to `to`: MIME 1.0, one `text/plain; charset=utf-8` part
+    /// whose transfer encoding lettre picks (7bit for plain ASCII, quoted-printable
+    /// otherwise), a `Date` of now and the notice's own `Message-ID`. Spam filters
+    /// and strict readers score a mail without these down or show it garbled.
+    fn message(&self, to: &str, notice: &Notice<'_>) -> Result<Message, String> {
+        let to: Mailbox = to.parse().map_err(|e| format!("address: {e}"))?;
+        Message::builder()
+            .from(self.from.clone())
+            .to(to)
+            .subject(notice.title)
+            .message_id(Some(message_id(notice, self.from.email.domain())))
+            .singlepart(SinglePart::plain(format!(
+                // No newline at the end: lettre ends the part with one.
+                "{}\n\n-- \ngpu-booking: change which notices you get on the booking page.",
+                notice.text
+            )))
+            .map_err(|e| format!("message: {e}"))
     }
 }
 

@@ -17,6 +17,7 @@ use gpu_booking_api::notices::{self, Channels, NewNotice, Settings, Worker};
 use gpu_booking_api::testing::TestApi;
 use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::notice::{Message, NoticeKind, WebhookFormat};
+use gpu_booking_core::notice_text::Style;
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -126,7 +127,9 @@ impl SmtpSink {
                     if line == ".\r\n" {
                         break;
                     }
-                    data.push_str(&line);
+                    // RFC 5321, 4.5.2: a line that starts with a dot was sent with
+                    // one more.
+                    data.push_str(line.strip_prefix('.').unwrap_or(&line));
                 }
                 self.mails.lock().unwrap().push(Mail {
                     to: std::mem::take(&mut to),
@@ -413,7 +416,7 @@ fn new_notice<'a>(key: &'a str, user: &'a str) -> NewNotice<'a> {
         audit_id: None,
         message: Message {
             title: "Your waitlist entry is a booking".into(),
-            text: "A a100 from Monday.".into(),
+            text: "One a100 GPU from Monday.".into(),
         },
         details: json!({}),
     }
@@ -932,4 +935,199 @@ async fn odd_audit_details_make_plain_notices(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(mine["recent"].as_array().unwrap().len(), 2);
+}
+
+/// Reads each mail as a mail program does: Python's `email` package with its strict
+/// policy (a defect is an error), printing per mail its headers, its content type,
+/// charset and transfer encoding, and its body decoded to text.
+const READ_MAILS: &str = r#"
+import email, email.policy, json, sys
+out = []
+for raw in json.load(sys.stdin):
+    msg = email.message_from_string(raw, policy=email.policy.strict)
+    out.append({
+        "headers": {k: str(v) for k, v in msg.items()},
+        "content_type": msg.get_content_type(),
+        "charset": msg.get_content_charset(),
+        "encoding": msg["Content-Transfer-Encoding"],
+        "date_parsed": msg["Date"].datetime is not None,
+        "multipart": msg.is_multipart(),
+        "body": msg.get_content(),
+        "defects": [str(d) for d in msg.defects],
+    })
+json.dump(out, sys.stdout)
+"#;
+
+async fn read_mails(mails: &[Mail]) -> Vec<Value> {
+    let raw: Vec<&str> = mails.iter().map(|m| m.data.as_str()).collect();
+    let mut child = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(READ_MAILS)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 reads the mails");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(serde_json::to_string(&raw).unwrap().as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Every notice's mail as a mail program reads it: MIME 1.0, `text/plain` in UTF-8
+/// with a transfer encoding that says how, a Date and the notice's own Message-ID;
+/// the body decodes to the words meant, times in the lab's zone in one format, and
+/// the page's link last in every notice about a booking.
+#[sqlx::test(migrations = "../migrations")]
+async fn every_mail_is_mime_that_a_mail_client_reads_as_meant(pool: PgPool) {
+    let clock = ManualClock::new(t0());
+    let policy = Policy {
+        max_units_per_booking: 2,
+        ..Policy::default()
+    };
+    let api = TestApi::start_with(pool.clone(), policy, Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let put = client
+        .put(format!("{}/api/v1/models/a100", api.url))
+        .bearer_auth(api.token("admin", Some("admin")))
+        .json(&json!({"units": 3, "patterns": [], "gpumem_mib": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{:?}", put.text().await);
+    // eve books 2 of the 3 units; fay's waitlist entry takes the third at once.
+    let (eve, fay, bob) = ("eve@lab.example", "fay@lab.example", "bob@lab.example");
+    let start = t0() + TimeDelta::hours(31);
+    let created: Value = client
+        .post(format!("{}/api/v1/bookings", api.url))
+        .bearer_auth(api.token(eve, None))
+        .json(&json!({"model": "a100", "units": 2, "start": start, "end": start + TimeDelta::days(2)}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let eve_booking = created["id"].as_i64().expect("eve's booking");
+    let entry: Value = client
+        .post(format!("{}/api/v1/waitlist", api.url))
+        .bearer_auth(api.token(fay, None))
+        .json(&json!({"model": "a100", "from": start, "days": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(entry["state"], "booked", "{entry}");
+    let fay_booking = entry["booking_id"].as_i64().unwrap();
+    // A notice with words beyond ASCII (the webhook's warning is passed on).
+    report(
+        &api,
+        json!({"action": "webhook.strip", "subject": "jhub/jupyter-bob", "user": bob,
+        "details": {"warning": "Kein A100 frei – später wieder."}}),
+    )
+    .await;
+
+    let (sink, smtp) = SmtpSink::start().await;
+    let (s, _dir) = senders(Some(smtp), None);
+    let settings = Settings {
+        style: Style {
+            zone: chrono_tz::Europe::Berlin,
+            page_url: Some("https://gpu.lab.example/".into()),
+        },
+        ..Settings::default()
+    };
+    let w = Worker::new(pool.clone(), Arc::new(clock.clone()), s, settings);
+    // An hour before the bookings start: both reminders, the promotion, the strip.
+    clock.set(start - TimeDelta::hours(1));
+    let round = w.round().await.unwrap();
+    assert_eq!((round.queued, round.sent), (4, 4), "{round:?}");
+
+    let mails = sink.mails();
+    let read = read_mails(&mails).await;
+    let footer = "\n\n-- \ngpu-booking: change which notices you get on the booking page.";
+    let link = "\n\nYour bookings: https://gpu.lab.example/#mine";
+    let when = "Tue 4 Mar 2031, 17:00 CET";
+    let expected: HashMap<(&str, &str), String> = [
+        (
+            (eve, "Your a100 booking starts in 1 h"),
+            format!(
+                "Booking {eve_booking} of 2 a100 GPUs starts {when} (in 1 h). Spawn your \
+                 notebook from then on to get the GPUs.{link}"
+            ),
+        ),
+        (
+            (fay, "Your a100 booking starts in 1 h"),
+            format!(
+                "Booking {fay_booking} of one a100 GPU starts {when} (in 1 h). Spawn your \
+                 notebook from then on to get the GPU.{link}"
+            ),
+        ),
+        (
+            (fay, "Your waitlist entry was booked"),
+            format!(
+                "One a100 GPU came free: you are booked from {when} to Wed 5 Mar 2031, 17:00 \
+                 CET (booking {fay_booking}).{link}"
+            ),
+        ),
+        (
+            (bob, "Your notebook started without a GPU"),
+            "jhub/jupyter-bob asked for a GPU, but none was free for you, so it runs on CPU \
+             only. Kein A100 frei – später wieder."
+                .to_owned(),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(read.len(), expected.len());
+    let mut ids = std::collections::HashSet::new();
+    for (mail, got) in mails.iter().zip(&read) {
+        let h = &got["headers"];
+        let to = mail.to[0].as_str();
+        let subject = h["Subject"].as_str().unwrap();
+        let want = expected
+            .get(&(to, subject))
+            .unwrap_or_else(|| panic!("an unexpected mail: {to} {subject}"));
+        assert_eq!(got["defects"], json!([]), "{}", mail.data);
+        assert_eq!(got["multipart"], false);
+        assert_eq!(h["MIME-Version"], "1.0", "{}", mail.data);
+        assert_eq!(got["content_type"], "text/plain");
+        assert_eq!(got["charset"], "utf-8");
+        let encoding = got["encoding"].as_str().unwrap_or_default();
+        assert!(
+            ["7bit", "quoted-printable", "base64"].contains(&encoding),
+            "{}",
+            mail.data
+        );
+        assert_eq!(got["date_parsed"], true);
+        assert_eq!(h["From"], "GPU booking <gpu-booking@lab.example>");
+        assert_eq!(h["To"], to);
+        let id = h["Message-ID"].as_str().unwrap();
+        assert!(
+            id.starts_with("<gpu-booking.notice-") && id.ends_with("@lab.example>"),
+            "{id}"
+        );
+        assert!(ids.insert(id.to_owned()), "a Message-ID twice: {id}");
+        // The body as a reader sees it: the notice, then the signature (lettre ends
+        // a part with a line end of its own, before the one that closes the data).
+        let body = got["body"].as_str().unwrap().replace("\r\n", "\n");
+        assert_eq!(body.trim_end_matches('\n'), format!("{want}{footer}"));
+        // Non-ASCII words travel encoded, never as raw 8-bit bytes.
+        assert!(mail.data.is_ascii(), "{}", mail.data);
+    }
+    // The one with words beyond ASCII is quoted-printable (lettre's choice).
+    let stripped = read.iter().find(|m| m["headers"]["To"] == bob).unwrap();
+    assert_eq!(stripped["encoding"], "quoted-printable");
 }

@@ -13,6 +13,7 @@ use gpu_booking_api::notices::send::Senders;
 use gpu_booking_api::notices::{Settings, Worker};
 use gpu_booking_api::testing::{test_state, token_for};
 use gpu_booking_core::booking_policy::Policy;
+use gpu_booking_core::notice_text::Style;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -412,7 +413,10 @@ async fn idle_nudge_once_per_booking_and_retention(pool: PgPool) {
         // No reminders: only nudges in this outbox.
         leads: Vec::new(),
         idle_nudge_after: Some(TimeDelta::hours(4)),
-        page_url: Some("https://gpu.lab.example/".into()),
+        style: Style {
+            page_url: Some("https://gpu.lab.example/".into()),
+            ..Style::default()
+        },
         usage_retention: TimeDelta::days(30),
         ..Settings::default()
     };
@@ -465,7 +469,10 @@ async fn idle_nudge_once_per_booking_and_retention(pool: PgPool) {
             && body2.contains("has been idle for 4 hours; release it early?"),
         "{body2}"
     );
-    assert!(body2.contains("https://gpu.lab.example/#mine"), "{body2}");
+    assert!(
+        body2.ends_with("\n\nYour bookings: https://gpu.lab.example/#mine"),
+        "{body2}"
+    );
     assert!(body.contains("release it early?"));
     assert_eq!(queued[8], 1, "cat at 4 h: {queued:?}");
     assert_eq!(queued[10], 1, "ann at 5 h: {queued:?}");
