@@ -1,8 +1,23 @@
 //! What a calendar feed may say about a booking: who booked a unit
 //! is the booker's business, so a model's occupancy feed names only the feed owner's
-//! own bookings unless the lab's policy publishes names.
+//! own bookings unless the lab's policy publishes names. Every event names all the
+//! units its booking holds, so a feed counts a 2-GPU booking as 2 units in use.
 
 use crate::booking_policy::Policy;
+use crate::notice_text::gpus;
+
+/// The units a booking holds, as a feed names them: "a100 #2" for one, "2 x a100
+/// (#1, #3)" for several (`slots` are 0-based; a feed numbers units from 1).
+pub fn units_of(model: &str, slots: &[i32]) -> String {
+    let numbers: Vec<String> = slots
+        .iter()
+        .map(|slot| format!("#{}", i64::from(*slot) + 1))
+        .collect();
+    match numbers.as_slice() {
+        [one] => format!("{model} {one}"),
+        many => format!("{} x {model} ({})", many.len(), many.join(", ")),
+    }
+}
 
 /// The title of a booking in a model's occupancy feed seen by `viewer`.
 pub fn occupancy_summary(
@@ -10,21 +25,37 @@ pub fn occupancy_summary(
     viewer: &str,
     owner: &str,
     model: &str,
-    slot: i32,
+    slots: &[i32],
 ) -> String {
-    let unit = i64::from(slot) + 1;
+    let units = units_of(model, slots);
     if owner == viewer {
-        format!("{model} #{unit}: your booking")
+        format!("{units}: your booking")
     } else if policy.feed_show_names {
-        format!("{model} #{unit}: {owner}")
+        format!("{units}: {owner}")
     } else {
-        format!("{model} #{unit}: booked")
+        format!("{units}: booked")
     }
 }
 
 /// The title of one of the viewer's own bookings in their feed.
-pub fn own_summary(model: &str, slot: i32) -> String {
-    format!("GPU booking: {model} #{}", i64::from(slot) + 1)
+pub fn own_summary(model: &str, slots: &[i32]) -> String {
+    format!("GPU booking: {}", units_of(model, slots))
+}
+
+/// The description of a booking in either feed: its number and how many GPUs of
+/// which units it holds ("Booking 12: 2 a100 GPUs, units #1 and #3.").
+pub fn description(booking_id: i64, model: &str, slots: &[i32]) -> String {
+    let numbers: Vec<String> = slots
+        .iter()
+        .map(|slot| format!("#{}", i64::from(*slot) + 1))
+        .collect();
+    let units = match numbers.as_slice() {
+        [one] => format!("unit {one}"),
+        [init @ .., last] => format!("units {} and {last}", init.join(", ")),
+        [] => "no unit".to_owned(),
+    };
+    let count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+    format!("Booking {booking_id}: {}, {units}.", gpus(count, model))
 }
 
 #[cfg(test)]
@@ -35,11 +66,11 @@ mod tests {
     fn others_are_named_only_when_the_policy_allows() {
         let closed = Policy::default();
         assert_eq!(
-            occupancy_summary(&closed, "ann", "bob", "a100", 0),
+            occupancy_summary(&closed, "ann", "bob", "a100", &[0]),
             "a100 #1: booked"
         );
         assert_eq!(
-            occupancy_summary(&closed, "ann", "ann", "a100", 1),
+            occupancy_summary(&closed, "ann", "ann", "a100", &[1]),
             "a100 #2: your booking"
         );
         let open = Policy {
@@ -47,8 +78,34 @@ mod tests {
             ..Policy::default()
         };
         assert_eq!(
-            occupancy_summary(&open, "ann", "bob", "a100", 0),
+            occupancy_summary(&open, "ann", "bob", "a100", &[0]),
             "a100 #1: bob"
+        );
+    }
+
+    #[test]
+    fn a_booking_of_several_gpus_names_each_unit() {
+        let closed = Policy::default();
+        assert_eq!(
+            occupancy_summary(&closed, "ann", "bob", "a100", &[0, 2]),
+            "2 x a100 (#1, #3): booked"
+        );
+        assert_eq!(own_summary("a100", &[1]), "GPU booking: a100 #2");
+        assert_eq!(
+            own_summary("a100", &[0, 1, 3]),
+            "GPU booking: 3 x a100 (#1, #2, #4)"
+        );
+        assert_eq!(
+            description(12, "a100", &[0, 2]),
+            "Booking 12: 2 a100 GPUs, units #1 and #3."
+        );
+        assert_eq!(
+            description(5, "a100", &[0, 1, 3]),
+            "Booking 5: 3 a100 GPUs, units #1, #2 and #4."
+        );
+        assert_eq!(
+            description(7, "t4", &[1]),
+            "Booking 7: one t4 GPU, unit #2."
         );
     }
 }

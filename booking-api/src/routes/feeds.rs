@@ -111,7 +111,7 @@ pub async fn own_feed(
         event(
             b,
             &format!("booking-{}@gpu-booking", b.id),
-            &feed::own_summary(&b.model, b.slot),
+            &feed::own_summary(&b.model, &b.slots),
         )
     });
     Ok(calendar(&format!("GPU bookings of {user}"), events))
@@ -121,9 +121,10 @@ pub async fn own_feed(
     params(("token" = String, Path, min_length = 64, max_length = 64, pattern = r"^[0-9a-fA-F]{64}$",
             description = "The caller's feed token: 64 hex digits (anything else is 404, as an unknown token is)"),
            ("model" = String, Path)),
-    description = "When the units of a model are booked, as an iCalendar feed: the token owner's own bookings by \
-                   name, others' only as `booked` unless the service runs with `--feed-show-names`. Same span and \
-                   bound as the bookings feed; 404 for an unknown or revoked token or an unknown model.",
+    description = "When the units of a model are booked, as an iCalendar feed: one event per booking, naming every \
+                   unit it holds (`2 x a100 (#1, #3): booked`); the token owner's own bookings by name, others' only \
+                   as `booked` unless the service runs with `--feed-show-names`. Same span and bound as the bookings \
+                   feed; 404 for an unknown or revoked token or an unknown model.",
     responses((status = 200, content_type = "text/calendar", body = String), (status = 404, body = ErrorBody)))]
 pub async fn model_feed(
     State(state): State<AppState>,
@@ -141,7 +142,7 @@ pub async fn model_feed(
             // Not the booking's own UID: the same booking in a user's two feeds is
             // two calendar entries, and a calendar app must not merge them.
             &format!("booking-{}-occupancy@gpu-booking", b.id),
-            &feed::occupancy_summary(&state.policy, &user, &b.user_name, &b.model, b.slot),
+            &feed::occupancy_summary(&state.policy, &user, &b.user_name, &b.model, &b.slots),
         )
     });
     Ok(calendar(&format!("{} occupancy", model.name), events))
@@ -155,7 +156,8 @@ async fn feed_user(state: &AppState, token: &str) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::NotFound("no such feed".into()))
 }
 
-/// One booking as a VEVENT. Times are UTC (`...Z`), so no VTIMEZONE is needed;
+/// One booking as a VEVENT, one per booking however many units it holds: its
+/// SUMMARY and DESCRIPTION name them all. Times are UTC (`...Z`), so no VTIMEZONE is needed;
 /// DTSTAMP and LAST-MODIFIED are when the booking last changed, as RFC 5545 (3.8.7.2)
 /// asks of a calendar without a METHOD, so an unchanged feed reads the same each time.
 fn event(b: &FeedBooking, uid: &str, summary: &str) -> Event {
@@ -167,6 +169,7 @@ fn event(b: &FeedBooking, uid: &str, summary: &str) -> Event {
         .starts(b.start_at)
         .ends(b.end_at)
         .summary(summary)
+        .description(&feed::description(b.id, &b.model, &b.slots))
         .status(if b.cancelled_at.is_some() {
             EventStatus::Cancelled
         } else {

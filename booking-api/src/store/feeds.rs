@@ -116,7 +116,8 @@ pub struct FeedBooking {
     pub id: i64,
     pub user_name: String,
     pub model: String,
-    pub slot: i32,
+    /// Every unit it holds (0-based, ascending).
+    pub slots: Vec<i32>,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
     pub cancelled_at: Option<DateTime<Utc>>,
@@ -131,10 +132,9 @@ pub async fn own(
     user: &str,
     now: DateTime<Utc>,
 ) -> sqlx::Result<Vec<FeedBooking>> {
-    // `slot` is generated (the first of `slots`), never null.
     sqlx::query_as!(
         FeedBooking,
-        r#"SELECT id, user_name, model, slot AS "slot!", start_at, end_at, cancelled_at, created_at, updated_at
+        r#"SELECT id, user_name, model, slots, start_at, end_at, cancelled_at, created_at, updated_at
          FROM booking WHERE user_name = $1 AND end_at > $2 AND start_at < $3
          ORDER BY start_at, id LIMIT $4"#,
         user,
@@ -154,7 +154,7 @@ pub async fn occupancy(
 ) -> sqlx::Result<Vec<FeedBooking>> {
     sqlx::query_as!(
         FeedBooking,
-        r#"SELECT id, user_name, model, slot AS "slot!", start_at, end_at, cancelled_at, created_at, updated_at
+        r#"SELECT id, user_name, model, slots, start_at, end_at, cancelled_at, created_at, updated_at
          FROM booking WHERE model = $1 AND cancelled_at IS NULL
            AND period && tstzrange($2, $3, '[)')
          ORDER BY start_at, id LIMIT $4"#,

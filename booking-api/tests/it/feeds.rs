@@ -1,7 +1,7 @@
 //! Calendar feeds on the real Postgres: the feed parses back as RFC 5545 with stable
 //! UIDs, DTSTAMP and UTC times; a model's feed names only the viewer's own bookings
-//! unless the policy allows; a revoked or replaced token answers 404; a feed's size
-//! is bounded.
+//! unless the policy allows; a booking of several GPUs names every unit; a revoked
+//! or replaced token answers 404; a feed's size is bounded.
 
 use crate::common;
 
@@ -191,6 +191,59 @@ async fn a_models_feed_names_only_the_viewers_bookings_unless_allowed(pool: PgPo
             .replace("{model}", "h200");
         assert_eq!(api.feed(&unknown).await.0, StatusCode::NOT_FOUND);
     }
+}
+
+/// A booking of 2 GPUs is one event that names both units, in either feed; each
+/// event's units add up to what is booked.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_booking_of_several_gpus_shows_every_unit(pool: PgPool) {
+    let api = Api::new(
+        pool,
+        Policy {
+            max_units_per_booking: 2,
+            ..Policy::default()
+        },
+    )
+    .await;
+    let start = t0() + TimeDelta::days(2);
+    let (status, _, body) = api
+        .call(
+            Method::POST,
+            "/api/v1/bookings",
+            Some(&user("ann")),
+            Some(json!({"model": "a100", "units": 2, "start": rfc(start), "end": rfc(start + TimeDelta::days(3))})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    let description = format!("Booking {id}: 2 a100 GPUs, units #1 and #2.");
+
+    let bob = api.issue("bob").await;
+    let path = bob["model_path_template"]
+        .as_str()
+        .unwrap()
+        .replace("{model}", "a100");
+    let (status, _, text) = api.feed(&path).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let evs = events(&text);
+    assert_eq!(evs.len(), 1, "{text}");
+    assert_eq!(evs[0]["SUMMARY"], "2 x a100 (#1, #2): booked");
+    assert_eq!(evs[0]["DESCRIPTION"], description);
+    // The units in use at the booking's start, counted from the feed alone.
+    let in_use: usize = evs
+        .iter()
+        .filter(|e| e["DTSTART"] == "20300109T000000Z")
+        .map(|e| e["DESCRIPTION"].matches('#').count())
+        .sum();
+    assert_eq!(in_use, 2);
+
+    let ann = api.issue("ann").await;
+    let (_, _, text) = api.feed(ann["bookings_path"].as_str().unwrap()).await;
+    let evs = events(&text);
+    assert_eq!(evs[0]["SUMMARY"], "GPU booking: 2 x a100 (#1, #2)");
+    assert_eq!(evs[0]["DESCRIPTION"], description);
 }
 
 #[sqlx::test(migrations = "../migrations")]
