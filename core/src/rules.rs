@@ -298,30 +298,56 @@ pub fn overlap_backstop() -> Refusal {
 }
 
 /// Cooldown around every other booking of the user, in both directions, so that no
-/// configuration of the other settings lets two bookings come closer.
+/// configuration of the other settings lets two bookings come closer. The refusal
+/// names the bound that was crossed: a booking before this one (which it must start
+/// a cooldown after), one after it (which it must end a cooldown before), or both.
+/// Its earliest start is after the cooldown of the latest of them all, a start this
+/// rule accepts whatever the window's length.
 fn cooldown(policy: &Policy, window: &Window, own: &[Window]) -> Result<(), Refusal> {
-    let blocking_end = own
+    let close: Vec<&Window> = own
         .iter()
         .filter(|b| {
             window.start() < cooldown_end(policy, b.end())
                 && b.start() < cooldown_end(policy, window.end())
         })
+        .collect();
+    let Some(last_end) = close.iter().map(|b| b.end()).max() else {
+        return Ok(());
+    };
+    // Before: it started first, so this window must start a cooldown after its end.
+    // After: this window must end a cooldown before it starts.
+    let before_end = close
+        .iter()
+        .filter(|b| b.start() < window.start())
         .map(|b| b.end())
         .max();
-    if let Some(end) = blocking_end {
-        let earliest = cooldown_end(policy, end);
-        return Err(Refusal::new(
-            RuleCode::Cooldown,
-            format!(
-                "Your last booking ended {}; after a booking there is a cooldown of {}, so your next one can start from {}.",
-                rfc3339(end),
-                human_duration(policy.cooldown),
-                rfc3339(earliest)
-            ),
-        )
-        .with_earliest(earliest));
-    }
-    Ok(())
+    let after_start = close
+        .iter()
+        .filter(|b| b.start() >= window.start())
+        .map(|b| b.start())
+        .min();
+    let gap = human_duration(policy.cooldown);
+    let message = match (before_end, after_start) {
+        (Some(end), None) => format!(
+            "Your last booking ended {}; after a booking there is a cooldown of {gap}, so your next one can start from {}.",
+            rfc3339(end),
+            rfc3339(cooldown_end(policy, end))
+        ),
+        (None, Some(start)) => format!(
+            "Your next booking starts {}; bookings keep a cooldown of {gap} between them, so this one must end by {}.",
+            rfc3339(start),
+            rfc3339(start - policy.cooldown)
+        ),
+        (Some(end), Some(start)) => format!(
+            "Your booking before this one ends {} and your next one starts {}; bookings keep a cooldown of {gap} between them, so this one must start from {} and end by {}.",
+            rfc3339(end),
+            rfc3339(start),
+            rfc3339(cooldown_end(policy, end)),
+            rfc3339(start - policy.cooldown)
+        ),
+        (None, None) => unreachable!("a close booking starts before the window or not"),
+    };
+    Err(Refusal::new(RuleCode::Cooldown, message).with_earliest(cooldown_end(policy, last_end)))
 }
 
 /// A requested change of a booking's window.
@@ -337,6 +363,13 @@ pub struct WindowChange<'a> {
     pub others: &'a [Window],
     /// An admin's override of the rules.
     pub override_rules: bool,
+}
+
+/// Whether a change asks for the window the booking has (`start` and `end` as it
+/// is): nothing to check and nothing to write, so the booking is answered as it is
+/// and no audit row or booking change records a change that did not happen.
+pub fn changes_nothing(current: &Window, start: DateTime<Utc>, end: DateTime<Utc>) -> bool {
+    start == current.start() && end == current.end()
 }
 
 /// A change of a planned or running booking's window (`PATCH`): `current` is its
@@ -392,7 +425,11 @@ pub fn check_change(
                 ),
             ));
         }
-        check_others(policy, &window, others, override_rules)?;
+        // Its start cannot move, so no refusal offers another one.
+        check_others(policy, &window, others, override_rules).map_err(|r| Refusal {
+            earliest_start: None,
+            ..r
+        })?;
         return Ok(window);
     }
     let window = check_request(policy, now, start, end, override_rules)?;
@@ -700,6 +737,75 @@ mod tests {
         assert!(admin(s + days(30), &[]).is_ok());
         assert_eq!(admin(now(), &[]), Err(RuleCode::EndInPast));
         assert_eq!(admin(now() + days(21), &[planned]), Err(RuleCode::Overlap));
+    }
+
+    #[test]
+    fn a_cooldown_refusal_names_the_bound_it_crossed() {
+        let p = Policy {
+            max_planned: 3,
+            ..Policy::default()
+        };
+        let earlier = w(now() - days(3), now() - days(1));
+        let later = w(now() + days(30), now() + days(31));
+        // Too close to a booking after it: it must end by that one's start less the
+        // cooldown, not "start after" that later booking.
+        let before_later = w(now() + days(15), now() + days(20));
+        let r = check_user(&p, now(), &before_later, &[later], false).unwrap_err();
+        assert_eq!(r.code, RuleCode::Cooldown);
+        assert_eq!(
+            r.message,
+            "Your next booking starts 2026-03-31T12:00:00Z; bookings keep a cooldown of 14 \
+             days between them, so this one must end by 2026-03-17T12:00:00Z."
+        );
+        assert_eq!(r.earliest_start, Some(later.end() + days(14)));
+        // Too close to one before it: it may start a cooldown after that one's end.
+        let after_earlier = w(now() + days(2), now() + days(4));
+        let r = check_user(&p, now(), &after_earlier, &[earlier], false).unwrap_err();
+        assert_eq!(
+            r.message,
+            "Your last booking ended 2026-02-28T12:00:00Z; after a booking there is a \
+             cooldown of 14 days, so your next one can start from 2026-03-14T12:00:00Z."
+        );
+        assert_eq!(r.earliest_start, Some(earlier.end() + days(14)));
+        // Between two: both bounds.
+        let between = w(now() + days(10), now() + days(20));
+        let r = check_user(&p, now(), &between, &[earlier, later], false).unwrap_err();
+        assert!(
+            r.message.contains("must start from 2026-03-14T12:00:00Z")
+                && r.message.contains("end by 2026-03-17T12:00:00Z"),
+            "{}",
+            r.message
+        );
+        // A running booking shortened while still too close to the next one: the end
+        // it must keep to, and no start offered (a started booking keeps its start).
+        let running = w(now() - days(1), now() + days(10));
+        let next = w(now() + days(20), now() + days(22));
+        let c = WindowChange {
+            current: running,
+            started: true,
+            start: running.start(),
+            end: now() + days(8),
+            others: &[next],
+            override_rules: false,
+        };
+        let r = check_change(&p, now(), &c).unwrap_err();
+        assert_eq!(r.code, RuleCode::Cooldown);
+        assert!(
+            r.message
+                .starts_with("Your next booking starts 2026-03-21T12:00:00Z;")
+                && r.message.ends_with("must end by 2026-03-07T12:00:00Z."),
+            "{}",
+            r.message
+        );
+        assert_eq!(r.earliest_start, None);
+    }
+
+    #[test]
+    fn a_change_to_the_same_window_changes_nothing() {
+        let b = w(now() + days(1), now() + days(3));
+        assert!(changes_nothing(&b, b.start(), b.end()));
+        assert!(!changes_nothing(&b, b.start(), b.end() + secs(1)));
+        assert!(!changes_nothing(&b, b.start() - secs(1), b.end()));
     }
 
     #[test]

@@ -793,7 +793,8 @@ pub async fn cancel_or_end(
 /// bookings, and capacity against the model's, all under the user's and the
 /// model's locks (as a create), so that concurrent changes never overbook. The
 /// booking keeps its unit if that unit is free over the new window, else gets
-/// another, moving planned bookings where that makes room (as a create does).
+/// another, moving planned bookings where that makes room (as a create does). A
+/// change to the window it has writes nothing.
 pub async fn change_window(
     pool: &PgPool,
     policy: &Policy,
@@ -832,6 +833,16 @@ pub async fn change_window(
             }))
         }
     };
+    // The window it has: nothing is checked or written (no audit row, no booking
+    // change), and the booking is answered as it is.
+    if rules::changes_nothing(
+        &current,
+        change.start.unwrap_or(current.start()),
+        change.end,
+    ) {
+        tx.rollback().await?;
+        return Ok(row);
+    }
     // The user's other bookings that can matter to the new window (older ones
     // cannot: `rules::own_bookings_from`).
     let from = rules::own_bookings_from(policy, now, change.start.unwrap_or(current.start()));

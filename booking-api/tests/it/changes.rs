@@ -992,6 +992,121 @@ async fn a_running_booking_is_extended_and_shortened_within_the_rules(pool: PgPo
     );
 }
 
+/// A `PATCH` that asks for the window a booking has changes nothing: 200 with the
+/// booking as it was, no audit row, no booking change, however often it is sent.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_change_to_the_same_window_writes_nothing(pool: PgPool) {
+    let t0 = hour() + TimeDelta::days(1);
+    let clock = ManualClock::new(t0 - TimeDelta::hours(1));
+    let api = Api::start(pool.clone(), Arc::new(clock.clone())).await;
+    let alice = api.token("alice");
+    let id = api.book("alice", "a100", t0, t0 + TimeDelta::days(2)).await;
+    let (_, before) = api
+        .send(
+            reqwest::Method::GET,
+            &format!("/api/v1/bookings/{id}"),
+            &alice,
+            None,
+        )
+        .await;
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let audit = "SELECT count(*) FROM audit_event WHERE booking_id = $1";
+    let (audited, changed) = (count(audit).await, changes_logged(&pool, id).await);
+    let updated_at = "SELECT extract(epoch FROM updated_at)::bigint FROM booking WHERE id = $1";
+    let stamp = count(updated_at).await;
+    clock.set(t0 + TimeDelta::hours(2));
+    for body in [
+        json!({"end": t0 + TimeDelta::days(2)}),
+        json!({"start": t0, "end": t0 + TimeDelta::days(2)}),
+    ] {
+        let (status, after) = api.patch(id, &alice, body.clone()).await;
+        assert_eq!(status, 200, "{body}: {after}");
+        for field in [
+            "id",
+            "start",
+            "end",
+            "booked_end",
+            "slots",
+            "units",
+            "created_at",
+        ] {
+            assert_eq!(after[field], before[field], "{field}");
+        }
+        assert_eq!(after["status"], "active");
+    }
+    assert_eq!(count(audit).await, audited);
+    assert_eq!(changes_logged(&pool, id).await, changed);
+    assert_eq!(count(updated_at).await, stamp);
+    // Another user's booking is still not there, change or no change.
+    assert_eq!(
+        api.patch(
+            id,
+            &api.token("bob"),
+            json!({"end": t0 + TimeDelta::days(2)})
+        )
+        .await
+        .0,
+        404
+    );
+}
+
+/// Shortening a running booking that is still within the cooldown of the user's
+/// next booking (an admin's, placed closer than the rules allow) is refused in the
+/// words of that bound: the end it must keep to, not "your last booking ended".
+#[sqlx::test(migrations = "../migrations")]
+async fn a_change_too_close_to_a_later_booking_names_the_end_it_must_keep(pool: PgPool) {
+    let t0 = hour() + TimeDelta::days(1);
+    let clock = ManualClock::new(t0 - TimeDelta::hours(1));
+    let api = Api::start(pool.clone(), Arc::new(clock.clone())).await;
+    let alice = api.token("alice");
+    let id = api.book("alice", "a100", t0, t0 + TimeDelta::days(3)).await;
+    let next_start = t0 + TimeDelta::days(16);
+    api.book("alice", "t4", next_start, next_start + TimeDelta::days(1))
+        .await;
+    clock.set(t0 + TimeDelta::hours(1));
+    // Shorter, but not short enough: it must end by t0 + 2 days.
+    let r = api
+        .patch(
+            id,
+            &alice,
+            json!({"end": t0 + TimeDelta::days(2) + TimeDelta::hours(12)}),
+        )
+        .await;
+    assert_eq!(
+        (r.0, r.1["error"].as_str()),
+        (409, Some("cooldown")),
+        "{}",
+        r.1
+    );
+    let message = r.1["message"].as_str().unwrap();
+    let rfc = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert_eq!(
+        message,
+        format!(
+            "Your next booking starts {}; bookings keep a cooldown of 14 days between them, \
+             so this one must end by {}.",
+            rfc(next_start),
+            rfc(next_start - TimeDelta::days(14))
+        )
+    );
+    // A started booking keeps its start, so no other start is offered.
+    assert!(r.1.get("earliest_start").is_none(), "{}", r.1);
+    // Short enough: accepted.
+    let r = api
+        .patch(id, &alice, json!({"end": t0 + TimeDelta::days(2)}))
+        .await;
+    assert_eq!(r.0, 200, "{}", r.1);
+}
+
 /// Concurrent extensions of bookings on a 2-unit model: whatever wins, no instant
 /// holds more than 2 bookings, no unit two at once, and nothing answers 5xx.
 #[sqlx::test(migrations = "../migrations")]
