@@ -335,32 +335,45 @@ impl PodEditor {
     }
 
     /// Every generic GPU request and limit of every container and init container
-    /// moved to `resource`, added to what it asks of `resource` already.
+    /// moved to `resource`: a container that asks for any gets, in each of its
+    /// requests and limits that named a GPU, the units it asked for in all (each
+    /// resource counted once, its limit or request, whichever is more, as
+    /// [`container_gpu_units`] counts them), so the count never changes and requests
+    /// equal limits as an extended resource needs.
     fn request_as(&mut self, cfg: &AdmissionConfig, resource: &str) {
         for (list, index) in self.container_slots() {
-            for section in ["requests", "limits"] {
-                let Some(map) = self
-                    .container(list, &index)
-                    .and_then(|c| c.get("resources"))
-                    .and_then(|r| r.get(section))
-                    .and_then(Value::as_object)
-                else {
-                    continue;
-                };
-                let generic: Vec<(String, u64)> = map
-                    .iter()
-                    .filter(|(k, _)| cfg.gpu_resources.contains(k))
-                    .map(|(k, v)| (k.clone(), gpu_units(v)))
-                    .collect();
-                if generic.is_empty() {
-                    continue;
-                }
-                let already = map.get(resource).map_or(0, gpu_units);
-                let units = generic
-                    .iter()
-                    .fold(already, |sum, (_, n)| sum.saturating_add(*n));
-                let base = ["spec", list, index.as_str(), "resources", section];
-                for (key, _) in &generic {
+            let Some(resources) = self
+                .container(list, &index)
+                .and_then(|c| c.get("resources"))
+            else {
+                continue;
+            };
+            let section = |name: &str| resources.get(name).and_then(Value::as_object);
+            let moved = |key: &String| cfg.gpu_resources.contains(key) || key == resource;
+            let mut keys: Vec<String> = ["requests", "limits"]
+                .into_iter()
+                .filter_map(section)
+                .flat_map(|m| m.keys())
+                .filter(|k| moved(k))
+                .cloned()
+                .collect();
+            keys.sort();
+            keys.dedup();
+            if !keys.iter().any(|k| cfg.gpu_resources.contains(k)) {
+                continue;
+            }
+            let units_of = |name: &str, key: &str| section(name).and_then(|m| m.get(key)).map_or(0, gpu_units);
+            let units = keys
+                .iter()
+                .map(|k| units_of("requests", k).max(units_of("limits", k)))
+                .fold(0u64, u64::saturating_add);
+            let named: Vec<&str> = ["requests", "limits"]
+                .into_iter()
+                .filter(|name| section(name).is_some_and(|m| m.keys().any(moved)))
+                .collect();
+            for name in named {
+                let base = ["spec", list, index.as_str(), "resources", name];
+                for key in keys.iter().filter(|k| *k != resource) {
                     self.remove(&[&base[..], &[key.as_str()]].concat());
                 }
                 self.set(&[&base[..], &[resource]].concat(), json!(units.to_string()));

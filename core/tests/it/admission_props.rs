@@ -291,6 +291,41 @@ fn check_cpu_only(out: &Value, cfg: &AdmissionConfig) -> Result<(), TestCaseErro
     Ok(())
 }
 
+/// A pod booked or lent on `model`: a model with its own resource is that resource
+/// (no generic GPU request left, as many units of the model's resource as the pod
+/// asked for, no model node selector); any other is selected by its node label.
+fn check_placed_on(
+    pod: &Value,
+    out: &Value,
+    model: &ModelName,
+    cfg: &AdmissionConfig,
+) -> Result<(), TestCaseError> {
+    let selector = out["spec"]["nodeSelector"].get(&cfg.model_node_label);
+    match cfg.resource_of(model) {
+        None => prop_assert_eq!(selector, Some(&json!(model.as_str()))),
+        Some(resource) => {
+            prop_assert!(selector.is_none());
+            let generic_left = ["containers", "initContainers"].iter().any(|list| {
+                out["spec"][list].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        ["requests", "limits"].iter().any(|s| {
+                            c["resources"][s]
+                                .as_object()
+                                .is_some_and(|m| cfg.gpu_resources.iter().any(|g| m.contains_key(g)))
+                        })
+                    })
+                })
+            });
+            prop_assert!(!generic_left, "a generic GPU request is left");
+            // The units it asked for, generic or the model's own, are the model's now.
+            let asked = detect_gpu(pod, cfg).map_or(0, |g| g.units);
+            let placed = detect_gpu(out, cfg).map_or(0, |g| g.units);
+            prop_assert_eq!(asked, placed, "{} units became {} of {}", asked, placed, resource);
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -315,7 +350,7 @@ proptest! {
                 prop_assert_eq!(label(&out, MODEL_LABEL), Some(model.as_str()));
                 let end = until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
                 prop_assert_eq!(&out["metadata"]["annotations"]["terminate-at"], &json!(end));
-                prop_assert_eq!(&out["spec"]["nodeSelector"]["gpu-booking.io/model"], &json!(model.as_str()));
+                check_placed_on(&pod, &out, model, &cfg)?;
                 if classes {
                     prop_assert_eq!(&out["spec"]["priorityClassName"], "gpu-booking-high");
                     let changed = pod["spec"]["priorityClassName"] != "gpu-booking-high";
@@ -330,6 +365,7 @@ proptest! {
                 prop_assert!(label(&out, BOOKING_LABEL).is_none());
                 prop_assert_eq!(label(&out, MODEL_LABEL), Some(model.as_str()));
                 prop_assert!(out["metadata"]["annotations"].get("terminate-at").is_none());
+                check_placed_on(&pod, &out, model, &cfg)?;
             }
             Decision::Strip { .. } => {
                 check_cpu_only(&out, &cfg)?;
