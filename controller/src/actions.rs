@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 use crate::booking::Booking;
 use crate::clock::SharedClock;
 use crate::config::OnExpiry;
-use crate::hub::Hub;
+use crate::hub::{Hub, HubError, ServerState};
 use crate::intent::{self, Intent, Replacement};
 use crate::leader::Leadership;
 use crate::live_config::LiveConfig;
@@ -389,7 +389,7 @@ async fn carry_out(ctx: &Ctx, job: &Job) -> Result<Outcome, ActionError> {
             delete(ctx, job, &api).await?
         }
         Mode::RecreateCpu => recreate(ctx, job, &api, &pod, ReplacementCopy::CpuOnly).await?,
-        Mode::HubRestart => restart(ctx, job, &pod).await?,
+        Mode::HubRestart => restart(ctx, job, &api, &pod).await?,
     };
     audit(ctx, job, &pod, &outcome).await;
     Ok(outcome)
@@ -469,10 +469,40 @@ async fn recreate(
 }
 
 /// `--on-expiry hub-restart`: the hub stops the server and starts it again.
-async fn restart(ctx: &Ctx, job: &Job, pod: &Value) -> Result<Outcome, ActionError> {
+async fn restart(
+    ctx: &Ctx,
+    job: &Job,
+    api: &Api<DynamicObject>,
+    pod: &Value,
+) -> Result<Outcome, ActionError> {
     let Some((user, server)) = hub_server(pod) else {
         return Err(ActionError::NoHubUser);
     };
+    let hub = hub(ctx).ok_or(ActionError::NoHub)?;
+    // Through the hub only where it can restart the server; else the CPU-only copy,
+    // so that a booked pod still leaves its GPU on time.
+    let state = if hub.usable() {
+        match hub.state(&user, &server).await {
+            Ok(state) => Some(state),
+            Err(HubError::Forbidden(_)) => {
+                refused(ctx, hub);
+                None
+            }
+            Err(e) => return Err(e.into()),
+        }
+    } else {
+        None
+    };
+    let without_hub = match state {
+        None => Some("JupyterHub refused the controller's token (it needs the `servers` scope)"),
+        Some(ServerState::NoSuchUser) => Some("JupyterHub knows no such user"),
+        Some(_) => None,
+    };
+    if let Some(why) = without_hub {
+        ctx.metrics.action("hub_restart", "fallback");
+        tracing::warn!(pod = %format!("{}/{}", job.namespace, job.name), %user, why, "recreating CPU-only instead of restarting through JupyterHub");
+        return recreate(ctx, job, api, pod, ReplacementCopy::CpuOnly).await;
+    }
     let intent = new_intent(job, Replacement::Hub { user, server });
     begin(ctx, job, &intent, None).await
 }
@@ -638,10 +668,35 @@ pub async fn finish(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, Ac
                             other => return Ok(other),
                         },
                         Replacement::Hub { user, server } => {
-                            hub(ctx)
-                                .ok_or(ActionError::NoHub)?
-                                .stop(user, server)
-                                .await?;
+                            let hub = hub(ctx).ok_or(ActionError::NoHub)?;
+                            match hub.stop(user, server).await {
+                                Ok(()) => {}
+                                Err(e @ (HubError::Forbidden(_) | HubError::UnknownUser)) => {
+                                    // The hub cannot restart it: the CPU-only copy
+                                    // instead, recorded before anything ends.
+                                    if matches!(e, HubError::Forbidden(_)) {
+                                        refused(ctx, hub);
+                                    }
+                                    let Some(pod) = current.as_ref() else {
+                                        return Err(e.into());
+                                    };
+                                    let pod = serde_json::to_value(pod)?;
+                                    intent::forget(&ctx.client, &ctx.intent_namespace, &intent.uid)
+                                        .await?;
+                                    ctx.metrics.action("hub_restart", "fallback");
+                                    tracing::warn!(pod = %intent.key(), error = %e, "recreating CPU-only instead of restarting through JupyterHub");
+                                    // Boxed: a recreate finishes its own intent here.
+                                    return Box::pin(recreate(
+                                        ctx,
+                                        job,
+                                        &api,
+                                        &pod,
+                                        ReplacementCopy::CpuOnly,
+                                    ))
+                                    .await;
+                                }
+                                Err(e) => return Err(e.into()),
+                            }
                             // The hub no longer counts the server as running, so its
                             // poll leaves it alone; ending the pod ourselves too (this
                             // uid only) finishes a pod the hub has lost track of.
@@ -669,6 +724,16 @@ pub async fn finish(ctx: &Ctx, job: &Job, intent: &Intent) -> Result<Outcome, Ac
     .await;
     ctx.gone.forget(&intent.uid);
     result
+}
+
+/// The hub refused the token: every restart falls back to the CPU-only copy from now
+/// on (the gauge the critical alert reads says so).
+pub fn refused(ctx: &Ctx, hub: &Hub) {
+    if hub.usable() {
+        tracing::error!("JupyterHub refused the controller's token; booked pods are recreated CPU-only instead of restarted until it has the `servers` scope");
+    }
+    hub.set_unusable();
+    ctx.metrics.hub_usable.set(0);
 }
 
 /// JupyterHub's API, which a recorded hub restart needs (`None` is
@@ -709,12 +774,15 @@ async fn replace(
         how(&intent.replacement, "Recreated", "Restarted"),
         intent.reason
     );
+    // An action of its own: Events of one pod, reason and action form one series
+    // (kube's recorder), so the hub's restart, noted on the pod that began it, would
+    // otherwise only count up "Restarting".
     note(
         ctx,
         job,
         created_uid.as_deref().unwrap_or(&intent.uid),
         &message,
-        "Recreate",
+        "Replaced",
     )
     .await;
     Ok(outcome)

@@ -20,6 +20,7 @@
 //! `pending` (`"spawn"`, `"stop"`, or null). The token (a hub service with a role
 //! granting the `servers` scope) goes in `Authorization: token ...`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use gpu_booking_client::{TokenError, TokenSource};
@@ -32,6 +33,8 @@ const STATE_POLL: Duration = Duration::from_millis(500);
 /// A server's state as the hub reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerState {
+    /// The hub knows no such user (404): the pod is not the hub's to restart.
+    NoSuchUser,
     Stopped,
     Running,
     /// Spawning or stopping (`"spawn"`, `"stop"`).
@@ -46,6 +49,10 @@ pub struct Hub {
     token: TokenSource,
     /// One call's bound (`--hub-timeout`).
     timeout: Duration,
+    /// False once the hub refused the token (403) or its scopes lack `servers`: a
+    /// booked pod must still leave its GPU on time, so restarts fall back to the
+    /// CPU-only copy until the controller restarts with a better token.
+    usable: AtomicBool,
 }
 
 impl Hub {
@@ -71,7 +78,18 @@ impl Hub {
             base,
             token,
             timeout,
+            usable: AtomicBool::new(true),
         })
+    }
+
+    /// Whether restarts go through the hub (its token was not refused).
+    pub fn usable(&self) -> bool {
+        self.usable.load(Ordering::Relaxed)
+    }
+
+    /// The hub refused the token: restarts fall back to CPU-only copies.
+    pub fn set_unusable(&self) {
+        self.usable.store(false, Ordering::Relaxed);
     }
 
     /// `users/{user}` or `users/{user}/server` / `users/{user}/servers/{server}`, each
@@ -117,7 +135,10 @@ impl Hub {
     pub async fn state(&self, user: &str, server: &str) -> Result<ServerState, HubError> {
         let (status, body) = self.call(Method::GET, self.url(user, None)).await?;
         if status == StatusCode::NOT_FOUND {
-            return Ok(ServerState::Stopped);
+            return Ok(ServerState::NoSuchUser);
+        }
+        if status == StatusCode::FORBIDDEN {
+            return Err(HubError::Forbidden(message(&body)));
         }
         if !status.is_success() {
             return Err(HubError::User(status));
@@ -140,8 +161,13 @@ impl Hub {
         if status.is_success() {
             return Ok(());
         }
-        // Already stopped, or stopping: as good.
+        if status == StatusCode::FORBIDDEN {
+            return Err(HubError::Forbidden(message(&body)));
+        }
+        // Already stopped, or stopping: as good. A user the hub does not know is not:
+        // the pod would then be ended with nothing to start it again.
         match self.state(user, server).await? {
+            ServerState::NoSuchUser => Err(HubError::UnknownUser),
             ServerState::Stopped => Ok(()),
             ServerState::Pending(p) if p == "stop" => Ok(()),
             _ => Err(HubError::RefusedStop(status, message(&body))),
@@ -154,6 +180,7 @@ impl Hub {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             match self.state(user, server).await? {
+                ServerState::NoSuchUser => return Err(HubError::UnknownUser),
                 ServerState::Stopped => break,
                 ServerState::Running => return Ok(()),
                 ServerState::Pending(p) if p != "stop" => return Ok(()),
@@ -170,10 +197,34 @@ impl Hub {
         if status.is_success() {
             return Ok(());
         }
+        if status == StatusCode::FORBIDDEN {
+            return Err(HubError::Forbidden(message(&body)));
+        }
         match self.state(user, server).await? {
             ServerState::Running | ServerState::Pending(_) => Ok(()),
+            ServerState::NoSuchUser => Err(HubError::UnknownUser),
             ServerState::Stopped => Err(HubError::RefusedStart(status, message(&body))),
         }
+    }
+
+    /// Whether the token may stop and start other users' servers: its scopes, as the
+    /// hub lists them for the token's owner (`GET /user`), include `servers` or
+    /// `admin:servers` (JupyterHub's scopes; a filtered `servers!group=...` covers
+    /// only some users, which a lab's service role rarely means, so it counts as
+    /// not enough). `Ok(None)`: the hub lists no scopes (older than JupyterHub 2).
+    pub async fn may_restart_servers(&self) -> Result<Option<bool>, HubError> {
+        let mut url = self.base.clone();
+        url.set_path(&format!("{}user", self.base.path()));
+        let (status, body) = self.call(Method::GET, url).await?;
+        if !status.is_success() {
+            return Err(HubError::User(status));
+        }
+        Ok(body.get("scopes").and_then(Value::as_array).map(|scopes| {
+            scopes
+                .iter()
+                .filter_map(Value::as_str)
+                .any(|s| s == "servers" || s == "admin:servers")
+        }))
     }
 }
 
@@ -195,6 +246,10 @@ pub enum HubError {
     StillStopping(Duration),
     #[error("JupyterHub refused to start the server: {0} {1}")]
     RefusedStart(StatusCode, String),
+    #[error("JupyterHub refused the token (403 {0}): it lacks the `servers` scope")]
+    Forbidden(String),
+    #[error("JupyterHub knows no such user")]
+    UnknownUser,
 }
 
 fn message(body: &Value) -> String {

@@ -111,6 +111,10 @@ impl Controller {
             policy: args.preemption_policy(),
             halt: tokio_util::sync::CancellationToken::new(),
         });
+        if let Some(hub) = ctx.hub.clone() {
+            ctx.metrics.hub_usable.set(1);
+            tokio::spawn(check_hub_token(ctx.clone(), hub));
+        }
         let halt = ctx.halt.clone();
         let ready = Arc::new(AtomicBool::new(false));
         let main = event_loop::Loop::new(ctx, args.clone(), ready.clone());
@@ -198,4 +202,16 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     }
     controller.stop();
     Ok(())
+}
+
+/// Asks JupyterHub at start whether the token may restart servers: one that may not
+/// would leave booked pods on their GPUs past their bookings, so restarts fall back to
+/// CPU-only copies at once (and the critical alert fires) rather than after a 403 per
+/// pod. A hub that cannot be asked now is asked again by the first restart.
+async fn check_hub_token(ctx: Arc<actions::Ctx>, hub: Arc<hub::Hub>) {
+    match hub.may_restart_servers().await {
+        Ok(Some(true)) | Ok(None) => {}
+        Ok(Some(false)) => actions::refused(&ctx, &hub),
+        Err(e) => tracing::warn!(error = %e, "could not read the JupyterHub token's scopes"),
+    }
 }

@@ -90,6 +90,9 @@ pub struct Metrics {
     pub is_leader: Gauge,
     /// Expiry timers armed now.
     pub timers: Gauge,
+    /// With `--on-expiry hub-restart`: 1 while JupyterHub takes the controller's token
+    /// for restarts, 0 once it refused it (restarts fall back to CPU-only copies).
+    pub hub_usable: Gauge,
     /// Booked pods Pending with no pod that may give way, by model and who holds
     /// the cards.
     pub booked_pods_waiting: Family<WaitingLabel, Gauge>,
@@ -140,6 +143,11 @@ impl Metrics {
                 Gauge::default(),
             ),
             timers: r.add("expiry_timers", "Expiry timers armed", Gauge::default()),
+            hub_usable: r.add(
+                "hub_token_usable",
+                "With hub-restart: 1 while JupyterHub takes the controller's token, 0 once it refused it (restarts become CPU-only copies)",
+                Gauge::default(),
+            ),
             booked_pods_waiting: r.add(
                 "booked_pods_waiting",
                 "Booked pods Pending with no pod that may give way, by model and the namespaces whose pods hold the cards",

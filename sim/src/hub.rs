@@ -13,7 +13,9 @@
 //!   copy, created a moment later) before it deletes it, as a stop running just after
 //!   the copy's create would.
 //! - The hub does not poll a server it is stopping or starting itself.
-//! - `GET /hub/api/users/{name}`: `servers` with `ready` and `pending`;
+//! - `GET /hub/api/user`: the token's owner with its scopes (`servers`);
+//!   `GET /hub/api/users/{name}`: `servers` with `ready` and `pending`, 404 for a user
+//!   it does not know;
 //!   `DELETE /hub/api/users/{name}/server`: 202, the stop runs on (KubeSpawner deletes
 //!   the pod and waits until it is gone), 204 when not running;
 //!   `POST /hub/api/users/{name}/server`: 201 once the pod is created (through the
@@ -213,6 +215,7 @@ impl FakeHub {
         };
         let api_url = Self::api_url_of(&listener)?;
         let app = Router::new()
+            .route("/hub/api/user", get(token_owner))
             .route("/hub/api/users/{name}", get(user))
             .route(
                 "/hub/api/users/{name}/server",
@@ -288,6 +291,16 @@ fn refuse(status: StatusCode, message: &str) -> Response {
         status,
         Json(json!({"status": status.as_u16(), "message": message})),
     )
+        .into_response()
+}
+
+/// `GET /hub/api/user`: the token's owner, a service whose role grants `servers`
+/// (JupyterHub 2+ lists the token's scopes there).
+async fn token_owner(State(inner): State<Inner>, headers: HeaderMap) -> Response {
+    if !authorized(&inner, &headers) {
+        return refuse(StatusCode::FORBIDDEN, "Missing or invalid credentials");
+    }
+    Json(json!({"kind": "service", "name": "gpu-booking", "scopes": ["servers", "read:users"]}))
         .into_response()
 }
 
