@@ -8,6 +8,7 @@
   const LABELS = {
     booking_starts: 'before my booking starts',
     booking_ends: 'before my booking ends',
+    gpu_taken_back_soon: 'before a lent GPU is taken back (the warning)',
     gpu_taken_back: 'when a lent GPU is taken back',
     spawn_stripped: 'when a notebook starts without a GPU',
     processes_reclaimed: 'when idle GPU processes are ended',

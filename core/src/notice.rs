@@ -20,6 +20,9 @@ pub enum NoticeKind {
     BookingStarts,
     /// A booking ends soon.
     BookingEnds,
+    /// A lent GPU is to be taken back for a booked user at a deadline (the
+    /// controller's warning before preemption).
+    GpuTakenBackSoon,
     /// A lent GPU was taken back for a booked user (the controller's preemption).
     GpuTakenBack,
     /// A spawn asked for a GPU and got none (the webhook stripped it).
@@ -33,9 +36,10 @@ pub enum NoticeKind {
 }
 
 impl NoticeKind {
-    pub const ALL: [NoticeKind; 7] = [
+    pub const ALL: [NoticeKind; 8] = [
         NoticeKind::BookingStarts,
         NoticeKind::BookingEnds,
+        NoticeKind::GpuTakenBackSoon,
         NoticeKind::GpuTakenBack,
         NoticeKind::SpawnStripped,
         NoticeKind::ProcessesReclaimed,
@@ -47,6 +51,7 @@ impl NoticeKind {
         match self {
             NoticeKind::BookingStarts => "booking_starts",
             NoticeKind::BookingEnds => "booking_ends",
+            NoticeKind::GpuTakenBackSoon => "gpu_taken_back_soon",
             NoticeKind::GpuTakenBack => "gpu_taken_back",
             NoticeKind::SpawnStripped => "spawn_stripped",
             NoticeKind::ProcessesReclaimed => "processes_reclaimed",
@@ -61,7 +66,8 @@ impl NoticeKind {
 }
 
 /// Audit actions that can make a notice ([`from_audit`] decides each row).
-pub const SOURCE_ACTIONS: [&str; 4] = [
+pub const SOURCE_ACTIONS: [&str; 5] = [
+    "controller.preempt_warned",
     "controller.preempt",
     "webhook.strip",
     "agent.reclaim",
@@ -72,6 +78,7 @@ pub const SOURCE_ACTIONS: [&str; 4] = [
 /// none; a preemption makes one only when the pod was really ended.
 pub fn from_audit(action: &str, details: &Value) -> Option<NoticeKind> {
     match action {
+        "controller.preempt_warned" => Some(NoticeKind::GpuTakenBackSoon),
         "controller.preempt" => match details["result"].as_str() {
             Some("recreated" | "deleted" | "demoted") => Some(NoticeKind::GpuTakenBack),
             _ => None,
@@ -104,6 +111,28 @@ pub fn audit_message(
     let pod = subject.unwrap_or("your notebook");
     let text_of = |key: &str| details[key].as_str().map(str::to_owned);
     match kind {
+        NoticeKind::GpuTakenBackSoon => {
+            // The deadline is RFC 3339 text, kept only if it parses as such (details
+            // are not trusted as words).
+            let at = text_of("ends_at")
+                .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+                .map(|t| style.time(t.with_timezone(&Utc)));
+            Message {
+                title: "Your lent GPU is about to be taken back".into(),
+                text: format!(
+                    "The GPU{} lent to {pod} is needed by a user who booked it. {} unless \
+                     that user gets a GPU elsewhere first: save your work now. Book a GPU \
+                     to keep one.",
+                    text_of("model")
+                        .map(|m| format!(" ({m})"))
+                        .unwrap_or_default(),
+                    match at {
+                        Some(at) => format!("The notebook ends at {at}"),
+                        None => "The notebook ends in a few minutes".to_owned(),
+                    }
+                ),
+            }
+        }
         NoticeKind::GpuTakenBack => Message {
             title: "Your lent GPU was taken back".into(),
             text: format!(
@@ -550,6 +579,34 @@ mod tests {
             m.text.contains("jhub/jupyter-bob") && m.text.contains("a100"),
             "{m:?}"
         );
+        // The warning before: its deadline in the lab's zone; a deadline that is not
+        // RFC 3339 is not shown as it came.
+        let warned = json!({"model": "a100", "ends_at": "2026-12-01T09:02:00Z"});
+        assert_eq!(
+            from_audit("controller.preempt_warned", &warned),
+            Some(NoticeKind::GpuTakenBackSoon)
+        );
+        let m = audit_message(
+            NoticeKind::GpuTakenBackSoon,
+            Some("jhub/jupyter-bob"),
+            &warned,
+            None,
+            &berlin,
+        );
+        assert_eq!(
+            m.text,
+            "The GPU (a100) lent to jhub/jupyter-bob is needed by a user who booked it. The \
+             notebook ends at Tue 1 Dec 2026, 10:02 CET unless that user gets a GPU elsewhere \
+             first: save your work now. Book a GPU to keep one."
+        );
+        let m = audit_message(
+            NoticeKind::GpuTakenBackSoon,
+            None,
+            &json!({"ends_at": "<script>"}),
+            None,
+            &berlin,
+        );
+        assert!(m.text.contains("ends in a few minutes") && !m.text.contains("<script>"));
     }
 
     #[test]

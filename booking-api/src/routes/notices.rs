@@ -29,7 +29,7 @@ pub struct NoticePrefs {
     /// Kinds not wanted (a repeat is dropped, but counts towards `maxItems`).
     // Read as strings and checked with `NoticeKind::parse` (an unknown kind is a 422
     // naming it); documented as the kinds themselves.
-    #[schema(value_type = Vec<NoticeKind>, inline, max_items = 7)]
+    #[schema(value_type = Vec<NoticeKind>, inline, max_items = 8)]
     pub muted: Vec<String>,
 }
 

@@ -271,6 +271,12 @@ async fn audit_rows_become_notices_sent_once_by_email_and_webhook(pool: PgPool) 
     let bob = "bob@lab.example";
     report(
         &api,
+        json!({"action": "controller.preempt_warned", "subject": "jhub/jupyter-bob", "user": bob,
+        "details": {"model": "a100", "booked_pod": "jhub/jupyter-zoe", "ends_at": "2026-12-01T09:02:00Z"}}),
+    )
+    .await;
+    report(
+        &api,
         json!({"action": "controller.preempt", "subject": "jhub/jupyter-bob", "user": bob,
         "details": {"result": "recreated", "model": "a100", "for": "zoe"}}),
     )
@@ -305,17 +311,18 @@ async fn audit_rows_become_notices_sent_once_by_email_and_webhook(pool: PgPool) 
     let round = w.round().await.unwrap();
     assert_eq!(
         (round.queued, round.sent, round.failed),
-        (3, 6, 0),
+        (4, 8, 0),
         "{round:?}"
     );
     let mails = sink.mails();
-    assert_eq!(mails.len(), 3);
+    assert_eq!(mails.len(), 4);
     assert!(
         mails.iter().all(|m| m.to == vec![bob.to_owned()]),
         "{mails:?}"
     );
     let all: String = mails.iter().map(|m| m.data.clone()).collect();
     for words in [
+        "Subject: Your lent GPU is about to be taken back",
         "Subject: Your lent GPU was taken back",
         "Subject: Your notebook started without a GPU",
         "Subject: Idle GPU processes were ended",
@@ -331,7 +338,12 @@ async fn audit_rows_become_notices_sent_once_by_email_and_webhook(pool: PgPool) 
         .collect();
     assert_eq!(
         kinds,
-        ["gpu_taken_back", "spawn_stripped", "processes_reclaimed"]
+        [
+            "gpu_taken_back_soon",
+            "gpu_taken_back",
+            "spawn_stripped",
+            "processes_reclaimed"
+        ]
     );
     assert_eq!(rx.bodies()[0]["user"], bob);
 
@@ -342,9 +354,9 @@ async fn audit_rows_become_notices_sent_once_by_email_and_webhook(pool: PgPool) 
         worker(&pool, &clock, s2).round().await.unwrap(),
         notices::Round::default()
     );
-    assert_eq!(sink.mails().len(), 3);
-    assert_eq!(rx.bodies().len(), 3);
-    assert_eq!(audit_count(&pool, "notice.sent").await, 6);
+    assert_eq!(sink.mails().len(), 4);
+    assert_eq!(rx.bodies().len(), 4);
+    assert_eq!(audit_count(&pool, "notice.sent").await, 8);
 
     // The user sees them on the page's API, each with its deliveries.
     let mine: Value = reqwest::Client::new()
@@ -356,7 +368,7 @@ async fn audit_rows_become_notices_sent_once_by_email_and_webhook(pool: PgPool) 
         .json()
         .await
         .unwrap();
-    assert_eq!(mine["recent"].as_array().unwrap().len(), 3, "{mine}");
+    assert_eq!(mine["recent"].as_array().unwrap().len(), 4, "{mine}");
     assert_eq!(
         mine["recent"][0]["deliveries"],
         json!(["email:sent", "webhook:sent"])

@@ -316,7 +316,7 @@ impl Loop {
                 // Not recorded: the round counts all the same (in this replica's
                 // memory) and ends nobody; the next one comes after its spacing.
                 if recorded {
-                    for job in self.preemption.mark(jobs) {
+                    for job in self.preemption.mark(jobs, self.expiry.pods()) {
                         self.expiry.start(job);
                     }
                 }

@@ -363,7 +363,7 @@ impl Preemption {
     /// notices its user) and ended at the deadline by [`Self::settle_marked`];
     /// returns those to end now (no grace, a dry run, or a namespace where the
     /// controller may only delete: it cannot mark there).
-    pub(super) fn mark(&self, jobs: Vec<Job>) -> Vec<Job> {
+    pub(super) fn mark(&self, jobs: Vec<Job>, pods: &HashMap<String, PodInfo>) -> Vec<Job> {
         let grace = grace_of(&self.args);
         if grace.is_zero() || self.ctx.dry_run {
             return jobs;
@@ -383,8 +383,10 @@ impl Preemption {
                 continue;
             }
             let (ctx, model, for_whom) = (self.ctx.clone(), model.clone(), for_whom.clone());
+            // Whom the booking service notices: the victim's user.
+            let user = pods.get(&job.uid).and_then(|p| p.user.clone());
             tokio::spawn(async move {
-                mark_victim(&ctx, &job, &model, &for_whom, deadline).await;
+                mark_victim(&ctx, &job, user, &model, &for_whom, deadline).await;
             });
         }
         now
@@ -486,11 +488,13 @@ fn grace_of(args: &ControllerArgs) -> chrono::TimeDelta {
 }
 
 /// Marks `job`'s pod to end at `deadline` for the booked pod `for_whom`: the
-/// annotations (guarded by its uid), a Warning Event for its user, an audit row (the
-/// booking service notices its user from it).
+/// annotations (guarded by its uid), a Warning Event for its user, an audit row
+/// naming `user` (the booking service notices them from it, by mail or webhook as
+/// they chose).
 async fn mark_victim(
     ctx: &Ctx,
     job: &Job,
+    user: Option<String>,
     model: &str,
     for_whom: &str,
     deadline: chrono::DateTime<chrono::Utc>,
@@ -530,7 +534,7 @@ async fn mark_victim(
     let report = gpu_booking_client::AuditReport {
         action: "controller.preempt_warned".into(),
         subject: Some(key),
-        user: None,
+        user,
         booking_id: None,
         details: json!({"model": model, "booked_pod": for_whom, "ends_at": at}),
     };
