@@ -362,7 +362,8 @@ impl PodEditor {
             if !keys.iter().any(|k| cfg.gpu_resources.contains(k)) {
                 continue;
             }
-            let units_of = |name: &str, key: &str| section(name).and_then(|m| m.get(key)).map_or(0, gpu_units);
+            let units_of =
+                |name: &str, key: &str| section(name).and_then(|m| m.get(key)).map_or(0, gpu_units);
             let units = keys
                 .iter()
                 .map(|k| units_of("requests", k).max(units_of("limits", k)))

@@ -309,9 +309,9 @@ fn check_placed_on(
                 out["spec"][list].as_array().is_some_and(|cs| {
                     cs.iter().any(|c| {
                         ["requests", "limits"].iter().any(|s| {
-                            c["resources"][s]
-                                .as_object()
-                                .is_some_and(|m| cfg.gpu_resources.iter().any(|g| m.contains_key(g)))
+                            c["resources"][s].as_object().is_some_and(|m| {
+                                cfg.gpu_resources.iter().any(|g| m.contains_key(g))
+                            })
                         })
                     })
                 })
@@ -320,7 +320,14 @@ fn check_placed_on(
             // The units it asked for, generic or the model's own, are the model's now.
             let asked = detect_gpu(pod, cfg).map_or(0, |g| g.units);
             let placed = detect_gpu(out, cfg).map_or(0, |g| g.units);
-            prop_assert_eq!(asked, placed, "{} units became {} of {}", asked, placed, resource);
+            prop_assert_eq!(
+                asked,
+                placed,
+                "{} units became {} of {}",
+                asked,
+                placed,
+                resource
+            );
         }
     }
     Ok(())
