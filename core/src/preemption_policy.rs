@@ -152,6 +152,16 @@ pub fn marked(deadline: DateTime<Utc>, now: DateTime<Utc>, booked_waits: bool) -
     }
 }
 
+/// What a booked pod whose room is being freed is told: when the lent pod marked for
+/// it ends (its user was warned), in UTC as the pod's Events are.
+pub fn freeing_reason(model: &str, ends_at: DateTime<Utc>) -> String {
+    format!(
+        "waiting: a lent {model} notebook gives its GPU back at {} UTC (its user was warned); \
+         this pod starts then",
+        ends_at.format("%H:%M:%S")
+    )
+}
+
 /// Where a waiting booked pod's model stands on the nodes it may run on, in units.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Shortfall {
@@ -252,6 +262,16 @@ mod tests {
         for now in [t0, deadline, deadline + chrono::TimeDelta::seconds(1)] {
             assert_eq!(marked(deadline, now, false), Marked::Unmark);
         }
+    }
+
+    #[test]
+    fn the_freeing_sentence_says_when() {
+        let at: DateTime<Utc> = "2026-11-29T10:32:05Z".parse().unwrap();
+        assert_eq!(
+            freeing_reason("a100", at),
+            "waiting: a lent a100 notebook gives its GPU back at 10:32:05 UTC (its user was \
+             warned); this pod starts then"
+        );
     }
 
     #[test]

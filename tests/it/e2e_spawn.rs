@@ -335,7 +335,8 @@ async fn a_lent_notebook_is_warned_before_its_gpu_is_taken_back(pool: PgPool) {
     }
     lab.wait_in_use("a100", 2).await;
     let before: Vec<Pod> = lent.iter().map(|u| lab.notebook(u).unwrap()).collect();
-    lab.book("alice@example.com", "a100", TimeDelta::hours(2))
+    let booking = lab
+        .book("alice@example.com", "a100", TimeDelta::hours(2))
         .await;
     lab.sim
         .spawn("alice@example.com", 1)
@@ -369,6 +370,31 @@ async fn a_lent_notebook_is_warned_before_its_gpu_is_taken_back(pool: PgPool) {
                 && e.type_.as_deref() == Some("Warning")),
         "the victim's user was not warned"
     );
+    // Alice's booking says when her GPU comes (the page shows it).
+    let token = lab.api.token("alice@example.com", None).unwrap();
+    let mut told = serde_json::Value::Null;
+    for _ in 0..50 {
+        told = reqwest::Client::new()
+            .get(format!("{}/api/v1/bookings/{}", lab.api.url, booking.id))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("the booking API answers")
+            .json()
+            .await
+            .expect("a booking");
+        if told["waiting"].as_str().is_some() || Utc::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    if Utc::now() < deadline {
+        let when = format!("gives its GPU back at {} UTC", deadline.format("%H:%M:%S"));
+        assert!(
+            told["waiting"].as_str().is_some_and(|w| w.contains(&when)),
+            "the booking does not say when its GPU comes: {told}"
+        );
+    }
     // Until the deadline both lent notebooks keep their GPUs and alice waits.
     let still_there = lent.iter().zip(&before).all(|(u, was)| {
         lab.notebook(u).is_some_and(|p| {

@@ -11,7 +11,7 @@ use gpu_booking_core::admission::{pending_lent, PendingLent};
 use gpu_booking_core::admission::{PREEMPT_AT_ANNOTATION, PREEMPT_FOR_ANNOTATION};
 use gpu_booking_core::booking_units::BookedPod;
 use gpu_booking_core::preemption_policy::{
-    marked as marked_fate, waiting_reason, Marked, NAMED_NAMESPACES,
+    freeing_reason, marked as marked_fate, waiting_reason, Marked, NAMED_NAMESPACES,
 };
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -40,6 +40,8 @@ pub(super) struct Preemption {
     /// The booked pods that wait with no pod that may give way, as the last round
     /// found them.
     waiting: Vec<Waiting>,
+    /// Bookings whose pod waits for a marked pod's deadline: what they are told.
+    freeing: BTreeMap<i64, String>,
     /// Marked pods whose mark is being removed (not asked again before the watch
     /// shows it gone or a while passed).
     unmarking: HashMap<String, Instant>,
@@ -58,6 +60,7 @@ impl Preemption {
             pending_gpumem: HashSet::new(),
             pending_lent: HashMap::new(),
             waiting: Vec::new(),
+            freeing: BTreeMap::new(),
             unmarking: HashMap::new(),
         }
     }
@@ -121,10 +124,13 @@ impl Preemption {
     /// Why each booking whose pod waits does (for the held-units report: its page
     /// and the API show it).
     pub(super) fn waiting_by_booking(&self) -> BTreeMap<i64, String> {
-        self.waiting
-            .iter()
-            .filter_map(|w| Some((w.booking_id?, w.reason.clone())))
-            .collect()
+        let mut out = self.freeing.clone();
+        out.extend(
+            self.waiting
+                .iter()
+                .filter_map(|w| Some((w.booking_id?, w.reason.clone()))),
+        );
+        out
     }
 
     /// The waiting booked pods as gauges, by model and the namespaces whose pods
@@ -239,6 +245,7 @@ impl Preemption {
         let mut jobs = Vec::new();
         let mut notes = Vec::new();
         let mut waiting_now = Vec::new();
+        let mut freeing = BTreeMap::new();
         for pod in pending_pods {
             let Some(model) = pod
                 .model_label
@@ -262,7 +269,18 @@ impl Preemption {
                 state.waiting = None;
             }
             match decision {
-                victims::Decision::Fits { .. } => {}
+                victims::Decision::Fits { .. } => {
+                    // Its room may be a marked pod's: its user learns when.
+                    let key = pod.key();
+                    let ends = pods
+                        .values()
+                        .filter(|p| marked(p) && p.preempt_for.as_deref() == Some(key.as_str()))
+                        .filter_map(|p| p.preempt_at)
+                        .min();
+                    if let (Some(ends), Some(id)) = (ends, pod.booking_id) {
+                        freeing.insert(id, freeing_reason(&model, ends));
+                    }
+                }
                 victims::Decision::NoRoom(shortfall) => {
                     let reason = waiting_reason(&model, &shortfall);
                     if state.waiting.as_deref() != Some(reason.as_str()) {
@@ -337,6 +355,7 @@ impl Preemption {
             }
         }
         self.publish_waiting(waiting_now);
+        self.freeing = freeing;
         let mut start_now = Vec::new();
         for (pod, rounds, round_jobs) in jobs {
             start_now.extend(self.record_round(&pod, rounds, round_jobs));
