@@ -148,10 +148,13 @@ pub struct NodeInventory {
 impl NodeInventory {
     /// The model of a pod's generic GPU on this node (a pod that names its model by
     /// resource knows it already).
-    /// The node's single model label: its one model, else the one model of its
-    /// generic cards when its other models each have a resource of their own (pods of
-    /// those ask for the resource and need no label). `Err` with the models when its
-    /// generic cards are of several: one label cannot select them all.
+    /// The node's single model label: its one model, else the one model of the cards
+    /// that only a label can select, when every other model's cards are reached
+    /// through the model's own resource (pods of those ask for the resource and need
+    /// no label). `Err` with the models when the cards only a label can select are of
+    /// several: one label cannot select them all. Cards only a label selects are the
+    /// generic ones and those under a resource (a MIG profile's) that names no
+    /// declared model.
     pub fn model_label<'a>(
         &'a self,
         cfg: &InventoryConfig,
@@ -162,7 +165,7 @@ impl NodeInventory {
         let mut generic: Vec<&ModelName> = self
             .groups
             .iter()
-            .filter(|g| g.generic(cfg))
+            .filter(|g| !cfg.model_resources.contains_key(&g.resource))
             .map(|g| &g.model)
             .collect();
         generic.sort();
@@ -588,6 +591,22 @@ mod tests {
         );
         assert_eq!(units(&mig), [("mig-small", 4), ("mig-big", 1)]);
         assert_eq!(mig.model_label(&m), Ok(None));
+        // The same profiles, named by no declared model's resource (the fallback
+        // models): only a label could select them, and one cannot say both.
+        let undeclared = cfg(&[]);
+        let mig = node_inventory(
+            &facts(
+                &[
+                    ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
+                    ("nvidia.com/mig.strategy", "mixed"),
+                    ("nvidia.com/mig-1g.10gb.count", "4"),
+                    ("nvidia.com/mig-3g.40gb.count", "1"),
+                ],
+                &[("nvidia.com/mig-1g.10gb", 4), ("nvidia.com/mig-3g.40gb", 1)],
+            ),
+            &undeclared,
+        );
+        assert!(mig.model_label(&undeclared).is_err());
     }
 
     #[test]

@@ -198,12 +198,20 @@ async fn a_node_with_several_models_is_refused_with_an_event() {
             ("nvidia.com/mig-1g.5gb.memory", "4864"),
             ("nvidia.com/mig-3g.20gb.count", "1"),
             ("nvidia.com/mig-3g.20gb.memory", "19968"),
+            ("nvidia.com/mig-2g.10gb.count", "1"),
+            ("nvidia.com/mig-2g.10gb.memory", "9856"),
             ("gpu-booking.io/model", "a100"),
         ],
-        &[("nvidia.com/mig-1g.5gb", 3), ("nvidia.com/mig-3g.20gb", 1)],
+        &[
+            ("nvidia.com/mig-1g.5gb", 3),
+            ("nvidia.com/mig-3g.20gb", 1),
+            ("nvidia.com/mig-2g.10gb", 1),
+        ],
     );
     let c = h.start();
-    // The stale label goes: no single model describes the node.
+    // The stale label goes: mig-1g.5gb is reached through its own resource, but two
+    // profiles no declared model names (mig-2g.10gb, mig-3g.20gb by the fallback)
+    // could only be selected by the label, and one label cannot say both.
     h.wait(|s| {
         s.get::<Node>(None, "mixed")
             .and_then(|n| n.metadata.labels)
@@ -220,17 +228,59 @@ async fn a_node_with_several_models_is_refused_with_an_event() {
         })
     })
     .await;
-    // Its devices still count, per profile (the second by the mig-<profile> fallback),
-    // and its budget is advertised: 3 x (4864 - 512) + (19968 - 512).
+    // Its devices still count, per profile (the others by the mig-<profile> fallback),
+    // and its budget is advertised: 3 x (4864 - 512) + (19968 - 512) + (9856 - 512).
     h.wait_booking(|s| {
         s.usage
             .get("mig-1g.5gb")
             .is_some_and(|u| u.cards == Some(3))
     })
     .await;
-    h.wait(|s| says(s, "mixed", "32512")).await;
+    h.wait(|s| says(s, "mixed", "41856")).await;
     h.wait(|_| c.metrics.encode().contains("nodes_with_several_models 1"))
         .await;
+}
+
+/// A node whose models but one are reached through their own resources (seed 001,
+/// MIG's mixed strategy): the single model label names that one, and each model
+/// present has a label of its own; no Event refuses it.
+#[tokio::test(start_paused = true)]
+async fn a_node_of_resource_models_carries_a_label_per_model() {
+    let h = Harness::new();
+    gpu_node(
+        &h.server,
+        "mixed",
+        &[
+            ("nvidia.com/mig.strategy", "mixed"),
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"),
+            ("nvidia.com/mig-1g.5gb.count", "3"),
+            ("nvidia.com/mig-1g.5gb.memory", "4864"),
+            ("nvidia.com/mig-3g.20gb.count", "1"),
+            ("nvidia.com/mig-3g.20gb.memory", "19968"),
+        ],
+        &[("nvidia.com/mig-1g.5gb", 3), ("nvidia.com/mig-3g.20gb", 1)],
+    );
+    let c = h.start();
+    h.wait(|s| {
+        s.get::<Node>(None, "mixed")
+            .and_then(|n| n.metadata.labels)
+            .is_some_and(|l| {
+                l.get("gpu-booking.io/model").map(String::as_str) == Some("mig-3g.20gb")
+                    && l.get("model.gpu-booking.io/mig-1g.5gb").map(String::as_str) == Some("true")
+                    && l.get("model.gpu-booking.io/mig-3g.20gb")
+                        .map(String::as_str)
+                        == Some("true")
+            })
+    })
+    .await;
+    assert!(
+        c.metrics.encode().contains("nodes_with_several_models 0"),
+        "a usable node counted as refused"
+    );
+    assert!(!h.server.requests().iter().any(|r| r.plural == "events"
+        && r.body
+            .as_ref()
+            .is_some_and(|b| b.to_string().contains("SeveralGpuModels"))));
 }
 
 #[tokio::test(start_paused = true)]
