@@ -314,15 +314,20 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
     );
     let annotations = patched_pod.metadata.annotations.as_ref().unwrap();
     assert_eq!(annotations.get("terminate-at"), Some(&until));
+    // The a100 has its own resource: the pod asks for it and selects no node.
     let spec = patched_pod.spec.as_ref().unwrap();
     assert_eq!(
         spec.node_selector
             .as_ref()
-            .unwrap()
-            .get("gpu-booking.io/model")
-            .map(String::as_str),
-        Some("a100")
+            .and_then(|s| s.get("gpu-booking.io/model")),
+        None
     );
+    let limits = spec.containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .unwrap();
+    assert!(limits.contains_key("nvidia.com/a100") && !limits.contains_key("nvidia.com/gpu"));
     assert_eq!(
         spec.priority_class_name.as_deref(),
         Some("gpu-booking-high")

@@ -271,15 +271,8 @@ fn booked(model: &'static str, id: &'static str, mib: u64) -> Check {
             "terminate-at {:?}",
             annotation(pod, "terminate-at")
         );
+        placed_on(pod, model)?;
         let spec = pod.spec.as_ref().unwrap();
-        let selector = spec
-            .node_selector
-            .as_ref()
-            .and_then(|s| s.get("gpu-booking.io/model"));
-        ensure!(
-            selector.map(String::as_str) == Some(model),
-            "node selector {selector:?}"
-        );
         ensure!(
             spec.priority_class_name.as_deref() == Some("gpu-booking-high"),
             "class"
@@ -295,6 +288,42 @@ fn booked(model: &'static str, id: &'static str, mib: u64) -> Check {
         );
         budget(pod, mib)
     })
+}
+
+/// The models of [`cfg`] with a resource of their own: that resource, not a node.
+const OWN_RESOURCES: [(&str, &str); 2] = [
+    ("a100", "nvidia.com/a100"),
+    ("mig-1g.5gb", "nvidia.com/mig-1g.5gb"),
+];
+
+/// Where a booked or lent pod of `model` runs: a model with its own resource asks
+/// for it (no generic GPU left) and has no model node selector; any other is selected
+/// by the model's node label.
+fn placed_on(pod: &Pod, model: &str) -> Result<(), String> {
+    let selector = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_selector.as_ref())
+        .and_then(|s| s.get("gpu-booking.io/model"));
+    match OWN_RESOURCES.iter().find(|(m, _)| *m == model) {
+        Some((_, resource)) => {
+            ensure!(selector.is_none(), "node selector {selector:?}");
+            let asks = |key: &str| {
+                all_containers(pod).iter().any(|c| {
+                    ["requests", "limits"]
+                        .iter()
+                        .any(|s| quantity(c, s, key).is_some())
+                })
+            };
+            ensure!(asks(resource), "no request of {resource}");
+            ensure!(!asks("nvidia.com/gpu"), "a generic GPU request is left");
+        }
+        None => ensure!(
+            selector.map(String::as_str) == Some(model),
+            "node selector {selector:?}"
+        ),
+    }
+    Ok(())
 }
 
 fn low(model: &'static str, mib: u64) -> Check {
@@ -317,14 +346,7 @@ fn low(model: &'static str, mib: u64) -> Check {
             "class"
         );
         ensure!(spec.priority.is_none(), "stale priority kept");
-        let selector = spec
-            .node_selector
-            .as_ref()
-            .and_then(|s| s.get("gpu-booking.io/model"));
-        ensure!(
-            selector.map(String::as_str) == Some(model),
-            "node selector {selector:?}"
-        );
+        placed_on(pod, model)?;
         budget(pod, mib)
     })
 }
