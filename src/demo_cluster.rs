@@ -22,6 +22,10 @@ const NOTEBOOK_GRACE_SECONDS: i64 = 5;
 const IDLE_MINUTES: u32 = 2;
 /// ... and its warning before the reclaim (the agent's default is 5 minutes).
 const RECLAIM_WARNING_MINUTES: i64 = 1;
+/// The warning a lent notebook's user gets before its GPU is taken back for a booked
+/// user (the controller's default is 2 minutes): long enough to see the mark on the
+/// pod, short enough to watch the booked pod start.
+const PREEMPTION_GRACE_SECONDS: u64 = 10;
 
 /// The users of the demo's seeded notebooks, in spawn order: those lent the two a100s
 /// stay (the "stripped" sample finds both in use, and zoë, booked, takes one back when
@@ -81,6 +85,9 @@ pub fn builder(args: &DemoArgs) -> SimBuilder {
             cfg.reclaim_warning = chrono::TimeDelta::minutes(RECLAIM_WARNING_MINUTES);
         })
         .webhook_arg(format!("--model-resource=a100={}", A100_RESOURCE))
+        .controller(|args| {
+            args.preemption_grace = Duration::from_secs(PREEMPTION_GRACE_SECONDS);
+        })
 }
 
 /// Declares the lab's models (if the database has none) and starts the cluster, its

@@ -79,7 +79,8 @@ describe('demo user picker', () => {
     // The spawn form is filled with the signed-in user.
     assert.equal(await page.getByLabel('Notebook user', { exact: true }).inputValue(), 'zoë@uni.example');
     await page.getByRole('button', { name: 'Spawn a notebook as this user' }).click();
-    await a100.locator('.cl-unit.cl-booked', { hasText: 'zoë@uni.example' }).waitFor({ timeout: 30000 });
+    // The lent notebook that gives way is warned first (the demo's 10 s grace).
+    await a100.locator('.cl-unit.cl-booked', { hasText: 'zoë@uni.example' }).waitFor({ timeout: 60000 });
     await a100.locator('.cl-unit.cl-lent').waitFor({ timeout: 20000 });
     assert.equal(await a100.locator('.cl-unit.cl-lent').count(), 1, 'exactly one lent a100 gave way');
     page.assertClean();
