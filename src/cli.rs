@@ -32,6 +32,9 @@ pub enum Command {
     Controller(gpu_booking_controller::ControllerArgs),
     /// Run the node agent (DaemonSet): NVML sampling, idle GPU reclaim, VRAM watchdog.
     Agent(gpu_booking_agent::AgentArgs),
+    /// Remove the controller's node labels and VRAM budget resource from every node
+    /// (the chart's pre-delete hook Job).
+    CleanupNodes(gpu_booking_controller::cleanup::CleanupNodesArgs),
     /// The webhook's TLS: keep a self-signed CA and serving certificate (or get one
     /// from a Kubernetes signer) in Secrets and inject the CA bundle; or write dev
     /// certificates to a folder.
@@ -108,6 +111,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Webhook(args) => gpu_booking_webhook::run(args).await,
         Command::Controller(args) => gpu_booking_controller::run(args).await,
         Command::Agent(args) => gpu_booking_agent::run(args).await,
+        Command::CleanupNodes(args) => gpu_booking_controller::cleanup::main(args).await,
         Command::Certs(args) => gpu_booking_certs::run(args).await,
         Command::Bootstrap(args) => {
             let (user, ttl) = (args.service_user.clone(), args.service_token_ttl);

@@ -12,7 +12,10 @@
 //!
 //! - the HS256 JWT key (random);
 //! - the service token, an HS256 JWT with the `service` role minted with that key
-//!   (minted again only when the key itself is new, or the token is missing);
+//!   (minted again when the key itself is new, the token is missing, or it expires
+//!   within `--service-token-renew-before`: the chart runs this command on a schedule
+//!   too, so that the token is rotated well before it expires; the components re-read
+//!   it from its file when the Secret changes);
 //! - with `--database-host` (the embedded Postgres): its password (random) and the
 //!   URL the API connects with, derived from the password and the options, so that
 //!   changed options (port, user) give a matching URL on the next upgrade.
@@ -71,8 +74,12 @@ pub struct BootstrapArgs {
     pub service_user: String,
     /// Lifetime of the service token (ServiceAccount tokens are the way to avoid a
     /// long-lived one; see docs/deploy.md).
-    #[arg(long, env = "GPU_BOOKING_BOOTSTRAP_SERVICE_TOKEN_TTL", default_value = "3650days", value_parser = crate::config::parse_time_delta)]
+    #[arg(long, env = "GPU_BOOKING_BOOTSTRAP_SERVICE_TOKEN_TTL", default_value = "90days", value_parser = crate::config::parse_time_delta)]
     pub service_token_ttl: chrono::TimeDelta,
+    /// Mint the service token again when it expires within this (a token that is not
+    /// a JWT with an `exp`, e.g. one an operator put there, is kept as it is).
+    #[arg(long, env = "GPU_BOOKING_BOOTSTRAP_SERVICE_TOKEN_RENEW_BEFORE", default_value = "30days", value_parser = crate::config::parse_time_delta)]
+    pub service_token_renew_before: chrono::TimeDelta,
     // `--jwt-issuer`, `--jwt-audience`: the service token's `iss` and `aud`, where
     // the API requires them (the API's own options).
     #[command(flatten)]
@@ -247,6 +254,29 @@ pub fn plan(
     Ok(out)
 }
 
+/// Whether `token` is a JWT whose `exp` falls before `now + renew_before` (expired
+/// ones included). The payload is read, not verified: the key that signed it is ours,
+/// and a token we cannot read is not ours to rotate.
+pub fn token_due(
+    token: &[u8],
+    now: chrono::DateTime<chrono::Utc>,
+    renew_before: chrono::TimeDelta,
+) -> bool {
+    use base64::Engine as _;
+    let exp = std::str::from_utf8(token)
+        .ok()
+        .and_then(|t| t.trim().split('.').nth(1))
+        .and_then(|payload| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(payload.trim_end_matches('='))
+                .ok()
+        })
+        .and_then(|json| serde_json::from_slice::<serde_json::Value>(&json).ok())
+        .and_then(|claims| claims.get("exp").and_then(serde_json::Value::as_i64));
+    exp.and_then(|exp| chrono::DateTime::from_timestamp(exp, 0))
+        .is_some_and(|exp| exp < now + renew_before)
+}
+
 /// What [`run`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
@@ -266,13 +296,19 @@ pub async fn run(
     let api: Api<Secret> = Api::namespaced(client, namespace);
     let report = crate::retry_on_conflict(|| async {
         let current = api.get_opt(&args.secret).await?;
-        let existing: BTreeMap<String, Vec<u8>> = current
+        let mut existing: BTreeMap<String, Vec<u8>> = current
             .as_ref()
             .and_then(|s| s.data.clone())
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| (k, v.0))
             .collect();
+        // A token due for renewal is minted again as if it were missing.
+        if existing.get(&spec.service_token_key).is_some_and(|token| {
+            token_due(token, chrono::Utc::now(), args.service_token_renew_before)
+        }) {
+            existing.remove(&spec.service_token_key);
+        }
         let mut random = |n: usize| Alphanumeric.sample_string(&mut rand::rng(), n);
         let additions = plan(&existing, &spec, &mut random, mint)
             .map_err(|e| Error::Internal(format!("{e:#}")))?;
@@ -456,6 +492,35 @@ mod tests {
             !out.contains_key("postgres-password"),
             "the password is never re-rolled"
         );
+    }
+
+    #[test]
+    fn a_token_is_due_when_it_expires_within_the_renewal_window() {
+        use base64::Engine as _;
+        let now = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let jwt = |claims: serde_json::Value| {
+            let b64 = |v: &serde_json::Value| {
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+            };
+            format!(
+                "{}.{}.sig",
+                b64(&serde_json::json!({"alg": "HS256"})),
+                b64(&claims)
+            )
+        };
+        let days = chrono::TimeDelta::days;
+        let exp_in =
+            |d: i64| jwt(serde_json::json!({"sub": "svc", "exp": (now + days(d)).timestamp()}));
+        assert!(!token_due(exp_in(31).as_bytes(), now, days(30)));
+        assert!(token_due(exp_in(29).as_bytes(), now, days(30)));
+        assert!(token_due(exp_in(-1).as_bytes(), now, days(30)), "expired");
+        // Not ours to rotate: no JWT, no `exp`.
+        assert!(!token_due(b"an-operators-opaque-token", now, days(30)));
+        assert!(!token_due(
+            jwt(serde_json::json!({"sub": "svc"})).as_bytes(),
+            now,
+            days(30)
+        ));
     }
 
     #[test]

@@ -22,12 +22,14 @@
 //! [`intent`] (two-step actions recorded so that the next leader finishes them),
 //! [`hub`] (JupyterHub's API for `--on-expiry hub-restart`),
 //! [`inventory`] and [`victims`] (pure decisions), [`pods`] (what is kept of a pod),
-//! [`leader`], [`booking`], [`metrics`], [`clock`].
+//! [`leader`], [`booking`], [`metrics`], [`clock`]; [`cleanup`] (`gpu-booking
+//! cleanup-nodes`, what it wrote on nodes removed at uninstall).
 #![forbid(unsafe_code)]
 
 pub mod actions;
 pub mod booking;
 pub mod booking_units;
+pub mod cleanup;
 pub mod clock;
 pub mod config;
 pub mod event_loop;

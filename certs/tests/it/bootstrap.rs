@@ -157,3 +157,53 @@ async fn bad_options_are_refused_before_anything_is_written() {
     }
     assert_eq!(writes(&server), 0);
 }
+
+/// A service token as the bootstrap mints it: a JWT whose `exp` is `days` from now.
+fn token_expiring_in(days: i64) -> String {
+    use base64::Engine as _;
+    let b64 = |v: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let exp = (chrono::Utc::now() + chrono::TimeDelta::days(days)).timestamp();
+    format!(
+        "{}.{}.signature",
+        b64(serde_json::json!({"alg": "HS256", "typ": "JWT"})),
+        b64(serde_json::json!({"sub": "gpu-booking-service", "role": "service", "exp": exp}))
+    )
+}
+
+/// The scheduled run (the chart's rotation CronJob): a service token that expires
+/// within `--service-token-renew-before` is minted again with the same key; one that
+/// does not, and every other value, stay as they are.
+#[tokio::test]
+async fn a_service_token_near_its_end_is_minted_again_and_nothing_else() {
+    for (days, renewed) in [(10, true), (60, false), (-1, true)] {
+        let server = FakeApiServer::new();
+        let args = args(&["--service-token-renew-before", "30days"]);
+        bootstrap::run(server.client(), NS, &args, &mint)
+            .await
+            .unwrap();
+        let mut secret: Secret = server.get(Some(NS), SECRET).unwrap();
+        let old = token_expiring_in(days);
+        secret
+            .data
+            .as_mut()
+            .unwrap()
+            .insert("service-token".into(), ByteString(old.clone().into_bytes()));
+        server.put_value("secrets", serde_json::to_value(&secret).unwrap());
+        let before = data(&server);
+
+        let report = bootstrap::run(server.client(), NS, &args, &mint)
+            .await
+            .unwrap();
+        let after = data(&server);
+        assert_eq!(after["jwt-secret"], before["jwt-secret"], "the key stays");
+        if renewed {
+            assert_eq!(report.written, ["service-token"], "{days} days left");
+            assert_eq!(after["service-token"], "minted-with-64");
+        } else {
+            assert!(report.written.is_empty(), "{days} days left: {report:?}");
+            assert_eq!(after["service-token"], old);
+        }
+    }
+}
