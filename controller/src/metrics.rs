@@ -96,6 +96,10 @@ pub struct Metrics {
     /// Booked pods Pending with no pod that may give way, by model and who holds
     /// the cards.
     pub booked_pods_waiting: Family<WaitingLabel, Gauge>,
+    /// Lent pods the scheduler cannot place for want of a GPU (each is recreated
+    /// CPU-only after `--lent-pending-grace`; many, or for long, means the webhook
+    /// lends GPUs that are not free).
+    pub lent_pods_pending: Gauge,
     /// How far the booking change stream lagged the booking database at its last
     /// answer: a long transaction there holds back every booking change made after
     /// it began, so cancellations and moves reach pods that much later. NaN before
@@ -152,6 +156,11 @@ impl Metrics {
                 "booked_pods_waiting",
                 "Booked pods Pending with no pod that may give way, by model and the namespaces whose pods hold the cards",
                 Family::default(),
+            ),
+            lent_pods_pending: r.add(
+                "lent_pods_pending",
+                "Lent pods the scheduler cannot place for want of a GPU (each recreated CPU-only after --lent-pending-grace)",
+                Gauge::default(),
             ),
             booking_changes_behind: r.add_with_unit(
                 "booking_changes_behind",

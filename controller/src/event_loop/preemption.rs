@@ -110,12 +110,22 @@ impl Preemption {
         } else {
             self.pending_lent.remove(uid);
         }
+        self.publish_lent();
+    }
+
+    fn publish_lent(&self) {
+        self.ctx
+            .metrics
+            .lent_pods_pending
+            .set(self.pending_lent.len() as i64);
     }
 
     /// A pod went.
     pub(super) fn forget(&mut self, uid: &str) {
         self.pending.remove(uid);
-        self.pending_lent.remove(uid);
+        if self.pending_lent.remove(uid).is_some() {
+            self.publish_lent();
+        }
         if self.pending_gpumem.remove(uid) {
             self.publish_gpumem();
         }

@@ -898,3 +898,48 @@ async fn a_new_leader_honours_a_recorded_deadline() {
     assert!(h.now() < deadline + TimeDelta::seconds(30), "a grace later");
     assert_eq!(h.deletes(), 1);
 }
+
+/// Lent pods the scheduler cannot place for want of a GPU are a gauge (the alert on
+/// the webhook lending GPUs that are not free reads it), whatever else waits.
+#[tokio::test(start_paused = true)]
+async fn lent_pods_pending_on_gpu_are_counted() {
+    let mut h = Harness::new();
+    // Long enough that nothing is recreated while the test looks.
+    h.args.lent_pending_grace = Duration::from_secs(3600);
+    node(
+        &h.server,
+        "a100-node",
+        Some("A100-PCIE-40GB"),
+        &[("nvidia.com/gpu", 1)],
+    );
+    let mut lent = pod("lent")
+        .gpu(1)
+        .low_priority("a100")
+        .pending_unschedulable();
+    lent.0["status"]["conditions"][0]["message"] =
+        json!("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.");
+    lent.put(&h.server);
+    // Pending for another reason, and a booked pod waiting: neither counts.
+    pod("elsewhere")
+        .gpu(1)
+        .low_priority("a100")
+        .pending_unschedulable()
+        .put(&h.server);
+    pod("jupyter-bob")
+        .gpu(1)
+        .booked_pending("a100")
+        .put(&h.server);
+    let c = h.start();
+    h.wait(|_| c.metrics.lent_pods_pending.get() == 1).await;
+    h.run_for(Duration::from_secs(60)).await;
+    assert_eq!(c.metrics.lent_pods_pending.get(), 1);
+    assert!(
+        c.metrics
+            .encode()
+            .contains("gpu_booking_controller_lent_pods_pending 1"),
+        "the gauge's name"
+    );
+    h.server
+        .remove::<k8s_openapi::api::core::v1::Pod>(Some(NS), "lent");
+    h.wait(|_| c.metrics.lent_pods_pending.get() == 0).await;
+}
