@@ -1,5 +1,6 @@
 //! Prometheus metrics of the API (`gpu_booking_api_*`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -12,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
+use gpu_booking_core::usage::DEFAULT_IDLE_AFTER;
 use gpu_booking_process::access::Access;
 use gpu_booking_process::metrics::ComponentRegistry;
 
@@ -64,6 +66,9 @@ pub struct StateGauges {
     pub booked: Family<ModelLabel, Gauge>,
     /// Units in use beyond those booked now: lent to unbooked pods.
     pub lent: Family<ModelLabel, Gauge>,
+    /// Running bookings that no pod has held a GPU for since they started, started
+    /// at least [`DEFAULT_IDLE_AFTER`] ago: no-shows, as the usage report counts them.
+    pub no_shows: Family<ModelLabel, Gauge>,
     /// Failed reads of the booking state (the gauges keep their last values).
     pub refresh_errors: Counter,
 }
@@ -132,6 +137,11 @@ impl Default for Metrics {
                     "Units of each model in use beyond those booked now (lent to unbooked pods)",
                     Family::default(),
                 ),
+                no_shows: r.add(
+                    "bookings_no_show",
+                    "Running bookings of each model that no pod has held a GPU for, started at least 4 hours ago (no-shows)",
+                    Family::default(),
+                ),
                 refresh_errors: r.add(
                     "state_refresh_errors",
                     "Failed reads of the booking state for the gauges above",
@@ -183,6 +193,19 @@ impl Metrics {
         .map(|m| (m.name, m.units, m.in_use, m.booked))
         .fetch_all(db)
         .await?;
+        let no_shows: HashMap<String, i64> = sqlx::query!(
+            r#"SELECT b.model, count(*) AS "count!" FROM booking b
+             WHERE b.cancelled_at IS NULL AND b.start_at <= $2 AND b.end_at > $1
+               AND NOT EXISTS (SELECT 1 FROM booking_use u WHERE u.booking_id = b.id AND u.kind = 'held')
+             GROUP BY b.model"#,
+            now,
+            now - DEFAULT_IDLE_AFTER
+        )
+        .map(|r| (r.model, r.count))
+        .fetch_all(db)
+        .await?
+        .into_iter()
+        .collect();
         let s = &self.state;
         s.bookings
             .get_or_create(&StatusLabel { status: "active" })
@@ -191,7 +214,7 @@ impl Metrics {
             .get_or_create(&StatusLabel { status: "planned" })
             .set(planned);
         // A model deleted since the last scrape loses its series.
-        for family in [&s.units, &s.free, &s.booked, &s.lent] {
+        for family in [&s.units, &s.free, &s.booked, &s.lent, &s.no_shows] {
             family.clear();
         }
         for (model, units, in_use, booked) in models {
@@ -201,6 +224,9 @@ impl Metrics {
             s.free.get_or_create(&label).set((units - in_use).max(0));
             s.booked.get_or_create(&label).set(booked);
             s.lent.get_or_create(&label).set((in_use - booked).max(0));
+            s.no_shows
+                .get_or_create(&label)
+                .set(no_shows.get(&label.model).copied().unwrap_or(0));
         }
         Ok(())
     }

@@ -34,6 +34,11 @@ pub fn activity_moved(
     })
 }
 
+/// How long a running booking may go without GPU activity before it counts as idle,
+/// and one no pod ever held as a no-show: the usage report's default and the API's
+/// no-show gauge.
+pub const DEFAULT_IDLE_AFTER: TimeDelta = TimeDelta::hours(4);
+
 /// What became of a booking, as the usage report names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Datelike, TimeDelta, Utc};
-use gpu_booking_core::usage::{csv_field, csv_record, Use, UseStatus};
+use gpu_booking_core::usage::{csv_field, csv_record, Use, UseStatus, DEFAULT_IDLE_AFTER};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -164,7 +164,7 @@ pub async fn get(
             "a report covers at most {MAX_PERIOD_DAYS} days"
         )));
     }
-    let idle_hours = q.idle_hours.unwrap_or(4);
+    let idle_hours = q.idle_hours.unwrap_or(DEFAULT_IDLE_AFTER.num_hours());
     if !(1..=MAX_IDLE_HOURS).contains(&idle_hours) {
         return Err(ApiError::Invalid(
             "idle_hours must be between 1 and 336".into(),

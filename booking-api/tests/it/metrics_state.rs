@@ -157,3 +157,54 @@ async fn bookings_and_units_per_model_are_gauges(pool: PgPool) {
         Some(verdict) => verdict.expect("promtool check metrics"),
     }
 }
+
+/// Running bookings no pod has held a GPU for, from 4 hours after their start (the
+/// usage report's no-shows), per model: the no-show alert reads the gauge.
+#[sqlx::test(migrations = "../migrations")]
+async fn no_shows_per_model_are_a_gauge(pool: PgPool) {
+    let clock = Arc::new(ManualClock::new(t0()));
+    let app = gpu_booking_api::app::router(test_state(
+        pool.clone(),
+        Policy::default(),
+        clock.clone(),
+        SECRET,
+    ));
+    for model in ["a100", "t4"] {
+        let uri = format!("/api/v1/models/{model}");
+        call(
+            &app,
+            Method::PUT,
+            &uri,
+            "root@lab",
+            Some("admin"),
+            json!({"units": 2}),
+        )
+        .await;
+    }
+    let start = t0() + TimeDelta::days(1);
+    for who in ["alice", "bob"] {
+        let body = json!({"model": "a100", "start": start, "end": start + TimeDelta::days(2)});
+        call(&app, Method::POST, "/api/v1/bookings", who, None, body).await;
+    }
+    // Started, but not yet 4 hours ago: not a no-show yet.
+    clock.set(start + TimeDelta::hours(3));
+    let (_, text) = scrape(&app, None).await;
+    has(&text, "gpu_booking_api_bookings_no_show{model=\"a100\"} 0");
+    // Bob's pod held a GPU once; Alice's never did.
+    sqlx::query(
+        "INSERT INTO booking_use (booking_id, kind, units, since, until)
+         SELECT id, 'held', 1, $1, $1 + interval '1 minute' FROM booking WHERE user_name = 'bob'",
+    )
+    .bind(start + TimeDelta::minutes(10))
+    .execute(&pool)
+    .await
+    .unwrap();
+    clock.set(start + TimeDelta::hours(4));
+    let (_, text) = scrape(&app, None).await;
+    has(&text, "gpu_booking_api_bookings_no_show{model=\"a100\"} 1");
+    has(&text, "gpu_booking_api_bookings_no_show{model=\"t4\"} 0");
+    // Ended: no longer running, no longer in the gauge (the report keeps it).
+    clock.set(start + TimeDelta::days(2));
+    let (_, text) = scrape(&app, None).await;
+    has(&text, "gpu_booking_api_bookings_no_show{model=\"a100\"} 0");
+}
