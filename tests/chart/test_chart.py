@@ -139,7 +139,7 @@ def test_the_agent_is_off_by_default_and_its_exceptions_are_explicit():
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_only_pods_that_call_the_kubernetes_api_get_a_token(scenario):
-    callers = {"controller", "agent", "certs", "bootstrap"}
+    callers = {"controller", "agent", "certs", "bootstrap", "cleanup-nodes"}
     values = yaml.safe_load(SCENARIOS[scenario][0].read_text()) if SCENARIOS[scenario] else {}
     if values.get("auth", {}).get("serviceAccountTokens", {}).get("enabled", True):
         callers.add("api")  # TokenReviews
@@ -480,7 +480,7 @@ def certs_jobs(scenario):
 def test_certs_jobs_run_before_and_after_install_and_daily(scenario, mode):
     jobs = {o["metadata"]["annotations"]["helm.sh/hook"]: o for o in certs_jobs(scenario)}
     assert set(jobs) == {"pre-install,pre-upgrade", "post-install,post-upgrade"}
-    cron = one(scenario, "CronJob")
+    cron = one(scenario, "CronJob", "-certs")
     for hook, obj in list(jobs.items()) + [("cron", cron)]:
         (c,) = pod_spec(obj)["containers"]
         assert c["args"] == ["certs", mode]
@@ -524,17 +524,17 @@ def test_csr_mode_ca_bundle():
     pem = yaml.safe_load((render.VALUES / "tls-csr-ca-bundle.yaml").read_text())["tls"]["csr"]["caBundle"]
     w = mwc("tls-csr-ca-bundle")
     assert base64.b64decode(w["clientConfig"]["caBundle"]).decode() == pem
-    env = env_of(pod_spec(one("tls-csr-ca-bundle", "CronJob"))["containers"][0])
+    env = env_of(pod_spec(one("tls-csr-ca-bundle", "CronJob", "-certs"))["containers"][0])
     assert env["GPU_BOOKING_CERTS_CA_BUNDLE"]["value"] == pem
     assert env["GPU_BOOKING_CERTS_APPROVE"]["value"] == "false"
-    env = env_of(pod_spec(one("tls-csr", "CronJob"))["containers"][0])
+    env = env_of(pod_spec(one("tls-csr", "CronJob", "-certs"))["containers"][0])
     assert env["GPU_BOOKING_CERTS_CA_BUNDLE_FILE"]["value"].endswith("serviceaccount/ca.crt")
     assert env["GPU_BOOKING_CERTS_SIGNER_NAME"]["value"] == "example.com/webhook-serving"
 
 
 @pytest.mark.parametrize("scenario", ["tls-cert-manager", "tls-cert-manager-issuer"])
 def test_cert_manager_mode(scenario):
-    assert certs_jobs(scenario) == [] and objects(scenario, "CronJob") == []
+    assert certs_jobs(scenario) == [] and [o for o in objects(scenario, "CronJob") if component(o) == "certs"] == []
     config = one(scenario, "MutatingWebhookConfiguration")
     cert = one(scenario, "Certificate", "-webhook")
     ns = render.NAMESPACE
@@ -719,8 +719,8 @@ def test_the_binary_accepts_every_rendered_option(scenario):
     checked = set()
     for obj, spec in pods(scenario):
         for c in containers(spec):
-            if "args" not in c:
-                continue  # not our binary (the embedded Postgres)
+            if "args" not in c or "command" in c:
+                continue  # not our binary (the embedded Postgres, its backup)
             try:
                 result = subprocess.run([binary, *c["args"]], env=resolved_env(c), capture_output=True, text=True, timeout=3)
             except subprocess.TimeoutExpired:

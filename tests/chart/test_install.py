@@ -207,11 +207,11 @@ def test_an_external_database_comes_from_a_named_secret():
     assert "GPU_BOOKING_BOOTSTRAP_DATABASE_HOST" not in env_of(pod_spec(job)["containers"][0])
 
 
-def test_with_network_policies_only_the_api_and_migrations_reach_postgres():
+def test_with_network_policies_only_the_api_migrations_and_backups_reach_postgres():
     (policy,) = [p for p in objects("everything", "NetworkPolicy") if p["metadata"]["name"] == "gpu-booking-postgres"]
     (rule,) = policy["spec"]["ingress"]
     assert rule["ports"] == [{"port": "postgres", "protocol": "TCP"}]
-    assert {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]} == {"api", "migrate"}
+    assert {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]} == {"api", "migrate", "backup"}
 
 
 def test_models_declared_in_values_reach_the_api_and_roll_it_when_changed():

@@ -266,11 +266,11 @@ def test_every_connection_is_admitted_in_every_scenario(scenario):
     assert refused == []
 
 
-def test_postgres_only_from_the_api_and_the_migration_job(full):
+def test_postgres_only_from_the_api_the_migration_job_and_the_backup(full):
     spec = by_name(full)["gpu-booking-postgres"]["spec"]
     (rule,) = spec["ingress"]
     assert rule["ports"] == [{"port": "postgres", "protocol": "TCP"}]
-    assert [p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]] == ["api", "migrate"]
+    assert [p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]] == ["api", "migrate", "backup"]
     # Same namespace, this release only: no namespaceSelector, the instance label.
     assert all(set(p) == {"podSelector"} for p in rule["from"])
     assert all(p["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == render.RELEASE for p in rule["from"])
@@ -278,7 +278,7 @@ def test_postgres_only_from_the_api_and_the_migration_job(full):
     port = port_named(postgres, "postgres")
     policies = policies_of(full)
     admitted = {p["name"] for p in pods(full) if admits(policies, p, postgres, port)}
-    assert admitted == {"gpu-booking-api", "gpu-booking-migrate"}
+    assert admitted == {"gpu-booking-api", "gpu-booking-migrate", "gpu-booking-backup"}
     for outsider in (PROMETHEUS, INGRESS_NGINX, NOTEBOOK, API_SERVER):
         assert not admits(policies, outsider, postgres, port), outsider
 

@@ -29,8 +29,8 @@ def test_every_name_fits_for_every_release_name_helm_accepts(release):
     """Helm accepts release names of up to 53 characters; the CronJob's name must fit
     52 (its Jobs append 11), and every object's name 253 (63 for Services and labels)."""
     rendered = render.render(release=release)
-    (cron,) = kinds(rendered, "CronJob")
-    assert len(cron["metadata"]["name"]) <= 52, cron["metadata"]["name"]
+    for cron in kinds(rendered, "CronJob"):
+        assert len(cron["metadata"]["name"]) <= 52, cron["metadata"]["name"]
     for o in rendered:
         name = o["metadata"]["name"]
         limit = 63 if o["kind"] in ("Service", "Job", "StatefulSet") else 253
@@ -172,8 +172,10 @@ def test_the_agent_may_change_only_its_annotation_on_a_pod():
     import json
     import test_chart
     celpy = pytest.importorskip("celpy")
-    (policy,) = test_chart.objects("everything", "ValidatingAdmissionPolicy")
-    (binding,) = test_chart.objects("everything", "ValidatingAdmissionPolicyBinding")
+    (policy,) = [o for o in test_chart.objects("everything", "ValidatingAdmissionPolicy")
+                 if o["metadata"]["name"].endswith("-agent-pod-patch")]
+    (binding,) = [o for o in test_chart.objects("everything", "ValidatingAdmissionPolicyBinding")
+                  if o["metadata"]["name"] == policy["metadata"]["name"]]
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     assert policy["spec"]["matchConditions"][0]["expression"] == \
         "request.userInfo.username == 'system:serviceaccount:gpu-booking:gpu-booking-agent'"

@@ -6,6 +6,7 @@ mod common;
 mod demo_newcomer;
 mod e2e_agent;
 mod e2e_booking_end;
+mod e2e_controller_bounds;
 mod e2e_crash;
 mod e2e_forged;
 mod e2e_hub;

@@ -51,6 +51,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpu-booking.webhookName" -}}{{ include "gpu-booking.fullname" . }}-webhook{{- end }}
 {{- define "gpu-booking.controllerName" -}}{{ include "gpu-booking.fullname" . }}-controller{{- end }}
 {{- define "gpu-booking.agentName" -}}{{ include "gpu-booking.fullname" . }}-agent{{- end }}
+{{/* Names of Jobs and CronJobs, cut to fit: a Job's name is a label value (63
+characters), a CronJob's 52 (its Jobs add 11). */}}
+{{- define "gpu-booking.cleanupNodesName" -}}{{ include "gpu-booking.fullname" . | trunc 49 | trimSuffix "-" }}-cleanup-nodes{{- end }}
+{{- define "gpu-booking.backupName" -}}{{ include "gpu-booking.fullname" . | trunc 45 | trimSuffix "-" }}-backup{{- end }}
+{{- define "gpu-booking.tokenRotationName" -}}{{ include "gpu-booking.fullname" . | trunc 46 | trimSuffix "-" }}-token{{- end }}
 {{/* The CronJob's name must fit Kubernetes' 52 characters (its Jobs add 11): the
 prefix is cut to 46 for this name only, so no other name changes. */}}
 {{- define "gpu-booking.certsName" -}}{{ include "gpu-booking.fullname" . | trunc 46 | trimSuffix "-" }}-certs{{- end }}
@@ -170,9 +175,18 @@ controller and the agent (core::admission::PriorityClassArgs): the webhook gives
 the controller and the agent believe a pod booked only with the high one. */}}
 {{- define "gpu-booking.priorityClassEnv" -}}
 - name: GPU_BOOKING_HIGH_PRIORITY_CLASS
-  value: {{ .Values.priorityClasses.high.name | quote }}
+  value: {{ include "gpu-booking.priorityClassName" (list . "high") | quote }}
 - name: GPU_BOOKING_LOW_PRIORITY_CLASS
-  value: {{ .Values.priorityClasses.low.name | quote }}
+  value: {{ include "gpu-booking.priorityClassName" (list . "low") | quote }}
+{{- end }}
+
+{{/* The name of our PriorityClass "high" or "low", called with (list $ "high"):
+priorityClasses.<class>.name, else `<fullname>-<class>`. PriorityClasses are
+cluster-wide: a name of its own per release lets two releases live in one cluster. */}}
+{{- define "gpu-booking.priorityClassName" -}}
+{{- $ctx := index . 0 }}
+{{- $class := index . 1 }}
+{{- (index $ctx.Values.priorityClasses $class).name | default (printf "%s-%s" (include "gpu-booking.fullname" $ctx) $class) }}
 {{- end }}
 
 {{/* The admission options, the same variables and values in the webhook and the
