@@ -6,6 +6,7 @@
 mod archive;
 mod audit_roundtrip;
 mod authz;
+mod backup_restore;
 mod bad_input;
 mod bench_rate_search;
 mod changes;
