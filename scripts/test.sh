@@ -40,6 +40,13 @@ if ./scripts/oidc-test.sh --install; then
 fi
 took "OIDC provider installed"
 
+# A real JupyterHub (PyPI) for the tests that put the hub in the loop ("Sign in with
+# JupyterHub"), installed under target/jupyterhub on first use.
+if ./scripts/jupyterhub-tools.sh; then
+  export GPU_BOOKING_REQUIRE_JUPYTERHUB=1
+fi
+took "JupyterHub installed"
+
 started="$(date -u +'%Y-%m-%d %H:%M:%S+00')"
 cargo test --workspace
 took "cargo test --workspace"

@@ -87,6 +87,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             ..PolicyArgs::default()
         },
         oidc: OidcArgs::default(),
+        hub_login: Default::default(),
         names: Default::default(),
         waitlist_sweep: TimeDelta::minutes(1),
         limits: Default::default(),

@@ -7,6 +7,8 @@
   const TOKEN_KEY = 'gpu-booking-token';
   const MODE_KEY = 'gpu-booking-mode';
   const OIDC_KEY = 'gpu-booking-oidc-pending';
+  // Where a JupyterHub sign-in returns to (the view it was started from).
+  const BACK_KEY = 'gpu-booking-signin-back';
   const DAY_MS = 86400000;
 
   // ---------------------------------------------------------------- words
@@ -887,10 +889,20 @@
     $('ac-override').addEventListener('change', syncOverride);
     window.addEventListener('hashchange', route);
     window.setInterval(tick, 30000);
+    // The sign-in view shows the ways this server has: one button on a production
+    // install, the token box folded away behind it (scripts and admins); the proxy's
+    // explanation only where nothing else is set up.
     const cfg = oidcConfig();
+    const hub = hubLoginPath();
+    $('hub-signin').hidden = !hub;
+    $('oidc-signin').hidden = !cfg;
+    $('proxy-signin').hidden = Boolean(hub || cfg);
+    $('token-signin').open = !(hub || cfg);
+    if (hub) {
+      $('hub-login').setAttribute('href', hub);
+      $('hub-login').addEventListener('click', () => sessionStorage.setItem(BACK_KEY, location.hash));
+    }
     if (cfg) {
-      $('oidc-off').hidden = true;
-      $('oidc-on').hidden = false;
       $('oidc-issuer').textContent = cfg.issuer;
       $('oidc-login').addEventListener('click', async () => {
         try {
@@ -902,6 +914,24 @@
         }
       });
     }
+  }
+
+  // The JupyterHub sign-in's start, where the server has it set up.
+  function hubLoginPath() {
+    const m = document.querySelector('meta[name="gpu-booking-hub-login"]');
+    const path = m ? m.getAttribute('content') : '';
+    return path && path.startsWith('/') ? path : null;
+  }
+
+  // A finished JupyterHub sign-in lands on the page with its token (or its problem)
+  // in the fragment, which no server sees; it leaves the address bar at once.
+  function hubCallback() {
+    const h = new URLSearchParams(location.hash.slice(1));
+    if (!h.has('hub-token') && !h.has('signin-error')) return null;
+    const back = sessionStorage.getItem(BACK_KEY) || '';
+    sessionStorage.removeItem(BACK_KEY);
+    history.replaceState(null, '', location.pathname + location.search + back);
+    return h.has('hub-token') ? { token: h.get('hub-token') } : { problem: h.get('signin-error') };
   }
 
   async function start() {
@@ -920,12 +950,33 @@
         await signInWithToken(token, 'oidc');
         return;
       }
+      const fromHub = hubCallback();
+      if (fromHub && fromHub.problem) {
+        signedOut('Signing in with JupyterHub failed: ' + fromHub.problem);
+        return;
+      }
+      if (fromHub) {
+        try {
+          await signInWithToken(fromHub.token, 'hub');
+        } catch (e) {
+          signedOut('Signing in with JupyterHub failed: ' + e.message);
+        }
+        return;
+      }
       const saved = sessionStorage.getItem(TOKEN_KEY);
       if (saved) {
         try {
           await signInWithToken(saved, sessionStorage.getItem(MODE_KEY) || 'token');
           return;
         } catch (e) {
+          if (e.status === 401 && sessionStorage.getItem(MODE_KEY) === 'hub' && hubLoginPath()) {
+            // The page's token from the hub lasts hours; the hub's own session
+            // usually longer, so going through it again asks nothing.
+            sessionStorage.removeItem(TOKEN_KEY);
+            sessionStorage.setItem(BACK_KEY, location.hash);
+            location.assign(hubLoginPath());
+            return;
+          }
           if (e.status === 401) { signedOut('Your sign-in was refused or has expired (' + e.message + '). Sign in again.'); return; }
           throw e;
         }

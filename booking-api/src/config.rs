@@ -26,6 +26,9 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub oidc: OidcArgs,
 
+    #[command(flatten)]
+    pub hub_login: HubLoginArgs,
+
     // `--case-sensitive-names`: shared with the webhook, which must agree.
     #[command(flatten)]
     pub names: gpu_booking_core::username::NameCaseArgs,
@@ -220,6 +223,69 @@ impl Default for OidcArgs {
             oidc_client_id: None,
             oidc_scope: "openid email profile".into(),
             oidc_token: OidcToken::AccessToken,
+        }
+    }
+}
+
+/// The booking page's "Sign in with JupyterHub" (`crate::hub_login`): the page as an
+/// OAuth client of the lab's hub, registered there as a service (docs/deploy.md,
+/// "Sign in with JupyterHub"). Needs `--page-url` and the HS256 secret.
+#[derive(Debug, Clone, Args)]
+pub struct HubLoginArgs {
+    /// The hub's address as users' browsers reach it, with its base URL (e.g.
+    /// https://jupyter.lab.example/). Unset: the page offers no JupyterHub sign-in.
+    #[arg(long, env = "GPU_BOOKING_HUB_LOGIN_URL")]
+    pub hub_login_url: Option<String>,
+
+    /// The hub's REST API as this service reaches it (e.g.
+    /// http://hub.jhub.svc:8081/hub/api). Default: `<hub-login-url>hub/api`.
+    #[arg(long, env = "GPU_BOOKING_HUB_LOGIN_API_URL")]
+    pub hub_login_api_url: Option<String>,
+
+    /// The OAuth client id of the hub's service entry (`service-<its name>`).
+    #[arg(
+        long,
+        env = "GPU_BOOKING_HUB_LOGIN_CLIENT_ID",
+        default_value = "service-gpu-booking"
+    )]
+    pub hub_login_client_id: String,
+
+    /// The service's `api_token` in the hub, which JupyterHub takes as its OAuth
+    /// client secret. Prefer --hub-login-secret-file.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_HUB_LOGIN_SECRET",
+        hide_env_values = true,
+        conflicts_with = "hub_login_secret_file"
+    )]
+    pub hub_login_secret: Option<String>,
+
+    /// File holding that secret (a mounted Secret); surrounding whitespace ignored.
+    #[arg(long, env = "GPU_BOOKING_HUB_LOGIN_SECRET_FILE")]
+    pub hub_login_secret_file: Option<PathBuf>,
+
+    /// Members of this hub group are admins of the booking service. Unset: nobody
+    /// becomes an admin by signing in through the hub (a hub admin neither).
+    #[arg(long, env = "GPU_BOOKING_HUB_LOGIN_ADMIN_GROUP")]
+    pub hub_login_admin_group: Option<String>,
+
+    /// How long the page's token from a hub sign-in lasts (at most
+    /// --max-token-lifetime); the page then sends the user through the hub again,
+    /// which asks nothing while the hub's own session lasts.
+    #[arg(long, env = "GPU_BOOKING_HUB_LOGIN_LIFETIME", default_value = "8h", value_parser = gpu_booking_process::duration::parse_duration)]
+    pub hub_login_lifetime: std::time::Duration,
+}
+
+impl Default for HubLoginArgs {
+    fn default() -> Self {
+        Self {
+            hub_login_url: None,
+            hub_login_api_url: None,
+            hub_login_client_id: "service-gpu-booking".into(),
+            hub_login_secret: None,
+            hub_login_secret_file: None,
+            hub_login_admin_group: None,
+            hub_login_lifetime: std::time::Duration::from_secs(8 * 3600),
         }
     }
 }

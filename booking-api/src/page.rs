@@ -2,8 +2,9 @@
 //! fetched at run time. The page only calls the REST API.
 //!
 //! `index.html` is the one asset with server settings in it: the OIDC login's
-//! issuer, client id, scope and token kind, written into its `<meta>` tags once at
-//! start-up (HTML-escaped: they come from flags, but a page must never trust them).
+//! issuer, client id, scope and token kind, and whether JupyterHub sign-in is set up
+//! (`crate::hub_login`), written into its `<meta>` tags once at start-up
+//! (HTML-escaped: they come from flags, but a page must never trust them).
 
 use std::sync::Arc;
 
@@ -42,6 +43,7 @@ const FAVICON_SVG: &str = include_str!("../assets/favicon.svg");
 #[derive(Debug, Clone)]
 pub struct Page {
     index_html: Arc<str>,
+    hub_login: Option<Arc<crate::hub_login::HubLogin>>,
 }
 
 impl Page {
@@ -54,11 +56,25 @@ impl Page {
         ];
         let mut html = INDEX_HTML.to_owned();
         for (name, value) in metas {
-            html = fill_meta(&html, name, value);
+            html = fill_meta(&html, &format!("oidc-{name}"), value);
         }
         Self {
             index_html: html.into(),
+            hub_login: None,
         }
+    }
+
+    /// The page with its "Sign in with JupyterHub" button and routes.
+    pub fn with_hub_login(self, hub_login: crate::hub_login::HubLogin) -> Self {
+        Self {
+            index_html: fill_meta(&self.index_html, "hub-login", crate::hub_login::START_PATH)
+                .into(),
+            hub_login: Some(Arc::new(hub_login)),
+        }
+    }
+
+    pub fn hub_login(&self) -> Option<Arc<crate::hub_login::HubLogin>> {
+        self.hub_login.clone()
     }
 }
 
@@ -68,9 +84,9 @@ impl Default for Page {
     }
 }
 
-/// Sets the content of `<meta name="gpu-booking-oidc-NAME" content="...">`.
+/// Sets the content of `<meta name="gpu-booking-NAME" content="...">`.
 fn fill_meta(html: &str, name: &str, value: &str) -> String {
-    let prefix = format!("<meta name=\"gpu-booking-oidc-{name}\" content=\"");
+    let prefix = format!("<meta name=\"gpu-booking-{name}\" content=\"");
     let Some(start) = html.find(&prefix).map(|i| i + prefix.len()) else {
         // The template is ours and a unit test pins every tag; never reached.
         return html.to_owned();
@@ -112,6 +128,7 @@ where
         )
     });
     scripts
+        .merge(crate::hub_login::routes())
         .route(
             "/",
             get(|State(page): State<Page>| async move {

@@ -136,6 +136,21 @@ pub fn hs256_secret(args: &JwtSecretArgs) -> anyhow::Result<Option<Vec<u8>>> {
     Ok(secret)
 }
 
+/// The page's JupyterHub sign-in, if `--hub-login-url` sets it up.
+pub fn hub_login(args: &ApiArgs) -> anyhow::Result<Option<crate::hub_login::HubLogin>> {
+    let secret = hs256_secret(&args.auth.secret)?;
+    crate::hub_login::HubLogin::from_args(
+        &args.hub_login,
+        crate::hub_login::HubLoginContext {
+            hs256_secret: secret.as_deref(),
+            page_url: args.notices.page_url.as_deref(),
+            claims: &args.auth.claims,
+            max_token_lifetime: args.auth.max_token_lifetime,
+            names: args.names.name_case(),
+        },
+    )
+}
+
 pub fn authenticator(auth: &AuthArgs) -> anyhow::Result<Authenticator> {
     Authenticator::from_args(auth, hs256_secret(&auth.secret)?.as_deref())
 }
@@ -206,6 +221,8 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
             args.auth.service_account.iter().cloned().collect(),
         ));
     }
+    // Checked before anything starts: incomplete settings name the option to set.
+    let hub_login = hub_login(&args)?;
     // Read first: a bad models file stops the start before anything is written.
     let declared = match &args.models.models_file {
         Some(path) => Some(crate::declared::read(path)?),
@@ -229,7 +246,10 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     tracing::info!(listen = %args.listen, "booking API listening");
     crate::store::changes::spawn_pruner(pool.clone(), args.change_retention, CHANGE_PRUNE_EVERY);
     crate::store::archive::spawn_archiver(pool.clone(), args.archive_after);
-    let state = state(pool, &args, auth);
+    let mut state = state(pool, &args, auth);
+    if let Some(hub_login) = hub_login {
+        state.page = state.page.with_hub_login(hub_login);
+    }
     let _sweep = spawn_waitlist_sweep(state.clone(), sweep_interval(&args));
     let notices = tokio::spawn(notice_worker(&state, &args.notices)?.run());
     let served = serve(listener, state, &args.limits).await;

@@ -33,8 +33,11 @@ describe('booking page', () => {
     const text = await signin.innerText();
     assert.match(text, /sign-in proxy \(such as oauth2-proxy\)/);
     assert.match(text, /No sign-in proxy passed an identity on/);
-    assert.match(text, /Single sign-on is not set up on this server/);
+    // Only the ways this server has: no single sign-on or JupyterHub button here,
+    // and the token box open, as nothing else is set up.
+    assert.doesNotMatch(text, /Single sign-on|Sign in with JupyterHub/);
     assert.match(text, /Paste a token/);
+    assert.equal(await page.locator('#token-signin').getAttribute('open'), '', 'the token box is open');
     assert.equal(await page.locator('#tabs').isVisible(), false, 'no views while signed out');
     await shot(page, '01-signed-out.png');
 

@@ -84,5 +84,6 @@ fi
 
 cd "$here"
 BASE_URL="http://127.0.0.1:$port" USER_TOKEN="$user_token" ADMIN_TOKEN="$admin_token" \
+  REPO_ROOT="$root" GPU_BOOKING_BIN="$bin" PGHOST="$pghost" \
   SCREENSHOT_DIR="$artifacts/screenshots" CHROMIUM=/usr/bin/chromium \
   node --test --test-concurrency=1 --test-reporter=spec --test-timeout=120000 ${BROWSER_TESTS:-*.test.mjs}

@@ -21,6 +21,7 @@ mod db_unavailable;
 mod declared_models;
 mod derived_rows;
 mod feeds;
+mod hub_login;
 mod identity;
 mod jwks;
 mod loader;
