@@ -41,6 +41,11 @@ def exported(metric):
     base = re.sub(r"_(total|bucket|sum|count|info)$", "", metric)
     if any(f'"{c}"' in sources["process"] for c in (base, re.sub(r"_(seconds|bytes)$", "", base))):
         return True
+    # A family a component registers without its component's prefix
+    # (`registry.unprefixed()`): gpu_booking_<name>.
+    short = base.removeprefix("gpu_booking_")
+    if any(".unprefixed()" in src and f'"{short}"' in src for src in sources.values()):
+        return True
     prefixes = {"gpu_booking_api_": "api", "gpu_booking_webhook_": "webhook",
                 "gpu_booking_controller_": "controller", "gpu_booking_agent_": "agent"}
     for prefix, component in prefixes.items():

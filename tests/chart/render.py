@@ -19,6 +19,10 @@ VALUES = Path(__file__).resolve().parent / "values"
 JUPYTERHUB = ROOT / "examples" / "jupyterhub"
 RELEASE = "gpu-booking"
 NAMESPACE = "gpu-booking"
+# The scenarios model a cluster with the Prometheus Operator's CRDs (the chart renders
+# its PrometheusRule and ServiceMonitors only where they are served); `apis=()` models
+# one without.
+MONITORING_APIS = ("monitoring.coreos.com/v1/PrometheusRule", "monitoring.coreos.com/v1/ServiceMonitor")
 
 
 def helm() -> str:
@@ -35,8 +39,11 @@ def scenarios() -> dict:
     return out
 
 
-def template(values_files=(), set_values=(), check=True, extra=(), release=RELEASE) -> subprocess.CompletedProcess:
+def template(values_files=(), set_values=(), check=True, extra=(), release=RELEASE,
+             apis=MONITORING_APIS) -> subprocess.CompletedProcess:
     cmd = [helm(), "template", release, str(CHART), "--namespace", NAMESPACE, *extra]
+    for api in apis:
+        cmd += ["--api-versions", api]
     for f in values_files:
         cmd += ["-f", str(f)]
     for s in set_values:
@@ -44,9 +51,9 @@ def template(values_files=(), set_values=(), check=True, extra=(), release=RELEA
     return subprocess.run(cmd, capture_output=True, text=True, check=check)
 
 
-def render(values_files=(), set_values=(), extra=(), release=RELEASE) -> list:
+def render(values_files=(), set_values=(), extra=(), release=RELEASE, apis=MONITORING_APIS) -> list:
     """The rendered objects, hooks included."""
-    text = template(values_files, set_values, extra=extra, release=release).stdout
+    text = template(values_files, set_values, extra=extra, release=release, apis=apis).stdout
     return [d for d in yaml.safe_load_all(text) if d]
 
 

@@ -112,3 +112,53 @@ def test_promtool_unit_tests(test_file, tmp_path):
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+MONITORING = ["metrics.prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true"]
+
+
+def monitoring_kinds(apis):
+    return sorted({o["kind"] for o in render.render(set_values=MONITORING, apis=apis)
+                   if o["apiVersion"].startswith("monitoring.coreos.com/")})
+
+
+def test_the_monitoring_objects_render_only_where_their_apis_are_served():
+    """Where the Prometheus Operator's CRDs are missing, a PrometheusRule or a
+    ServiceMonitor would fail the whole install: each renders only with its API."""
+    assert monitoring_kinds(render.MONITORING_APIS) == ["PrometheusRule", "ServiceMonitor"]
+    assert monitoring_kinds(()) == []
+    assert monitoring_kinds(["monitoring.coreos.com/v1/ServiceMonitor"]) == ["ServiceMonitor"]
+    assert monitoring_kinds(["monitoring.coreos.com/v1/PrometheusRule"]) == ["PrometheusRule"]
+
+
+def install_notes(*set_values):
+    """The notes of a client-side dry run, which models a cluster without the
+    Prometheus Operator's CRDs."""
+    cmd = [render.helm(), "install", render.RELEASE, str(render.CHART), "--namespace", render.NAMESPACE,
+           "--dry-run=client"]
+    for s in set_values:
+        cmd += ["--set", s]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "kind: PrometheusRule" not in out and "kind: ServiceMonitor" not in out
+    return out[out.index("NOTES:"):]
+
+
+def test_the_install_notes_say_which_monitoring_objects_were_skipped():
+    text = install_notes(*MONITORING)
+    assert "Monitoring: no PrometheusRule or ServiceMonitor installed" in text
+    assert "Prometheus Operator's CRDs" in text
+    text = install_notes("metrics.serviceMonitor.enabled=true")
+    assert "Monitoring: no ServiceMonitor installed" in text
+    assert "Monitoring:" not in install_notes()
+
+
+def test_the_webhook_latency_threshold_follows_the_timeout_within_the_histogram():
+    def threshold(*set_values):
+        spec = rule_spec([render.VALUES / "everything.yaml"], set_values)
+        return alerts(spec)["GpuBookingWebhookSlow"]["expr"].split(">")[-1].strip()
+
+    assert threshold() == "2.5"
+    assert threshold("webhook.timeoutSeconds=7") == "3.5"
+    # Past the histogram's largest finite bucket (6.55 s) a p99 reads as that bound:
+    # the threshold stays under it.
+    assert threshold("webhook.timeoutSeconds=30") == "6.5"

@@ -120,8 +120,20 @@ def check_agent_exceptions(spec, pod_sc, sc, added, non_root, where):
         assert non_root is True, where
 
 
-def test_the_agent_is_off_by_default_and_its_exceptions_are_explicit():
-    assert objects("defaults", "DaemonSet") == []
+def test_the_agent_is_on_by_default_in_dry_run_and_its_exceptions_are_explicit():
+    """On by default on the GPU nodes: its activity annotations (preemption's least
+    recently active order) and telemetry live, idle reclaim and the VRAM watchdog in
+    dry run until the admin turns them on."""
+    assert objects("minimal", "DaemonSet") == []
+    default = pod_spec(one("defaults", "DaemonSet"))
+    assert default["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    env = {k: e.get("value") for k, e in env_of(default["containers"][0]).items()}
+    assert env["GPU_BOOKING_AGENT_DRY_RUN"] == "true"
+    assert env["GPU_BOOKING_AGENT_VRAM_DRY_RUN"] == "true"
+    # Neither the annotation nor the watchdog nor idle reclaim is switched off.
+    for off in ("GPU_BOOKING_AGENT_LAST_ACTIVITY_ANNOTATION", "GPU_BOOKING_AGENT_VRAM_WATCHDOG",
+                "GPU_BOOKING_AGENT_IDLE_RECLAIM"):
+        assert off not in env, off
     ds = one("everything", "DaemonSet")
     spec = pod_spec(ds)
     assert spec["hostPID"] is True

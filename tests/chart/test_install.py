@@ -252,7 +252,8 @@ def test_components_authenticate_with_their_service_account_tokens():
     env = {k: e.get("value") for k, e in env_of(pod_spec(api)["containers"][0]).items()}
     assert env["GPU_BOOKING_SERVICE_ACCOUNT_AUDIENCE"] == "gpu-booking"
     assert env["GPU_BOOKING_SERVICE_ACCOUNT"] == (
-        "gpu-booking/gpu-booking-webhook=service,gpu-booking/gpu-booking-controller=service")
+        "gpu-booking/gpu-booking-webhook=service,gpu-booking/gpu-booking-controller=service,"
+        "gpu-booking/gpu-booking-agent=service")
     review = one("defaults", "ClusterRole", "-api-tokenreview")
     assert review["rules"] == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]
     for suffix in ("-webhook", "-controller"):

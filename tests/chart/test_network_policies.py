@@ -226,7 +226,7 @@ def full():
 def test_the_default_install_has_the_policies():
     names = set(by_name(RENDERED["defaults"]))
     assert names == {"gpu-booking-default-deny", "gpu-booking-api", "gpu-booking-postgres",
-                     "gpu-booking-webhook", "gpu-booking-controller"}
+                     "gpu-booking-webhook", "gpu-booking-controller", "gpu-booking-agent"}
     deny = by_name(RENDERED["defaults"])["gpu-booking-default-deny"]["spec"]
     assert deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
     # Ingress only: the components' calls out (DNS, the API server's TokenReviews, an
