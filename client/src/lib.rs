@@ -22,8 +22,8 @@ use serde::Serialize;
 
 pub use follow::{ChangeSource, Followed, Follower};
 pub use gpu_booking_core::wire::{
-    AuditReport, Booking, BookingChange, BookingChanges, HeldReport, Model, Schedulability,
-    UsageReport,
+    AuditReport, Booking, BookingChange, BookingChanges, HeldReport, Model, NextStep, Notebook,
+    NotebookStanding, Notebooks, Schedulability, UsageReport,
 };
 pub use options::BookingServiceArgs;
 pub use token::{FileVersion, TokenError, TokenSource};

@@ -294,6 +294,7 @@ mod tests {
             booking_units: None,
             unschedulable_for_gpu: false,
             served: true,
+            gpu_removed: None,
             model_label: Some("a100".into()),
             user: Some("Alice".into()),
             terminate_at: end,

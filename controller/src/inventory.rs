@@ -396,6 +396,7 @@ mod tests {
             unschedulable: false,
             unschedulable_for_gpu: false,
             served: true,
+            gpu_removed: None,
         }
     }
 

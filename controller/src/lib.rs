@@ -22,6 +22,7 @@
 //! [`intent`] (two-step actions recorded so that the next leader finishes them),
 //! [`hub`] (JupyterHub's API for `--on-expiry hub-restart`),
 //! [`inventory`] and [`victims`] (pure decisions), [`pods`] (what is kept of a pod),
+//! [`notebooks`] (every user's running notebooks, for their page),
 //! [`leader`], [`booking`], [`metrics`], [`clock`]; [`cleanup`] (`gpu-booking
 //! cleanup-nodes`, what it wrote on nodes removed at uninstall).
 #![forbid(unsafe_code)]
@@ -41,6 +42,7 @@ pub mod leader;
 pub mod live_config;
 pub mod metrics;
 pub mod node_capacity;
+pub mod notebooks;
 pub mod pods;
 pub mod recreate;
 pub mod victims;

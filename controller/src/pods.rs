@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
     detect_gpu, named_user, our_label, parse_quantity, trusted_priority, AdmissionConfig,
-    PodStanding, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, LAST_GPU_ACTIVITY_ANNOTATION,
-    MODEL_LABEL, PREEMPT_AT_ANNOTATION, PREEMPT_FOR_ANNOTATION, PRIORITY_LABEL,
+    PodStanding, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, GPU_REMOVED_ANNOTATION,
+    LAST_GPU_ACTIVITY_ANNOTATION, MODEL_LABEL, PREEMPT_AT_ANNOTATION, PREEMPT_FOR_ANNOTATION,
+    PRIORITY_LABEL,
 };
 use gpu_booking_core::eviction::NodeConstraints;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -187,6 +188,9 @@ pub struct PodInfo {
     /// In a namespace the controller serves (`--namespace`): it ends, re-creates
     /// and annotates this pod. Pods elsewhere are only counted.
     pub served: bool,
+    /// Why its GPU was removed ([`GPU_REMOVED_ANNOTATION`]): a notebook stripped at
+    /// spawn or re-created on CPU, kept for its user's list of notebooks.
+    pub gpu_removed: Option<String>,
 }
 
 /// The VRAM budget of the containers (their limit, else their request; init
@@ -299,12 +303,14 @@ impl PodInfo {
             unschedulable,
             unschedulable_for_gpu,
             served: true,
+            gpu_removed: annotation(GPU_REMOVED_ANNOTATION).map(str::to_owned),
         })
     }
 
-    /// Worth keeping: it has a GPU or one of our priority labels.
+    /// Worth keeping: it has a GPU or one of our priority labels, or it is a
+    /// notebook that lost its GPU (its user sees it in their notebooks).
     pub fn relevant(&self) -> bool {
-        self.gpu.is_some() || self.priority.is_some()
+        self.gpu.is_some() || self.priority.is_some() || self.gpu_removed.is_some()
     }
 
     /// A booked pod with an end, still running or waiting to, where the controller

@@ -327,6 +327,7 @@ mod tests {
             unschedulable: node.is_none(),
             unschedulable_for_gpu: false,
             served: true,
+            gpu_removed: None,
         }
     }
 

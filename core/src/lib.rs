@@ -20,6 +20,7 @@ pub mod inventory;
 #[cfg(feature = "clap")]
 pub mod jwt;
 pub mod next_start;
+pub mod notebooks;
 pub mod notice;
 pub mod notice_text;
 pub mod pod_action;

@@ -377,8 +377,9 @@ impl Inventory {
     }
 
     /// Reports the units each booking's pods hold (the webhook decides new pods from
-    /// it), on every change; the activity only when it moved by a step (the usage
-    /// report's resolution), not on each of the agent's annotation writes.
+    /// it) and every user's notebooks (their page shows them), on every change; the
+    /// activity only when it moved by a step (the usage report's resolution), not on
+    /// each of the agent's annotation writes.
     pub(super) fn report_held(
         &mut self,
         booked: &[BookedPod<String>],
@@ -392,12 +393,14 @@ impl Inventory {
                 .collect(),
             active: booking_units::last_active_by_booking(pods),
             waiting,
+            notebooks: crate::notebooks::of(pods),
         };
         let news = match &self.held_reported {
             None => true,
             Some(was) => {
                 was.bookings != held.bookings
                     || gpu_booking_core::usage::activity_moved(&was.active, &held.active)
+                    || gpu_booking_core::notebooks::notebooks_moved(&was.notebooks, &held.notebooks)
             }
         };
         if self.held_reporting || !news {

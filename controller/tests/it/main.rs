@@ -7,4 +7,5 @@ mod booking_api;
 mod common;
 mod controller;
 mod node_capacity;
+mod notebooks;
 mod scale;

@@ -42,6 +42,14 @@ pub struct HeldReport {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[cfg_attr(feature = "openapi", schema(schema_with = openapi::waiting))]
     pub waiting: BTreeMap<i64, String>,
+    /// Every user's running notebooks as the controller sees them (booked, lent, or
+    /// stripped to CPU; core's `notebooks` decides each), the whole list each time: a
+    /// notebook left out is not running. Optional; at most
+    /// [`super::notebooks::MAX_REPORTED_NOTEBOOKS`]. Served to each user by
+    /// `GET /api/v1/notebooks`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 100000))]
+    pub notebooks: Vec<super::notebooks::Notebook>,
 }
 
 impl HeldReport {

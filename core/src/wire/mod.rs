@@ -13,7 +13,9 @@
 //!   webhook's replica follow;
 //! - [`audit`]: `POST /api/v1/audit` and `/audit/batch`, every enforcement action;
 //! - [`models`]: `GET /api/v1/models` and the controller's usage report;
-//! - [`held`]: `PUT /api/v1/held-units`, the units each booking's pods hold.
+//! - [`held`]: `PUT /api/v1/held-units`, the units each booking's pods hold (and
+//!   every user's running [`notebooks`]);
+//! - [`notebooks`]: `GET /api/v1/notebooks`, a user's running notebook pods.
 //!
 //! Integer types, chosen once:
 //!
@@ -40,6 +42,7 @@ pub mod bookings;
 pub mod changes;
 pub mod held;
 pub mod models;
+pub mod notebooks;
 pub mod schedulability;
 
 pub use admission_state::{AdmissionState, BookingState, KnownUser, ModelState, PolicyState};
@@ -51,6 +54,7 @@ pub use bookings::Booking;
 pub use changes::{BookingChange, BookingChanges};
 pub use held::{HeldReport, HeldReported, MAX_HELD_UNITS, MAX_REPORTED_BOOKINGS, MAX_WAITING_LEN};
 pub use models::{Model, UsageReport, MAX_OTHER_NAMESPACES, MAX_REPORTED_CARDS};
+pub use notebooks::{NextStep, Notebook, NotebookStanding, Notebooks, MAX_REPORTED_NOTEBOOKS};
 pub use schedulability::{ActiveBooking, Schedulability};
 
 /// A count that a store keeps signed (a Postgres `integer` column checked `>= 0`) as

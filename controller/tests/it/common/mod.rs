@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use gpu_booking_client::{AuditReport, Model, UsageReport};
+use gpu_booking_client::{AuditReport, HeldReport, Model, UsageReport};
 use gpu_booking_controller::booking::Answer;
 use gpu_booking_controller::{Booking, Controller, ControllerArgs, TokioClock};
 use gpu_booking_fake_apiserver::FakeApiServer;
@@ -33,6 +33,8 @@ pub struct BookingState {
     pub usage: BTreeMap<String, UsageReport>,
     pub usage_calls: usize,
     pub audits: Vec<AuditReport>,
+    /// Every held-units report, oldest first.
+    pub held: Vec<HeldReport>,
 }
 
 /// A fake of the booking service: answers from memory and records every call.
@@ -82,6 +84,12 @@ impl Booking for FakeBooking {
         state.usage_calls += 1;
         state.usage.insert(model.to_owned(), report.clone());
         drop(state);
+        self.changed(());
+        Box::pin(async { Ok(()) })
+    }
+
+    fn put_held<'a>(&'a self, held: &'a HeldReport) -> Answer<'a, ()> {
+        self.state().held.push(held.clone());
         self.changed(());
         Box::pin(async { Ok(()) })
     }
