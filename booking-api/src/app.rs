@@ -10,7 +10,7 @@ use crate::routes::{
     admission, audit, availability, bookings, changes, health, me, models, notices, schedulability,
     units,
 };
-use crate::routes::{feeds, usage, waitlist};
+use crate::routes::{feeds, notebooks, usage, waitlist};
 use crate::state::AppState;
 
 /// Every route of the service; tests drive it with `tower::ServiceExt::oneshot`.
@@ -37,6 +37,7 @@ pub fn router(state: AppState) -> Router {
         .route("/audit/batch", post(audit::report_batch))
         .route("/policy", get(units::policy))
         .route("/held-units", put(units::put_held))
+        .route("/notebooks", get(notebooks::list))
         .route("/admin/usage", get(usage::get))
         .route("/waitlist", get(waitlist::list).post(waitlist::join))
         .route("/waitlist/{id}", delete(waitlist::cancel))

@@ -36,6 +36,7 @@ pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
         routes::admission::get,
         routes::audit::report, routes::audit::report_batch, routes::audit::list,
         routes::units::policy, routes::units::put_held,
+        routes::notebooks::list,
         routes::waitlist::join, routes::waitlist::list, routes::waitlist::cancel,
         routes::feeds::token_status, routes::feeds::issue_token, routes::feeds::revoke_token,
         routes::feeds::own_feed, routes::feeds::model_feed,

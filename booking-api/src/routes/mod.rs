@@ -9,6 +9,7 @@ pub mod feeds;
 pub mod health;
 pub mod me;
 pub mod models;
+pub mod notebooks;
 pub mod notices;
 pub mod schedulability;
 pub mod units;

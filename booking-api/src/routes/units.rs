@@ -3,6 +3,7 @@
 //! hold (what the webhook needs to give high priority only up to a booking's units).
 
 use axum::extract::State;
+use gpu_booking_core::wire::notebooks::notebooks_problem;
 use gpu_booking_core::wire::{HeldReport, HeldReported, MAX_HELD_UNITS, MAX_REPORTED_BOOKINGS};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -11,7 +12,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Json;
 use crate::state::AppState;
-use crate::store::{held, usage};
+use crate::store::{held, notebooks, usage};
 
 /// The booking policy (the API's settings).
 #[derive(Debug, Serialize, ToSchema)]
@@ -74,8 +75,12 @@ pub async fn put_held(
     if let Some(problem) = body.waiting_problem() {
         return Err(ApiError::Invalid(problem));
     }
+    if let Some(problem) = notebooks_problem(&body.notebooks) {
+        return Err(ApiError::Invalid(problem));
+    }
     let now = state.clock.now();
     held::replace(&state.pool, &body.bookings, &body.waiting, now).await?;
+    notebooks::replace(&state.pool, &body.notebooks, state.names, now).await?;
     usage::record(&state.pool, &body.bookings, &body.active, now).await?;
     Ok(axum::Json(HeldReported {
         bookings: body.bookings.len(),

@@ -9,6 +9,7 @@ pub mod error;
 pub mod feeds;
 pub mod held;
 pub mod models;
+pub mod notebooks;
 pub mod usage;
 pub mod users;
 pub mod waitlist;

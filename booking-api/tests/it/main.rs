@@ -27,6 +27,7 @@ mod jwks;
 mod loader;
 mod metrics_bounded;
 mod metrics_state;
+mod notebooks;
 mod notices;
 mod oidc_provider;
 mod other_workloads;
