@@ -28,6 +28,7 @@ const SCRIPTS: &[(&str, &str)] = &[
     ("waitlist.js", include_str!("../assets/waitlist.js")),
     ("notices.js", include_str!("../assets/notices.js")),
     ("extend.js", include_str!("../assets/extend.js")),
+    ("notebooks.js", include_str!("../assets/notebooks.js")),
     // Chart.js (MIT, its licence header kept; licence text beside it), for the
     // admin's usage plots: served from here, nothing fetched at run time.
     (
