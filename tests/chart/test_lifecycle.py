@@ -282,6 +282,7 @@ def test_the_controllers_policies_evaluated():
                              "annotations": {"gpu-booking.io/gpu-removed": "booking ended"}},
                 "spec": {"containers": [{"name": "notebook", "image": "jupyter/base"}], **spec}}
     assert pods(None, pod()) == []
+    assert pods(None, pod(priorityClassName="jhub-default-priority")) == [], "a lab's own class stays"
     lent = pod()
     lent["metadata"] = {"name": "jupyter-bob", "labels": {"gpu-booking.io/priority": "low", "gpu-booking.io/model": "a100"}}
     assert pods(None, lent) == []
@@ -291,7 +292,8 @@ def test_the_controllers_policies_evaluated():
     for bad in [pod(hostPID=True), pod(volumes=[{"name": "r", "hostPath": {"path": "/"}}]),
                 pod(volumes=[{"name": "s", "secret": {"secretName": "hub"}}]),
                 pod(volumes=[{"name": "p", "projected": {"sources": [{"secret": {"name": "hub"}}]}}]),
-                pod(serviceAccountName="hub"),
+                pod(serviceAccountName="hub"), pod(priorityClassName="gpu-booking-high"),
+                pod(priorityClassName="system-node-critical"),
                 pod(initContainers=[{"name": "x", "image": "y", "securityContext": {"privileged": True}}]),
                 pod(containers=[{"name": "n", "image": "i", "envFrom": [{"secretRef": {"name": "hub"}}]}])]:
         assert len(pods(None, bad)) == 1, bad

@@ -59,11 +59,15 @@ fn refused(result: Result<impl std::fmt::Debug, kube::Error>, what: &str) -> Str
     }
 }
 
-/// A lab API server with the chart's RBAC and admission policies.
+/// A lab API server with the chart's RBAC, admission policies and PriorityClasses.
 fn server() -> FakeApiServer {
     let server = FakeApiServer::new();
     server.enable_admission();
-    chart(&[]).enforce_on(&server);
+    let chart = chart(&[]);
+    chart.enforce_on(&server);
+    for class in chart.of_kind("PriorityClass") {
+        server.put_value("priorityclasses", class);
+    }
     server
 }
 
@@ -195,6 +199,10 @@ async fn the_charts_policies_let_the_controller_change_only_what_is_ours() {
         (
             json!({"metadata": {"name": "as-hub", "annotations": {}}, "spec": {"serviceAccountName": "hub"}}),
             "the hub's ServiceAccount",
+        ),
+        (
+            json!({"metadata": {"name": "booked", "annotations": {}}, "spec": {"priorityClassName": "gpu-booking-high"}}),
+            "the booked priority class",
         ),
         (
             json!({"metadata": {"name": "hostnet", "annotations": {}}, "spec": {"hostNetwork": true}}),
