@@ -72,3 +72,38 @@ def test_the_deploy_guide_shows_these_files():
     assert "examples/jupyterhub/jupyterhub-values.yaml" in guide
     assert "examples/jupyterhub/gpu-booking-values.yaml" in guide
     assert "jupyterhub" in RENDERED
+
+
+def test_the_page_signs_in_through_the_hub_that_registers_it():
+    """"Sign in with JupyterHub": the hub's service entry and the API's options agree
+    (client id, redirect URI, the secret's file), every user may use the service, and
+    the hub's proxy may reach the API for the Services menu's link."""
+    service = JHUB["hub"]["services"]["gpu-booking"]
+    api = one("jupyterhub", "Deployment", "-api")
+    env = env_of(pod_spec(api)["containers"][0])
+    page = OURS["notices"]["pageUrl"]
+    assert service["oauth_redirect_uri"] == page + "login/hub/callback"
+    assert env["GPU_BOOKING_HUB_LOGIN_CLIENT_ID"]["value"] == "service-gpu-booking"
+    assert env["GPU_BOOKING_HUB_LOGIN_URL"]["value"] == OURS["auth"]["hubLogin"]["url"]
+    assert env["GPU_BOOKING_PAGE_URL"]["value"] == page
+    secret_file = env["GPU_BOOKING_HUB_LOGIN_SECRET_FILE"]["value"]
+    mount = [m for m in pod_spec(api)["containers"][0]["volumeMounts"] if secret_file.startswith(m["mountPath"] + "/")]
+    assert len(mount) == 1, "the client secret's file is mounted"
+    volume = [v for v in pod_spec(api)["volumes"] if v["name"] == mount[0]["name"]][0]
+    assert volume["secret"]["secretName"] == OURS["auth"]["hubLogin"]["secretName"]
+    assert volume["secret"]["items"] == [{"key": "client-secret", "path": secret_file.rsplit("/", 1)[1]}]
+    # The menu's link reaches our API Service (the release's, port included).
+    svc = one("jupyterhub", "Service", "-api")
+    assert service["url"] == f"http://{svc['metadata']['name']}.gpu-booking.svc:{svc['spec']['ports'][0]['port']}"
+    assert "access:services!service=gpu-booking" in JHUB["hub"]["loadRoles"]["user"]["scopes"]
+    policy = one("jupyterhub", "NetworkPolicy", "-api")
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert any(p.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name") == JHUB_NAMESPACE
+               for p in peers), "the hub's proxy may reach the API"
+
+
+def test_hub_sign_in_without_the_page_address_is_refused_at_install():
+    out = render.template(set_values=["auth.hubLogin.url=https://hub.example/",
+                                      "auth.hubLogin.secretName=s"], check=False)
+    assert out.returncode != 0
+    assert "auth.hubLogin.url needs notices.pageUrl" in out.stderr
