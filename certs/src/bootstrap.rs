@@ -37,6 +37,10 @@ use gpu_booking_process::LogArgs;
 /// The field manager named in our writes.
 pub const MANAGER: &str = "gpu-booking-bootstrap";
 
+/// The longest life of the service token: a leaked one is refused within this, and
+/// the scheduled run mints the next before it ends.
+pub const MAX_SERVICE_TOKEN_TTL: chrono::TimeDelta = chrono::TimeDelta::days(90);
+
 /// Length of the generated JWT key and database password: alphanumeric, so about 5.95
 /// bits a character (381 and 190 bits), and nothing to escape in a URL.
 pub const JWT_SECRET_LEN: usize = 64;
@@ -157,6 +161,21 @@ impl Database {
 
 impl BootstrapArgs {
     pub fn spec(&self) -> Result<Spec, Error> {
+        if self.service_token_ttl <= chrono::TimeDelta::zero()
+            || self.service_token_ttl > MAX_SERVICE_TOKEN_TTL
+        {
+            return Err(Error::Config(format!(
+                "the service token's lifetime must be more than 0 and at most {} days",
+                MAX_SERVICE_TOKEN_TTL.num_days()
+            )));
+        }
+        if self.service_token_renew_before <= chrono::TimeDelta::zero()
+            || self.service_token_renew_before >= self.service_token_ttl
+        {
+            return Err(Error::Config(
+                "--service-token-renew-before must be more than 0 and less than the token's lifetime (else every run mints it again)".into(),
+            ));
+        }
         let key_ok = |k: &str| {
             !k.is_empty()
                 && k.len() <= 253

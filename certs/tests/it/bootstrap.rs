@@ -149,6 +149,13 @@ async fn bad_options_are_refused_before_anything_is_written() {
         args(&["--jwt-secret-key", "a/b"]),
         args(&["--service-token-key", "jwt-secret"]),
         args(&["--database-host", "db", "--database-user", "x;drop"]),
+        args(&["--service-token-ttl", "3650days"]),
+        args(&[
+            "--service-token-ttl",
+            "30days",
+            "--service-token-renew-before",
+            "30days",
+        ]),
     ] {
         let err = bootstrap::run(server.client(), NS, &bad, &mint)
             .await
