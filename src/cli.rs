@@ -33,7 +33,7 @@ pub enum Command {
     /// Run the node agent (DaemonSet): NVML sampling, idle GPU reclaim, VRAM watchdog.
     Agent(gpu_booking_agent::AgentArgs),
     /// Remove the controller's node labels and VRAM budget resource from every node
-    /// (the chart's pre-delete hook Job).
+    /// once the controller's pods are gone (the chart's post-delete hook Job).
     CleanupNodes(gpu_booking_controller::cleanup::CleanupNodesArgs),
     /// The webhook's TLS: keep a self-signed CA and serving certificate (or get one
     /// from a Kubernetes signer) in Secrets and inject the CA bundle; or write dev

@@ -1,7 +1,12 @@
 //! `gpu-booking cleanup-nodes`: what the controller wrote on nodes, taken off them
-//! when the release goes (the chart's pre-delete hook Job), so that an uninstall leaves
+//! when the release goes (the chart's post-delete hook Job), so that an uninstall leaves
 //! no model label that no controller keeps true and no VRAM budget that no webhook
 //! asks for.
+//!
+//! The controller puts back what it finds missing (it is level-triggered), so the
+//! cleanup runs after it is gone: with `--wait-for-pods`, it first waits until no pod
+//! of that label selector is left in its namespace (a terminating one still counts:
+//! it may still write), and gives up, writing nothing, after `--wait-timeout`.
 //!
 //! Removed from every node: the labels under our key domain (`gpu-booking.io/...`,
 //! among them the model label), the per-model presence labels
@@ -14,13 +19,14 @@
 //! and says which nodes are left.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use gpu_booking_core::admission::{plan_node_resource, AdmissionArgs, KEY_DOMAIN};
 use gpu_booking_core::inventory::MODEL_PRESENT_LABEL_PREFIX;
 use gpu_booking_process::LogArgs;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{json, Value};
 
@@ -35,6 +41,16 @@ pub struct CleanupNodesArgs {
     // unused here, so that the controller's environment serves as is).
     #[command(flatten)]
     pub admission: AdmissionArgs,
+    /// Wait until no pod of this label selector (the controller's) is left in
+    /// `--namespace` before touching a node.
+    #[arg(long, env = "GPU_BOOKING_CLEANUP_WAIT_FOR_PODS")]
+    pub wait_for_pods: Option<String>,
+    /// Namespace of those pods (default: the pod's own, or the kubeconfig's).
+    #[arg(long, env = "GPU_BOOKING_CLEANUP_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// How long to wait for them.
+    #[arg(long, env = "GPU_BOOKING_CLEANUP_WAIT_TIMEOUT", default_value = "90s", value_parser = crate::config::parse_duration)]
+    pub wait_timeout: Duration,
     // `--log-format`.
     #[command(flatten)]
     pub log: LogArgs,
@@ -67,8 +83,53 @@ pub struct Report {
     pub unadvertised: Vec<String>,
 }
 
-/// Removes our labels and the VRAM budget from every node.
-pub async fn run(client: kube::Client, args: &CleanupNodesArgs) -> anyhow::Result<Report> {
+/// Waits until no pod of `selector` is left in `namespace`; an error naming those
+/// left after `timeout`.
+pub async fn wait_for_pods_gone(
+    client: kube::Client,
+    namespace: &str,
+    selector: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let api: Api<Pod> = Api::namespaced(client, namespace);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let left = api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .with_context(|| format!("listing the pods {selector} in {namespace}"))?;
+        if left.items.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let names: Vec<String> = left
+                .items
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            anyhow::bail!(
+                "pods {selector} still run in {namespace} after {timeout:?} ({}): they would put back what is removed; nothing was changed",
+                names.join(", ")
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// How often [`wait_for_pods_gone`] looks again: a terminating pod is gone within
+/// its grace period (30 s by default), so a second is plenty.
+const POLL: Duration = Duration::from_secs(1);
+
+/// Removes our labels and the VRAM budget from every node (after the controller's
+/// pods are gone, with `--wait-for-pods`).
+pub async fn run(
+    client: kube::Client,
+    namespace: &str,
+    args: &CleanupNodesArgs,
+) -> anyhow::Result<Report> {
+    if let Some(selector) = &args.wait_for_pods {
+        wait_for_pods_gone(client.clone(), namespace, selector, args.wait_timeout).await?;
+    }
     let api: Api<Node> = Api::all(client);
     let pp = PatchParams {
         field_manager: Some(MANAGER.into()),
@@ -120,7 +181,11 @@ pub async fn main(args: CleanupNodesArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster service account or kubeconfig)")?;
-    let report = run(client, &args).await?;
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let report = run(client, &namespace, &args).await?;
     tracing::info!(
         unlabelled = ?report.unlabelled,
         unadvertised = ?report.unadvertised,

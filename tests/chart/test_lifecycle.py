@@ -4,8 +4,8 @@
 - every hook Job helm waits for fits helm's default 5-minute `--timeout`, and every
   helm command the docs show that waits longer says so;
 - the PriorityClasses are the release's own, and the components name them;
-- the pre-delete hook that takes our labels and resource off the nodes, with RBAC
-  for that alone, bounded by the controller's node policy;
+- the post-delete hook that takes our labels and resource off the nodes once the
+  controller's pods are gone, with RBAC for that alone;
 - the controller's admission policies;
 - the fallback service token: 90 days at most, rotated by a CronJob that may only
   read and update its Secret;
@@ -97,7 +97,7 @@ def test_priority_classes_are_the_releases_own():
 def test_the_uninstall_hook_removes_only_our_node_marks():
     rendered = render.render()
     job = named(rendered, "Job", "gpu-booking-cleanup-nodes")
-    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-delete"
     spec = pod_spec(job)
     (c,) = spec["containers"]
     assert c["args"] == ["cleanup-nodes"]
@@ -105,20 +105,27 @@ def test_the_uninstall_hook_removes_only_our_node_marks():
     env = env_of(c)
     assert env["GPU_BOOKING_MODEL_NODE_LABEL"]["value"] == "gpu-booking.io/model"
     assert env["GPU_BOOKING_GPUMEM_RESOURCE"]["value"] == "gpu-booking.io/gpumem"
+    # It waits for the controller's pods to be gone (they would put everything back),
+    # within its deadline.
+    controller = named(rendered, "Deployment", "gpu-booking-controller")
+    labels = controller["spec"]["selector"]["matchLabels"]
+    assert env["GPU_BOOKING_CLEANUP_WAIT_FOR_PODS"]["value"] == ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    assert env["GPU_BOOKING_CLEANUP_NAMESPACE"]["value"] == "gpu-booking"
+    assert duration_seconds(env["GPU_BOOKING_CLEANUP_WAIT_TIMEOUT"]["value"]) < job["spec"]["activeDeadlineSeconds"]
     role = named(rendered, "ClusterRole", "gpu-booking-cleanup-nodes")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
     ]
+    pods = named(rendered, "Role", "gpu-booking-cleanup-nodes")
+    assert pods["metadata"]["namespace"] == "gpu-booking"
+    assert pods["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     # Its RBAC exists before the Job and goes with it.
-    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         annotations = named(rendered, kind, "gpu-booking-cleanup-nodes")["metadata"]["annotations"]
-        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert annotations["helm.sh/hook"] == "post-delete"
         assert int(annotations["helm.sh/hook-weight"]) < int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
         assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
-    policy = named(rendered, "ValidatingAdmissionPolicy", "gpu-booking-controller-nodes")
-    (condition,) = policy["spec"]["matchConditions"]
-    assert "system:serviceaccount:gpu-booking:gpu-booking-cleanup-nodes" in condition["expression"]
     off = render.render(set_values=["nodeCleanup.enabled=false"])
     assert not [o for o in off if o["metadata"]["name"] == "gpu-booking-cleanup-nodes"]
 

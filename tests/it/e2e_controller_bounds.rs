@@ -6,10 +6,11 @@
 //!   budget in its status, and create its marked copies of pods; a forged call (another
 //!   label, a taint, another resource, a condition, an unmarked pod, a copy that
 //!   mounts a host path or a Secret or runs as another ServiceAccount) is refused;
-//! - the uninstall's pre-delete hook Job (`gpu-booking cleanup-nodes`) runs as its own
-//!   ServiceAccount under its RBAC and the same policy, with its Job's environment,
-//!   and leaves the nodes without our labels and resource, everything else on them
-//!   as it was.
+//! - the uninstall's post-delete hook Job (`gpu-booking cleanup-nodes`) runs as its
+//!   own ServiceAccount under its RBAC, with its Job's environment: while a pod of the
+//!   controller is left it changes nothing (the controller would put it back), then
+//!   it leaves the nodes without our labels and resource, everything else on them as
+//!   it was.
 
 use crate::common;
 
@@ -244,7 +245,10 @@ async fn the_uninstall_hook_takes_our_labels_and_budget_off_every_node() {
     let job = chart
         .find("Job", "gpu-booking-cleanup-nodes")
         .expect("the chart renders the cleanup Job");
-    assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"], "pre-delete");
+    assert_eq!(
+        job["metadata"]["annotations"]["helm.sh/hook"],
+        "post-delete"
+    );
     let workload = chart
         .workload("Job", "gpu-booking-cleanup-nodes")
         .unwrap_or_else(|e| panic!("{e:#}"));
@@ -253,10 +257,45 @@ async fn the_uninstall_hook_takes_our_labels_and_budget_off_every_node() {
         pod_name: "gpu-booking-cleanup-nodes-0".into(),
         ..Default::default()
     };
-    let cli: CleanupCli = gpu_booking_sim::rendered::options(&workload, &lab, volumes.path(), &[])
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let client = server.client_as(&workload.username(), &service_accounts::GROUPS);
-    let report = gpu_booking_controller::cleanup::run(client, &cli.args)
+    let mut cli: CleanupCli =
+        gpu_booking_sim::rendered::options(&workload, &lab, volumes.path(), &[])
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    let namespace = cli
+        .args
+        .namespace
+        .clone()
+        .expect("the Job names its namespace");
+    let hook = || server.client_as(&workload.username(), &service_accounts::GROUPS);
+
+    // A controller pod still terminating: nothing is touched, and the Job says why.
+    let controller_pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpu-booking-controller-7d4f-x2", "namespace": namespace,
+                     "labels": {"app.kubernetes.io/name": "gpu-booking",
+                                "app.kubernetes.io/instance": "gpu-booking",
+                                "app.kubernetes.io/component": "controller"}},
+        "spec": {"containers": [{"name": "controller", "image": "gpu-booking"}]},
+    });
+    server.put_value("pods", controller_pod);
+    let patient = cli.args.wait_timeout;
+    cli.args.wait_timeout = std::time::Duration::ZERO;
+    let waiting = gpu_booking_controller::cleanup::run(hook(), &namespace, &cli.args)
+        .await
+        .expect_err("the controller still runs");
+    assert!(
+        format!("{waiting:#}").contains("gpu-booking-controller-7d4f-x2"),
+        "{waiting:#}"
+    );
+    let node: Value = serde_json::to_value(server.get::<Node>(None, "gpu-1").unwrap()).unwrap();
+    assert_eq!(node["metadata"]["labels"]["gpu-booking.io/model"], "a100");
+    Api::<Pod>::namespaced(server.client(), &namespace)
+        .delete("gpu-booking-controller-7d4f-x2", &Default::default())
+        .await
+        .unwrap();
+    cli.args.wait_timeout = patient;
+
+    let report = gpu_booking_controller::cleanup::run(hook(), &namespace, &cli.args)
         .await
         .unwrap_or_else(|e| panic!("the cleanup Job: {e:#}"));
     assert_eq!(report.unlabelled, ["gpu-1", "gpu-2"]);
@@ -290,8 +329,7 @@ async fn the_uninstall_hook_takes_our_labels_and_budget_off_every_node() {
     );
 
     // A second run (a retried hook) finds nothing to do.
-    let client = server.client_as(&workload.username(), &service_accounts::GROUPS);
-    let again = gpu_booking_controller::cleanup::run(client, &cli.args)
+    let again = gpu_booking_controller::cleanup::run(hook(), &namespace, &cli.args)
         .await
         .unwrap();
     assert_eq!(again, gpu_booking_controller::cleanup::Report::default());
