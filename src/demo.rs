@@ -113,7 +113,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let token = |user: &str, role| mint_token(&secret, user, role, TimeDelta::days(1));
     let service_token = token("demo-service", Some(Role::Service))?;
     // The API is reached at its listening address (0.0.0.0 is not a destination).
-    let api_url = format!("http://{}", reachable(args.listen));
+    let api_url = format!(
+        "http://{}",
+        gpu_booking_sim::https_api::reachable(args.listen)
+    );
     let sim = crate::demo_cluster::start(lab, &pool, api_url).await?;
     // After the lab's models are declared.
     seed(&pool).await?;
@@ -164,6 +167,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "  try: curl -H \"Authorization: Bearer <user token>\" http://{}/api/v1/models",
         args.listen
     );
+    println!(
+        "  kubectl:      KUBECONFIG={} kubectl get pods -A (the lab's API server: {})",
+        sim.kubeconfig().display(),
+        sim.https.url
+    );
     let secret_file = write_secret(&args.cert_dir, &secret)?;
     println!(
         "  any user:     GPU_BOOKING_JWT_SECRET_FILE={} gpu-booking token --user NAME [--role admin]",
@@ -195,15 +203,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         sim.shutdown().await;
     }
     served
-}
-
-/// `addr` as a destination: an unspecified address (0.0.0.0, ::) becomes loopback.
-fn reachable(addr: std::net::SocketAddr) -> std::net::SocketAddr {
-    match addr.ip() {
-        ip if ip.is_unspecified() && ip.is_ipv4() => ([127, 0, 0, 1], addr.port()).into(),
-        ip if ip.is_unspecified() => (std::net::Ipv6Addr::LOCALHOST, addr.port()).into(),
-        _ => addr,
-    }
 }
 
 /// Writes the demo's JWT secret where `gpu-booking token` can read it (owner only),

@@ -19,7 +19,11 @@ pub struct DemoArgs {
     /// Address of the webhook's health and metrics.
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub webhook_admin_listen: std::net::SocketAddr,
-    /// Where the demo's CA and webhook certificate are written.
+    /// Address of the simulated lab's Kubernetes API (HTTPS), for kubectl.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub apiserver_listen: std::net::SocketAddr,
+    /// Where the demo's CAs, the webhook's certificate and the lab's kubeconfig are
+    /// written.
     #[arg(long, default_value = "target/demo-certs")]
     pub cert_dir: PathBuf,
     /// Where a private Postgres cluster goes if none is running.

@@ -78,6 +78,7 @@ pub fn builder(args: &DemoArgs) -> SimBuilder {
         .nodes(nodes())
         .webhook_listen(args.webhook_listen)
         .webhook_admin_listen(args.webhook_admin_listen)
+        .apiserver_listen(args.apiserver_listen)
         .cert_dir(args.cert_dir.clone())
         .notebook_grace_period(NOTEBOOK_GRACE_SECONDS)
         .agent(|cfg| {

@@ -316,8 +316,9 @@ impl DevCerts {
     }
 }
 
+/// Writes `contents` to `path`, readable by its owner only (a key, a kubeconfig).
 #[cfg(unix)]
-fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+pub fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
@@ -330,7 +331,7 @@ fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> 
 }
 
 #[cfg(not(unix))]
-fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+pub fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
     std::fs::write(path, contents)
 }
 

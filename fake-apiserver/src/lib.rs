@@ -50,6 +50,25 @@
 //! - Errors are `Status` objects with the real `reason`s and codes (`NotFound` 404,
 //!   `AlreadyExists` 409, `Conflict` 409, `Invalid` 422, `BadRequest` 400, `Expired`
 //!   410). `/version` answers v1.30.
+//! - **Discovery** (`/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`): the
+//!   unaggregated documents, naming the resources the lab uses (`discovery.rs`); an
+//!   empty list is still of its kind (`PodList`).
+//! - **Tables**: a get or list asked for as `Table` (`Accept:
+//!   application/json;as=Table;v=v1;g=meta.k8s.io`, what `kubectl get` sends) answers
+//!   kube-apiserver's printer columns for pods, nodes, namespaces and Events, `Name`
+//!   and `Created At` for the rest (`table.rs`).
+//! - **Events** are one resource under two APIs: a get or list of core `v1` Events
+//!   also returns the `events.k8s.io/v1` ones converted, and the other way round
+//!   (`event_views.rs`); watches see their own API's writes only.
+//!
+//! # Over HTTP
+//!
+//! [`FakeApiServer::http_service`] is the fake for a socket (the lab serves it over
+//! HTTPS for `kubectl`): unlike the in-process client, every request authenticates
+//! with a bearer token, a static one ([`FakeApiServer::user_token`]) or a
+//! ServiceAccount token issued for [`API_AUDIENCE`]; none or any other is a 401.
+//! Impersonation headers need RBAC's `impersonate` verb, and RBAC (when on) decides
+//! for whoever authenticated, discovery paths included (`nonResourceURLs`).
 //!
 //! # Scheduler and kubelet (opt-in)
 //!
@@ -197,12 +216,16 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod authn;
 mod change;
+mod discovery;
+mod event_views;
 mod field_labels;
 mod fields;
 mod filters;
 mod kubelet;
 mod node_builder;
+mod over_http;
 mod path;
 mod preemption;
 mod rbac;
@@ -215,6 +238,7 @@ mod sim;
 mod snapshot;
 mod status;
 mod store;
+mod table;
 mod tokenreview;
 mod validation;
 
@@ -231,7 +255,9 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 pub use admission::{AdmissionRecord, UserInfo};
+pub use authn::API_AUDIENCE;
 pub use node_builder::NodeBuilder;
+pub use over_http::HttpService;
 pub use path::ResourceKey;
 pub use rbac::Denial;
 pub use service::ResponseBody;
@@ -335,6 +361,8 @@ pub(crate) struct Shared {
     admission: admission::State,
     /// ServiceAccount tokens issued by the test, for TokenReviews.
     tokens: Mutex<tokenreview::Tokens>,
+    /// The static token file of callers over HTTP ([`FakeApiServer::user_token`]).
+    users: Mutex<authn::StaticTokens>,
     /// Whether requests are authorized ([`FakeApiServer::enable_rbac`]).
     rbac: std::sync::atomic::AtomicBool,
     /// The requests RBAC refused, in order.
@@ -395,6 +423,7 @@ impl FakeApiServer {
                 me: me.clone(),
                 admission: admission::State::default(),
                 tokens: Mutex::default(),
+                users: Mutex::default(),
                 rbac: std::sync::atomic::AtomicBool::new(false),
                 denials: Mutex::default(),
             }),
@@ -439,6 +468,31 @@ impl FakeApiServer {
         token
     }
 
+    /// A bearer token that authenticates `username` in `groups` (plus
+    /// `system:authenticated`) to [`Self::http_service`], as a line of kube-apiserver's
+    /// static token file (`--token-auth-file`) would.
+    pub fn user_token(&self, username: &str, groups: &[&str]) -> String {
+        use base64::Engine;
+        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(format!("{username}:{}", uuid_like()));
+        self.shared
+            .users
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .insert(token.clone(), UserInfo::new(username, groups));
+        token
+    }
+
+    /// The fake as a server over HTTP (see [`HttpService`]): every request
+    /// authenticates with a bearer token ([`Self::user_token`], or a
+    /// [`Self::service_account_token`] for [`API_AUDIENCE`]).
+    pub fn http_service(&self) -> HttpService {
+        HttpService {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// [`Self::client_in`] the `default` namespace.
     pub fn client(&self) -> kube::Client {
         self.client_in("default")
@@ -476,6 +530,16 @@ impl FakeApiServer {
     /// `rbac.rs`); the bootstrap roles a cluster starts with are stored now. Requests
     /// of [`Self::client`] (the cluster admin, in `system:masters`) are always allowed.
     pub fn enable_rbac(&self) {
+        self.store_bootstrap_roles();
+        self.shared
+            .rbac
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Stores the bootstrap ClusterRoles and ClusterRoleBindings a cluster starts with
+    /// (`cluster-admin`, `view`, `system:discovery`, ...: `rbac.rs`) where missing,
+    /// without switching RBAC on, so that bindings to them can be made first.
+    pub fn store_bootstrap_roles(&self) {
         let mut store = self.lock();
         for (plural, obj) in rbac::bootstrap_objects() {
             let key = key_for("rbac.authorization.k8s.io/v1", plural);
@@ -484,10 +548,6 @@ impl FakeApiServer {
                 let _ = store.create(&key, None, obj);
             }
         }
-        drop(store);
-        self.shared
-            .rbac
-            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Every request RBAC refused so far, in order (see [`Self::enable_rbac`]).
@@ -800,7 +860,14 @@ impl tower::Service<http::Request<kube::client::Body>> for FakeService {
             user.stamp(req.headers_mut());
         }
         let shared = self.shared.clone();
-        Box::pin(async move { Ok(service::handle(shared, req).await) })
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let user = UserInfo::from_headers(&parts.headers);
+            match service::read_body(body).await {
+                Ok(body) => Ok(service::handle(shared, parts, body, user).await),
+                Err(response) => Ok(response),
+            }
+        })
     }
 }
 

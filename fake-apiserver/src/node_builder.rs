@@ -92,6 +92,14 @@ impl NodeBuilder {
                 "capacity": self.allocatable,
                 "allocatable": self.allocatable,
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                // What the kubelet reports of itself (`kubectl get nodes -o wide`), the
+                // runtime the fake kubelet's container IDs name.
+                "nodeInfo": {
+                    "kubeletVersion": "v1.30.0", "containerRuntimeVersion": "containerd://1.7.22",
+                    "operatingSystem": "linux", "architecture": "amd64",
+                    "osImage": "", "kernelVersion": "", "kubeProxyVersion": "",
+                    "machineID": "", "systemUUID": "", "bootID": "",
+                },
             },
         });
         // Every field above is one Node has; an error here is a bug in this builder.

@@ -79,7 +79,7 @@ impl Verb {
 
 /// What the authorizer decides on: RBAC's request attributes.
 struct Attributes<'a> {
-    verb: &'static str,
+    verb: &'a str,
     group: String,
     resource: &'a str,
     subresource: Option<&'a str>,
@@ -150,6 +150,68 @@ pub(crate) fn authorize(
         message: error.message(),
     };
     Err(Box::new(Refusal { denial, error }))
+}
+
+/// Whether `user` may `verb` (any verb RBAC names, `impersonate` included) the
+/// `resource` of API group `group` named `name` in `namespace` (`None`: the cluster
+/// scope): the same decision as [`authorize`], for requests that are not a URL.
+pub(crate) fn allows(
+    store: &Store,
+    user: &UserInfo,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> bool {
+    if user.groups.iter().any(|g| g == MASTERS) {
+        return true;
+    }
+    let attrs = Attributes {
+        verb,
+        group: group.to_owned(),
+        resource,
+        subresource: None,
+        namespace,
+        name,
+    };
+    rules_for(store, user, namespace)
+        .iter()
+        .any(|rule| rule_allows(rule, &attrs))
+}
+
+/// Allows or refuses a `get` of a path that names no resource (`/api`, `/version`):
+/// a ClusterRole's `nonResourceURLs`, exact or ending in `*` (a prefix), bound by a
+/// ClusterRoleBinding, covers it ("Using RBAC Authorization", non-resource URLs).
+pub(crate) fn authorize_path(store: &Store, user: &UserInfo, path: &str) -> Result<(), ApiError> {
+    if user.groups.iter().any(|g| g == MASTERS) {
+        return Ok(());
+    }
+    let all = Selector::default();
+    let allowed = store
+        .list(&rbac("clusterrolebindings"), None, &all)
+        .iter()
+        .filter(|binding| binds(binding, user))
+        .flat_map(|binding| role_rules(store, binding, None))
+        .any(|rule| {
+            let verbs = strings(&rule, "verbs");
+            verbs.iter().any(|v| *v == "*" || *v == "get")
+                && strings(&rule, "nonResourceURLs").iter().any(|url| {
+                    *url == path || url.strip_suffix('*').is_some_and(|p| path.starts_with(p))
+                })
+        });
+    if allowed {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        403,
+        "Forbidden",
+        format!(
+            "forbidden: User {:?} cannot get path {path:?}",
+            user.username
+        ),
+        json!({}),
+    ))
 }
 
 /// The rules of every role bound to `user` that apply in `namespace` (`None`: the

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -43,7 +43,7 @@ fn json_response(code: u16, value: &Value) -> Response<ResponseBody> {
     respond(code, serde_json::to_vec(value).unwrap_or_default())
 }
 
-fn error_response(e: ApiError) -> Response<ResponseBody> {
+pub(crate) fn error_response(e: ApiError) -> Response<ResponseBody> {
     json_response(e.code, &e.body)
 }
 
@@ -112,23 +112,44 @@ fn selector(
     Ok(Selector { labels, fields })
 }
 
+/// Reads a request's body; a body that cannot be read is a 400.
+pub(crate) async fn read_body<B>(body: B) -> Result<Bytes, Response<ResponseBody>>
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Display,
+{
+    body.collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| error_response(ApiError::bad_request(format!("unreadable body: {e}"))))
+}
+
+/// Answers one request made by `user` (authenticated by the caller: the in-process
+/// client's identity, or [`crate::authn`] over HTTP).
 pub(crate) async fn handle(
     shared: Arc<Shared>,
-    req: Request<kube::client::Body>,
+    parts: http::request::Parts,
+    body: Bytes,
+    user: crate::admission::UserInfo,
 ) -> Response<ResponseBody> {
-    let (parts, body) = req.into_parts();
-    let body = match body.collect_bytes().await {
-        Ok(bytes) => bytes,
-        Err(e) => return error_response(ApiError::bad_request(format!("unreadable body: {e}"))),
-    };
     let path = parts.uri.path().to_owned();
-    if path == "/version" {
-        return json_response(
-            200,
-            &json!({"major": "1", "minor": "30", "gitVersion": "v1.30.0-fake", "platform": "linux/amd64"}),
-        );
-    }
     tracing::debug!(method = %parts.method, uri = %parts.uri, "fake API server request");
+    if let Some(document) = crate::discovery::document(&path) {
+        if parts.method != Method::GET {
+            return error_response(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+                Value::Null,
+            ));
+        }
+        if shared.rbac.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Err(e) = crate::rbac::authorize_path(&shared.lock(), &user, &path) {
+                return error_response(e);
+            }
+        }
+        return json_response(200, &document);
+    }
     let params = query_params(parts.uri.query());
     let Some(target) = path::parse(&path) else {
         return error_response(ApiError::new(
@@ -153,7 +174,6 @@ pub(crate) async fn handle(
         .unwrap_or("application/json")
         .to_owned();
     // Who asks: authorized, admitted and validated as that user.
-    let user = crate::admission::UserInfo::from_headers(&parts.headers);
     if shared.rbac.load(std::sync::atomic::Ordering::SeqCst) {
         let decision = crate::rbac::authorize(&shared.lock(), &user, verb, &target);
         if let Err(refusal) = decision {
@@ -225,7 +245,15 @@ pub(crate) async fn handle(
             }
         }
     }
-    let result = dispatch(&shared, verb, &target, &params, &content_type, &body, user);
+    let table = crate::table::wanted(&parts.headers, &params);
+    let request = Request {
+        verb,
+        target: &target,
+        params: &params,
+        content_type: &content_type,
+        table,
+    };
+    let result = dispatch(&shared, &request, &body, user);
     shared.changed();
     let response = match result {
         Ok(response) => response,
@@ -269,15 +297,29 @@ fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
+/// What a request asks, its body aside.
+struct Request<'a> {
+    verb: Verb,
+    target: &'a Target,
+    params: &'a HashMap<String, String>,
+    content_type: &'a str,
+    /// The `Table` form, when the client asked for it (`kubectl get`).
+    table: Option<crate::table::Wanted>,
+}
+
 fn dispatch(
     shared: &Shared,
-    verb: Verb,
-    target: &Target,
-    params: &HashMap<String, String>,
-    content_type: &str,
+    request: &Request<'_>,
     body: &[u8],
     user: crate::admission::UserInfo,
 ) -> Result<Response<ResponseBody>, ApiError> {
+    let Request {
+        verb,
+        target,
+        params,
+        content_type,
+        table,
+    } = *request;
     let resource = &target.resource;
     let ns = target.namespace.as_deref().unwrap_or("");
     let name = target.name.as_deref().unwrap_or("");
@@ -286,12 +328,21 @@ fn dispatch(
     match verb {
         Verb::Get => {
             let store = shared.lock();
-            let obj = store
-                .get(resource, ns, name)
+            let obj = crate::event_views::get(&store, resource, ns, name)
                 .ok_or_else(|| ApiError::not_found(plural, name))?;
-            Ok(json_response(200, &obj))
+            match table {
+                Some(wanted) => {
+                    let rv = store.rv.to_string();
+                    let now = store.now();
+                    Ok(json_response(
+                        200,
+                        &wanted.table(resource, &[obj], json!({"resourceVersion": rv}), now),
+                    ))
+                }
+                None => Ok(json_response(200, &obj)),
+            }
         }
-        Verb::List => list(shared, target, params),
+        Verb::List => list(shared, target, params, table),
         Verb::Watch => watch(shared, target, params),
         Verb::Create => {
             let obj = parse_body(body)?;
@@ -359,10 +410,11 @@ fn list(
     shared: &Shared,
     target: &Target,
     params: &HashMap<String, String>,
+    table: Option<crate::table::Wanted>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let sel = selector(params, &target.resource)?;
     let store = shared.lock();
-    let all = store.list(&target.resource, target.namespace.as_deref(), &sel);
+    let all = crate::event_views::list(&store, &target.resource, target.namespace.as_deref(), &sel);
     let start: usize = params
         .get("continue")
         .and_then(|c| c.parse().ok())
@@ -374,14 +426,22 @@ fn list(
         .unwrap_or(usize::MAX);
     let end = start.saturating_add(limit).min(all.len());
     let page = all.get(start.min(all.len())..end).unwrap_or(&[]);
+    // The kind of what was stored, else the advertised one (an empty list of a
+    // resource never written to is still a `PodList`).
     let kind = store
         .kinds
         .get(&target.resource)
+        .cloned()
+        .or_else(|| crate::discovery::kind_of(&target.resource).map(str::to_owned))
         .map_or_else(|| "List".to_owned(), |k| format!("{k}List"));
     let mut metadata = json!({"resourceVersion": store.rv.to_string()});
     if end < all.len() {
         metadata["continue"] = json!(end.to_string());
         metadata["remainingItemCount"] = json!(all.len() - end);
+    }
+    if let Some(wanted) = table {
+        let table = wanted.table(&target.resource, page, metadata, store.now());
+        return Ok(json_response(200, &table));
     }
     let mut out = serde_json::to_vec(&json!({
         "apiVersion": target.resource.api_version(),

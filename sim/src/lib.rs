@@ -22,6 +22,7 @@
 
 pub mod agents;
 pub mod chart;
+pub mod https_api;
 pub mod hub;
 pub mod lab;
 pub mod models;
@@ -71,6 +72,8 @@ pub struct SimBuilder {
     chart: ChartValues,
     webhook_listen: SocketAddr,
     webhook_admin_listen: Option<SocketAddr>,
+    /// Where the API server listens for clients outside the process (`kubectl`).
+    apiserver_listen: SocketAddr,
     cert_dir: Option<PathBuf>,
     webhook_args: Vec<String>,
     controller: Box<dyn FnOnce(&mut ControllerArgs) + Send>,
@@ -172,7 +175,15 @@ impl SimBuilder {
         self
     }
 
-    /// Keep the webhook's CA and certificate in `dir` (default: a temporary folder).
+    /// Where the API server serves HTTPS for `kubectl` and other clients outside the
+    /// process (default: a free port on 127.0.0.1; [`https_api`]).
+    pub fn apiserver_listen(mut self, addr: SocketAddr) -> Self {
+        self.apiserver_listen = addr;
+        self
+    }
+
+    /// Keep the webhook's CA and certificate in `dir` (default: a temporary folder),
+    /// and the API server's CA, certificate and kubeconfig beside them.
     pub fn cert_dir(mut self, dir: PathBuf) -> Self {
         self.cert_dir = Some(dir);
         self
@@ -267,7 +278,7 @@ impl SimBuilder {
                     self.chart.webhook_name, self.chart.namespace
                 ),
             ],
-            cert_dir: match self.cert_dir {
+            cert_dir: match self.cert_dir.clone() {
                 Some(dir) => stack::CertDir::Kept(dir),
                 None => stack::CertDir::temporary()?,
             },
@@ -297,6 +308,15 @@ impl SimBuilder {
             }
             chart.enforce_on(&server);
         }
+        let https = https_api::HttpsApiServer::start(
+            &server,
+            self.apiserver_listen,
+            match self.cert_dir {
+                Some(dir) => stack::CertDir::Kept(dir),
+                None => stack::CertDir::temporary()?,
+            },
+        )
+        .await?;
         let mut model_node_label = String::new();
         let configure = self.controller;
         let args = stack::controller_args(
@@ -332,6 +352,7 @@ impl SimBuilder {
             chart: self.chart,
             nodes: self.nodes,
             webhook: tokio::sync::Mutex::new(Some(webhook)),
+            https,
             controller,
             agents,
         })
@@ -389,6 +410,8 @@ pub struct SimCluster {
     /// The node label the controller writes the model into.
     model_node_label: String,
     webhook: tokio::sync::Mutex<Option<WebhookServer>>,
+    /// The API server over HTTPS, with its kubeconfig.
+    pub https: https_api::HttpsApiServer,
     pub controller: Controller,
     /// The node agents, one per GPU node.
     pub agents: agents::NodeAgents,
@@ -403,6 +426,7 @@ impl SimCluster {
             chart: ChartValues::default(),
             webhook_listen: ([127, 0, 0, 1], 0).into(),
             webhook_admin_listen: None,
+            apiserver_listen: ([127, 0, 0, 1], 0).into(),
             cert_dir: None,
             webhook_args: Vec::new(),
             controller: Box::new(|_| {}),
@@ -651,5 +675,11 @@ impl SimCluster {
         self.controller.stop();
         self.stop_webhook().await;
         self.agents.stop().await;
+        self.https.stop().await;
+    }
+
+    /// The kubeconfig of the lab's API server over HTTPS (the cluster administrator's).
+    pub fn kubeconfig(&self) -> &std::path::Path {
+        &self.https.kubeconfig
     }
 }

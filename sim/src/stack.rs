@@ -125,7 +125,7 @@ impl CertDir {
         Ok(Self::Temporary(tempfile::tempdir()?))
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         match self {
             CertDir::Temporary(dir) => dir.path(),
             CertDir::Kept(path) => path,

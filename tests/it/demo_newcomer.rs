@@ -49,6 +49,7 @@ async fn the_demo_starts_fresh_and_reaches_every_outcome() {
     old.close().await;
 
     let (api, webhook, webhook_admin) = (free_addr(), free_addr(), free_addr());
+    let apiserver = free_addr();
     let mut demo = Command::new(BIN)
         .args([
             "demo".to_string(),
@@ -56,6 +57,7 @@ async fn the_demo_starts_fresh_and_reaches_every_outcome() {
             format!("--listen={api}"),
             format!("--webhook-listen={webhook}"),
             format!("--webhook-admin-listen={webhook_admin}"),
+            format!("--apiserver-listen={apiserver}"),
             format!("--cert-dir={}", dir.display()),
             format!("--demo-database={db}"),
         ])
@@ -98,6 +100,15 @@ async fn the_demo_starts_fresh_and_reaches_every_outcome() {
             .expect("a query");
     assert_eq!(marker, None, "--fresh kept the earlier run's data");
     demo_db.close().await;
+    // The lab's kubeconfig, as printed, for its API server (tests/it/kubectl.rs runs
+    // kubectl with one).
+    let kubeconfig = dir.join("kubeconfig");
+    assert!(
+        printed.contains(&format!("KUBECONFIG={}", kubeconfig.display())),
+        "{printed}"
+    );
+    let config = std::fs::read_to_string(&kubeconfig).expect("the kubeconfig is written");
+    assert!(config.contains(&format!("https://{apiserver}")), "{config}");
 
     // Each sample review gets its outcome, as printed.
     let ca = std::fs::read(dir.join("ca.crt")).expect("the demo CA");

@@ -21,4 +21,5 @@ mod e2e_upgrade;
 mod e2e_waitlist;
 mod e2e_webhook_down;
 mod fatal_json;
+mod kubectl;
 mod server_limits;

@@ -3,4 +3,5 @@
 
 mod admission;
 mod fake;
+mod over_http;
 mod scheduler;
