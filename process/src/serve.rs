@@ -290,9 +290,13 @@ async fn connection<H, F, IO>(
     let service = {
         let shared = shared.clone();
         let activity = activity.clone();
-        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             let in_flight = activity.begin();
             let shared = shared.clone();
+            // The client's address, as axum's `ConnectInfo` extractor reads it (a
+            // per-source limit keys on it).
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
             async move {
                 let response = handle(req.map(Body::new), &shared).await;
                 drop(in_flight);

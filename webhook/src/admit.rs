@@ -1,5 +1,6 @@
 //! One admission review in, one out: parse leniently, detect, ask, decide, plan, report.
 
+use std::net::IpAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use gpu_booking_core::admission::{
     AdmissionConfig, Decision, GpuRequest, Identity, LendLedger, Lookup, Schedulability,
     VisibleDevicesWithoutGpu, NVIDIA_VISIBLE_DEVICES, OUR_KEY_STEM, VISIBLE_DEVICES_STRIPPED,
 };
+use gpu_booking_core::rate::{KeyedBuckets, TokenBucket};
 use serde::de::IgnoredAny;
 use serde_json::{json, Value};
 use tracing::Instrument;
@@ -32,8 +34,22 @@ pub struct Webhook {
     booking: Arc<BookingSource>,
     /// GPU units admitted that the booking service's free count cannot count yet.
     ledger: Mutex<LendLedger>,
+    /// Reviews per source that may reach the ledger, the booking service or the
+    /// audit log (`--source-review-burst`); `None`: no limit.
+    sources: Option<Mutex<SourceLimit>>,
     metrics: Arc<Metrics>,
 }
+
+/// The per-source limit and the warnings it logs.
+struct SourceLimit {
+    buckets: KeyedBuckets<IpAddr>,
+    /// A refusal is logged at most this often, so that a flood does not flood the log.
+    warnings: TokenBucket,
+}
+
+/// Sources with a bucket of their own at most (about 100 bytes each); more at once
+/// share one (`KeyedBuckets`).
+pub const MAX_SOURCES: usize = 4096;
 
 /// The ledger's defaults (`--lend-settle`, `--lend-ttl`).
 const LEND_SETTLE: Duration = Duration::from_secs(3);
@@ -71,8 +87,22 @@ impl Webhook {
             mark_names,
             booking,
             ledger: Mutex::new(LendLedger::new(LEND_SETTLE, LEND_TTL)),
+            sources: None,
             metrics,
         }
+    }
+
+    /// Limits the reviews of pods that may get a GPU or carry our marks to `burst`
+    /// at once and `per_second` on average per source (`--source-review-burst`,
+    /// `--source-reviews-per-second`); a zero rate: no limit.
+    pub fn with_source_limit(self, burst: u32, per_second: f64) -> Self {
+        let sources = (per_second > 0.0).then(|| {
+            Mutex::new(SourceLimit {
+                buckets: KeyedBuckets::new(burst, per_second, MAX_SOURCES),
+                warnings: TokenBucket::new(1, 0.1),
+            })
+        });
+        Self { sources, ..self }
     }
 
     /// Replaces the ledger (`--lend-settle`, `--lend-ttl`).
@@ -99,13 +129,19 @@ impl Webhook {
     /// `invalid` answer (with the request's uid when it has one), anything that is not
     /// a pod creation an unchanged `allowed`.
     pub async fn review(&self, body: &[u8]) -> ReviewOut {
+        self.review_from(body, None).await
+    }
+
+    /// [`Webhook::review`] of a review sent from `source` (the client's address),
+    /// within its source's limit ([`Webhook::with_source_limit`]).
+    pub async fn review_from(&self, body: &[u8], source: Option<IpAddr>) -> ReviewOut {
         let started = Instant::now();
-        let (out, kind) = self.review_counted(body).await;
+        let (out, kind) = self.review_counted(body, source).await;
         self.metrics.admitted(kind, started.elapsed());
         out
     }
 
-    async fn review_counted(&self, body: &[u8]) -> Answer {
+    async fn review_counted(&self, body: &[u8], source: Option<IpAddr>) -> Answer {
         // The common case, a pod without a GPU that carries no mark of ours: when no
         // GPU resource name and no mark can be spelled anywhere in the body (byte
         // searches), the pod is skipped unbuilt. A mark goes the full way, which
@@ -119,6 +155,11 @@ impl Webhook {
                     Err(answer) => *answer,
                 };
             }
+        }
+        // Everything past here may take a lent unit, ask the booking service or
+        // write an audit row: at most so many per source.
+        if let Some(source) = source.filter(|&s| !self.within_limit(s)) {
+            return refuse_over_limit(body, source);
         }
         // One typed pass builds the pod; only a review it cannot read is read again,
         // leniently, for its uid.
@@ -144,6 +185,23 @@ impl Webhook {
         self.admit_pod(version, &request, pod)
             .instrument(span)
             .await
+    }
+
+    /// Takes a token of `source`'s bucket; `false`: over its limit (logged now and
+    /// then).
+    fn within_limit(&self, source: IpAddr) -> bool {
+        let Some(sources) = &self.sources else {
+            return true;
+        };
+        let now = Instant::now();
+        let mut sources = sources.lock().unwrap_or_else(|e| e.into_inner());
+        if sources.buckets.allow(&source.to_canonical(), now) {
+            return true;
+        }
+        if sources.warnings.allow(now) {
+            tracing::warn!(%source, "admission reviews over --source-reviews-per-second refused");
+        }
+        false
     }
 
     /// True when no mark of ours can be written in `body` (see `mark_names`); a
@@ -389,6 +447,37 @@ fn pod_creation<O>(review: Envelope<O>) -> Result<(&'static str, RequestIn<O>, O
 }
 
 const INTERNAL: &str = "gpu-booking: internal error in the webhook; pod admitted unchanged";
+
+/// The answer to a review from a source over its limit: a pod creation is refused
+/// (code 429), which takes nothing (no lent unit, no lookup, no audit row). Not an
+/// HTTP error: that would hand the pod to the API server's `failurePolicy`, and with
+/// `Ignore` a GPU pod would run unchanged, outside every booking and not preemptible.
+/// Not the pod without its GPU either: a booked user's notebook would start without
+/// the card, silently, where a refusal is shown and retried. Anything else is
+/// answered as always (nothing to take).
+fn refuse_over_limit(body: &[u8], source: IpAddr) -> Answer {
+    let creation = match read_typed::<IgnoredAny>(body) {
+        Some(review) => pod_creation(review).map(|(version, request, _)| (version, request.uid)),
+        None => match read_lenient(body) {
+            Ok(review) => pod_creation(review).map(|(version, request, _)| (version, request.uid)),
+            Err(message) => return (ReviewOut::invalid(API_VERSION_V1, "", message), "invalid"),
+        },
+    };
+    match creation {
+        Ok((version, uid)) => (
+            ReviewOut::too_many(
+                version,
+                &uid,
+                format!(
+                    "gpu-booking: too many admission reviews from {source}; \
+                     the pod is not created, try again shortly"
+                ),
+            ),
+            "rate_limited",
+        ),
+        Err(answer) => *answer,
+    }
+}
 
 /// An answer and the kind of admission it counts as (the metrics' label).
 type Answer = (ReviewOut, &'static str);

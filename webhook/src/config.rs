@@ -96,6 +96,21 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_TLS_KEY")]
     pub tls_key: PathBuf,
 
+    /// PEM bundle of the CA that signs the API server's client certificate: with it,
+    /// the HTTPS port serves only clients that present a certificate it signed, so
+    /// that no pod can post a review (the API server presents one when an
+    /// AdmissionConfiguration tells it to, docs/webhook.md). Re-read with the serving
+    /// pair.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+
+    /// With --client-ca: a name the client certificate must carry (its subject's
+    /// common name or one of its DNS names), e.g. kube-apiserver-webhook-client;
+    /// any other is refused at the handshake. None given: any certificate the CA
+    /// signed. Repeat or separate with commas.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_CLIENT_NAME", value_delimiter = ',')]
+    pub client_name: Vec<String>,
+
     // The booking service: `--booking-url` (required here), `--service-token` or
     // `--service-token-file`, `--booking-timeout` (2 s here, see the struct).
     #[command(flatten)]
@@ -242,6 +257,23 @@ pub struct WebhookArgs {
     /// Audit reports of one kind per second on average (see --audit-burst).
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_AUDIT_PER_SECOND", default_value_t = 2.0, value_parser = parse_rate)]
     pub audit_per_second: f64,
+
+    /// Reviews one source (a client's IP address) may send at once of pods that may
+    /// get a GPU or carry our marks (pods without either are answered as always);
+    /// beyond, --source-reviews-per-second, and the pods of the rest are refused
+    /// (code 429 in the answer; their creator retries). The API server is one source
+    /// per instance; a pod that forges reviews is another.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_WEBHOOK_SOURCE_REVIEW_BURST",
+        default_value_t = 1000
+    )]
+    pub source_review_burst: u32,
+
+    /// Reviews per second one source may send on average (see --source-review-burst);
+    /// 0: no limit.
+    #[arg(long, env = "GPU_BOOKING_WEBHOOK_SOURCE_REVIEWS_PER_SECOND", default_value_t = 200.0, value_parser = parse_rate)]
+    pub source_reviews_per_second: f64,
     /// Timeouts and limits of the HTTPS port.
     #[command(flatten)]
     pub limits: crate::server::WebhookLimits,
@@ -264,6 +296,8 @@ impl WebhookArgs {
             admin: AdminArgs::default(),
             tls_cert,
             tls_key,
+            client_ca: None,
+            client_name: Vec::new(),
             booking: BookingServiceArgs {
                 booking_timeout: Duration::from_secs(2),
                 ..BookingServiceArgs::new(&booking_url, Some(&service_token))
@@ -290,9 +324,16 @@ impl WebhookArgs {
             names: NameCaseArgs::default(),
             audit_burst: 20,
             audit_per_second: 2.0,
+            source_review_burst: 1000,
+            source_reviews_per_second: 200.0,
             limits: Default::default(),
             log: LogArgs::default(),
         }
+    }
+
+    /// `--client-name`, trimmed, without empty entries.
+    pub fn client_names(&self) -> Vec<String> {
+        non_empty(&self.client_name)
     }
 
     /// The pure admission configuration these options describe, checked.
@@ -410,6 +451,10 @@ mod tests {
             "--case-sensitive-names",
             "--audit-burst=5",
             "--audit-per-second=0.5",
+            "--source-review-burst=10",
+            "--source-reviews-per-second=0",
+            "--client-ca=ca.pem",
+            "--client-name=kube-apiserver-webhook-client, ",
         ])
         .unwrap();
         let args = cli.args;
@@ -436,6 +481,12 @@ mod tests {
         assert_eq!(cfg.unidentified_gpu_pods, UnidentifiedGpuPods::Strip);
         assert_eq!(cfg.name_case, NameCase::Sensitive);
         assert_eq!((args.audit_burst, args.audit_per_second), (5, 0.5));
+        assert_eq!(
+            (args.source_review_burst, args.source_reviews_per_second),
+            (10, 0.0)
+        );
+        assert_eq!(args.client_ca, Some(PathBuf::from("ca.pem")));
+        assert_eq!(args.client_names(), ["kube-apiserver-webhook-client"]);
     }
 
     #[test]
@@ -464,6 +515,7 @@ mod tests {
             "--unidentified-gpu-pods=budget",
             "--audit-per-second=-1",
             "--audit-per-second=inf",
+            "--source-reviews-per-second=-5",
             "--booking-timeout=1e30",
             "--cache-ttl=9999999999years",
         ] {

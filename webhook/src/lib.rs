@@ -38,7 +38,7 @@ pub use metrics::Metrics;
 pub use replica::{ReplicaHandle, ReplicaOptions};
 pub use review::{ReviewOut, StatusOut};
 pub use server::{admin_router, router, serve_plain, serve_tls, WebhookLimits, MAX_BODY_BYTES};
-pub use tls::CertStore;
+pub use tls::{CertStore, ClientAuth};
 
 /// Longest wait, at shutdown, for the queued audit reports to be sent.
 const AUDIT_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
@@ -81,9 +81,19 @@ impl WebhookServer {
                 relist_after: args.replica_relist_after,
             });
         }
-        let certs = CertStore::load(args.tls_cert.clone(), args.tls_key.clone(), metrics.clone())?;
+        let client = ClientAuth {
+            ca: args.client_ca.clone(),
+            names: args.client_names(),
+        };
+        let certs = CertStore::load_with(
+            args.tls_cert.clone(),
+            args.tls_key.clone(),
+            client,
+            metrics.clone(),
+        )?;
         let webhook = Webhook::new(cfg, Arc::new(booking), metrics.clone())
-            .with_ledger(LendLedger::new(args.lend_settle, args.lend_ttl));
+            .with_ledger(LendLedger::new(args.lend_settle, args.lend_ttl))
+            .with_source_limit(args.source_review_burst, args.source_reviews_per_second);
         Ok(Self {
             webhook: Arc::new(webhook),
             certs: Arc::new(certs),

@@ -15,7 +15,9 @@ use gpu_booking_process::metrics::ComponentRegistry;
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabel {
     /// `no_gpu`, `booked`, `low_priority`, `strip`, `no_identity_strip`,
-    /// `booking_error_allow`, `booking_error_strip`, `ignored`, `invalid`, `internal_error`.
+    /// `booking_error_allow`, `booking_error_strip`, `ignored`, `invalid`, `internal_error`,
+    /// `controller_copy`, `devices_hidden`, `rate_limited` (refused: its source is over
+    /// `--source-reviews-per-second`).
     pub decision: &'static str,
 }
 
@@ -39,7 +41,7 @@ fn duration_histogram() -> Histogram {
 
 /// Every decision label the webhook uses; their series exist from the start (at 0),
 /// and their handles are looked up without a lock on the hot path.
-pub const DECISIONS: [&str; 11] = [
+pub const DECISIONS: [&str; 12] = [
     "no_gpu",
     "devices_hidden",
     "ignored",
@@ -51,6 +53,7 @@ pub const DECISIONS: [&str; 11] = [
     "no_identity_strip",
     "booking_error_allow",
     "booking_error_strip",
+    "rate_limited",
 ];
 
 /// Every metric of the webhook, registered once in [`Metrics::new`].
@@ -66,6 +69,9 @@ pub struct Metrics {
     pub tls_reloads: Family<OutcomeLabel, Counter>,
     /// When the certificate served now expires (Unix seconds; 0 until one is loaded).
     pub tls_not_after: Gauge,
+    /// Connections refused at the handshake under `--client-ca`: no client
+    /// certificate, one the CA did not sign, or none of `--client-name`.
+    pub client_certificates_refused: Counter,
     /// GPU pods admitted without their VRAM budget: their model's nodes do not
     /// advertise the budget resource.
     pub budgets_withheld: Counter,
@@ -133,6 +139,11 @@ impl Metrics {
                 "When the serving certificate in use expires (Unix time)",
                 Unit::Seconds,
                 Gauge::default(),
+            ),
+            client_certificates_refused: r.add(
+                "client_certificates_refused",
+                "Connections refused at the TLS handshake for want of an accepted client certificate",
+                Counter::default(),
             ),
             budgets_withheld: r.add(
                 "budgets_withheld",

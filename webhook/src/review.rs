@@ -307,12 +307,21 @@ impl ReviewOut {
 
     /// Refused as malformed (HTTP-style 400 inside the review, never as the status).
     pub fn invalid(version: &str, uid: &str, message: impl Into<String>) -> Self {
+        Self::refused(version, uid, 400, "BadRequest", message.into())
+    }
+
+    /// Refused for now: the client sends too many reviews (429 inside the review).
+    pub fn too_many(version: &str, uid: &str, message: impl Into<String>) -> Self {
+        Self::refused(version, uid, 429, "TooManyRequests", message.into())
+    }
+
+    fn refused(version: &str, uid: &str, code: u16, reason: &str, message: String) -> Self {
         let mut review = Self::allow(version, uid);
         review.response.allowed = false;
         review.response.status = Some(StatusOut {
-            code: 400,
-            message: message.into(),
-            reason: Some("BadRequest".to_owned()),
+            code,
+            message,
+            reason: Some(reason.to_owned()),
         });
         review
     }

@@ -1,12 +1,12 @@
 //! HTTP: `POST /mutate` over TLS, and the plain admin port.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -34,9 +34,16 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
         .with_state(webhook)
 }
 
-async fn mutate(State(webhook): State<Arc<Webhook>>, body: Body) -> Response {
+async fn mutate(State(webhook): State<Arc<Webhook>>, request: Request) -> Response {
+    // The client's address (the server sets it; a request without one, from a test,
+    // is not limited).
+    let source = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip());
+    let body = request.into_body();
     let review = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(bytes) => webhook.review(&bytes).await,
+        Ok(bytes) => webhook.review_from(&bytes, source).await,
         Err(e) => {
             webhook.metrics().admitted("invalid", Duration::ZERO);
             ReviewOut::invalid(
@@ -73,7 +80,24 @@ pub async fn serve_tls(
 ) -> anyhow::Result<()> {
     let handshake = move |tcp| {
         let acceptor = TlsAcceptor::from(certs.current());
-        async move { acceptor.accept(tcp).await }
+        let certs = certs.clone();
+        async move {
+            let accepted = acceptor.accept(tcp).await;
+            let allowed = accepted
+                .as_ref()
+                .is_ok_and(|tls| certs.client_allowed(tls.get_ref().1.peer_certificates()));
+            if certs.requires_client_certificate() && !allowed {
+                certs.client_refused();
+            }
+            let tls = accepted?;
+            if !allowed {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "the client certificate carries none of --client-name",
+                ));
+            }
+            Ok(tls)
+        }
     };
     gpu_booking_process::serve::serve(listener, limits, app, refuse_body, handshake, shutdown).await
 }

@@ -1,13 +1,14 @@
-//! The serving certificate, re-read when its files change.
+//! The serving certificate, re-read when its files change; and, with `--client-ca`,
+//! the client certificate the API server must present.
 //!
 //! Kubernetes updates a mounted Secret by writing a new timestamped directory and
 //! swapping the `..data` symlink, so watching the files for writes sees nothing. Here
-//! each new connection `stat`s both paths (following the symlinks); when the file
-//! behind either changed (device, inode, size or mtime), both are read and parsed, and
-//! the next handshake uses the new pair. A half-rotated pair (a key that does not match
-//! the certificate yet) is refused and the old pair kept until the next connection.
+//! each new connection `stat`s the paths (following the symlinks); when the file
+//! behind any changed (device, inode, size or mtime), all are read and parsed, and
+//! the next handshake uses the new set. A half-rotated pair (a key that does not match
+//! the certificate yet) is refused and the old set kept until the next connection.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
@@ -19,15 +20,24 @@ use crate::metrics::Metrics;
 use gpu_booking_client::FileVersion;
 
 struct Loaded {
-    versions: (FileVersion, FileVersion),
-    pem: (Vec<u8>, Vec<u8>),
+    versions: Vec<FileVersion>,
+    pem: Vec<Vec<u8>>,
     config: Arc<ServerConfig>,
+}
+
+/// Which clients the port serves: any, or those whose certificate `ca` signed (and,
+/// when `names` is not empty, that carry one of them).
+#[derive(Debug, Clone, Default)]
+pub struct ClientAuth {
+    pub ca: Option<PathBuf>,
+    pub names: Vec<String>,
 }
 
 /// The current TLS configuration of the webhook, kept in step with the files.
 pub struct CertStore {
-    cert: PathBuf,
-    key: PathBuf,
+    /// The certificate, the key, and the client CA when there is one.
+    files: Vec<PathBuf>,
+    client_names: Vec<String>,
     loaded: Mutex<Loaded>,
     metrics: Arc<Metrics>,
 }
@@ -35,18 +45,36 @@ pub struct CertStore {
 impl CertStore {
     /// Loads the pair; fails if it cannot be read or does not match.
     pub fn load(cert: PathBuf, key: PathBuf, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
-        let version = |path: &Path| {
-            FileVersion::of(path).with_context(|| format!("reading {}", path.display()))
-        };
-        let versions = (version(&cert)?, version(&key)?);
-        let pem = read_pair(&cert, &key)?;
-        let config = server_config(&pem.0, &pem.1)
-            .with_context(|| format!("loading {} and {}", cert.display(), key.display()))?;
+        Self::load_with(cert, key, ClientAuth::default(), metrics)
+    }
+
+    /// Loads the pair and the client CA of `client`; fails if any cannot be read,
+    /// the pair does not match, or the CA holds no certificate.
+    pub fn load_with(
+        cert: PathBuf,
+        key: PathBuf,
+        client: ClientAuth,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            client.ca.is_some() || client.names.is_empty(),
+            "--client-name needs --client-ca"
+        );
+        let files: Vec<PathBuf> = [Some(cert), Some(key), client.ca]
+            .into_iter()
+            .flatten()
+            .collect();
+        let versions = versions(&files)?;
+        let pem = read_all(&files)?;
+        let config = config_of(&pem).with_context(|| {
+            let names: Vec<_> = files.iter().map(|f| f.display().to_string()).collect();
+            format!("loading {}", names.join(", "))
+        })?;
         Metrics::outcome(&metrics.tls_reloads, "ok");
-        metrics.tls_not_after.set(not_after(&pem.0).unwrap_or(0));
+        metrics.tls_not_after.set(not_after(&pem[0]).unwrap_or(0));
         Ok(Self {
-            cert,
-            key,
+            files,
+            client_names: client.names,
             loaded: Mutex::new(Loaded {
                 versions,
                 pem,
@@ -56,10 +84,32 @@ impl CertStore {
         })
     }
 
+    /// Whether clients must present a certificate.
+    pub fn requires_client_certificate(&self) -> bool {
+        self.files.len() > 2
+    }
+
+    /// Whether the certificates a client presented (the leaf first) carry a name of
+    /// `--client-name` (any do when none is given). The CA's signature was checked
+    /// in the handshake.
+    pub fn client_allowed(&self, presented: Option<&[CertificateDer<'_>]>) -> bool {
+        if !self.requires_client_certificate() {
+            return true;
+        }
+        let Some(leaf) = presented.and_then(<[_]>::first) else {
+            return false;
+        };
+        self.client_names.is_empty() || names_of(leaf).iter().any(|n| self.client_names.contains(n))
+    }
+
+    /// A client refused at the handshake (counted).
+    pub fn client_refused(&self) {
+        self.metrics.client_certificates_refused.inc();
+    }
+
     /// The configuration for a new connection, reloaded first if the files changed.
     pub fn current(&self) -> Arc<ServerConfig> {
-        let versions =
-            FileVersion::of(&self.cert).and_then(|c| Ok((c, FileVersion::of(&self.key)?)));
+        let versions = versions(&self.files);
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         let Ok(versions) = versions else {
             // Mid-swap or gone: keep serving what we have.
@@ -68,15 +118,15 @@ impl CertStore {
         if versions == loaded.versions {
             return loaded.config.clone();
         }
-        match read_pair(&self.cert, &self.key) {
+        match read_all(&self.files) {
             Ok(pem) if pem == loaded.pem => loaded.versions = versions,
-            Ok(pem) => match server_config(&pem.0, &pem.1) {
+            Ok(pem) => match config_of(&pem) {
                 Ok(config) => {
-                    tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
+                    tracing::info!(cert = %self.files[0].display(), "serving certificate reloaded");
                     Metrics::outcome(&self.metrics.tls_reloads, "ok");
                     self.metrics
                         .tls_not_after
-                        .set(not_after(&pem.0).unwrap_or(0));
+                        .set(not_after(&pem[0]).unwrap_or(0));
                     *loaded = Loaded {
                         versions,
                         pem,
@@ -98,10 +148,43 @@ impl CertStore {
     }
 }
 
-fn read_pair(cert: &Path, key: &Path) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
-    let c = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
-    let k = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
-    Ok((c, k))
+fn versions(files: &[PathBuf]) -> anyhow::Result<Vec<FileVersion>> {
+    files
+        .iter()
+        .map(|path| FileVersion::of(path).with_context(|| format!("reading {}", path.display())))
+        .collect()
+}
+
+fn read_all(files: &[PathBuf]) -> anyhow::Result<Vec<Vec<u8>>> {
+    files
+        .iter()
+        .map(|path| std::fs::read(path).with_context(|| format!("reading {}", path.display())))
+        .collect()
+}
+
+/// The configuration of the files' contents: certificate, key, client CA if any.
+fn config_of(pem: &[Vec<u8>]) -> anyhow::Result<Arc<ServerConfig>> {
+    server_config_for(&pem[0], &pem[1], pem.get(2).map(Vec::as_slice))
+}
+
+/// The subject's common names and the DNS names of a certificate.
+fn names_of(cert: &CertificateDer<'_>) -> Vec<String> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = cert
+        .subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok().map(str::to_owned))
+        .collect();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let x509_parser::extensions::GeneralName::DNSName(dns) = name {
+                names.push((*dns).to_owned());
+            }
+        }
+    }
+    names
 }
 
 /// When the first certificate of a PEM chain (the leaf) expires, in Unix seconds.
@@ -115,6 +198,16 @@ pub fn not_after(cert_pem: &[u8]) -> Option<i64> {
 /// A rustls server configuration (ring provider, TLS 1.2 and 1.3, ALPN h2 and
 /// http/1.1) from a PEM certificate chain and key, refusing a key that does not match.
 pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> anyhow::Result<Arc<ServerConfig>> {
+    server_config_for(cert_pem, key_pem, None)
+}
+
+/// [`server_config`] that, given the PEM of a client CA, requires every client to
+/// present a certificate it signed.
+pub fn server_config_for(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    client_ca_pem: Option<&[u8]>,
+) -> anyhow::Result<Arc<ServerConfig>> {
     use rustls::pki_types::pem::{self, PemObject};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
@@ -126,9 +219,28 @@ pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> anyhow::Result<Arc<Serv
         Err(e) => return Err(anyhow::anyhow!(e).context("parsing the key PEM")),
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match client_ca_pem {
+        None => builder.with_no_client_auth(),
+        Some(ca_pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in CertificateDer::pem_slice_iter(ca_pem) {
+                roots
+                    .add(ca.context("parsing the client CA PEM")?)
+                    .context("a client CA certificate is not usable")?;
+            }
+            anyhow::ensure!(!roots.is_empty(), "no certificate in the client CA file");
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .context("building the client certificate verifier")?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
         .with_single_cert(certs, key)
         .context("certificate and key do not form a pair")?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];

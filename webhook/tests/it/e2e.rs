@@ -19,12 +19,12 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 /// A test CA that issues serving certificates for localhost and 127.0.0.1.
-struct Pki {
+pub(crate) struct Pki {
     ca: CertifiedIssuer<'static, KeyPair>,
 }
 
 impl Pki {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params
@@ -34,12 +34,12 @@ impl Pki {
         Self { ca }
     }
 
-    fn ca_pem(&self) -> String {
+    pub(crate) fn ca_pem(&self) -> String {
         self.ca.pem()
     }
 
     /// (certificate PEM, key PEM, certificate DER) named `cn`.
-    fn issue(&self, cn: &str) -> (String, String, Vec<u8>) {
+    pub(crate) fn issue(&self, cn: &str) -> (String, String, Vec<u8>) {
         let mut params =
             CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
         params.distinguished_name.push(DnType::CommonName, cn);
@@ -51,29 +51,29 @@ impl Pki {
 
 /// A directory laid out like a mounted Secret: `..<version>/tls.{crt,key}`, `..data`
 /// pointing at the current version, and `tls.crt`/`tls.key` pointing through `..data`.
-struct SecretDir {
+pub(crate) struct SecretDir {
     root: PathBuf,
     version: u32,
 }
 
 impl SecretDir {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let root = std::env::temp_dir().join(format!("gpu-booking-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
         Self { root, version: 0 }
     }
 
-    fn cert(&self) -> PathBuf {
+    pub(crate) fn cert(&self) -> PathBuf {
         self.root.join("tls.crt")
     }
 
-    fn key(&self) -> PathBuf {
+    pub(crate) fn key(&self) -> PathBuf {
         self.root.join("tls.key")
     }
 
     /// Writes a new version and swaps `..data` atomically, as the kubelet does.
-    fn write(&mut self, cert: &str, key: &str) {
+    pub(crate) fn write(&mut self, cert: &str, key: &str) {
         self.version += 1;
         let dir = format!(
             "..2026_11_22_00_00_{:02}.{}",
@@ -102,17 +102,17 @@ impl Drop for SecretDir {
 }
 
 /// The ServiceAccount that creates JupyterHub's pods in these reviews.
-const HUB: &str = "system:serviceaccount:jhub:hub";
+pub(crate) const HUB: &str = "system:serviceaccount:jhub:hub";
 
 /// The webhook on 127.0.0.1 (TLS) with its admin port; stopped when dropped.
-struct Running {
-    addr: SocketAddr,
-    admin: SocketAddr,
-    server: Arc<WebhookServer>,
+pub(crate) struct Running {
+    pub(crate) addr: SocketAddr,
+    pub(crate) admin: SocketAddr,
+    pub(crate) server: Arc<WebhookServer>,
     _stop: oneshot::Sender<()>,
 }
 
-async fn start_webhook(args: WebhookArgs) -> Running {
+pub(crate) async fn start_webhook(args: WebhookArgs) -> Running {
     let server = Arc::new(WebhookServer::from_args(&args).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -141,19 +141,25 @@ async fn start_webhook(args: WebhookArgs) -> Running {
 /// A client that trusts only the test CA, reaches `localhost` at the webhook's port,
 /// and reports the peer certificate.
 fn client(ca_pem: &str, addr: SocketAddr, keep_alive: bool) -> reqwest::Client {
-    let mut builder = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
-        .tls_built_in_root_certs(false)
-        .resolve("localhost", addr)
-        .tls_info(true)
-        .timeout(Duration::from_secs(10));
+    let mut builder = client_builder(ca_pem, addr);
     if !keep_alive {
         builder = builder.pool_max_idle_per_host(0);
     }
     builder.build().unwrap()
 }
 
-async fn mutate(
+/// [`client`]'s settings, for a client that needs more (its own source address, a
+/// client certificate).
+pub(crate) fn client_builder(ca_pem: &str, addr: SocketAddr) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
+        .tls_built_in_root_certs(false)
+        .resolve("localhost", addr)
+        .tls_info(true)
+        .timeout(Duration::from_secs(10))
+}
+
+pub(crate) async fn mutate(
     client: &reqwest::Client,
     addr: SocketAddr,
     review: &Value,
@@ -177,15 +183,15 @@ async fn mutate(
     (response.json().await.unwrap(), peer)
 }
 
-fn ks(file: &str) -> Value {
+pub(crate) fn ks(file: &str) -> Value {
     apiserver_view(kubespawner(file), "jhub")
 }
 
-fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+pub(crate) fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
-async fn api(
+pub(crate) async fn api(
     client: &reqwest::Client,
     method: reqwest::Method,
     url: String,

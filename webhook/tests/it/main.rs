@@ -6,4 +6,5 @@
 mod common;
 mod e2e;
 mod fixtures;
+mod forged;
 mod replica;
