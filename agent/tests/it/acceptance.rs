@@ -609,3 +609,50 @@ async fn nvml_failures_and_api_outages_do_no_harm() {
         "the audit row is still written"
     );
 }
+
+/// The chart's defaults (idle reclaim and the VRAM watchdog both in dry run): the
+/// activity annotation that preemption orders lent pods by, and the per-pod telemetry,
+/// are live; the idle pod is reported and keeps its process.
+#[tokio::test]
+async fn in_dry_run_the_activity_annotation_and_telemetry_are_live() {
+    let mut cfg = config();
+    cfg.policy.idle.dry_run = true;
+    cfg.vram_dry_run = true;
+    let mut node = Node::new(
+        cfg,
+        vec![
+            pod("jhub", "busy", 3).build(),
+            pod("jhub", "idle", 4).build(),
+        ],
+    );
+    let busy = node.sleeper(3, 0, 0, 1_000);
+    node.gpu.set_process_util(busy, 90);
+    let idle = node.sleeper(4, 0, 1, 2_000);
+    let reports = node.ticks(0, 30).await;
+    let annotated: Vec<String> = node
+        .cluster
+        .annotations()
+        .into_iter()
+        .filter(|(_, key, _)| key == "gpu-booking.io/last-gpu-activity")
+        .map(|(pod, _, _)| pod)
+        .collect();
+    // The busy pod's activity moves every minute; the idle one's stays where it was.
+    let count = |name: &str| annotated.iter().filter(|p| *p == name).count();
+    assert!(count("jhub/busy") >= 30, "{annotated:?}");
+    assert!(count("jhub/idle") <= 1, "{annotated:?}");
+    let text = node.metrics_text();
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("gpu_booking_agent_pod_gpu_memory_used_bytes{")
+                && l.contains("pod=\"idle\"")
+        ),
+        "{text}"
+    );
+    let dry: Vec<_> = reports
+        .iter()
+        .flat_map(|r| r.actions.iter())
+        .filter(|a| a.result == "dry_run")
+        .collect();
+    assert!(!dry.is_empty(), "the idle pod is reported");
+    assert!(node.running(idle) && node.running(busy), "nothing is ended");
+}
