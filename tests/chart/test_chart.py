@@ -652,6 +652,30 @@ def test_identity_is_trusted_from_the_hub_only():
     assert webhook["GPU_BOOKING_CASE_SENSITIVE_NAMES"]["value"] == "true"
 
 
+def test_the_webhook_limits_each_source_and_can_require_the_api_servers_certificate():
+    webhook = pod_spec(one("defaults", "Deployment", "-webhook"))
+    env = env_of(webhook["containers"][0])
+    assert env["GPU_BOOKING_WEBHOOK_SOURCE_REVIEW_BURST"]["value"] == "1000"
+    assert env["GPU_BOOKING_WEBHOOK_SOURCE_REVIEWS_PER_SECOND"]["value"] == "200"
+    # No CA given: any client, and nothing to mount.
+    assert "GPU_BOOKING_WEBHOOK_CLIENT_CA" not in env
+    assert not [v for v in webhook["volumes"] if v["name"] == "client-ca"]
+    assert not [o for o in objects("defaults", "ConfigMap") if o["metadata"]["name"].endswith("-client-ca")]
+
+    webhook = pod_spec(one("everything", "Deployment", "-webhook"))
+    container = webhook["containers"][0]
+    env = env_of(container)
+    assert env["GPU_BOOKING_WEBHOOK_SOURCE_REVIEW_BURST"]["value"] == "100"
+    assert env["GPU_BOOKING_WEBHOOK_SOURCE_REVIEWS_PER_SECOND"]["value"] == "20"
+    assert env["GPU_BOOKING_WEBHOOK_CLIENT_NAME"]["value"] == "kube-apiserver-webhook-client"
+    ca_path = env["GPU_BOOKING_WEBHOOK_CLIENT_CA"]["value"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "client-ca"]
+    assert ca_path == mount["mountPath"] + "/ca.crt" and mount["readOnly"]
+    (volume,) = [v for v in webhook["volumes"] if v["name"] == "client-ca"]
+    config_map = one("everything", "ConfigMap", volume["configMap"]["name"])
+    assert config_map["data"]["ca.crt"].startswith("-----BEGIN CERTIFICATE-----")
+
+
 # --- values, schema, documentation ---------------------------------------------------
 
 
@@ -671,6 +695,9 @@ def test_identity_is_trusted_from_the_hub_only():
     "webhook.trustedSpawners[0]=a\\,b",
     "webhook.spawnerNamespaces[0]=Not_A_Namespace",
     "webhook.networkPolicy.apiServerCIDRs[0]=kubernetes",
+    "webhook.sourceReviewsPerSecond=-1",
+    "webhook.clientAuth.caBundle=not a certificate",
+    "webhook.clientAuth.names[0]=a\\,b",
 ])
 def test_the_schema_refuses_bad_values(bad):
     result = render.template(set_values=[bad], check=False)
