@@ -1,15 +1,25 @@
-# A real JupyterHub (PyPI `jupyterhub`) for the tests of the booking page's "Sign in
-# with JupyterHub" (booking-api/tests/it/hub_login.rs). Everything test-specific
-# comes from the environment the test sets:
+# A real JupyterHub (PyPI `jupyterhub`) for the tests that put the hub in the loop
+# (tests/support/jupyterhub.rs starts it). Everything test-specific comes from the
+# environment it sets:
 #   HUB_PORT          the hub's own port on 127.0.0.1 (the browser and the API reach it there)
-#   HUB_DIR           a temporary folder for its database and cookie secret
-#   BOOKING_URL       the booking page's address (the service's url and redirect URI)
-#   BOOKING_SECRET    the service's api_token, which the hub takes as its OAuth client secret
+#   HUB_DIR           a temporary folder for its database, cookie secret and servers
 #   HUB_PASSWORD      every user's password (SharedPasswordAuthenticator, 8+ characters)
-# The service entry is the one examples/jupyterhub/z2jh-values.yaml registers.
+#   BOOKING_URL       the booking page's address (the service's url and redirect URI);
+#                     unset: no `gpu-booking` service
+#   BOOKING_SECRET    that service's api_token, the hub's OAuth client secret for it
+#   CONTROLLER_TOKEN  the api_token of the controller's service (role: docs/controller.md)
+#   READ_ONLY_TOKEN   the api_token of a service that may only read users
+#   ADMIN_TOKEN       the api_token of the hub's admin service (creates users)
+#   HUB_START_SECONDS, HUB_STOP_SECONDS
+#                     how long starting and stopping a server take (the hub answers a
+#                     start or stop that takes over 10 s with 202 and finishes it later)
+# The `gpu-booking` entry is the one examples/jupyterhub/jupyterhub-values.yaml registers.
+import asyncio
 import os
+import sys
 
 from jupyterhub.proxy import Proxy
+from jupyterhub.spawner import Spawner
 
 
 class NoProxy(Proxy):
@@ -29,9 +39,43 @@ class NoProxy(Proxy):
         return dict(self.routes)
 
 
+class StandInSpawner(Spawner):
+    """A single-user server stand-in: Python's http.server on a free port (any answer
+    tells the hub it is up), stopped as slowly as HUB_STOP_SECONDS says."""
+
+    async def start(self):
+        await asyncio.sleep(float(os.environ.get("HUB_START_SECONDS", "0")))
+        self.port = self.port or _free_port()
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1",
+            cwd=os.environ["HUB_DIR"], stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL)
+        return f"http://127.0.0.1:{self.port}"
+
+    async def poll(self):
+        proc = getattr(self, "proc", None)
+        if proc is None:
+            return 0
+        return proc.returncode
+
+    async def stop(self, now=False):
+        await asyncio.sleep(float(os.environ.get("HUB_STOP_SECONDS", "0")))
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+        self.port = 0
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 c = get_config()  # noqa: F821 (JupyterHub's config loader defines it)
 hub_dir = os.environ["HUB_DIR"]
-booking = os.environ["BOOKING_URL"].rstrip("/")
 
 c.JupyterHub.proxy_class = NoProxy
 # Its warnings and errors only, on the test's stderr.
@@ -40,7 +84,10 @@ c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{os.environ['HUB_PORT']}"
 c.JupyterHub.db_url = f"sqlite:///{hub_dir}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = f"{hub_dir}/cookie_secret"
 c.JupyterHub.pid_file = f"{hub_dir}/jupyterhub.pid"
-c.JupyterHub.cleanup_servers = False
+c.JupyterHub.cleanup_servers = True
+c.JupyterHub.spawner_class = StandInSpawner
+c.JupyterHub.allow_named_servers = True
+c.Spawner.start_timeout = 30
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = os.environ["HUB_PASSWORD"]
 c.Authenticator.allow_all = True
@@ -48,19 +95,29 @@ c.JupyterHub.load_groups = {
     "gpu-admins": {"users": ["carol"]},
     "ml-lab": {"users": ["alice", "carol"]},
 }
-# Users may reach the service (its OAuth included): without this scope the hub
-# answers the page's sign-in with 403 "You do not have permission to access
-# JupyterHub service gpu-booking".
-c.JupyterHub.load_roles = [
-    {"name": "user", "scopes": ["self", "access:services!service=gpu-booking"]},
-]
 c.JupyterHub.services = [
-    {
+    {"name": "gpu-booking-controller", "api_token": os.environ["CONTROLLER_TOKEN"]},
+    {"name": "no-servers-scope", "api_token": os.environ["READ_ONLY_TOKEN"]},
+    {"name": "lab-admin", "api_token": os.environ["ADMIN_TOKEN"]},
+]
+c.JupyterHub.load_roles = [
+    # docs/controller.md: the controller's role for `--on-expiry hub-restart`.
+    {"name": "gpu-booking", "scopes": ["servers"], "services": ["gpu-booking-controller"]},
+    {"name": "read-only", "scopes": ["read:users"], "services": ["no-servers-scope"]},
+    {"name": "admin", "services": ["lab-admin"]},
+]
+if "BOOKING_URL" in os.environ:
+    booking = os.environ["BOOKING_URL"].rstrip("/")
+    c.JupyterHub.services.append({
         "name": "gpu-booking",
         "url": booking,
         "api_token": os.environ["BOOKING_SECRET"],
         "oauth_redirect_uri": f"{booking}/login/hub/callback",
         "oauth_no_confirm": True,
         "display": True,
-    }
-]
+    })
+    # Users may reach the service (its OAuth included): without this scope the hub
+    # answers the page's sign-in with 403 "You do not have permission to access
+    # JupyterHub service gpu-booking".
+    c.JupyterHub.load_roles.append(
+        {"name": "user", "scopes": ["self", "access:services!service=gpu-booking"]})

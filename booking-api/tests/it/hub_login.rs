@@ -5,13 +5,9 @@
 //! the booking admin role for members of the admin group only. Forged callbacks and
 //! codes are refused and sign nobody in.
 //!
-//! Needs the hub under target/jupyterhub (`./scripts/jupyterhub-tools.sh` installs it;
-//! `./scripts/test.sh` does). Without it this test says so and passes, unless
-//! GPU_BOOKING_REQUIRE_JUPYTERHUB=1 (set by the test script) makes it fail.
+//! The hub: tests/support/jupyterhub.rs (skipped, saying so, where it is not installed).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,82 +22,12 @@ use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use reqwest::redirect::Policy as Redirects;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tokio::process::{Child, Command};
+
+#[path = "../../../tests/support/jupyterhub.rs"]
+mod jupyterhub;
+use jupyterhub::{RealHub as Hub, BOOKING_SECRET as CLIENT_SECRET, PASSWORD};
 
 const SECRET: &[u8] = b"hub-login-test-secret-0123456789abcdef";
-/// The service's api_token in the hub: the OAuth client secret.
-const CLIENT_SECRET: &str = "hub-login-test-client-secret";
-const PASSWORD: &str = "a-shared-test-password";
-
-/// The hub's Python, or `None` (with the reason printed) where it is not installed.
-fn hub_program() -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let program = root.join("target/jupyterhub/venv/bin/jupyterhub");
-    let required = std::env::var("GPU_BOOKING_REQUIRE_JUPYTERHUB").as_deref() == Ok("1");
-    if program.is_file() {
-        return Some(program);
-    }
-    let why = "target/jupyterhub is missing (run ./scripts/jupyterhub-tools.sh)";
-    assert!(!required, "{why}");
-    eprintln!("SKIPPED: the real JupyterHub test: {why}");
-    None
-}
-
-struct Hub {
-    url: String,
-    _dir: tempfile::TempDir,
-    _child: Child,
-}
-
-impl Hub {
-    async fn start(program: PathBuf, booking_url: &str) -> Hub {
-        let port = free_port();
-        let dir = tempfile::tempdir().unwrap();
-        let config = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/jupyterhub/jupyterhub_config.py");
-        let mut child = Command::new(program)
-            .arg("-f")
-            .arg(config)
-            .current_dir(dir.path())
-            .env("HUB_PORT", port.to_string())
-            .env("HUB_DIR", dir.path())
-            .env("BOOKING_URL", booking_url)
-            .env("BOOKING_SECRET", CLIENT_SECRET)
-            .env("HUB_PASSWORD", PASSWORD)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting jupyterhub");
-        let url = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
-        for _ in 0..600 {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("jupyterhub exited ({status}) before it answered: see its log above");
-            }
-            if let Ok(r) = http.get(format!("{url}/hub/api/")).send().await {
-                if r.status().is_success() {
-                    return Hub {
-                        url,
-                        _dir: dir,
-                        _child: child,
-                    };
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("JupyterHub did not answer on {url} within a minute");
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A browser: cookies by name (the hub's and ours live on different ports, and
 /// each is sent only where it came from), redirects followed by the test.
@@ -219,10 +145,12 @@ async fn api_get(url: &str, token: &str) -> (u16, Value) {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn people_sign_in_through_a_real_jupyterhub(pool: PgPool) {
-    let Some(program) = hub_program() else { return };
+    let Some(program) = jupyterhub::program() else {
+        return;
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let page = format!("http://{}", listener.local_addr().unwrap());
-    let hub = Hub::start(program, &page).await;
+    let hub = Hub::start(&program, Some(&page)).await;
 
     let login = HubLogin::from_args(
         &HubLoginArgs {

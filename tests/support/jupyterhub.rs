@@ -1,0 +1,124 @@
+//! A real JupyterHub (PyPI `jupyterhub`, under target/jupyterhub: run
+//! `./scripts/jupyterhub-tools.sh`) for the tests that put the hub in the loop, run
+//! with tests/jupyterhub/jupyterhub_config.py on 127.0.0.1. Included by path into
+//! each test binary that needs it (`#[path]`), one copy of the code.
+//!
+//! Without the hub a test says so and passes, unless GPU_BOOKING_REQUIRE_JUPYTERHUB=1
+//! (`./scripts/test.sh` sets it once it installed the hub) makes it fail.
+
+// Each test binary that includes this file uses a part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+/// Every user's password (SharedPasswordAuthenticator).
+pub const PASSWORD: &str = "a-shared-test-password";
+/// The `gpu-booking` service's api_token: the page's OAuth client secret.
+pub const BOOKING_SECRET: &str = "hub-login-test-client-secret";
+/// The token of the service `gpu-booking-controller`, with the role
+/// docs/controller.md documents for `--on-expiry hub-restart` (scope `servers`).
+pub const CONTROLLER_TOKEN: &str = "controller-test-token-with-servers";
+/// The token of the service `no-servers-scope`, which may read users only.
+pub const READ_ONLY_TOKEN: &str = "controller-test-token-read-only";
+/// The token of the service `lab-admin`: the hub's admin, who creates users.
+pub const ADMIN_TOKEN: &str = "hub-test-admin-token";
+
+/// The hub's program, or `None` (with the reason printed) where it is not installed.
+pub fn program() -> Option<PathBuf> {
+    let program = repo().join("target/jupyterhub/venv/bin/jupyterhub");
+    let required = std::env::var("GPU_BOOKING_REQUIRE_JUPYTERHUB").as_deref() == Ok("1");
+    if program.is_file() {
+        return Some(program);
+    }
+    let why = "target/jupyterhub is missing (run ./scripts/jupyterhub-tools.sh)";
+    assert!(!required, "{why}");
+    eprintln!("SKIPPED: a real-JupyterHub test: {why}");
+    None
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running hub, stopped when dropped.
+pub struct RealHub {
+    /// `http://127.0.0.1:<port>`: its pages under `/hub/`, its API under `/hub/api/`.
+    pub url: String,
+    _dir: tempfile::TempDir,
+    _child: Child,
+}
+
+impl RealHub {
+    /// Starts the hub; with `booking_url`, the booking page is registered as its
+    /// service `gpu-booking` (the sign-in's OAuth client).
+    pub async fn start(program: &Path, booking_url: Option<&str>) -> RealHub {
+        Self::start_with(program, booking_url, &[]).await
+    }
+
+    /// [`RealHub::start`] with more of the config's environment (`HUB_STOP_SECONDS`,
+    /// `HUB_START_SECONDS`).
+    pub async fn start_with(
+        program: &Path,
+        booking_url: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> RealHub {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Command::new(program);
+        command
+            .arg("-f")
+            .arg(repo().join("tests/jupyterhub/jupyterhub_config.py"))
+            .current_dir(dir.path())
+            .env("HUB_PORT", port.to_string())
+            .env("HUB_DIR", dir.path())
+            .env("HUB_PASSWORD", PASSWORD)
+            .env("BOOKING_SECRET", BOOKING_SECRET)
+            .env("CONTROLLER_TOKEN", CONTROLLER_TOKEN)
+            .env("READ_ONLY_TOKEN", READ_ONLY_TOKEN)
+            .env("ADMIN_TOKEN", ADMIN_TOKEN)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if let Some(url) = booking_url {
+            command.env("BOOKING_URL", url);
+        }
+        let mut child = command.spawn().expect("starting jupyterhub");
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        for _ in 0..600 {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("jupyterhub exited ({status}) before it answered: see its log above");
+            }
+            if let Ok(r) = http.get(format!("{url}/hub/api/")).send().await {
+                if r.status().is_success() {
+                    return RealHub {
+                        url,
+                        _dir: dir,
+                        _child: child,
+                    };
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("JupyterHub did not answer on {url} within a minute");
+    }
+
+    /// `/hub/api` of this hub.
+    pub fn api_url(&self) -> String {
+        format!("{}/hub/api", self.url)
+    }
+}
