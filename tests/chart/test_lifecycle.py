@@ -304,3 +304,42 @@ def test_the_controllers_policies_evaluated():
                 pod(initContainers=[{"name": "x", "image": "y", "securityContext": {"privileged": True}}]),
                 pod(containers=[{"name": "n", "image": "i", "envFrom": [{"secretRef": {"name": "hub"}}]}])]:
         assert len(pods(None, bad)) == 1, bad
+
+
+def test_the_backup_script_dumps_and_keeps_the_newest(tmp_path):
+    """The CronJob's script itself, run here against the local Postgres (the test
+    database server, DATABASE_URL's): a whole custom-format dump appears under its
+    final name, no partial file stays, and only the newest `keep` dumps remain."""
+    import os
+    import shutil
+    import subprocess
+    import urllib.parse
+
+    if not shutil.which("pg_dump") or not shutil.which("pg_restore"):
+        pytest.skip("pg_dump and pg_restore are not installed")
+    url = urllib.parse.urlparse(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
+    cron = named(render.render(set_values=["database.embedded.backup.keep=2"]), "CronJob", "gpu-booking-backup")
+    (c,) = pod_spec(cron)["containers"]
+    backup, secrets = tmp_path / "backup", tmp_path / "secrets"
+    backup.mkdir()
+    secrets.mkdir()
+    (secrets / "password").write_text(url.password or "")
+    script = c["args"][0].replace("/var/run/secrets/gpu-booking/postgres", str(secrets)).replace("/backup", str(backup))
+    env = {**os.environ, **{e["name"]: e["value"] for e in c["env"]},
+           "PGHOST": url.hostname or "127.0.0.1", "PGPORT": str(url.port or 5432),
+           "PGUSER": url.username or "postgres", "PGDATABASE": url.path.lstrip("/") or "postgres"}
+    database = env["PGDATABASE"]
+    for stale in (f"{database}-20260101T000000Z.dump", f"{database}-20260102T000000Z.dump",
+                  f"{database}-20260103T000000Z.dump.partial"):
+        (backup / stale).write_text("an older run's")
+    result = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True)
+    if result.returncode != 0 and ("connection to server" in result.stderr or "could not connect" in result.stderr):
+        pytest.skip(f"no Postgres at {url.hostname}: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    left = sorted(p.name for p in backup.iterdir())
+    assert len(left) == 2 and not any(n.endswith(".partial") for n in left), left
+    assert left[0] == f"{database}-20260102T000000Z.dump", "the newest older dump stays, the oldest goes"
+    fresh = backup / left[1]
+    assert re.fullmatch(rf"{database}-\d{{8}}T\d{{6}}Z\.dump", fresh.name), fresh.name
+    listing = subprocess.run(["pg_restore", "--list", str(fresh)], capture_output=True, text=True)
+    assert listing.returncode == 0, listing.stderr
