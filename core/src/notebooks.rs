@@ -20,13 +20,16 @@
 //!
 //! A GPU pod without our priority label is another workload, not a notebook.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
 use crate::admission::PodStanding;
 use crate::usage::ACTIVITY_REPORT_STEP;
-use crate::wire::notebooks::{NextStep, Notebook, NotebookStanding, MAX_WHY_LEN};
+use crate::wire::notebooks::{
+    NextStep, Notebook, NotebookStanding, MAX_REPORTED_NOTEBOOKS, MAX_WHY_LEN,
+};
 
 /// What the decision reads of a pod: only our marks, as far as they are believed.
 #[derive(Debug, Clone, Default)]
@@ -147,9 +150,16 @@ fn one_line(note: &str) -> String {
     }
 }
 
-/// The notebooks of `pods`, in the order the service keeps them (namespace, pod).
+/// The notebooks of `pods`, in the order the service keeps them (namespace, pod), at
+/// most [`MAX_REPORTED_NOTEBOOKS`]: beyond it, those with a GPU first (a booking's
+/// end and a lent GPU's deadline are what their users must not miss), then those on
+/// CPU, newest first.
 pub fn notebooks<'a>(pods: impl IntoIterator<Item = PodFacts<'a>>) -> Vec<Notebook> {
     let mut out: Vec<Notebook> = pods.into_iter().filter_map(|p| notebook(&p)).collect();
+    if out.len() > MAX_REPORTED_NOTEBOOKS {
+        out.sort_by_key(|n| (n.standing == NotebookStanding::Stripped, Reverse(n.started)));
+        out.truncate(MAX_REPORTED_NOTEBOOKS);
+    }
     out.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
     out
 }
@@ -311,6 +321,36 @@ mod tests {
         assert_eq!(n.problem(), None, "{}", n.why);
         assert!(n.why.starts_with("on CPU: two lines x"), "{}", n.why);
         assert_eq!(n.why.chars().count(), MAX_WHY_LEN);
+    }
+
+    #[test]
+    fn a_long_list_keeps_the_gpus_then_the_newest_on_cpu() {
+        let names: Vec<String> = (0..MAX_REPORTED_NOTEBOOKS + 2)
+            .map(|i| format!("jupyter-{i:05}"))
+            .collect();
+        let start = t("2026-11-30T00:00:00Z");
+        let pods = names.iter().enumerate().map(|(i, name)| {
+            let mut p = match i {
+                // The last two are the only ones with a GPU.
+                i if i >= MAX_REPORTED_NOTEBOOKS => gpu_pod(PodStanding::Low),
+                _ => cpu_pod(Some("booking ended")),
+            };
+            p.name = name;
+            p.started = Some(start + TimeDelta::minutes(i as i64));
+            p
+        });
+        let kept = notebooks(pods);
+        assert_eq!(kept.len(), MAX_REPORTED_NOTEBOOKS);
+        let lent = kept
+            .iter()
+            .filter(|n| n.standing == NotebookStanding::Lent)
+            .count();
+        assert_eq!(lent, 2, "every notebook with a GPU is kept");
+        // The two oldest on CPU give way.
+        assert!(kept
+            .iter()
+            .all(|n| n.pod != "jupyter-00000" && n.pod != "jupyter-00001"));
+        assert!(kept.windows(2).all(|w| w[0].pod < w[1].pod), "sorted again");
     }
 
     #[test]

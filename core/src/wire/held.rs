@@ -48,7 +48,7 @@ pub struct HeldReport {
     /// [`super::notebooks::MAX_REPORTED_NOTEBOOKS`]. Served to each user by
     /// `GET /api/v1/notebooks`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[cfg_attr(feature = "openapi", schema(max_items = 100000))]
+    #[cfg_attr(feature = "openapi", schema(max_items = 2000))]
     pub notebooks: Vec<super::notebooks::Notebook>,
 }
 

@@ -7,8 +7,13 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// The most notebooks one report may name: far above any cluster's GPU pods.
-pub const MAX_REPORTED_NOTEBOOKS: usize = 100_000;
+/// The most notebooks one report may name. The held-units report carries them, and
+/// the webhook's counts depend on that report being read: at about 400 bytes a
+/// notebook, this many keep it well within the service's request body limit
+/// (`MAX_BODY_BYTES`, 2 MiB). A lab with more running notebooks with a GPU or
+/// stripped of one is beyond what a page of notebooks serves; the controller keeps
+/// the ones that matter most ([`crate::notebooks::notebooks`]).
+pub const MAX_REPORTED_NOTEBOOKS: usize = 2_000;
 /// The longest user name, namespace or pod name in a report, in bytes (a pod name
 /// is at most 253, a user name at most 256).
 pub const MAX_NOTEBOOK_NAME_LEN: usize = 256;
