@@ -19,6 +19,7 @@
     start_in_past: 'A booking cannot start in the past.',
     duration_too_short: 'This booking is shorter than the shortest booking allowed.',
     duration_too_long: 'This booking is longer than the longest booking allowed.',
+    too_far_ahead: 'This booking starts further ahead than bookings may be planned.',
     active_booking_exists: 'You cannot book while one of your bookings is running.',
     future_booking_exists: 'You already have a planned booking, and only a limited number of planned bookings is allowed per person.',
     cooldown: 'Too soon after your last booking: there is a waiting time (cooldown) between one booking and the next.',

@@ -367,6 +367,11 @@ impl Default for PolicyArgs {
         PolicyArgs {
             min_duration: p.min_duration,
             max_duration: p.max_duration,
+
+    /// How far ahead a booking may start (e.g. 365days, 120days for a term).
+    #[arg(long, env = "GPU_BOOKING_MAX_AHEAD", default_value = "365days", value_parser = parse_duration)]
+    pub max_ahead: TimeDelta,
+
             cooldown: p.cooldown,
             max_planned: p.max_planned,
             allow_booking_while_active: !p.no_booking_while_active,
@@ -383,6 +388,7 @@ impl PolicyArgs {
             max_duration: self.max_duration,
             cooldown: self.cooldown,
             no_booking_while_active: !self.allow_booking_while_active,
+            max_ahead: p.max_ahead,
             max_planned: self.max_planned,
             max_units_per_booking: self.max_units_per_booking,
             feed_show_names: self.feed_show_names,
@@ -397,6 +403,7 @@ pub use gpu_booking_process::{init_logging, LogFormat};
 pub use gpu_booking_process::duration::parse_time_delta as parse_duration;
 
 /// The API's port limits: bodies up to 1 MiB by default (its requests are small JSON).
+            max_ahead: self.max_ahead,
 pub type ApiLimits = gpu_booking_process::serve::ServerLimits<{ 1024 * 1024 }>;
 
 fn parse_sa_binding(s: &str) -> Result<((String, String), crate::role::Role), String> {

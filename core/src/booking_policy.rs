@@ -20,6 +20,9 @@ pub struct Policy {
     pub max_planned: u32,
     /// GPUs (units of its model) one booking may be for; 1: single-GPU bookings only.
     pub max_units_per_booking: u32,
+    /// How far ahead a booking may start: a lab plans a term, not a century (and the
+    /// calendar feeds show a year).
+    pub max_ahead: TimeDelta,
     /// Calendar feeds of a model's occupancy name the users who booked it (off: a
     /// model's feed shows only that a unit is booked, and the caller's own bookings).
     pub feed_show_names: bool,
@@ -39,6 +42,7 @@ impl Default for Policy {
             no_booking_while_active: true,
             max_planned: 1,
             max_units_per_booking: 1,
+            max_ahead: TimeDelta::days(365),
             feed_show_names: false,
         }
     }

@@ -32,6 +32,8 @@ pub enum RuleCode {
     EndInPast,
     /// A change would move the start of a booking that has started.
     BookingStarted,
+    /// The booking would start beyond the policy's horizon (`max_ahead`).
+    TooFarAhead,
 }
 
 impl RuleCode {
@@ -50,6 +52,7 @@ impl RuleCode {
             RuleCode::InvalidUnits => "invalid_units",
             RuleCode::EndInPast => "end_in_past",
             RuleCode::BookingStarted => "booking_started",
+            RuleCode::TooFarAhead => "too_far_ahead",
         }
     }
 
@@ -137,6 +140,17 @@ pub fn check_request(
             format!("The booking cannot start in the past ({}).", rfc3339(start)),
         )
         .with_earliest(now));
+    }
+    if start - now > policy.max_ahead {
+        return Err(Refusal::new(
+            RuleCode::TooFarAhead,
+            format!(
+                "Bookings may start at most {} ahead (by {}); this one starts {}.",
+                human_duration(policy.max_ahead),
+                rfc3339(now + policy.max_ahead),
+                rfc3339(start)
+            ),
+        ));
     }
     let duration = window.duration();
     if duration < policy.min_duration {
@@ -533,6 +547,27 @@ mod tests {
         assert_eq!(
             code(request(s, s + days(14) + secs(1))),
             Some(RuleCode::DurationTooLong)
+        );
+    }
+
+    #[test]
+    fn the_horizon_is_inclusive_and_an_override_passes_it() {
+        let edge = now() + Policy::default().max_ahead;
+        assert!(request(edge, edge + days(1)).is_ok());
+        let refusal = request(edge + secs(1), edge + days(1)).unwrap_err();
+        assert_eq!(refusal.code, RuleCode::TooFarAhead);
+        assert!(!refusal.code.is_conflict(), "the request is to fix, not to wait for");
+        assert!(refusal.message.contains("365 days"), "{}", refusal.message);
+        assert!(refusal.message.contains("2027-03-01T12:00:00Z"), "{}", refusal.message);
+        // The year 9999 the window allows is far past it.
+        let far = Utc.with_ymd_and_hms(9999, 1, 1, 0, 0, 0).unwrap();
+        assert_eq!(code(request(far, far + days(1))), Some(RuleCode::TooFarAhead));
+        assert!(check_request(&Policy::default(), now(), far, far + days(1), true).is_ok());
+        // A planned booking's start moved past it is refused as a new one would be.
+        let planned = w(now() + days(20), now() + days(21));
+        assert_eq!(
+            change(planned, false, edge + secs(1), edge + days(1), &[]),
+            Err(RuleCode::TooFarAhead)
         );
     }
 

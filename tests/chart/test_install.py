@@ -104,14 +104,19 @@ def test_the_default_install_is_complete():
 
 def operator_inputs(scenario):
     """What a scenario's values name as the operator's own, which no chart can make:
-    the JupyterHub service token's Secret (made by the hub's side), and the SMTP
+    the JupyterHub service tokens' Secrets (the controller's, and the page's OAuth
+    client secret for "Sign in with JupyterHub", made by the hub's side), and the SMTP
     password and notice webhook URL, which the operator adds to the release's Secret
     (the bootstrap Job keeps keys it did not write)."""
-    path = Path(__file__).parent / "values" / f"{scenario}.yaml"
-    values = yaml.safe_load(path.read_text()) if path.exists() else {}
+    values = {}
+    for path in render.scenarios()[scenario]:
+        values.update(yaml.safe_load(Path(path).read_text()) or {})
     hub = ((values or {}).get("controller") or {}).get("hub") or {}
+    hub_login = ((values or {}).get("auth") or {}).get("hubLogin") or {}
     notices = (values or {}).get("notices") or {}
     secrets = {hub["tokenSecretName"]} if hub.get("tokenSecretName") else set()
+    if hub_login.get("secretName"):
+        secrets.add(hub_login["secretName"])
     if notices.get("secretName"):
         secrets.add(notices["secretName"])
     keys = {k for k in [(notices.get("smtp") or {}).get("passwordKey"), (notices.get("webhook") or {}).get("urlKey")] if k}

@@ -29,6 +29,8 @@ pub struct PolicyView {
     pub no_booking_while_active: bool,
     /// GPUs one booking may be for (`units` of `POST /bookings`).
     pub max_units_per_booking: u32,
+    /// How far ahead a booking may start, seconds.
+    pub max_ahead_seconds: i64,
 }
 
 #[utoipa::path(get, path = "/api/v1/policy", tag = "bookings",
@@ -46,6 +48,7 @@ pub async fn policy(
         max_planned: p.max_planned,
         no_booking_while_active: p.no_booking_while_active,
         max_units_per_booking: p.max_units_per_booking,
+        max_ahead_seconds: p.max_ahead.num_seconds(),
     }))
 }
 

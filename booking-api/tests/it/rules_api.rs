@@ -324,6 +324,43 @@ async fn duration_at_most_14_days(pool: PgPool) {
     api.book("alice", "a100", s, s + days(14)).await.created();
 }
 
+#[sqlx::test(migrations = "../migrations")]
+async fn start_at_most_a_year_ahead(pool: PgPool) {
+    let api = Api::new(pool, &[("a100", 4)]).await;
+    let edge = api.now() + Policy::default().max_ahead;
+    api.book("alice", "a100", edge + secs(1), edge + days(1))
+        .await
+        .refused(422, "too_far_ahead", None);
+    // The year 9999, which the database's window accepts, is far past it.
+    let far = DateTime::parse_from_rfc3339("9999-01-01T00:00:00Z")
+        .unwrap()
+        .with_timezone(&Utc);
+    api.book("alice", "a100", far, far + days(1))
+        .await
+        .refused(422, "too_far_ahead", None);
+    let id = api.book("alice", "a100", edge, edge + days(1)).await.id();
+    let policy = api
+        .call(Method::GET, "/api/v1/policy", &user("alice"), None)
+        .await
+        .ok()
+        .clone();
+    assert_eq!(policy["max_ahead_seconds"], 365 * 86_400);
+    // Its start moved past the horizon: refused as a new booking would be.
+    api.call(
+        Method::PATCH,
+        &format!("/api/v1/bookings/{id}"),
+        &user("alice"),
+        Some(json!({"start": rfc(edge + secs(1)), "end": rfc(edge + days(1) + secs(1))})),
+    )
+    .await
+    .refused(422, "too_far_ahead", None);
+    // An admin's override may (a planned course, a maintenance booking).
+    api.admin_book("bob", "a100", far, far + days(1), true)
+        .await
+        .created();
+    api.assert_invariants().await;
+}
+
 // ---------------------------------------------------------------------------
 // The user's own bookings
 
