@@ -2,7 +2,9 @@
 //! an existing node starts at once (`Running`, `startTime`, ready containers and the
 //! `Ready` condition), and a pod deleted with a grace period is gone when the period
 //! has passed on the tokio clock (so paused-clock tests can advance it), freeing what
-//! it held.
+//! it held. A started pod gets its own IP address (`status.podIP`): the lowest
+//! `127.0.0.N` no other unfinished pod holds, or what the test's network plugin
+//! ([`crate::FakeApiServer::set_pod_network`]) picks.
 //!
 //! Simplifications, one line each: containers always start and always take their whole
 //! grace period to stop; no probes, restarts or images; a pod bound straight to a node
@@ -32,8 +34,31 @@ fn container_id(uid: &str, index: usize) -> String {
     )
 }
 
-/// The phase and status a started pod reports.
-fn started(pod: &Value, now: &str) -> Value {
+/// A started pod's address: the network plugin's, else the lowest `127.0.0.N`
+/// (from 2) that no other unfinished pod holds, so that each pod has its own.
+fn pod_ip(store: &Store, pod: &Value) -> String {
+    if let Some(ip) = store
+        .sim
+        .pod_network
+        .as_ref()
+        .and_then(|network| network(pod))
+    {
+        return ip;
+    }
+    let held: HashSet<String> = store
+        .list(&pods_key(), None, &crate::select::Selector::default())
+        .iter()
+        .filter(|p| !crate::fields::finished(p))
+        .map(|p| str_at(p, "/status/podIP").to_owned())
+        .collect();
+    (2..=u32::from(u16::MAX))
+        .map(|n| format!("127.0.{}.{}", n / 256, n % 256))
+        .find(|ip| !held.contains(ip) && !ip.ends_with(".0") && !ip.ends_with(".255"))
+        .unwrap_or_default()
+}
+
+/// The phase and status a started pod reports, at address `ip`.
+fn started(pod: &Value, now: &str, ip: &str) -> Value {
     let mut pod = pod.clone();
     let uid = meta_str(&pod, "uid").unwrap_or("").to_owned();
     let statuses: Vec<Value> = pod
@@ -61,6 +86,10 @@ fn started(pod: &Value, now: &str) -> Value {
     }
     pod["status"]["phase"] = json!("Running");
     pod["status"]["startTime"] = json!(now);
+    if !ip.is_empty() {
+        pod["status"]["podIP"] = json!(ip);
+        pod["status"]["podIPs"] = json!([{"ip": ip}]);
+    }
     pod["status"]["containerStatuses"] = json!(statuses);
     for kind in ["Initialized", "ContainersReady", "Ready"] {
         set_condition(&mut pod, json!({"type": kind, "status": "True"}), now);
@@ -107,7 +136,14 @@ pub(crate) fn run(store: &mut Store, shared: &Shared) {
                 }
             }
         } else if matches!(phase, "" | "Pending") {
-            let _ = store.update(&pods_key(), &ns, &name, Write::Whole, started(&pod, &now));
+            let ip = pod_ip(store, &pod);
+            let _ = store.update(
+                &pods_key(),
+                &ns,
+                &name,
+                Write::Whole,
+                started(&pod, &now, &ip),
+            );
         }
     }
 }

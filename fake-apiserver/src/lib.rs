@@ -102,7 +102,8 @@
 //!   inter-pod affinity, topology spread, ports or volumes; no backoff; no Events.
 //!
 //! [`FakeApiServer::enable_kubelet`] adds a kubelet on every node: a bound pod starts at
-//! once (`Running`, `startTime`, ready containers, `Ready`), and a graceful deletion ends
+//! once (`Running`, `startTime`, ready containers, `Ready`, its own `podIP`: the lowest
+//! free `127.0.0.N`, or what [`FakeApiServer::set_pod_network`] picks), and a graceful deletion ends
 //! after the grace period (the delete's `gracePeriodSeconds`, else the pod's
 //! `terminationGracePeriodSeconds`, else 30 s) on the tokio clock, freeing its resources.
 //! Simplified: containers always start and always use their whole grace period; no
@@ -743,6 +744,13 @@ impl FakeApiServer {
             store.sim.dirty = true;
         }
         self.shared.changed();
+    }
+
+    /// The cluster's network plugin: `pick` gives each pod the kubelet starts its
+    /// address (`status.podIP`), or `None` for the kubelet's own choice (the lowest
+    /// free `127.0.0.N`). It runs while the fake is locked: it must not call the fake.
+    pub fn set_pod_network(&self, pick: impl Fn(&Value) -> Option<String> + Send + Sync + 'static) {
+        self.lock().sim.pod_network = Some(Arc::new(pick));
     }
 
     /// One scheduling pass now, whether or not [`Self::enable_scheduler`] was called.

@@ -10,8 +10,14 @@ use crate::change::{Change, ChangeKind};
 use crate::fields::{finished, meta_str, str_at};
 use crate::path::ResourceKey;
 
+/// Picks a started pod's IP address (the cluster's network plugin); `None` leaves
+/// the kubelet's own choice.
+pub(crate) type PodNetwork = std::sync::Arc<dyn Fn(&Value) -> Option<String> + Send + Sync>;
+
 #[derive(Default)]
 pub(crate) struct Sim {
+    /// The network plugin, if the test gave one ([`crate::FakeApiServer::set_pod_network`]).
+    pub pod_network: Option<PodNetwork>,
     pub scheduler: bool,
     pub kubelet: bool,
     /// A pod or node changed since the last pass.

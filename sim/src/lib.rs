@@ -26,6 +26,7 @@ pub mod https_api;
 pub mod hub;
 pub mod lab;
 pub mod models;
+pub mod notebooks;
 pub mod rendered;
 pub mod routes;
 pub mod service_accounts;
@@ -237,6 +238,8 @@ impl SimBuilder {
         server.enable_scheduler();
         server.enable_kubelet();
         server.enable_admission();
+        // Before any pod starts: each gets its address, each notebook its server.
+        let notebooks = notebooks::NotebookServers::start(&server);
 
         for ns in [
             spawner::NOTEBOOK_NAMESPACE,
@@ -353,6 +356,7 @@ impl SimBuilder {
             nodes: self.nodes,
             webhook: tokio::sync::Mutex::new(Some(webhook)),
             https,
+            notebooks,
             controller,
             agents,
         })
@@ -412,6 +416,8 @@ pub struct SimCluster {
     webhook: tokio::sync::Mutex<Option<WebhookServer>>,
     /// The API server over HTTPS, with its kubeconfig.
     pub https: https_api::HttpsApiServer,
+    /// The notebooks' stand-in single-user servers.
+    notebooks: notebooks::NotebookServers,
     pub controller: Controller,
     /// The node agents, one per GPU node.
     pub agents: agents::NodeAgents,
@@ -676,6 +682,7 @@ impl SimCluster {
         self.stop_webhook().await;
         self.agents.stop().await;
         self.https.stop().await;
+        self.notebooks.stop().await;
     }
 
     /// The kubeconfig of the lab's API server over HTTPS (the cluster administrator's).

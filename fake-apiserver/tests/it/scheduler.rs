@@ -839,3 +839,37 @@ async fn pods_of_another_scheduler_are_left_alone() {
     assert_eq!(server.pod_node(NS, "other"), None);
     assert!(condition(&server, "other", "PodScheduled").is_none());
 }
+
+fn pod_ip(server: &FakeApiServer, name: &str) -> Option<String> {
+    get(server, name).status?.pod_ip
+}
+
+/// Each started pod has its own address: the lowest free `127.0.0.N`, one a pod that
+/// went no longer holds, or the network plugin's.
+#[tokio::test]
+async fn started_pods_get_addresses_of_their_own() {
+    let server = scheduled_server();
+    server.enable_kubelet();
+    server.set_pod_network(|pod| {
+        (pod["metadata"]["name"] == "plugged").then(|| "127.9.9.9".to_owned())
+    });
+    server.add_node(NodeBuilder::new("n1"));
+    create(&server, pod("a")).await;
+    create(&server, pod("b")).await;
+    assert_eq!(pod_ip(&server, "a").as_deref(), Some("127.0.0.2"));
+    assert_eq!(pod_ip(&server, "b").as_deref(), Some("127.0.0.3"));
+    let ips = get(&server, "b").status.unwrap().pod_ips.unwrap();
+    assert_eq!(ips[0].ip, "127.0.0.3");
+    assert!(server.pod_gone(NS, "a"));
+    create(&server, pod("c")).await;
+    assert_eq!(
+        pod_ip(&server, "c").as_deref(),
+        Some("127.0.0.2"),
+        "a's address is free again"
+    );
+    create(&server, pod("plugged")).await;
+    assert_eq!(pod_ip(&server, "plugged").as_deref(), Some("127.9.9.9"));
+    // Not started, no address.
+    create(&server, select(pod("nowhere"), "missing", "label")).await;
+    assert_eq!(pod_ip(&server, "nowhere"), None);
+}
