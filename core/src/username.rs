@@ -35,6 +35,11 @@ pub enum UsernameError {
     TooLong { len: usize, max: usize },
     #[error("user name contains the control character U+{code:04X} at byte {at}")]
     ControlCharacter { code: u32, at: usize },
+    /// An invisible character (a format character such as U+200B ZERO WIDTH SPACE,
+    /// a line or paragraph separator, a private-use character): it would make two
+    /// names that look the same two users.
+    #[error("user name contains the invisible character U+{code:04X} at byte {at} (format characters, line and paragraph separators and private-use characters are not allowed)")]
+    InvisibleCharacter { code: u32, at: usize },
     #[error("user name starts or ends with whitespace")]
     SurroundingWhitespace,
     #[error("escaped slug has an invalid escape at byte {at}: '-' must be followed by two lowercase hex digits")]
@@ -362,6 +367,25 @@ impl SlugMatch {
     }
 }
 
+/// Characters that show nothing, or nothing of their own, in a name: the Unicode
+/// general categories Cf (format: zero-width space and joiners, bidirectional
+/// controls, the byte order mark, soft hyphen, tags), Zl and Zp (line and paragraph
+/// separators), Co (private use) and Cs (surrogates, which a `char` never is). Cc
+/// (controls) has its own error. JupyterHub itself refuses none of them (its
+/// `validate_username` refuses only `/`, empty names, names of dots and surrounding
+/// white space), but a name holding one looks like another user's name.
+pub fn is_invisible(c: char) -> bool {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    matches!(
+        c.general_category(),
+        GeneralCategory::Format
+            | GeneralCategory::LineSeparator
+            | GeneralCategory::ParagraphSeparator
+            | GeneralCategory::PrivateUse
+            | GeneralCategory::Surrogate
+    )
+}
+
 /// A JupyterHub user name, as it arrives from a JWT claim, an admin's request or a pod
 /// annotation. Every user name passes through [`Username::parse`].
 ///
@@ -369,7 +393,9 @@ impl SlugMatch {
 /// non-Latin letters, even inner spaces, and refusing one would lock a real user out.
 /// What is refused cannot be a real login and only causes harm downstream: empty
 /// names, more than [`MAX_USERNAME_BYTES`], control characters (they forge log lines
-/// and headers) and leading/trailing whitespace (it makes two names look alike).
+/// and headers), leading/trailing whitespace (it makes two names look alike) and
+/// invisible characters ([`is_invisible`]: `alice` and `alice` + U+200B would be
+/// two users that no one can tell apart).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub struct Username(String);
@@ -393,6 +419,12 @@ impl Username {
         // char::is_control is exactly the Unicode category Cc (C0, DEL and C1).
         if let Some((at, ch)) = name.char_indices().find(|(_, c)| c.is_control()) {
             return Err(UsernameError::ControlCharacter {
+                code: u32::from(ch),
+                at,
+            });
+        }
+        if let Some((at, ch)) = name.char_indices().find(|(_, c)| is_invisible(*c)) {
+            return Err(UsernameError::InvisibleCharacter {
                 code: u32::from(ch),
                 at,
             });
@@ -763,6 +795,38 @@ mod tests {
             Ok("bob".into())
         );
         assert_eq!(name.slugs().safe, "zo-uni-example---99eefb17");
+    }
+
+    #[test]
+    fn invisible_characters_are_refused() {
+        for (name, code, at) in [
+            ("alice\u{200b}", 0x200b, 5),
+            ("\u{feff}alice", 0xfeff, 0),
+            ("al\u{200d}ice", 0x200d, 2),
+            ("al\u{00ad}ice", 0x00ad, 2),
+            ("alice\u{202e}moc.evil", 0x202e, 5),
+            ("a\u{2028}b", 0x2028, 1),
+            ("a\u{e000}b", 0xe000, 1),
+            ("a\u{e0041}b", 0xe0041, 1),
+        ] {
+            assert_eq!(
+                Username::parse(name),
+                Err(UsernameError::InvisibleCharacter { code, at }),
+                "{name:?}"
+            );
+        }
+        // Visible letters, marks and inner spaces of real logins stay accepted.
+        for name in [
+            "zoë@uni.example",
+            "José María",
+            "李小龙",
+            "a\u{0301}b",
+            "x+tag@lab.example",
+        ] {
+            assert!(Username::parse(name).is_ok(), "{name:?}");
+        }
+        // Lowercasing never brings one in: the normalised name is checked again.
+        assert!(Username::normalised("Alice\u{200b}", NameCase::Lowercase).is_err());
     }
 
     #[test]
