@@ -91,6 +91,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         names: Default::default(),
         waitlist_sweep: TimeDelta::minutes(1),
         limits: Default::default(),
+        write_limits: Default::default(),
         // No SMTP or webhook: notices are listed on the page only, soon after.
         notices: gpu_booking_api::notices::config::NoticeArgs {
             notice_interval: std::time::Duration::from_secs(2),

@@ -52,6 +52,8 @@ pub fn router(state: AppState) -> Router {
             "/feeds/{token}/models/{model}/occupancy.ics",
             get(feeds::model_feed),
         );
+    // Before any handler reads the request (and so before the database sees it).
+    let api = api.layer(axum::middleware::from_fn(crate::extract::refuse_nul));
     Router::new()
         .nest("/api/v1", api)
         .route(

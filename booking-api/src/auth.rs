@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use crate::config::AuthArgs;
 use crate::error::ApiError;
 use crate::jwks::JwksCache;
+use crate::write_limits::WriteGate;
 
 // Its own module, so that the options (`config`) and the TokenReview bindings
 // (`service_accounts`) name roles without depending on auth, which depends on them.
@@ -67,6 +68,30 @@ pub struct Authenticator {
     hs256: Option<Arc<DecodingKey>>,
     oidc: Option<Arc<Oidc>>,
     service_accounts: Option<Arc<crate::service_accounts::ServiceAccounts>>,
+    /// Longest accepted lifetime of an HS256 token, by what it grants.
+    hs256_lifetimes: Lifetimes,
+}
+
+/// Ceilings on a token's lifetime (`exp - iat`, or `exp - now` without `iat`): a
+/// stolen long-lived token is worth more. A person's token (no role, or `admin`)
+/// lives as long as an OIDC provider's would (`--max-token-lifetime`); the shared
+/// service token of the webhook, controller and agent, where they use one, is
+/// minted once and mounted, so it gets its own ceiling
+/// (`--max-service-token-lifetime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifetimes {
+    pub person: Duration,
+    pub service: Duration,
+}
+
+impl Default for Lifetimes {
+    fn default() -> Self {
+        let args = AuthArgs::default();
+        Lifetimes {
+            person: args.max_token_lifetime,
+            service: args.max_service_token_lifetime,
+        }
+    }
 }
 
 /// How tokens of an OIDC provider are checked. Issuer and audience are required: a
@@ -118,7 +143,14 @@ impl Authenticator {
             hs256: hs256_secret.map(|s| Arc::new(DecodingKey::from_secret(s))),
             oidc: oidc.map(Arc::new),
             service_accounts: None,
+            hs256_lifetimes: Lifetimes::default(),
         }
+    }
+
+    /// With these ceilings on HS256 tokens' lifetimes.
+    pub fn with_hs256_lifetimes(mut self, lifetimes: Lifetimes) -> Authenticator {
+        self.hs256_lifetimes = lifetimes;
+        self
     }
 
     /// Also accepts Kubernetes ServiceAccount tokens, verified by TokenReview.
@@ -183,7 +215,12 @@ impl Authenticator {
                 max_lifetime: auth.max_token_lifetime,
             }),
         };
-        Ok(Authenticator::new(hs256_secret, oidc))
+        Ok(
+            Authenticator::new(hs256_secret, oidc).with_hs256_lifetimes(Lifetimes {
+                person: auth.max_token_lifetime,
+                service: auth.max_service_token_lifetime,
+            }),
+        )
     }
 
     /// Checks signature, algorithm, expiry, not-before and (for OIDC tokens) issuer,
@@ -234,21 +271,27 @@ impl Authenticator {
         let name = match oidc {
             // HS256 tokens are signed with our own secret: whoever holds it is
             // trusted to name the user, by `email` or else `sub`.
-            None => claims.email.clone().or_else(|| claims.sub.clone()),
+            None => {
+                let service = claims.roles().any(|r| r == "service");
+                let lifetimes = self.hs256_lifetimes;
+                let (max, flag) = if service {
+                    (lifetimes.service, "--max-service-token-lifetime")
+                } else {
+                    (lifetimes.person, "--max-token-lifetime")
+                };
+                check_lifetime(&claims, max, flag)?;
+                claims.email.clone().or_else(|| claims.sub.clone())
+            }
             Some(oidc) => {
-                oidc.check_lifetime(&claims)?;
+                check_lifetime(&claims, oidc.max_lifetime, "--max-token-lifetime")?;
                 Some(oidc.username(&claims)?)
             }
         }
         .ok_or_else(|| unauthorized("no email or sub claim"))?;
         let user = Username::parse(&name)
             .map_err(|e| ApiError::Unauthorized(format!("invalid token: user name: {e}")))?;
-        let roles = claims
-            .roles
-            .iter()
-            .chain(claims.realm_access.iter().flat_map(|r| r.roles.iter()));
         let (mut admin, mut service) = (false, false);
-        for role in roles {
+        for role in claims.roles() {
             match role.as_str() {
                 "admin" => admin = true,
                 "service" => service = true,
@@ -272,27 +315,6 @@ impl Oidc {
         v.set_audience(&[&self.audience]);
         v.set_issuer(&[&self.issuer]);
         v
-    }
-
-    /// A ceiling on `exp - iat`: a stolen long-lived token is worth more, and
-    /// providers issue minutes to hours. `iat` in the future is refused too.
-    fn check_lifetime(&self, claims: &Claims) -> Result<(), ApiError> {
-        let now = Utc::now().timestamp();
-        let exp = claims
-            .exp
-            .ok_or_else(|| unauthorized("missing claim exp"))?;
-        let leeway = LEEWAY_SECS as i64;
-        if claims.iat.is_some_and(|iat| iat > now + leeway) {
-            return Err(unauthorized("issued in the future (iat)"));
-        }
-        let from = claims.iat.unwrap_or(now);
-        let max = i64::try_from(self.max_lifetime.as_secs()).unwrap_or(i64::MAX);
-        if exp.saturating_sub(from) > max.saturating_add(leeway) {
-            return Err(unauthorized(
-                "lifetime longer than the accepted maximum (--max-token-lifetime)",
-            ));
-        }
-        Ok(())
     }
 
     /// The user the token names, from the configured claim.
@@ -321,6 +343,47 @@ impl Oidc {
                 "invalid token: no {claim} claim (the user name claim, --jwt-username-claim)"
             ))
         })
+    }
+}
+
+impl Claims {
+    /// The roles it grants: `roles`, and Keycloak's realm roles.
+    fn roles(&self) -> impl Iterator<Item = &String> {
+        self.roles
+            .iter()
+            .chain(self.realm_access.iter().flat_map(|r| r.roles.iter()))
+    }
+}
+
+/// A ceiling on `exp - iat` (`exp - now` without `iat`): a stolen long-lived token is
+/// worth more, and providers issue minutes to hours. `iat` in the future is refused
+/// too. `flag` names the option that sets `max`.
+fn check_lifetime(claims: &Claims, max: Duration, flag: &str) -> Result<(), ApiError> {
+    let now = Utc::now().timestamp();
+    let exp = claims
+        .exp
+        .ok_or_else(|| unauthorized("missing claim exp"))?;
+    let leeway = LEEWAY_SECS as i64;
+    if claims.iat.is_some_and(|iat| iat > now + leeway) {
+        return Err(unauthorized("issued in the future (iat)"));
+    }
+    let from = claims.iat.unwrap_or(now);
+    let max_secs = i64::try_from(max.as_secs()).unwrap_or(i64::MAX);
+    if exp.saturating_sub(from) > max_secs.saturating_add(leeway) {
+        return Err(ApiError::Unauthorized(format!(
+            "invalid token: it lives longer (exp - iat) than the {} this service accepts ({flag}); use a shorter-lived one",
+            lifetime_words(max_secs)
+        )));
+    }
+    Ok(())
+}
+
+/// `secs` in the largest whole unit: `24 h`, `90 days`, `90 s`.
+fn lifetime_words(secs: i64) -> String {
+    match secs {
+        s if s > 0 && s % 86_400 == 0 => format!("{} days", s / 86_400),
+        s if s > 0 && s % 3600 == 0 => format!("{} h", s / 3600),
+        s => format!("{s} s"),
     }
 }
 
@@ -384,13 +447,16 @@ pub fn checked_jwks_url(url: &str, allow_insecure: bool) -> anyhow::Result<Strin
     Ok(parsed.to_string())
 }
 
-/// For any state that holds the [`Authenticator`] and the [`NameCase`] (the
-/// service's `AppState`), so that auth does not depend on the state that holds it.
+/// For any state that holds the [`Authenticator`], the [`NameCase`] and the
+/// [`WriteGate`] (the service's `AppState`), so that auth does not depend on the
+/// state that holds it. A write is also counted against its caller's rate limits
+/// here, where the caller is known.
 impl<S> FromRequestParts<S> for Caller
 where
     S: Send + Sync,
     Authenticator: FromRef<S>,
     NameCase: FromRef<S>,
+    WriteGate: FromRef<S>,
 {
     type Rejection = ApiError;
 
@@ -415,6 +481,7 @@ where
         // One user, however the token spells the name (JupyterHub's normalisation).
         caller.user = Username::normalised(caller.user.as_str(), NameCase::from_ref(state))
             .map_err(|e| ApiError::Unauthorized(format!("invalid token: user name: {e}")))?;
+        WriteGate::from_ref(state).admit(parts, caller.user.as_str(), caller.service)?;
         Ok(caller)
     }
 }

@@ -45,6 +45,10 @@ pub struct ApiArgs {
     #[command(flatten)]
     pub limits: ApiLimits,
 
+    /// Rate limits on writes, per user and per source address.
+    #[command(flatten)]
+    pub write_limits: WriteLimitArgs,
+
     /// Models declared in a file (the chart's values), written at start-up.
     #[command(flatten)]
     pub models: ModelsArgs,
@@ -161,9 +165,16 @@ pub struct AuthArgs {
     #[arg(long, env = "GPU_BOOKING_JWT_USERNAME_CLAIM", default_value = "email")]
     pub jwt_username_claim: String,
 
-    /// Longest lifetime accepted for an OIDC token (`exp - iat`).
+    /// Longest lifetime accepted for a person's token (`exp - iat`): an OIDC token,
+    /// or an HS256 token without the `service` role.
     #[arg(long, env = "GPU_BOOKING_MAX_TOKEN_LIFETIME", default_value = "24h", value_parser = gpu_booking_process::duration::parse_duration)]
     pub max_token_lifetime: std::time::Duration,
+
+    /// Longest lifetime accepted for an HS256 token with the `service` role (the
+    /// shared service token of the webhook, controller and agent where they do not
+    /// use their ServiceAccounts' tokens).
+    #[arg(long, env = "GPU_BOOKING_MAX_SERVICE_TOKEN_LIFETIME", default_value = "365days", value_parser = gpu_booking_process::duration::parse_duration)]
+    pub max_service_token_lifetime: std::time::Duration,
 
     /// Accept Kubernetes ServiceAccount tokens bound to this audience (the webhook's,
     /// the controller's and the agent's projected tokens), verified by a TokenReview
@@ -186,6 +197,7 @@ impl Default for AuthArgs {
             claims: JwtClaimArgs::default(),
             jwt_username_claim: "email".into(),
             max_token_lifetime: std::time::Duration::from_secs(24 * 3600),
+            max_service_token_lifetime: std::time::Duration::from_secs(365 * 86_400),
             service_account_audience: None,
             service_account: Vec::new(),
         }
@@ -403,6 +415,75 @@ pub use gpu_booking_process::{init_logging, LogFormat};
 pub use gpu_booking_process::duration::parse_time_delta as parse_duration;
 
 /// The API's port limits: bodies up to 1 MiB by default (its requests are small JSON).
+/// Rate limits on writes (`POST`, `PUT`, `PATCH`, `DELETE`) of callers without the
+/// `service` role, per replica: beyond them a write is answered 429 with
+/// `Retry-After` (`gpu_booking_core::write_limits`).
+#[derive(Debug, Clone, Args)]
+pub struct WriteLimitArgs {
+    /// Writes one user may make at once before --user-write-rate applies (0: no
+    /// per-user limit).
+    #[arg(long, env = "GPU_BOOKING_USER_WRITE_BURST", default_value_t = 20)]
+    pub user_write_burst: u32,
+
+    /// Writes per second one user may make on average.
+    #[arg(long, env = "GPU_BOOKING_USER_WRITE_RATE", default_value = "1", value_parser = parse_rate)]
+    pub user_write_rate: f64,
+
+    /// Writes one source address (an IPv6 /64) may make at once before
+    /// --source-write-rate applies (0: no per-source limit). Behind an ingress or
+    /// proxy every request comes from its address: this then bounds all users
+    /// together.
+    #[arg(long, env = "GPU_BOOKING_SOURCE_WRITE_BURST", default_value_t = 200)]
+    pub source_write_burst: u32,
+
+    /// Writes per second one source address may make on average.
+    #[arg(long, env = "GPU_BOOKING_SOURCE_WRITE_RATE", default_value = "20", value_parser = parse_rate)]
+    pub source_write_rate: f64,
+
+    /// Users and addresses whose limits are tracked at once (bounds the memory);
+    /// while that many are all busy, further ones share one limit.
+    #[arg(long, env = "GPU_BOOKING_WRITE_LIMIT_KEYS", default_value_t = 10_000)]
+    pub write_limit_keys: usize,
+}
+
+impl Default for WriteLimitArgs {
+    fn default() -> Self {
+        Self {
+            user_write_burst: 20,
+            user_write_rate: 1.0,
+            source_write_burst: 200,
+            source_write_rate: 20.0,
+            write_limit_keys: 10_000,
+        }
+    }
+}
+
+impl WriteLimitArgs {
+    /// The limits these options set.
+    pub fn limits(&self) -> gpu_booking_core::write_limits::WriteLimits {
+        use gpu_booking_core::write_limits::{Limit, WriteLimits};
+        WriteLimits::new(
+            Limit {
+                burst: self.user_write_burst,
+                per_second: self.user_write_rate,
+            },
+            Limit {
+                burst: self.source_write_burst,
+                per_second: self.source_write_rate,
+            },
+            self.write_limit_keys,
+        )
+    }
+}
+
+/// A rate per second: a finite number above 0.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err("must be a number of writes per second above 0, e.g. 0.5 or 20".into()),
+    }
+}
+
             max_ahead: self.max_ahead,
 pub type ApiLimits = gpu_booking_process::serve::ServerLimits<{ 1024 * 1024 }>;
 

@@ -41,6 +41,13 @@ pub enum ApiError {
     /// A conflict with existing state that is not a booking rule.
     #[error("{1}")]
     Conflict(&'static str, String),
+    /// `If-Match` names a state the record no longer has: nothing was changed.
+    #[error("{0}")]
+    PreconditionFailed(String),
+    /// Too many writes from one user or one address: try again after
+    /// `retry_after` seconds.
+    #[error("{message}")]
+    RateLimited { message: String, retry_after: u64 },
     /// The database cannot be reached or is overloaded: try again.
     #[error("the booking database is unavailable")]
     Unavailable(#[source] sqlx::Error),
@@ -53,8 +60,9 @@ pub enum ApiError {
 pub struct ErrorBody {
     /// Machine-readable code: a rule (`cooldown`, `capacity`, ...) or
     /// `bad_request`, `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `payload_too_large`, `unsupported_media_type`, `unavailable` (503, with
-    /// `Retry-After`: the database is unreachable).
+    /// `payload_too_large`, `unsupported_media_type`, `precondition_failed` (412:
+    /// `If-Match` names an older state), `rate_limited` (429, with `Retry-After`),
+    /// `unavailable` (503, with `Retry-After`: the database is unreachable).
     pub error: String,
     /// What went wrong, in plain words.
     pub message: String,
@@ -75,6 +83,8 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(..) => StatusCode::CONFLICT,
+            ApiError::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -91,6 +101,8 @@ impl ApiError {
             ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict(code, _) => code,
+            ApiError::PreconditionFailed(_) => "precondition_failed",
+            ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -104,31 +116,52 @@ impl ApiError {
     }
 }
 
+/// Whether `e` says the database is down, restarting, unreachable or out of
+/// connections (the request may succeed if tried again), rather than refusing
+/// one statement. Class 08 is a connection exception, 57 an operator intervention
+/// (57P01 when a backend is terminated, 57P03 while the server starts), 53
+/// insufficient resources (too many connections).
+pub fn database_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| ["08", "57", "53"].iter().any(|class| c.starts_with(class))),
+        _ => false,
+    }
+}
+
+/// A data exception's answer (class 22: the caller's input that got past
+/// validation), in our words: the database's own text names its internals and is
+/// never sent.
+fn data_exception(code: &str) -> ApiError {
+    let what = match code {
+        // character_not_in_repertoire, untranslatable_character (`\u0000` in jsonb).
+        "22021" | "22P05" => "a text holds a character that cannot be stored (such as U+0000)",
+        "22001" => "a text is longer than the service stores",
+        "22003" => "a number is out of range",
+        "22007" | "22008" => "a date or time is out of range",
+        _ => "a value cannot be stored as given",
+    };
+    ApiError::BadRequest(format!("invalid value: {what}"))
+}
+
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> ApiError {
+        if database_unreachable(&e) {
+            return ApiError::Unavailable(e);
+        }
         match &e {
-            // The database is down, restarting, unreachable or out of connections:
-            // the request may succeed if tried again. Class 08 is a connection
-            // exception, 57 an operator intervention (57P01 when a backend is
-            // terminated, 57P03 while the server starts), 53 insufficient
-            // resources (too many connections).
-            sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => ApiError::Unavailable(e),
-            sqlx::Error::Database(db)
-                if db.code().is_some_and(|c| {
-                    ["08", "57", "53"].iter().any(|class| c.starts_with(class))
-                }) =>
-            {
-                ApiError::Unavailable(e)
-            }
             // Class 22 (data exception: a NUL byte, a value out of range) is the
             // caller's input that got past validation; 23503 names a row that does
             // not exist. Neither is the server's fault.
             sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("22")) => {
-                ApiError::BadRequest(format!("invalid value: {}", db.message()))
+                tracing::debug!(error = %db, "the database refused a value");
+                data_exception(db.code().as_deref().unwrap_or_default())
             }
             sqlx::Error::Database(db) if db.code().as_deref() == Some("23503") => {
                 ApiError::Invalid("the request refers to something that does not exist".into())
@@ -179,6 +212,10 @@ fn conflict_error(conflict: Conflict) -> ApiError {
             "already_waiting",
             format!("You are already on the waitlist of {model}; cancel that entry to change it."),
         ),
+        Conflict::Stale { id } => ApiError::PreconditionFailed(format!(
+            "booking {id} has changed since the ETag sent in If-Match was read; nothing was \
+             changed: read it again and decide on its current state"
+        )),
         Conflict::UsernameCollision => ApiError::Conflict(
             "username_collision",
             "This user name cannot be told apart from another user's in the \
@@ -189,6 +226,10 @@ fn conflict_error(conflict: Conflict) -> ApiError {
         ),
     }
 }
+
+/// Marks an answer given because the database could not be reached.
+#[derive(Debug, Clone, Copy)]
+pub struct DatabaseUnreachable;
 
 impl From<Refusal> for ApiError {
     fn from(r: Refusal) -> ApiError {
@@ -212,12 +253,23 @@ impl IntoResponse for ApiError {
             earliest_start,
         };
         let mut response = (status, Json(body)).into_response();
-        if matches!(self, ApiError::Unavailable(_)) {
-            // Worth another try soon (RFC 9110, 10.2.3).
-            response.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
-            );
+        match self {
+            ApiError::Unavailable(_) => {
+                // Worth another try soon (RFC 9110, 10.2.3).
+                response.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from_static(RETRY_AFTER_SECS),
+                );
+                // For the metrics middleware: the database is down (`database_up`).
+                response.extensions_mut().insert(DatabaseUnreachable);
+            }
+            ApiError::RateLimited { retry_after, .. } => {
+                response.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from(retry_after),
+                );
+            }
+            _ => {}
         }
         response
     }

@@ -23,6 +23,7 @@ pub mod service_accounts;
 pub mod state;
 pub mod store;
 pub mod testing;
+pub mod write_limits;
 
 /// The migrations, embedded: run at start-up and by `gpu-booking migrate`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

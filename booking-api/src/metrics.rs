@@ -49,6 +49,9 @@ pub struct ModelLabel {
     pub model: String,
 }
 
+/// How often the service probes the database for `gpu_booking_database_up`.
+pub const DATABASE_PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long a scrape waits for the booking state before answering without it.
 pub const REFRESH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -75,6 +78,10 @@ pub struct StateGauges {
 
 pub struct Metrics {
     pub registry: ComponentRegistry,
+    /// `gpu_booking_database_up`: 1 while the database answers, 0 from a probe or a
+    /// request that found it unreachable until one that reaches it (see
+    /// [`Metrics::probe_database`]).
+    pub database_up: Gauge,
     pub requests: Family<RequestLabels, Counter>,
     pub duration: Family<RouteLabels, Histogram>,
     /// Booking create attempts by result: `created` or the refusing rule's code.
@@ -87,8 +94,14 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = ComponentRegistry::new("api");
+        let database_up = registry.unprefixed().add(
+            "database_up",
+            "1 while the booking database answers the API, 0 while it cannot be reached",
+            Gauge::default(),
+        );
         let mut r = registry.families();
         Metrics {
+            database_up,
             requests: r.add(
                 "http_requests",
                 "HTTP requests by route and status",
@@ -160,12 +173,43 @@ impl Metrics {
     /// stays 1) while the database does not.
     pub async fn refresh(&self, db: &sqlx::PgPool, now: chrono::DateTime<chrono::Utc>) {
         let error = match tokio::time::timeout(REFRESH_TIMEOUT, self.try_refresh(db, now)).await {
-            Ok(Ok(())) => return,
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("no answer within {REFRESH_TIMEOUT:?}"),
+            Ok(Ok(())) => {
+                self.database_up.set(1);
+                return;
+            }
+            Ok(Err(e)) => {
+                self.database_seen(Err(&e));
+                e.to_string()
+            }
+            Err(_) => {
+                self.database_up.set(0);
+                format!("no answer within {REFRESH_TIMEOUT:?}")
+            }
         };
         tracing::warn!(error = %error, "metrics: reading the booking state failed");
         self.state.refresh_errors.inc();
+    }
+
+    /// Keeps `database_up` by what a statement's result says: an error that says the
+    /// database cannot be reached sets 0; an answer (even a refusal) sets 1.
+    pub fn database_seen(&self, result: Result<(), &sqlx::Error>) {
+        let up = match result {
+            Ok(()) => true,
+            Err(e) => !crate::error::database_unreachable(e),
+        };
+        self.database_up.set(i64::from(up));
+    }
+
+    /// A cheap round trip (`SELECT 1`, at most [`REFRESH_TIMEOUT`]) that sets
+    /// `database_up`; the service runs it every [`DATABASE_PROBE_EVERY`], so that the
+    /// gauge falls with the database even when no request and no scrape comes.
+    pub async fn probe_database(&self, db: &sqlx::PgPool) {
+        match tokio::time::timeout(REFRESH_TIMEOUT, sqlx::query("SELECT 1").execute(db)).await {
+            Ok(result) => self.database_seen(result.as_ref().map(drop)),
+            Err(_) => {
+                self.database_up.set(0);
+            }
+        }
     }
 
     async fn try_refresh(
@@ -244,7 +288,7 @@ pub use gpu_booking_process::access::method_label;
 /// The status code for the ones the API answers (the OpenAPI document's and the
 /// server's own), else its class (`2xx` .. `5xx`, `other`).
 pub fn status_label(status: StatusCode) -> &'static str {
-    const KNOWN: [(u16, &str); 18] = [
+    const KNOWN: [(u16, &str); 19] = [
         (200, "200"),
         (201, "201"),
         (204, "204"),
@@ -256,6 +300,7 @@ pub fn status_label(status: StatusCode) -> &'static str {
         (405, "405"),
         (408, "408"),
         (409, "409"),
+        (412, "412"),
         (413, "413"),
         (415, "415"),
         (422, "422"),
@@ -313,6 +358,13 @@ pub async fn track(State(m): State<Arc<Metrics>>, req: Request, next: Next) -> R
     let routine = ROUTINE.contains(&(access.method, access.route.as_str()));
     let access = access.routine(routine);
     let response = next.run(req).await;
+    if response
+        .extensions()
+        .get::<crate::error::DatabaseUnreachable>()
+        .is_some()
+    {
+        m.database_up.set(0);
+    }
     let took = access.elapsed();
     gpu_booking_process::access_line!(ACCESS_LOG, access, response.status(), took);
     let Access { method, route, .. } = access;

@@ -4,8 +4,9 @@
 //! limits of its inputs); [`Contract`] adds what every operation answers because of
 //! the layers around the handlers, in one place: 401 from the bearer-token
 //! extractor, 400 from the query, path and JSON extractors, 422 from any handler's
-//! validation of an input, 413 and 415 from the JSON extractor, 503 (with
-//! `Retry-After`) when the database cannot answer. It also
+//! validation of an input, 413 and 415 from the JSON extractor, 429 (with
+//! `Retry-After`) from the write limits on every write, 503 (with `Retry-After`)
+//! when the database cannot answer. It also
 //! names every operation uniquely (utoipa's default, the function name, repeats:
 //! `list`, `get`).
 
@@ -80,6 +81,9 @@ impl Modify for Contract {
                 if let Some(op) = op.as_mut() {
                     op.operation_id = Some(operation_id(method, path));
                     add_common_responses(op);
+                    if method != "get" {
+                        add_write_limit(op);
+                    }
                 }
             }
         }
@@ -150,6 +154,23 @@ fn add_common_responses(op: &mut Operation) {
     add("503", unavailable());
 }
 
+/// 429 on a write of a caller without the `service` role (`crate::write_limits`).
+fn add_write_limit(op: &mut Operation) {
+    if !op.security.as_ref().is_some_and(|s| !s.is_empty()) {
+        return;
+    }
+    let response = with_retry_after(error(
+        "`rate_limited`: too many writes from this user or this address in a short time \
+         (`--user-write-burst` and `--user-write-rate`, `--source-write-burst` and \
+         `--source-write-rate`); nothing was changed. Callers with the `service` role are \
+         not limited.",
+    ));
+    op.responses
+        .responses
+        .entry("429".to_owned())
+        .or_insert(RefOr::T(response));
+}
+
 /// An error answer: the JSON `ErrorBody`.
 fn error(description: &str) -> Response {
     ResponseBuilder::new()
@@ -164,6 +185,13 @@ fn error(description: &str) -> Response {
 }
 
 fn unavailable() -> Response {
+    with_retry_after(error(
+        "The booking database cannot be reached or is overloaded: try again.",
+    ))
+}
+
+/// `response` with its `Retry-After` header: whole seconds to wait.
+fn with_retry_after(mut response: Response) -> Response {
     let seconds = Schema::Object(
         utoipa::openapi::ObjectBuilder::new()
             .schema_type(Type::Integer)
@@ -172,7 +200,6 @@ fn unavailable() -> Response {
             )))
             .build(),
     );
-    let mut response = error("The booking database cannot be reached or is overloaded: try again.");
     response.headers.insert(
         "Retry-After".to_owned(),
         HeaderBuilder::new()

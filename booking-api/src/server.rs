@@ -177,6 +177,7 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
             webhook: args.notices.notice_webhook_url_file.is_some(),
         },
         changes: Default::default(),
+        writes: crate::write_limits::WriteGate::new(args.write_limits.limits()),
     }
 }
 
@@ -203,6 +204,19 @@ pub fn spawn_waitlist_sweep(state: AppState, interval: Duration) -> tokio::task:
             {
                 tracing::warn!(error = %e, "waitlist sweep failed");
             }
+        }
+    })
+}
+
+/// Keeps `gpu_booking_database_up` current: a probe now and every
+/// [`crate::metrics::DATABASE_PROBE_EVERY`].
+pub fn spawn_database_probe(state: AppState) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(crate::metrics::DATABASE_PROBE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            state.metrics.probe_database(&state.pool).await;
         }
     })
 }
@@ -250,6 +264,7 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     if let Some(hub_login) = hub_login {
         state.page = state.page.with_hub_login(hub_login);
     }
+    let _probe = spawn_database_probe(state.clone());
     let _sweep = spawn_waitlist_sweep(state.clone(), sweep_interval(&args));
     let notices = tokio::spawn(notice_worker(&state, &args.notices)?.run());
     let served = serve(listener, state, &args.limits).await;

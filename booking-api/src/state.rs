@@ -38,6 +38,9 @@ pub struct AppState {
     pub changes: crate::store::changes::ChangeFeed,
     /// Booking creates wait here to be written in batches (`crate::create_queue`).
     pub creates: crate::create_queue::CreateQueue,
+    /// Rate limits on writes, per user and per source (`--user-write-*`,
+    /// `--source-write-*`).
+    pub writes: crate::write_limits::WriteGate,
 }
 
 /// Audit rows for ambiguous slugs at once, and per second after that.
@@ -62,6 +65,12 @@ impl FromRef<AppState> for Authenticator {
 impl FromRef<AppState> for NameCase {
     fn from_ref(state: &AppState) -> NameCase {
         state.names
+    }
+}
+
+impl FromRef<AppState> for crate::write_limits::WriteGate {
+    fn from_ref(state: &AppState) -> crate::write_limits::WriteGate {
+        state.writes.clone()
     }
 }
 

@@ -84,6 +84,8 @@ pub fn test_state(pool: PgPool, policy: Policy, clock: Arc<dyn Clock>, secret: &
         ambiguity_audit: crate::state::ambiguity_audit_bucket(),
         notices: Default::default(),
         changes: Default::default(),
+        // Tests that count writes set their own (`AppState::writes`).
+        writes: crate::write_limits::WriteGate::off(),
     }
 }
 

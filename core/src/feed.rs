@@ -6,6 +6,28 @@
 use crate::booking_policy::Policy;
 use crate::notice_text::gpus;
 
+/// `text` as an iCalendar TEXT value (RFC 5545, 3.3.11): a backslash, semicolon or
+/// comma escaped with a backslash, a line break as `\n`. For the properties the
+/// calendar library writes as it gets them (the calendar's `NAME` and
+/// `X-WR-CALNAME`, whose value type it does not know); it escapes `SUMMARY` and
+/// `DESCRIPTION` itself. User names hold no other control character (refused by
+/// `username::Username`), so no other character can end a content line.
+pub fn text_value(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' | ';' | ',' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' => out.push_str("\\n"),
+            '\r' => {}
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 /// The units a booking holds, as a feed names them: "a100 #2" for one, "2 x a100
 /// (#1, #3)" for several (`slots` are 0-based; a feed numbers units from 1).
 pub fn units_of(model: &str, slots: &[i32]) -> String {
@@ -61,6 +83,12 @@ pub fn description(booking_id: i64, model: &str, slots: &[i32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_values_are_escaped_as_rfc_5545_asks() {
+        assert_eq!(text_value("GPU bookings of bob"), "GPU bookings of bob");
+        assert_eq!(text_value("a;b,c\\d\r\ne:f"), "a\\;b\\,c\\\\d\\ne:f");
+    }
 
     #[test]
     fn others_are_named_only_when_the_policy_allows() {

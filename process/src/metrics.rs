@@ -93,6 +93,14 @@ impl ComponentRegistry {
         Families(self.root.sub_registry_with_prefix(self.component))
     }
 
+    /// Families named `gpu_booking_<name>`, without the component's word: for a
+    /// family that alert rules read by one name (`gpu_booking_database_up`). Like
+    /// [`ComponentRegistry::families`], each call adds nothing but the families
+    /// registered through it.
+    pub fn unprefixed(&mut self) -> Families<'_> {
+        Families(&mut self.root)
+    }
+
     /// The OpenMetrics text of the component's families, then the shared ones
     /// (`gpu_booking_build_info`, `process_*`), then `# EOF`.
     pub fn encode(&self) -> String {

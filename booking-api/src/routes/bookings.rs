@@ -1,8 +1,9 @@
 //! `/api/v1/bookings`: create, list, read, cancel / end early.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
+use gpu_booking_core::precondition::{booking_etag, IfMatch, MalformedIfMatch};
 use gpu_booking_core::username::Username;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -173,36 +174,78 @@ pub async fn list(
 }
 
 #[utoipa::path(get, path = "/api/v1/bookings/{id}", tag = "bookings", params(("id" = i64, Path)),
-    responses((status = 200, body = Booking), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = Booking, headers(("ETag" = String, description = "The booking's stored state (window, units, cancellation, early end): send it in `If-Match` with `PATCH` or `DELETE` to change the booking only in that state."))),
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<i64>,
-) -> Result<axum::Json<Booking>, ApiError> {
+) -> Result<Tagged, ApiError> {
     let row = owned_booking(&state, &caller, id).await?;
     let view = with_waiting(&state.pool, vec![row.view(state.clock.now())]).await?;
-    Ok(axum::Json(
+    Ok(Tagged(
         view.into_iter().next().expect("one booking in, one out"),
     ))
 }
 
-#[utoipa::path(delete, path = "/api/v1/bookings/{id}", tag = "bookings", params(("id" = i64, Path)),
+/// A booking answered with its `ETag` (`core::precondition`).
+pub struct Tagged(Booking);
+
+impl axum::response::IntoResponse for Tagged {
+    fn into_response(self) -> axum::response::Response {
+        let etag = booking_etag(&self.0);
+        let mut response = axum::Json(self.0).into_response();
+        if let Ok(value) = axum::http::HeaderValue::from_str(&etag) {
+            response
+                .headers_mut()
+                .insert(axum::http::header::ETAG, value);
+        }
+        response
+    }
+}
+
+/// The request's `If-Match` condition, if it sends one; 400 when it is malformed.
+fn if_match(headers: &HeaderMap) -> Result<Option<IfMatch>, ApiError> {
+    let Some(value) = headers.get(axum::http::header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| ApiError::BadRequest(MalformedIfMatch.to_string()))?;
+    IfMatch::parse(value)
+        .map(Some)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
+#[utoipa::path(delete, path = "/api/v1/bookings/{id}", tag = "bookings",
+    params(("id" = i64, Path), ("If-Match" = Option<String>, Header, description = "An `ETag` of this booking (or `*`): the change is made only while the booking is in that state, else 412 and nothing changes. Without it, the change applies to the booking as it is.")),
     description = "Cancels a planned booking (no cooldown) or ends an active one now (cooldown from now).",
-    responses((status = 200, body = Booking), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, body = ErrorBody)),
+    responses((status = 200, body = Booking, headers(("ETag" = String, description = "The booking's stored state (window, units, cancellation, early end): send it in `If-Match` with `PATCH` or `DELETE` to change the booking only in that state."))),
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody),
+              (status = 412, body = ErrorBody, description = "`precondition_failed`: the booking has changed since the `ETag` sent in `If-Match`; nothing was changed.")),
     security(("bearer" = [])))]
 pub async fn cancel(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<i64>,
-) -> Result<axum::Json<Booking>, ApiError> {
+    headers: HeaderMap,
+) -> Result<Tagged, ApiError> {
+    let condition = if_match(&headers)?;
     owned_booking(&state, &caller, id).await?;
     let now = state.clock.now();
-    let updated = bookings::cancel_or_end(&state.pool, id, now, caller.user.as_str()).await?;
+    let updated = bookings::cancel_or_end(
+        &state.pool,
+        id,
+        now,
+        caller.user.as_str(),
+        condition.as_ref(),
+    )
+    .await?;
     // The unit it held may be what a waiting entry needs.
     crate::store::waitlist::after_freeing(&state.pool, &state.policy, now, &updated.model).await;
-    Ok(axum::Json(updated.view(now)))
+    Ok(Tagged(updated.view(now)))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -220,21 +263,27 @@ pub struct ChangeBooking {
     pub override_rules: bool,
 }
 
-#[utoipa::path(patch, path = "/api/v1/bookings/{id}", tag = "bookings", params(("id" = i64, Path)), request_body = ChangeBooking,
+#[utoipa::path(patch, path = "/api/v1/bookings/{id}", tag = "bookings",
+    params(("id" = i64, Path), ("If-Match" = Option<String>, Header, description = "An `ETag` of this booking (or `*`): the change is made only while the booking is in that state, else 412 and nothing changes. Without it, the change applies to the booking as it is.")),
+    request_body = ChangeBooking,
     description = "Extends or shortens a planned or running booking (its owner, or an admin): within the policy's \
                    maximum duration (and minimum, before it starts) and the model's capacity, with the cooldown to \
                    the user's other bookings checked from the new window. A started booking keeps its start; the end \
                    never moves into the past. The controller re-times the booking's pods within seconds.",
-    responses((status = 200, body = Booking), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+    responses((status = 200, body = Booking, headers(("ETag" = String, description = "The booking's stored state (window, units, cancellation, early end): send it in `If-Match` with `PATCH` or `DELETE` to change the booking only in that state."))),
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody, description = "`capacity`, `cooldown`, `overlap`, `booking_started`, or `not_changeable` (ended or cancelled)."),
+              (status = 412, body = ErrorBody, description = "`precondition_failed`: the booking has changed since the `ETag` sent in `If-Match`; nothing was changed."),
               (status = 422, body = ErrorBody, description = "`end_in_past`, `invalid_window`, `duration_too_long`, `duration_too_short`, `start_in_past`.")),
     security(("bearer" = [])))]
 pub async fn change(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<i64>,
+    headers: HeaderMap,
     Json(body): Json<ChangeBooking>,
-) -> Result<axum::Json<Booking>, ApiError> {
+) -> Result<Tagged, ApiError> {
+    let condition = if_match(&headers)?;
     if body.override_rules && !caller.admin {
         return Err(ApiError::Forbidden(
             "only admins may override the rules".into(),
@@ -253,9 +302,10 @@ pub async fn change(
             override_rules: body.override_rules,
         },
         caller.user.as_str(),
+        condition.as_ref(),
     )
     .await?;
-    Ok(axum::Json(updated.view(now)))
+    Ok(Tagged(updated.view(now)))
 }
 
 /// `views` with why each active one's pod waits for a card, as the controller last

@@ -183,7 +183,12 @@ fn calendar(name: &str, events: impl Iterator<Item = Event>) -> Response {
     cal.append_property(("VERSION", "2.0"));
     cal.append_property(("PRODID", PRODID));
     cal.append_property(("CALSCALE", "GREGORIAN"));
-    cal.name(name).ttl(&REFRESH);
+    // RFC 7986's NAME and its older X-WR-CALNAME are TEXT, which the library writes
+    // unescaped: escaped here, as a user name may hold `;`, `,` or `\`.
+    let name = feed::text_value(name);
+    cal.append_property(("NAME", name.as_str()));
+    cal.append_property(("X-WR-CALNAME", name.as_str()));
+    cal.ttl(&REFRESH);
     for e in events {
         cal.push(e);
     }

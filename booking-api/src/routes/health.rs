@@ -11,7 +11,9 @@ pub async fn healthz() -> &'static str {
 }
 
 pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    match sqlx::query("SELECT 1").execute(&state.pool).await {
+    let answered = sqlx::query("SELECT 1").execute(&state.pool).await;
+    state.metrics.database_seen(answered.as_ref().map(drop));
+    match answered {
         Ok(_) => (StatusCode::OK, "ready"),
         Err(e) => {
             tracing::warn!(error = %e, "not ready: database unreachable");

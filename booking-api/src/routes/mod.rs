@@ -89,12 +89,17 @@ mod tests {
             panic!("three classes in {USER_NAME_PATTERN}");
         };
         assert_eq!(edge, last);
-        let holds = |ranges: &[(u32, u32)], c: u32| ranges.iter().any(|(a, b)| (*a..=*b).contains(&c));
+        let holds =
+            |ranges: &[(u32, u32)], c: u32| ranges.iter().any(|(a, b)| (*a..=*b).contains(&c));
         for c in (0..=0xffff_u32).filter_map(char::from_u32) {
             let refused = c.is_control() || is_invisible(c);
             let code = u32::from(c);
             assert_eq!(holds(inner, code), refused, "U+{code:04X} inside a name");
-            assert_eq!(holds(edge, code), refused || c.is_whitespace(), "U+{code:04X} at an end");
+            assert_eq!(
+                holds(edge, code),
+                refused || c.is_whitespace(),
+                "U+{code:04X} at an end"
+            );
         }
     }
 }

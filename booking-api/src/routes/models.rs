@@ -83,7 +83,9 @@ pub struct PutModel {
     params(("name" = String, Path, min_length = 1, max_length = 63, pattern = r"^[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?$",
             description = "The model's name: lowercase letters `a-z`, digits, `-` and `.`, starting and ending \
                            with a letter or digit (it becomes a Kubernetes label value).")),
-    responses((status = 200, body = wire::Model), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses((status = 200, body = wire::Model), (status = 403, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "`units_in_use`: running or planned bookings hold units beyond the new number (the message names them)"),
+        (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn put(
     State(state): State<AppState>,
@@ -103,6 +105,12 @@ pub async fn put(
     .map_err(ApiError::Invalid)?;
     let now = state.clock.now();
     let mut tx = state.pool.begin().await?;
+    let in_the_way = models::bookings_beyond(&mut tx, name.as_str(), body.units, now).await?;
+    if let Some(why) =
+        gpu_booking_core::model_units::lowering_refusal(name.as_str(), body.units, &in_the_way)
+    {
+        return Err(ApiError::Conflict("units_in_use", why));
+    }
     let model = models::put(
         &mut tx,
         ModelSpec {

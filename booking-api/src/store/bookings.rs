@@ -5,6 +5,7 @@ use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_core::cancel::{self, CancelOutcome};
 use gpu_booking_core::capacity::{self, CapacityRefusal, Held};
 use gpu_booking_core::create_batch::{self, Create, Found, Judged};
+use gpu_booking_core::precondition::{booking_etag, IfMatch};
 use gpu_booking_core::rules;
 use gpu_booking_core::username::Username;
 use gpu_booking_core::window::{BookingStatus, Window};
@@ -716,6 +717,7 @@ pub async fn cancel_or_end(
     id: i64,
     now: DateTime<Utc>,
     actor: &str,
+    if_match: Option<&IfMatch>,
 ) -> Result<BookingRow, StoreError> {
     let not_found = || StoreError::NotFound(Record::Booking, id);
     let first = get(pool, id).await?.ok_or_else(not_found)?;
@@ -739,6 +741,7 @@ pub async fn cancel_or_end(
     .fetch_optional(&mut *tx)
     .await?
     .ok_or_else(not_found)?;
+    check_precondition(&row, now, if_match)?;
     let (action, sql) = match cancel::cancel_or_end(row.status(now), row.start_at, now) {
         CancelOutcome::Cancel => (
             "booking.cancel",
@@ -802,6 +805,7 @@ pub async fn change_window(
     now: DateTime<Utc>,
     change: WindowRequest,
     actor: &str,
+    if_match: Option<&IfMatch>,
 ) -> Result<BookingRow, StoreError> {
     let not_found = || StoreError::NotFound(Record::Booking, id);
     let first = get(pool, id).await?.ok_or_else(not_found)?;
@@ -819,6 +823,7 @@ pub async fn change_window(
     .fetch_optional(&mut *tx)
     .await?
     .ok_or_else(not_found)?;
+    check_precondition(&row, now, if_match)?;
     let status = row.status(now);
     let current = match (status, row.window()) {
         (BookingStatus::Planned | BookingStatus::Active, Some(w))
@@ -943,6 +948,22 @@ pub async fn change_window(
     .await?;
     tx.commit().await.map_err(constraint_refusal)?;
     Ok(updated)
+}
+
+/// `If-Match`'s condition against the booking as it is now, read under its row lock
+/// (so that of two writes sent with the same tag, the second sees the first's
+/// change and is refused): `Stale` when it names another state.
+fn check_precondition(
+    row: &BookingRow,
+    now: DateTime<Utc>,
+    if_match: Option<&IfMatch>,
+) -> Result<(), StoreError> {
+    match if_match {
+        Some(condition) if !condition.matches(&booking_etag(&row.view(now))) => {
+            Err(StoreError::Conflict(Conflict::Stale { id: row.id }))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The new window a `PATCH` asks for (the start only for a booking not started).

@@ -50,6 +50,8 @@ pub enum Conflict {
     AlreadyWaiting { model: String },
     /// The user's name cannot be told apart from another user's in pod labels.
     UsernameCollision,
+    /// `If-Match` names a state the booking no longer has.
+    Stale { id: i64 },
 }
 
 impl From<Refusal> for StoreError {

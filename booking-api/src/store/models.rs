@@ -152,6 +152,40 @@ pub async fn put(
     Ok(model)
 }
 
+/// The running and planned bookings of `model` that hold a unit at or beyond
+/// `units` (what lowering the model to `units` would leave without a unit), first
+/// ending first. Takes the model's lock exclusive first (as [`upsert`] does), so that
+/// no create places a booking on those units between this look and the change.
+pub async fn bookings_beyond(
+    db: &mut sqlx::PgConnection,
+    model: &str,
+    units: i32,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Vec<gpu_booking_core::model_units::InTheWay>> {
+    sqlx::query!("SELECT pg_advisory_xact_lock(7264, hashtext($1))", model)
+        .execute(&mut *db)
+        .await?;
+    let rows = sqlx::query!(
+        "SELECT id, user_name, start_at, end_at FROM booking
+         WHERE model = $1 AND cancelled_at IS NULL AND end_at > $3 AND slots[units] >= $2
+         ORDER BY end_at, id",
+        model,
+        units,
+        now
+    )
+    .fetch_all(&mut *db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| gpu_booking_core::model_units::InTheWay {
+            id: r.id,
+            user: r.user_name,
+            start: r.start_at,
+            end: r.end_at,
+        })
+        .collect())
+}
+
 /// Creates or updates a model; a new model without a position goes last. It takes
 /// the model's lock exclusive (migration 20261125000200) until its transaction ends,
 /// so that no create decides on the units it changes while it changes them.

@@ -170,7 +170,7 @@ async fn a_unit_free_for_part_of_a_day_is_free_then(pool: PgPool) {
         (morning.slots, gone.slots, evening.slots),
         (vec![0], vec![0], vec![1])
     );
-    bookings::cancel_or_end(&pool, gone.id, Utc::now(), "test")
+    bookings::cancel_or_end(&pool, gone.id, Utc::now(), "test", None)
         .await
         .unwrap();
     let across = book(&pool, "u7@example.com", "two", 1, 13, 24 + 10)
@@ -196,7 +196,7 @@ async fn creates_decide_as_the_bookings_over_their_windows_would(pool: PgPool) {
     for i in 0..400 {
         if !made.is_empty() && rng.random_bool(0.2) {
             let id = made.swap_remove(rng.random_range(0..made.len()));
-            bookings::cancel_or_end(&pool, id, Utc::now(), "test")
+            bookings::cancel_or_end(&pool, id, Utc::now(), "test", None)
                 .await
                 .unwrap();
             continue;

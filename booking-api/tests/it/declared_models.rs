@@ -124,3 +124,35 @@ fn a_bad_file_is_refused_with_its_path() {
     );
     assert!(declared::read(&dir.path().join("missing.json")).is_err());
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn values_never_lower_a_model_below_its_bookings(pool: PgPool) {
+    let declared = parse(FILE).unwrap();
+    declared::reconcile(&pool, &declared, Authority::Values, Utc::now())
+        .await
+        .unwrap();
+    // A planned booking on the second a100.
+    let start = Utc::now() + chrono::TimeDelta::days(1);
+    let end = start + chrono::TimeDelta::days(1);
+    sqlx::query("INSERT INTO app_user (name, escape_slug, safe_slug) VALUES ('bob', 'bob', 'bob')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO booking (user_name, model, slots, units, start_at, end_at, booked_end_at, created_by, created_at, updated_at)
+         VALUES ('bob', 'a100', '{1}', 1, $1, $2, $2, 'bob', now(), now())",
+    )
+    .bind(start)
+    .bind(end)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // New values lower a100 to one unit and a6000 to two: a100 keeps two (bob's
+    // booking holds the second, and a start cannot ask what to do with it).
+    let lowered = parse(&FILE.replace("\"units\": 2", "\"units\": 1").replace("\"units\": 4", "\"units\": 2")).unwrap();
+    declared::reconcile(&pool, &lowered, Authority::Values, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(units(&pool, "a100").await, Some(2));
+    assert_eq!(units(&pool, "a6000").await, Some(2));
+}

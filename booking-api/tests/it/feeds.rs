@@ -365,3 +365,98 @@ async fn a_feed_holds_at_most_1000_events(pool: PgPool) {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(events(&text).len(), 1000);
 }
+
+/// A user name may hold `;`, `,` and `\`, which end or escape an iCalendar value:
+/// each feed that shows it (the calendar's name, an event's title) escapes it as
+/// RFC 5545 (3.3.11) asks, so that a parser reads back the name and nothing more
+/// (no extra property, no value cut short).
+#[sqlx::test(migrations = "../migrations")]
+async fn a_hostile_user_name_is_escaped_in_every_feed(pool: PgPool) {
+    let policy = Policy {
+        feed_show_names: true,
+        ..Policy::default()
+    };
+    let api = Api::new(pool, policy).await;
+    // Lowercase: the service compares names lowercased, and shows them so.
+    let hostile = r"ev;il,us\er:x;x-injected=1";
+    api.book(hostile, t0() + TimeDelta::days(2), 3).await;
+
+    // Their own feed is named after them.
+    let own = api.issue(hostile).await["bookings_path"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, _, text) = api.feed(&own).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let escaped = r"GPU bookings of ev\;il\,us\\er:x\;x-injected=1";
+    assert!(text.contains(&format!("\r\nNAME:{escaped}\r\n")), "{text}");
+    assert!(
+        text.contains(&format!("\r\nX-WR-CALNAME:{escaped}\r\n")),
+        "{text}"
+    );
+    let unfolded = unfold(&text);
+    let cal = read_calendar(&unfolded).expect("an RFC 5545 calendar");
+    let mut names: Vec<String> = cal.properties.iter().map(|p| p.name.to_string()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "CALSCALE",
+            "NAME",
+            "PRODID",
+            "REFRESH-INTERVAL",
+            "VERSION",
+            "X-PUBLISHED-TTL",
+            "X-WR-CALNAME"
+        ],
+        "{text}"
+    );
+    for p in cal
+        .properties
+        .iter()
+        .filter(|p| p.name == "NAME" || p.name == "X-WR-CALNAME")
+    {
+        assert!(p.params.is_empty(), "{} got parameters: {text}", p.name);
+        assert_eq!(
+            unescape(p.val.as_ref()),
+            format!("GPU bookings of {hostile}")
+        );
+    }
+
+    // Another user's occupancy feed shows the name (the policy allows it) in a title.
+    let model_feed = api.issue("ann").await["model_path_template"]
+        .as_str()
+        .unwrap()
+        .replace("{model}", "a100");
+    let (status, _, text) = api.feed(&model_feed).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(
+        text.contains(r"SUMMARY:a100 #1: ev\;il\,us\\er:x\;x-injected=1"),
+        "{text}"
+    );
+    let evs = events(&text);
+    assert_eq!(evs.len(), 1, "{text}");
+    assert_eq!(evs[0]["SUMMARY"], format!("a100 #1: {hostile}"));
+    assert!(
+        evs[0].keys().all(|k| !k.eq_ignore_ascii_case("x-injected")),
+        "{text}"
+    );
+}
+
+/// An RFC 5545 TEXT value read back (3.3.11).
+fn unescape(value: &str) -> String {
+    let mut out = String::new();
+    let mut chars = value.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n' | 'N') => out.push('\n'),
+            Some(escaped) => out.push(escaped),
+            None => {}
+        }
+    }
+    out
+}

@@ -3,6 +3,7 @@
 //! binary of its own (`tests/*access_log.rs`): it captures `tracing` output, whose
 //! callsite interest is process-wide.
 
+mod abuse;
 mod archive;
 mod audit_roundtrip;
 mod authz;

@@ -361,6 +361,49 @@ async fn start_at_most_a_year_ahead(pool: PgPool) {
     api.assert_invariants().await;
 }
 
+#[sqlx::test(migrations = "../migrations")]
+async fn a_model_is_never_lowered_below_what_its_bookings_hold(pool: PgPool) {
+    let api = Api::new(pool, &[("t4", 2)]).await;
+    let s = api.now() + hours(1);
+    let alice = api.book("alice", "t4", s, s + days(1)).await.id();
+    let bob = api.book("bob", "t4", s, s + days(1)).await.id();
+    let lower = |units: i32| {
+        let api = &api;
+        async move {
+            api.call(
+                Method::PUT,
+                "/api/v1/models/t4",
+                &admin(),
+                Some(json!({"units": units})),
+            )
+            .await
+        }
+    };
+    // Two overlapping bookings: one unit would leave one of them without a card.
+    let r = lower(1).await;
+    assert_eq!(
+        (r.status.as_u16(), r.json["error"].as_str()),
+        (409, Some("units_in_use")),
+        "{}",
+        r.text
+    );
+    let message = r.json["message"].as_str().unwrap();
+    assert!(message.contains(&format!("#{bob} of bob")), "{message}");
+    assert!(!message.contains(&format!("#{alice} of")), "alice holds unit 0: {message}");
+    let units: i32 = sqlx::query_scalar("SELECT units FROM gpu_model WHERE name = 't4'")
+        .fetch_one(&api.pool)
+        .await
+        .unwrap();
+    assert_eq!(units, 2, "nothing changed");
+    // Once bob's booking is cancelled, or has ended, the unit may go.
+    api.delete("bob", bob).await.ok();
+    lower(1).await.ok();
+    api.assert_invariants().await;
+    // A booking that ended holds nothing.
+    api.clock.advance(days(2));
+    lower(0).await.ok();
+}
+
 // ---------------------------------------------------------------------------
 // The user's own bookings
 
