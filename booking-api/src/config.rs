@@ -367,6 +367,11 @@ pub struct PolicyArgs {
     #[arg(long, env = "GPU_BOOKING_MAX_UNITS_PER_BOOKING", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=gpu_booking_core::booking_policy::MAX_UNITS_PER_BOOKING_LIMIT as i64))]
     pub max_units_per_booking: u32,
+
+    /// How far ahead a booking may start (e.g. 365days, 120days for a term).
+    #[arg(long, env = "GPU_BOOKING_MAX_AHEAD", default_value = "365days", value_parser = parse_duration)]
+    pub max_ahead: TimeDelta,
+
     /// Calendar feeds of a model's occupancy name who booked each unit (default:
     /// only "booked", and the caller's own bookings by name).
     #[arg(long, env = "GPU_BOOKING_FEED_SHOW_NAMES")]
@@ -379,15 +384,11 @@ impl Default for PolicyArgs {
         PolicyArgs {
             min_duration: p.min_duration,
             max_duration: p.max_duration,
-
-    /// How far ahead a booking may start (e.g. 365days, 120days for a term).
-    #[arg(long, env = "GPU_BOOKING_MAX_AHEAD", default_value = "365days", value_parser = parse_duration)]
-    pub max_ahead: TimeDelta,
-
             cooldown: p.cooldown,
             max_planned: p.max_planned,
             allow_booking_while_active: !p.no_booking_while_active,
             max_units_per_booking: p.max_units_per_booking,
+            max_ahead: p.max_ahead,
             feed_show_names: p.feed_show_names,
         }
     }
@@ -400,9 +401,9 @@ impl PolicyArgs {
             max_duration: self.max_duration,
             cooldown: self.cooldown,
             no_booking_while_active: !self.allow_booking_while_active,
-            max_ahead: p.max_ahead,
             max_planned: self.max_planned,
             max_units_per_booking: self.max_units_per_booking,
+            max_ahead: self.max_ahead,
             feed_show_names: self.feed_show_names,
         }
     }
@@ -414,7 +415,6 @@ pub use gpu_booking_process::{init_logging, LogFormat};
 /// component (see `gpu_booking_process::duration`).
 pub use gpu_booking_process::duration::parse_time_delta as parse_duration;
 
-/// The API's port limits: bodies up to 1 MiB by default (its requests are small JSON).
 /// Rate limits on writes (`POST`, `PUT`, `PATCH`, `DELETE`) of callers without the
 /// `service` role, per replica: beyond them a write is answered 429 with
 /// `Retry-After` (`gpu_booking_core::write_limits`).
@@ -484,7 +484,7 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     }
 }
 
-            max_ahead: self.max_ahead,
+/// The API's port limits: bodies up to 1 MiB by default (its requests are small JSON).
 pub type ApiLimits = gpu_booking_process::serve::ServerLimits<{ 1024 * 1024 }>;
 
 fn parse_sa_binding(s: &str) -> Result<((String, String), crate::role::Role), String> {
