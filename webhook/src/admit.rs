@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use gpu_booking_client::AuditReport;
 use gpu_booking_core::admission::{
-    controller_copy, decide, detect_gpu, plan_no_gpu, plan_owned, trusted_identity, what_to_ask,
-    AdmissionConfig, Decision, GpuRequest, Identity, LendLedger, Lookup, Schedulability,
-    VisibleDevicesWithoutGpu, NVIDIA_VISIBLE_DEVICES, OUR_KEY_STEM, VISIBLE_DEVICES_STRIPPED,
+    controller_copy, decide, detect_gpu, plan_no_gpu, plan_owned, requested_by_controller,
+    trusted_identity, what_to_ask, AdmissionConfig, Decision, GpuRequest, Identity, LendLedger,
+    Lookup, Schedulability, VisibleDevicesWithoutGpu, NVIDIA_VISIBLE_DEVICES, OUR_KEY_STEM,
+    VISIBLE_DEVICES_STRIPPED,
 };
 use gpu_booking_core::rate::{KeyedBuckets, TokenBucket};
 use serde::de::IgnoredAny;
@@ -223,9 +224,11 @@ impl Webhook {
             Ok(Some(gpu)) => gpu,
             Ok(None) => {
                 // No GPU: nothing to decide, but no mark of ours its creator wrote
-                // survives either (`core::admission::marks`), nor a GPU through the
-                // runtime's variable.
-                return match guarded(|| plan_no_gpu(&pod, &self.cfg)) {
+                // survives either (`core::admission::marks`; the note of a removed GPU
+                // only on the controller's copies), nor a GPU through the runtime's
+                // variable.
+                let by_controller = requested_by_controller(&req.user_info, &self.cfg);
+                return match guarded(|| plan_no_gpu(&pod, &self.cfg, by_controller)) {
                     Ok((patch, true)) => {
                         tracing::info!(
                             "NVIDIA_VISIBLE_DEVICES set to none on a pod that asks for no GPU"

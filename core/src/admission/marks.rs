@@ -32,8 +32,10 @@ pub fn is_our_key(key: &str, cfg: &AdmissionConfig) -> bool {
     key == cfg.terminate_at_annotation || OUR_PREFIXES.iter().any(|p| key.starts_with(p))
 }
 
-/// Our keys that a creator may write without gaining anything: the note that says
-/// why a pod runs without its GPU (the controller's CPU-only copies carry it).
+/// Our keys that a creator may write without gaining a GPU: the note that says why
+/// a pod runs without its GPU (the controller's CPU-only copies carry it). It still
+/// puts a "stripped" notebook on the named user's page, so on a pod without a GPU
+/// only the controller's is kept (`patch::plan_no_gpu`).
 pub fn is_harmless_key(key: &str) -> bool {
     key == GPU_REMOVED_ANNOTATION
 }

@@ -110,12 +110,20 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
 /// an explicit entry also wins over an `envFrom` and over the image's own
 /// `ENV NVIDIA_VISIBLE_DEVICES=all` (CUDA base images set it). The second value says
 /// whether it did (the pod gets a warning).
-pub fn plan_no_gpu(pod: &Value, cfg: &AdmissionConfig) -> (Patch, bool) {
+///
+/// The note of a removed GPU (`gpu-booking.io/gpu-removed`) stays only on the
+/// controller's own CPU-only copies (`by_controller`: the requester is the
+/// controller): from anyone else it would put a "stripped" notebook of the user it
+/// names on that user's page.
+pub fn plan_no_gpu(pod: &Value, cfg: &AdmissionConfig, by_controller: bool) -> (Patch, bool) {
     let hide_devices = cfg.visible_devices_without_gpu == VisibleDevicesWithoutGpu::Strip;
     let mut ed = PodEditor::new(pod.clone());
     let mut hidden = false;
     if pod.is_object() {
         ed.unmark(cfg, &[]);
+        if !by_controller {
+            ed.remove(&["metadata", "annotations", GPU_REMOVED_ANNOTATION]);
+        }
         let current = ed.pod.pointer("/spec/priorityClassName");
         if current.and_then(Value::as_str).is_some()
             && current.and_then(Value::as_str) == cfg.high_priority_class.as_deref()
@@ -868,7 +876,7 @@ mod tests {
         for out in [
             apply(&pod, &plan(&pod, &strip, &cfg)),
             apply(&pod, &plan(&pod, &unchecked, &cfg)),
-            apply(&pod, &plan_no_gpu(&pod, &cfg).0),
+            apply(&pod, &plan_no_gpu(&pod, &cfg, true).0),
         ] {
             let left: Vec<_> = ours_left(&out)
                 .into_iter()
@@ -882,7 +890,15 @@ mod tests {
         }
         // A pod without marks of ours gets no patch on the no-GPU path.
         let clean = json!({"metadata": {"labels": {"app": "x"}}, "spec": {"priorityClassName": "gpu-booking-low"}});
-        assert!(plan_no_gpu(&clean, &cfg).0.is_empty());
+        assert!(plan_no_gpu(&clean, &cfg, false).0.is_empty());
+        // The note of a removed GPU stays on the controller's copies only.
+        let note = |by_controller| {
+            apply(&pod, &plan_no_gpu(&pod, &cfg, by_controller).0)["metadata"]["annotations"]
+                .get(GPU_REMOVED_ANNOTATION)
+                .cloned()
+        };
+        assert!(note(true).is_some());
+        assert_eq!(note(false), None, "anyone else's note is dropped");
     }
 
     #[test]
@@ -900,7 +916,7 @@ mod tests {
             {"name": "void", "env": env(json!("void"))},
             {"name": "plain"},
         ]}});
-        let (patch, hidden) = plan_no_gpu(&pod, &cfg);
+        let (patch, hidden) = plan_no_gpu(&pod, &cfg, false);
         assert!(hidden);
         let out = apply(&pod, &patch);
         let visible = |list: &str, i: usize| -> Vec<Value> {
@@ -936,12 +952,15 @@ mod tests {
         );
         // Nothing to hide, or the admin allows it: no change.
         let harmless = json!({"spec": {"containers": [{"name": "a", "env": env(json!("none"))}]}});
-        assert_eq!(plan_no_gpu(&harmless, &cfg), (Patch(Vec::new()), false));
+        assert_eq!(
+            plan_no_gpu(&harmless, &cfg, false),
+            (Patch(Vec::new()), false)
+        );
         let allow = AdmissionConfig {
             visible_devices_without_gpu: VisibleDevicesWithoutGpu::Allow,
             ..AdmissionConfig::default()
         };
-        assert_eq!(plan_no_gpu(&pod, &allow), (Patch(Vec::new()), false));
+        assert_eq!(plan_no_gpu(&pod, &allow, false), (Patch(Vec::new()), false));
     }
 
     #[test]

@@ -105,6 +105,15 @@ pub fn trusted_identity(
     }
 }
 
+/// Whether the requester of an admission (`userInfo`, authenticated by the API
+/// server) is the controller: one of `cfg.controllers`, compared exactly.
+pub fn requested_by_controller(requester: &UserInfo, cfg: &AdmissionConfig) -> bool {
+    requester
+        .username
+        .as_deref()
+        .is_some_and(|name| cfg.controllers.iter().any(|c| c == name))
+}
+
 /// The decision for a GPU pod that the controller itself creates in place of one it
 /// ended: its lent copy (`--on-expiry demote`, or a booked pod beyond its booking's
 /// units), which carries `gpu-booking.io/priority=low` and `gpu-booking.io/model`. Such a
@@ -116,7 +125,7 @@ pub fn trusted_identity(
 /// controller decided: lent, on its model.
 ///
 /// Believed only when the requester (`userInfo`, authenticated by the API server) is
-/// one of `cfg.controllers`, compared exactly: marks in a pod prove nothing by
+/// one of `cfg.controllers` ([`requested_by_controller`]): marks in a pod prove nothing by
 /// themselves, since whoever creates a pod can write them. A copy is never
 /// booked (`high` is not believed from anyone), and a pod that asks by resource for
 /// another model than its label names goes the ordinary way. `None`: decide it as
@@ -127,11 +136,7 @@ pub fn controller_copy(
     gpu: &GpuRequest,
     cfg: &AdmissionConfig,
 ) -> Option<Decision> {
-    let by_controller = requester
-        .username
-        .as_deref()
-        .is_some_and(|name| cfg.controllers.iter().any(|c| c == name));
-    if !by_controller {
+    if !requested_by_controller(requester, cfg) {
         return None;
     }
     // A copy made by the controller of the last release carries the legacy keys.
