@@ -22,7 +22,7 @@
 //! - A round decides for each Pending booked pod in turn and books the room it gets,
 //!   so two booked pods never count on the same freed unit.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use gpu_booking_core::eviction::{self, Need, Plan, Room, Tenant};
 use gpu_booking_core::preemption_policy::{Holder, PreemptionPolicy, Shortfall, Verdict};
@@ -68,6 +68,10 @@ pub struct Round {
     vram: BTreeMap<String, Option<u64>>,
     /// The VRAM budget one unit holds, by (model, node), where the node advertises it.
     unit_vram: BTreeMap<(String, String), u64>,
+    /// (model, node) whose units are replicas of time-sliced cards: the only units
+    /// that share a card's memory with other pods, so the only ones the VRAM cushion
+    /// is for (a whole card or a MIG device is the booked pod's alone).
+    shared: BTreeSet<(String, String)>,
     /// Tenants by model, lent pods first and other workloads an admin made
     /// preemptible second; ids are `namespace/name`.
     tenants: [BTreeMap<String, Vec<Tenant>>; 2],
@@ -94,11 +98,15 @@ impl Round {
     pub fn new(view: &View<'_>) -> Self {
         let node_models = inventory::node_models(view.nodes.values(), view.models);
         let mut units = BTreeMap::new();
+        let mut shared = BTreeSet::new();
         let mut vram = BTreeMap::new();
         for node in view.nodes.values() {
             for (resource, model) in &view.models.resources {
                 if let Some(&n) = node.facts.allocatable.get(resource).filter(|&&n| n > 0) {
                     units.insert((model.clone(), node.name.clone()), n);
+                    if time_sliced(node, resource) {
+                        shared.insert((model.clone(), node.name.clone()));
+                    }
                 }
             }
             if let Some(Some(model)) = node_models.get(&node.name) {
@@ -109,6 +117,9 @@ impl Round {
                         .filter_map(|r| node.facts.allocatable.get(r))
                         .sum();
                     units.insert((model.clone(), node.name.clone()), n);
+                    if view.generic.iter().any(|r| time_sliced(node, r)) {
+                        shared.insert((model.clone(), node.name.clone()));
+                    }
                 }
             }
             vram.insert(
@@ -171,6 +182,7 @@ impl Round {
             units,
             vram,
             unit_vram,
+            shared,
             tenants,
             uids,
             held,
@@ -209,13 +221,23 @@ impl Round {
                 free_vram_mib: self.vram.get(node).copied().flatten(),
             })
             .collect();
-        // The cushion never asks for more VRAM than the pod's units hold: a pod whose
-        // budget fills its cards (whole cards) can use nothing beyond them, and asking
-        // for it would cost a second victim for one booked unit.
+        // The cushion is for co-tenants of a time-sliced card: on whole cards and MIG
+        // devices there are none, and asking for it would cost a second victim for one
+        // booked unit (or no room at all). Nor does it ask for more VRAM than the
+        // pod's units hold: a pod whose budget fills its cards can use nothing beyond.
         let cushion = rooms
             .iter()
-            .filter_map(|room| self.unit_vram.get(&(model.to_owned(), room.node.clone())))
-            .map(|&per_unit| (per_unit.saturating_mul(need.units)).saturating_sub(need.vram_mib))
+            .map(|room| {
+                let key = (model.to_owned(), room.node.clone());
+                if !self.shared.contains(&key) {
+                    return 0;
+                }
+                self.unit_vram.get(&key).map_or(view.cushion_mib, |&per_unit| {
+                    per_unit
+                        .saturating_mul(need.units)
+                        .saturating_sub(need.vram_mib)
+                })
+            })
             .fold(view.cushion_mib, u64::min);
         // Lent pods first; other workloads only where lent pods cannot make room.
         let lent = self.tenants[0].get(model).cloned().unwrap_or_default();
@@ -285,6 +307,16 @@ impl Round {
             *free = free.saturating_sub(need.vram_mib);
         }
     }
+}
+
+/// Whether `node`'s `resource` is a time-sliced card's replicas (GFD's
+/// `<resource>.replicas` above 1).
+fn time_sliced(node: &NodeInfo, resource: &str) -> bool {
+    node.facts
+        .labels
+        .get(&format!("{resource}.replicas"))
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > 1)
 }
 
 #[cfg(test)]
@@ -493,6 +525,39 @@ mod tests {
         job.namespace = "research".into();
         job.served = false;
         job
+    }
+
+    #[test]
+    fn no_cushion_on_whole_cards() {
+        // a: 2 whole cards and 100,000 MiB of VRAM budget; the booked pod on one
+        // holds 60,000, the lent pod on the other 40,000. The booked pod needs one
+        // card and 40,000: the lent pod's card is exactly that, and nobody shares it.
+        let mut w = busy();
+        let budget = |w: &mut World, uid: &str, mib: u64| {
+            w.pods.get_mut(uid).unwrap().placement.gpumem_mib = mib;
+        };
+        w.nodes.get_mut("a").unwrap().facts.allocatable = [
+            ("nvidia.com/gpu".to_owned(), 2),
+            ("gpu-booking.io/gpumem".to_owned(), 100_000),
+        ]
+        .into();
+        budget(&mut w, "uid-high", 60_000);
+        budget(&mut w, "uid-low-new", 40_000);
+        budget(&mut w, "uid-booked", 40_000);
+        let one = Decision::Evict {
+            node: "a".into(),
+            victims: vec!["uid-low-new".into()],
+        };
+        assert_eq!(w.decide("booked"), one);
+        // Time-sliced (two replicas of one card): co-tenants share its memory, and
+        // the cushion keeps room for them; 40,000 is then not enough.
+        w.nodes
+            .get_mut("a")
+            .unwrap()
+            .facts
+            .labels
+            .insert("nvidia.com/gpu.replicas".into(), "2".into());
+        assert_ne!(w.decide("booked"), one);
     }
 
     #[test]
