@@ -53,10 +53,11 @@
 //! - **Discovery** (`/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`): the
 //!   unaggregated documents, naming the resources the lab uses (`discovery.rs`); an
 //!   empty list is still of its kind (`PodList`).
-//! - **Tables**: a get or list asked for as `Table` (`Accept:
+//! - **Tables**: a get, list or watch asked for as `Table` (`Accept:
 //!   application/json;as=Table;v=v1;g=meta.k8s.io`, what `kubectl get` sends) answers
 //!   kube-apiserver's printer columns for pods, nodes, namespaces and Events, `Name`
-//!   and `Created At` for the rest (`table.rs`).
+//!   and `Created At` for the rest (`table.rs`); a watch's events carry one-row
+//!   Tables (`kubectl get -w`).
 //! - **Events** are one resource under two APIs: a get or list of core `v1` Events
 //!   also returns the `events.k8s.io/v1` ones converted, and the other way round
 //!   (`event_views.rs`); watches see their own API's writes only.

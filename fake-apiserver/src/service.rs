@@ -343,7 +343,7 @@ fn dispatch(
             }
         }
         Verb::List => list(shared, target, params, table),
-        Verb::Watch => watch(shared, target, params),
+        Verb::Watch => watch(shared, target, params, table),
         Verb::Create => {
             let obj = parse_body(body)?;
             let mut store = shared.lock();
@@ -466,6 +466,7 @@ fn watch(
     shared: &Shared,
     target: &Target,
     params: &HashMap<String, String>,
+    table: Option<crate::table::Wanted>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let sel = selector(params, &target.resource)?;
     let since = params.get("resourceVersion").and_then(|rv| rv.parse().ok());
@@ -490,12 +491,25 @@ fn watch(
         }
     };
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let stream = futures::stream::unfold(rx, move |mut rx| async move {
-        let next = match deadline {
-            Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok().flatten(),
-            None => rx.recv().await,
-        };
-        next.map(|line| (Ok::<_, Infallible>(Frame::data(line)), rx))
+    // As Tables (`kubectl get -w`): each event's object a one-row Table.
+    let as_table = table.map(|wanted| {
+        let clock = shared.lock().clock.clone();
+        let resource = target.resource.clone();
+        move |line: Bytes| table_event(&line, wanted, &resource, clock()).unwrap_or(line)
+    });
+    let stream = futures::stream::unfold(rx, move |mut rx| {
+        let as_table = as_table.clone();
+        async move {
+            let next = match deadline {
+                Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok().flatten(),
+                None => rx.recv().await,
+            };
+            let next = match (next, &as_table) {
+                (Some(line), Some(convert)) => Some(convert(line)),
+                (next, _) => next,
+            };
+            next.map(|line| (Ok::<_, Infallible>(Frame::data(line)), rx))
+        }
     });
     let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
     response.headers_mut().insert(
@@ -503,6 +517,29 @@ fn watch(
         http::HeaderValue::from_static("application/json"),
     );
     Ok(response)
+}
+
+/// A watch event line with its object as a one-row Table; `None` for an event
+/// without an object of the resource (`ERROR`), which goes out as it is.
+fn table_event(
+    line: &[u8],
+    wanted: crate::table::Wanted,
+    resource: &crate::path::ResourceKey,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<Bytes> {
+    let mut event: Value = serde_json::from_slice(line).ok()?;
+    if !matches!(
+        event["type"].as_str(),
+        Some("ADDED" | "MODIFIED" | "DELETED")
+    ) {
+        return None;
+    }
+    let object = Arc::new(event["object"].take());
+    let metadata = json!({"resourceVersion": object["metadata"]["resourceVersion"]});
+    event["object"] = wanted.table(resource, &[object], metadata, now);
+    let mut out = serde_json::to_vec(&event).ok()?;
+    out.push(b'\n');
+    Some(Bytes::from(out))
 }
 
 fn patch(

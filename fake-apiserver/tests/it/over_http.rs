@@ -178,3 +178,35 @@ async fn kubectl_gets_discovery_and_tables() {
     let (_, list) = get(&server, "/api/v1/pods", &auth).await;
     assert_eq!(list["kind"], "PodList");
 }
+
+#[tokio::test]
+async fn a_watch_asked_for_as_tables_sends_one_row_tables() {
+    let server = FakeApiServer::new();
+    let auth = bearer(&server.user_token("kubernetes-admin", &["system:masters"]));
+    let request = http::Request::get("/api/v1/namespaces/jhub/pods?watch=true")
+        .header("authorization", auth)
+        .header("accept", KUBECTL_GET)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = server.http_service().oneshot(request).await.unwrap();
+    let mut body = response.into_body();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "jupyter-bob"},
+        "spec": {"containers": [{"name": "notebook", "image": "jupyter"}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let frame = body.frame().await.expect("an event").unwrap();
+    let event: Value = serde_json::from_slice(frame.data_ref().expect("data")).unwrap();
+    assert_eq!(event["type"], "ADDED");
+    assert_eq!(
+        event["object"]["kind"], "Table",
+        "kubectl get -w prints its columns"
+    );
+    assert_eq!(event["object"]["rows"][0]["cells"][0], "jupyter-bob");
+    assert_eq!(
+        event["object"]["rows"][0]["object"]["metadata"]["namespace"],
+        "jhub"
+    );
+}
