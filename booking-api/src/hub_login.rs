@@ -321,11 +321,16 @@ impl SignInError {
     }
 }
 
+/// The sign-in as the routes take it from the state: `None` where it is not set up
+/// (the page holds it; `crate::state` hands it over).
+#[derive(Clone, Default)]
+pub struct HubLoginState(pub Option<Arc<HubLogin>>);
+
 /// The page's routes of the JupyterHub sign-in (404 where it is not set up).
 pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
-    crate::page::Page: FromRef<S>,
+    HubLoginState: FromRef<S>,
 {
     Router::new()
         .route(START_PATH, get(start))
@@ -337,15 +342,15 @@ where
         .route("/services/{name}/{*rest}", get(from_hub_menu))
 }
 
-fn configured(page: &crate::page::Page) -> Result<Arc<HubLogin>, Response> {
-    page.hub_login().ok_or_else(|| {
+fn configured(state: HubLoginState) -> Result<Arc<HubLogin>, Response> {
+    state.0.ok_or_else(|| {
         crate::error::ApiError::NotFound("JupyterHub sign-in is not set up on this server".into())
             .into_response()
     })
 }
 
-async fn start(State(page): State<crate::page::Page>) -> Response {
-    let login = match configured(&page) {
+async fn start(State(state): State<HubLoginState>) -> Response {
+    let login = match configured(state) {
         Ok(login) => login,
         Err(resp) => return resp,
     };
@@ -367,11 +372,11 @@ struct CallbackQuery {
 }
 
 async fn callback(
-    State(page): State<crate::page::Page>,
+    State(state): State<HubLoginState>,
     headers: HeaderMap,
     Query(query): Query<CallbackQuery>,
 ) -> Response {
-    let login = match configured(&page) {
+    let login = match configured(state) {
         Ok(login) => login,
         Err(resp) => return resp,
     };
@@ -413,8 +418,8 @@ async fn callback(
     redirect(&format!("{}#{fragment}", login.page_url), Some(clear))
 }
 
-async fn from_hub_menu(State(page): State<crate::page::Page>) -> Response {
-    match configured(&page) {
+async fn from_hub_menu(State(state): State<HubLoginState>) -> Response {
+    match configured(state) {
         Ok(login) => redirect(&format!("{}{}", login.page_url, &START_PATH[1..]), None),
         Err(resp) => resp,
     }

@@ -74,8 +74,9 @@ impl Page {
         }
     }
 
-    pub fn hub_login(&self) -> Option<Arc<crate::hub_login::HubLogin>> {
-        self.hub_login.clone()
+    /// The sign-in's routes' view of it.
+    pub fn hub_login(&self) -> crate::hub_login::HubLoginState {
+        crate::hub_login::HubLoginState(self.hub_login.clone())
     }
 }
 
@@ -121,6 +122,7 @@ pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
     Page: FromRef<S>,
+    crate::hub_login::HubLoginState: FromRef<S>,
 {
     let scripts = SCRIPTS.iter().fold(Router::new(), |router, &(name, body)| {
         router.route(

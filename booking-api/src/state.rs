@@ -79,3 +79,9 @@ impl FromRef<AppState> for crate::page::Page {
         state.page.clone()
     }
 }
+
+impl FromRef<AppState> for crate::hub_login::HubLoginState {
+    fn from_ref(state: &AppState) -> crate::hub_login::HubLoginState {
+        state.page.hub_login()
+    }
+}
