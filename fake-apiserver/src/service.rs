@@ -82,13 +82,21 @@ fn query_params(query: Option<&str>) -> HashMap<String, String> {
         .collect()
 }
 
+/// A boolean query parameter as the API server reads one
+/// (`Convert_Slice_string_To_bool` in apimachinery's `runtime/conversion.go`): absent,
+/// `0` or `false` (any case) is false, any other value, the empty one included, is
+/// true. Python's client sends `watch=True`.
+fn query_bool(params: &HashMap<String, String>, key: &str) -> bool {
+    params
+        .get(key)
+        .is_some_and(|v| v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
 fn verb_of(method: &Method, target: &Target, params: &HashMap<String, String>) -> Option<Verb> {
     let named = target.name.is_some();
     Some(match *method {
         Method::GET if named => Verb::Get,
-        Method::GET if matches!(params.get("watch").map(String::as_str), Some("true" | "1")) => {
-            Verb::Watch
-        }
+        Method::GET if query_bool(params, "watch") => Verb::Watch,
         Method::GET => Verb::List,
         Method::POST => Verb::Create,
         Method::PUT => Verb::Update,

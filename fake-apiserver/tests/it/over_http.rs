@@ -210,3 +210,50 @@ async fn a_watch_asked_for_as_tables_sends_one_row_tables() {
         "jhub"
     );
 }
+
+#[tokio::test]
+async fn watch_is_read_as_the_api_server_reads_a_boolean_parameter() {
+    let server = FakeApiServer::new();
+    let auth = bearer(&server.user_token("kubernetes-admin", &["system:masters"]));
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    // Python's client (KubeSpawner's reflectors) sends `watch=True`; any value but
+    // `0` and `false` (any case) asks for a watch, the empty one included.
+    for (n, value) in ["true", "True", "1", "yes", ""].into_iter().enumerate() {
+        let request = http::Request::get(format!("/api/v1/namespaces/jhub/pods?watch={value}"))
+            .header("authorization", &auth)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = server.http_service().oneshot(request).await.unwrap();
+        let name = format!("jupyter-{n}");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "notebook", "image": "jupyter"}]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        let frame = response
+            .into_body()
+            .frame()
+            .await
+            .expect("an event")
+            .unwrap();
+        let event: Value = serde_json::from_slice(frame.data_ref().expect("data")).unwrap();
+        assert_eq!(
+            (
+                event["type"].as_str(),
+                event["object"]["metadata"]["name"].as_str()
+            ),
+            (Some("ADDED"), Some(name.as_str())),
+            "watch={value:?} is a watch: {event}"
+        );
+    }
+    for value in ["false", "False", "0"] {
+        let path = format!("/api/v1/namespaces/jhub/pods?watch={value}");
+        let (code, body) = get(&server, &path, &[("authorization", &auth)]).await;
+        assert_eq!(
+            (code, body["kind"].as_str()),
+            (200, Some("PodList")),
+            "watch={value:?} is a list"
+        );
+    }
+}
