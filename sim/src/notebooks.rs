@@ -12,6 +12,9 @@
 //!
 //! The stand-in answers every request with 200: `GET .../api` with a Jupyter Server's
 //! version document (`{"version": ...}`), anything else with a line naming the pod.
+//! Every answer carries `X-JupyterHub-Version`, as jupyterhub-singleuser's does, with
+//! the version of the hub that spawned the pod (KubeSpawner's annotation): an image
+//! whose `jupyterhub` matches the hub's, so the hub logs no version mismatch.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -28,6 +31,8 @@ const COMPONENT_LABEL: &str = "component";
 const SINGLEUSER: &str = "singleuser-server";
 /// The Jupyter Server version the stand-in reports.
 const SERVER_VERSION: &str = "2.14.2";
+/// KubeSpawner's annotation with the spawning hub's version.
+const HUB_VERSION_ANNOTATION: &str = "hub.jupyter.org/jupyterhub-version";
 
 /// A bound but not yet served notebook port, by pod uid.
 type Bound = Arc<Mutex<HashMap<String, std::net::TcpListener>>>;
@@ -158,7 +163,13 @@ fn reconcile(server: &FakeApiServer, bound: &Bound, serving: &mut HashMap<String
         }
         if let Some(listener) = bound.remove(uid) {
             let name = pod.metadata.name.clone().unwrap_or_default();
-            if let Some(task) = serve(listener, name) {
+            let hub_version = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(HUB_VERSION_ANNOTATION))
+                .and_then(|v| axum::http::HeaderValue::from_str(v).ok());
+            if let Some(task) = serve(listener, name, hub_version) {
                 serving.insert(uid.to_owned(), task);
             }
         }
@@ -166,20 +177,31 @@ fn reconcile(server: &FakeApiServer, bound: &Bound, serving: &mut HashMap<String
 }
 
 /// Serves the stand-in on `listener` until its task is stopped.
-fn serve(listener: std::net::TcpListener, pod: String) -> Option<Task> {
+fn serve(
+    listener: std::net::TcpListener,
+    pod: String,
+    hub_version: Option<axum::http::HeaderValue>,
+) -> Option<Task> {
     listener.set_nonblocking(true).ok()?;
     let listener = tokio::net::TcpListener::from_std(listener).ok()?;
     let version = serde_json::json!({"version": SERVER_VERSION});
     let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
         let version = version.clone();
         let pod = pod.clone();
+        let hub_version = hub_version.clone();
         async move {
             use axum::response::IntoResponse;
-            if uri.path().trim_end_matches('/').ends_with("/api") {
+            let mut response = if uri.path().trim_end_matches('/').ends_with("/api") {
                 axum::Json(version).into_response()
             } else {
                 format!("the stand-in single-user server of pod {pod}\n").into_response()
+            };
+            if let Some(hub_version) = hub_version {
+                response
+                    .headers_mut()
+                    .insert("x-jupyterhub-version", hub_version);
             }
+            response
         }
     });
     Some(Task::spawn(|rx| async move {

@@ -49,6 +49,14 @@ async fn a_running_notebook_answers_at_its_own_address_until_it_goes(pool: PgPoo
         }
     };
     assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer
+            .headers()
+            .get("x-jupyterhub-version")
+            .and_then(|v| v.to_str().ok()),
+        Some("6.1.1"),
+        "the version of the hub that spawned it, as jupyterhub-singleuser sends it"
+    );
     let version: serde_json::Value = answer.json().await.expect("JSON");
     assert!(version["version"].is_string(), "{version}");
     let page = http
