@@ -97,7 +97,7 @@ impl HttpsApiServer {
         let kubeconfig = dir.path().join("kubeconfig");
         gpu_booking_certs::pki::write_private(
             &kubeconfig,
-            &kubeconfig_yaml(&url, &certs.ca_pem, &token)?,
+            &kubeconfig_yaml(&url, &certs.ca_pem, ADMIN_USER, &token)?,
         )
         .with_context(|| format!("writing {}", kubeconfig.display()))?;
 
@@ -132,6 +132,23 @@ impl HttpsApiServer {
     pub async fn stop(self) {
         self.task.stop().await;
     }
+
+    /// Writes to `path` (owner-only) a kubeconfig for this server that authenticates
+    /// as `user` with `token` (a ServiceAccount's, say), in namespace `jhub`.
+    pub fn write_kubeconfig(
+        &self,
+        path: &std::path::Path,
+        user: &str,
+        token: &str,
+    ) -> anyhow::Result<()> {
+        let ca_pem = std::fs::read_to_string(&self.ca_path)
+            .with_context(|| format!("reading {}", self.ca_path.display()))?;
+        gpu_booking_certs::pki::write_private(
+            path,
+            &kubeconfig_yaml(&self.url, &ca_pem, user, token)?,
+        )
+        .with_context(|| format!("writing {}", path.display()))
+    }
 }
 
 /// A body the server did not read, answered as kube-apiserver answers one over its
@@ -153,18 +170,18 @@ fn too_large(refusal: &gpu_booking_process::serve::BodyRefusal) -> axum::respons
     response
 }
 
-/// A kubeconfig for the server at `url` whose CA is `ca_pem`, authenticating with
-/// `token`, in namespace `jhub` (where the notebooks are).
-fn kubeconfig_yaml(url: &str, ca_pem: &str, token: &str) -> anyhow::Result<String> {
+/// A kubeconfig for the server at `url` whose CA is `ca_pem`, authenticating as
+/// `user` with `token`, in namespace `jhub` (where the notebooks are).
+fn kubeconfig_yaml(url: &str, ca_pem: &str, user: &str, token: &str) -> anyhow::Result<String> {
     use base64::Engine;
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     let config = json!({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": CONTEXT, "cluster": {"server": url, "certificate-authority-data": ca}}],
-        "users": [{"name": ADMIN_USER, "user": {"token": token}}],
+        "users": [{"name": user, "user": {"token": token}}],
         "contexts": [{"name": CONTEXT, "context": {
-            "cluster": CONTEXT, "user": ADMIN_USER, "namespace": crate::spawner::NOTEBOOK_NAMESPACE,
+            "cluster": CONTEXT, "user": user, "namespace": crate::spawner::NOTEBOOK_NAMESPACE,
         }}],
         "current-context": CONTEXT,
     });

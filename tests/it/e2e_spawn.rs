@@ -84,7 +84,7 @@ async fn booked_user_gets_the_booked_model(pool: PgPool) {
 }
 
 /// A lab with only the two A100s (and a CPU node), so that two lent pods fill it.
-fn a100_lab() -> gpu_booking_sim::SimBuilder {
+pub(crate) fn a100_lab() -> gpu_booking_sim::SimBuilder {
     SimCluster::builder().nodes(vec![
         GpuNode::gpu("gpu-a100-0", "NVIDIA-A100-SXM4-40GB", 2, 40960),
         GpuNode::cpu_only("cpu-0"),

@@ -13,6 +13,7 @@ mod e2e_hub;
 mod e2e_my_notebooks;
 mod e2e_notebooks;
 mod e2e_other_workloads;
+mod e2e_real_hub;
 mod e2e_service_accounts;
 mod e2e_several_models;
 mod e2e_spawn;

@@ -13,6 +13,10 @@
 #   HUB_START_SECONDS, HUB_STOP_SECONDS
 #                     how long starting and stopping a server take (the hub answers a
 #                     start or stop that takes over 10 s with 202 and finishes it later)
+#   HUB_SPAWNER       `kube`: KubeSpawner (PyPI `jupyterhub-kubespawner`) spawns into the
+#                     cluster of KUBECONFIG, as zero-to-jupyterhub configures it (namespace
+#                     `jhub`, the kubeconfig's user being the hub's ServiceAccount), one
+#                     GPU per server; unset: the StandInSpawner below
 # The `gpu-booking` entry is the one examples/jupyterhub/jupyterhub-values.yaml registers.
 import asyncio
 import os
@@ -85,9 +89,24 @@ c.JupyterHub.db_url = f"sqlite:///{hub_dir}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = f"{hub_dir}/cookie_secret"
 c.JupyterHub.pid_file = f"{hub_dir}/jupyterhub.pid"
 c.JupyterHub.cleanup_servers = True
-c.JupyterHub.spawner_class = StandInSpawner
 c.JupyterHub.allow_named_servers = True
 c.Spawner.start_timeout = 30
+if os.environ.get("HUB_SPAWNER") == "kube":
+    # The notebook pods as the fixtures in tests/fixtures/kubespawner record them
+    # (their README lists these settings).
+    c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+    c.KubeSpawner.namespace = "jhub"
+    c.KubeSpawner.image = "quay.io/jupyter/pytorch-notebook:cuda12-2024-10-14"
+    c.KubeSpawner.cpu_limit = 4
+    c.KubeSpawner.cpu_guarantee = 1
+    c.KubeSpawner.mem_limit = "16G"
+    c.KubeSpawner.mem_guarantee = "4G"
+    c.KubeSpawner.extra_resource_limits = {"nvidia.com/gpu": "1"}
+    c.KubeSpawner.extra_resource_guarantees = {"nvidia.com/gpu": "1"}
+    c.KubeSpawner.start_timeout = 60
+    c.KubeSpawner.http_timeout = 60
+else:
+    c.JupyterHub.spawner_class = StandInSpawner
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = os.environ["HUB_PASSWORD"]
 c.Authenticator.allow_all = True

@@ -40,8 +40,15 @@ pub fn program() -> Option<PathBuf> {
     None
 }
 
+/// The repository's root: the crate's folder (the root crate) or the one above it
+/// (a member crate), whichever holds this file's folder.
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|dir| dir.join("tests/support/jupyterhub.rs").is_file())
+        .unwrap_or(manifest)
+        .to_path_buf()
 }
 
 pub fn free_port() -> u16 {
@@ -74,7 +81,16 @@ impl RealHub {
         booking_url: Option<&str>,
         env: &[(&str, &str)],
     ) -> RealHub {
-        let port = free_port();
+        Self::start_on(program, free_port(), booking_url, env).await
+    }
+
+    /// [`RealHub::start_with`] on `port` (one a lab's Service already points at).
+    pub async fn start_on(
+        program: &Path,
+        port: u16,
+        booking_url: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> RealHub {
         let dir = tempfile::tempdir().unwrap();
         let mut command = Command::new(program);
         command
