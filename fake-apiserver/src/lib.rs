@@ -25,10 +25,12 @@
 //!   `limit`/`continue` paging (the token is an offset: pages are not a consistent
 //!   snapshot), and the list's `resourceVersion`. Watch and deletecollection take the
 //!   same selectors.
-//! - **watch** (`?watch=true`): newline-delimited `WatchEvent`s, resumable from a
-//!   `resourceVersion` (changes are replayed from a history of the last 10,000; an older
-//!   version gets an `ERROR` event with a 410 `Expired` status, as the real server
-//!   sends). A modification that makes an object leave (enter) a watch's selection is
+//! - **watch** (`?watch=true`, or any value but `0` and `false`, as the API server
+//!   reads a boolean parameter: Python's client sends `True`): newline-delimited
+//!   `WatchEvent`s, resumable from a `resourceVersion` (changes are replayed from a
+//!   history of the last 10,000; an older version gets an `ERROR` event with a 410
+//!   `Expired` status, as the real server sends); without one, or with `0`, it begins
+//!   with a synthetic `ADDED` for each object that matches now. A modification that makes an object leave (enter) a watch's selection is
 //!   sent as `DELETED` (`ADDED`). `timeoutSeconds` ends the stream. No bookmarks.
 //! - **get**, **create** (`409 AlreadyExists`, `generateName`, `uid`,
 //!   `creationTimestamp`, `resourceVersion`; new pods get `status.phase: Pending`;

@@ -56,11 +56,15 @@ impl Watch {
             },
             _ => return None,
         };
-        let mut line = serde_json::to_vec(&json!({"type": kind, "object": &*change.object}))
-            .unwrap_or_default();
-        line.push(b'\n');
-        Some(Bytes::from(line))
+        Some(event_line(kind, &change.object))
     }
+}
+
+/// One line of a watch: a `WatchEvent` of `kind` about `object`.
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
 }
 
 /// Which part of an object a write may change.
@@ -199,7 +203,9 @@ impl Store {
     }
 
     /// Opens a watch; replays the changes after `since` (410 Gone when they are no
-    /// longer all kept).
+    /// longer all kept). Without `since` (or `0`), it begins as kube-apiserver's does
+    /// ("Resource versions", watch semantics: "Get State and Start at Most Recent",
+    /// "Start at Any"): with a synthetic `ADDED` event for each object there now.
     pub fn watch(
         &mut self,
         resource: ResourceKey,
@@ -225,6 +231,11 @@ impl Store {
                 if let Some(line) = watch.line(change) {
                     let _ = watch.tx.send(line);
                 }
+            }
+        } else {
+            let now = self.list(&watch.resource, watch.namespace.as_deref(), &watch.selector);
+            for object in now {
+                let _ = watch.tx.send(event_line("ADDED", &object));
             }
         }
         self.watches.push(watch);

@@ -219,14 +219,17 @@ async fn watch_is_read_as_the_api_server_reads_a_boolean_parameter() {
     // Python's client (KubeSpawner's reflectors) sends `watch=True`; any value but
     // `0` and `false` (any case) asks for a watch, the empty one included.
     for (n, value) in ["true", "True", "1", "yes", ""].into_iter().enumerate() {
-        let request = http::Request::get(format!("/api/v1/namespaces/jhub/pods?watch={value}"))
-            .header("authorization", &auth)
-            .body(Full::new(Bytes::new()))
-            .unwrap();
+        // Each its own pods (a watch begins with those that match).
+        let request = http::Request::get(format!(
+            "/api/v1/namespaces/jhub/pods?watch={value}&labelSelector=n%3D{n}"
+        ))
+        .header("authorization", &auth)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
         let response = server.http_service().oneshot(request).await.unwrap();
         let name = format!("jupyter-{n}");
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": {"n": n.to_string()}},
             "spec": {"containers": [{"name": "notebook", "image": "jupyter"}]},
         }))
         .unwrap();
@@ -254,6 +257,72 @@ async fn watch_is_read_as_the_api_server_reads_a_boolean_parameter() {
             (code, body["kind"].as_str()),
             (200, Some("PodList")),
             "watch={value:?} is a list"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_watch_without_a_resource_version_begins_with_what_is_there() {
+    let server = FakeApiServer::new();
+    let auth = bearer(&server.user_token("kubernetes-admin", &["system:masters"]));
+    let pods: Api<Pod> = Api::namespaced(server.client(), "jhub");
+    let pod = |name: &str, component: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"component": component}},
+            "spec": {"containers": [{"name": "notebook", "image": "jupyter"}]},
+        }))
+        .unwrap()
+    };
+    pods.create(
+        &PostParams::default(),
+        &pod("jupyter-bob", "singleuser-server"),
+    )
+    .await
+    .unwrap();
+    // Unset and "0" alike: a synthetic ADDED for each object that matches, then the
+    // changes; an object the selector leaves out is not sent.
+    for (n, (version, component, first)) in [
+        ("", "singleuser-server", "jupyter-bob"),
+        ("&resourceVersion=0", "singleuser-server", "jupyter-bob"),
+        ("", "other", "marker-2"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let path = format!(
+            "/api/v1/namespaces/jhub/pods?watch=1{version}&labelSelector=component%3D{component}"
+        );
+        let request = http::Request::get(&path)
+            .header("authorization", &auth)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let mut body = server
+            .http_service()
+            .oneshot(request)
+            .await
+            .unwrap()
+            .into_body();
+        // A change after the watch opened, that it sends too and that ends the read.
+        let marker = format!("marker-{n}");
+        pods.create(&PostParams::default(), &pod(&marker, component))
+            .await
+            .unwrap();
+        let mut names = Vec::new();
+        while names.last() != Some(&marker) {
+            let frame = body.frame().await.expect("an event").unwrap();
+            let event: Value = serde_json::from_slice(frame.data_ref().expect("data")).unwrap();
+            assert_eq!(event["type"], "ADDED", "{path}: {event}");
+            names.push(
+                event["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+        assert_eq!(
+            names.first().map(String::as_str),
+            Some(first),
+            "{path}: {names:?}"
         );
     }
 }
