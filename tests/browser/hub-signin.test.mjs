@@ -74,9 +74,10 @@ describe('sign in with JupyterHub', { skip: !present }, () => {
     hub = spawn(HUB, ['-f', path.join(ROOT, 'tests/jupyterhub/jupyterhub_config.py')], {
       cwd: hubDir,
       env: {
-        ...process.env, HUB_PORT: String(hubPort), HUB_DIR: hubDir, BOOKING_URL: page, BOOKING_SECRET: clientSecret, HUB_PASSWORD: PASSWORD,
+        ...process.env, HUB_PORT: String(hubPort), HUB_DIR: hubDir, BOOKING_URL: page, HUB_BOOKING_SECRET: clientSecret, HUB_PASSWORD: PASSWORD,
         // The controller's services of tests/jupyterhub/jupyterhub_config.py, unused here.
-        CONTROLLER_TOKEN: crypto.randomBytes(16).toString('hex'), READ_ONLY_TOKEN: crypto.randomBytes(16).toString('hex'),
+        HUB_CONTROLLER_TOKEN: crypto.randomBytes(16).toString('hex'), HUB_READ_ONLY_TOKEN: crypto.randomBytes(16).toString('hex'),
+        HUB_ADMIN_TOKEN: crypto.randomBytes(16).toString('hex'),
       },
       stdio: ['ignore', log, log],
     });

@@ -1,15 +1,16 @@
 # A real JupyterHub (PyPI `jupyterhub`) for the tests that put the hub in the loop
 # (tests/support/jupyterhub.rs starts it). Everything test-specific comes from the
 # environment it sets:
-#   HUB_PORT          the hub's own port on 127.0.0.1 (the browser and the API reach it there)
-#   HUB_DIR           a temporary folder for its database, cookie secret and servers
-#   HUB_PASSWORD      every user's password (SharedPasswordAuthenticator, 8+ characters)
-#   BOOKING_URL       the booking page's address (the service's url and redirect URI);
-#                     unset: no `gpu-booking` service
-#   BOOKING_SECRET    that service's api_token, the hub's OAuth client secret for it
-#   CONTROLLER_TOKEN  the api_token of the controller's service (role: docs/controller.md)
-#   READ_ONLY_TOKEN   the api_token of a service that may only read users
-#   ADMIN_TOKEN       the api_token of the hub's admin service (creates users)
+#   HUB_PORT              the hub's own port on 127.0.0.1 (the browser and the API reach it there)
+#   HUB_DIR               a temporary folder for its database, cookie secret and servers
+#   HUB_PASSWORD          every user's password (SharedPasswordAuthenticator, 8+ characters)
+#   BOOKING_URL           the booking page's address (the service's url and redirect URI);
+#                         unset: no `gpu-booking` service
+#   HUB_BOOKING_SECRET    that service's api_token, the hub's OAuth client secret for it
+#   HUB_CONTROLLER_TOKEN  the api_token of the controller's service (role: docs/controller.md)
+#   HUB_READ_ONLY_TOKEN   the api_token of a service that may only read users
+#   HUB_ADMIN_TOKEN       the api_token of the hub's admin service (creates users)
+# (each with HUB_ in front: the browser tests' own ADMIN_TOKEN is a booking JWT)
 #   HUB_START_SECONDS, HUB_STOP_SECONDS
 #                     how long starting and stopping a server take (the hub answers a
 #                     start or stop that takes over 10 s with 202 and finishes it later)
@@ -115,9 +116,9 @@ c.JupyterHub.load_groups = {
     "ml-lab": {"users": ["alice", "carol"]},
 }
 c.JupyterHub.services = [
-    {"name": "gpu-booking-controller", "api_token": os.environ["CONTROLLER_TOKEN"]},
-    {"name": "no-servers-scope", "api_token": os.environ["READ_ONLY_TOKEN"]},
-    {"name": "lab-admin", "api_token": os.environ["ADMIN_TOKEN"]},
+    {"name": "gpu-booking-controller", "api_token": os.environ["HUB_CONTROLLER_TOKEN"]},
+    {"name": "no-servers-scope", "api_token": os.environ["HUB_READ_ONLY_TOKEN"]},
+    {"name": "lab-admin", "api_token": os.environ["HUB_ADMIN_TOKEN"]},
 ]
 c.JupyterHub.load_roles = [
     # docs/controller.md: the controller's role for `--on-expiry hub-restart`.
@@ -130,7 +131,7 @@ if "BOOKING_URL" in os.environ:
     c.JupyterHub.services.append({
         "name": "gpu-booking",
         "url": booking,
-        "api_token": os.environ["BOOKING_SECRET"],
+        "api_token": os.environ["HUB_BOOKING_SECRET"],
         "oauth_redirect_uri": f"{booking}/login/hub/callback",
         "oauth_no_confirm": True,
         "display": True,
