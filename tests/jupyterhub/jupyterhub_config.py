@@ -21,7 +21,6 @@
 # The `gpu-booking` entry is the one examples/jupyterhub/jupyterhub-values.yaml registers.
 import asyncio
 import os
-import sys
 
 from jupyterhub.proxy import Proxy
 from jupyterhub.spawner import Spawner
@@ -45,38 +44,40 @@ class NoProxy(Proxy):
 
 
 class StandInSpawner(Spawner):
-    """A single-user server stand-in: Python's http.server on a free port (any answer
-    tells the hub it is up), stopped as slowly as HUB_STOP_SECONDS says."""
+    """A single-user server stand-in: a server in the hub's own event loop on a free
+    port, answering every request 200 (any answer tells the hub it is up), so that it
+    ends with the hub however the hub ends (a test's kill included); stopped as
+    slowly as HUB_STOP_SECONDS says."""
 
     async def start(self):
         await asyncio.sleep(float(os.environ.get("HUB_START_SECONDS", "0")))
-        self.port = self.port or _free_port()
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1",
-            cwd=os.environ["HUB_DIR"], stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL)
-        return f"http://127.0.0.1:{self.port}"
+        self.stand_in = await asyncio.start_server(_answer_ok, "127.0.0.1", 0)
+        port = self.stand_in.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
 
     async def poll(self):
-        proc = getattr(self, "proc", None)
-        if proc is None:
-            return 0
-        return proc.returncode
+        # `self.server` is the hub's record of the server: ours has its own name.
+        server = getattr(self, "stand_in", None)
+        return None if server is not None and server.is_serving() else 0
 
     async def stop(self, now=False):
         await asyncio.sleep(float(os.environ.get("HUB_STOP_SECONDS", "0")))
-        proc = getattr(self, "proc", None)
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            await proc.wait()
-        self.port = 0
+        server = getattr(self, "stand_in", None)
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+            self.stand_in = None
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+async def _answer_ok(reader, writer):
+    try:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        pass
+    finally:
+        writer.close()
 
 
 c = get_config()  # noqa: F821 (JupyterHub's config loader defines it)
