@@ -60,13 +60,14 @@ pub async fn reconcile(
         // stored (a start cannot ask the admin what to do with the bookings): said
         // in the log, and refused with the bookings named when asked by the API.
         let in_the_way = models::bookings_beyond(&mut tx, &m.name, m.units, now).await?;
-        let units = match gpu_booking_core::model_units::lowering_refusal(&m.name, m.units, &in_the_way) {
-            Some(why) => {
-                tracing::warn!(model = %m.name, declared = m.units, "{why}");
-                stored.get(&m.name).map_or(m.units, |s| s.units)
-            }
-            None => m.units,
-        };
+        let units =
+            match gpu_booking_core::model_units::lowering_refusal(&m.name, m.units, &in_the_way) {
+                Some(why) => {
+                    tracing::warn!(model = %m.name, declared = m.units, "{why}");
+                    stored.get(&m.name).map_or(m.units, |s| s.units)
+                }
+                None => m.units,
+            };
         models::put(
             &mut tx,
             ModelSpec {

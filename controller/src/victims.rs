@@ -232,11 +232,13 @@ impl Round {
                 if !self.shared.contains(&key) {
                     return 0;
                 }
-                self.unit_vram.get(&key).map_or(view.cushion_mib, |&per_unit| {
-                    per_unit
-                        .saturating_mul(need.units)
-                        .saturating_sub(need.vram_mib)
-                })
+                self.unit_vram
+                    .get(&key)
+                    .map_or(view.cushion_mib, |&per_unit| {
+                        per_unit
+                            .saturating_mul(need.units)
+                            .saturating_sub(need.vram_mib)
+                    })
             })
             .fold(view.cushion_mib, u64::min);
         // Lent pods first; other workloads only where lent pods cannot make room.

@@ -17,10 +17,10 @@ pub mod feed;
 pub mod gpu_model;
 pub mod input;
 pub mod intent;
-pub mod model_units;
 pub mod inventory;
 #[cfg(feature = "clap")]
 pub mod jwt;
+pub mod model_units;
 pub mod next_start;
 pub mod notebooks;
 pub mod notice;

@@ -80,8 +80,16 @@ mod tests {
         );
         let many: Vec<InTheWay> = (1..=8).map(booking).collect();
         let text = lowering_refusal("a100", 2, &many).unwrap();
-        assert!(text.starts_with("a100 cannot go down to 2 units: 8 running or planned bookings hold"));
-        assert!(text.contains("#5 of u5") && !text.contains("#6 of u6"), "{text}");
-        assert!(text.contains("and 3 more. Cancel or end them first"), "{text}");
+        assert!(
+            text.starts_with("a100 cannot go down to 2 units: 8 running or planned bookings hold")
+        );
+        assert!(
+            text.contains("#5 of u5") && !text.contains("#6 of u6"),
+            "{text}"
+        );
+        assert!(
+            text.contains("and 3 more. Cancel or end them first"),
+            "{text}"
+        );
     }
 }

@@ -556,12 +556,22 @@ mod tests {
         assert!(request(edge, edge + days(1)).is_ok());
         let refusal = request(edge + secs(1), edge + days(1)).unwrap_err();
         assert_eq!(refusal.code, RuleCode::TooFarAhead);
-        assert!(!refusal.code.is_conflict(), "the request is to fix, not to wait for");
+        assert!(
+            !refusal.code.is_conflict(),
+            "the request is to fix, not to wait for"
+        );
         assert!(refusal.message.contains("365 days"), "{}", refusal.message);
-        assert!(refusal.message.contains("2027-03-01T12:00:00Z"), "{}", refusal.message);
+        assert!(
+            refusal.message.contains("2027-03-01T12:00:00Z"),
+            "{}",
+            refusal.message
+        );
         // The year 9999 the window allows is far past it.
         let far = Utc.with_ymd_and_hms(9999, 1, 1, 0, 0, 0).unwrap();
-        assert_eq!(code(request(far, far + days(1))), Some(RuleCode::TooFarAhead));
+        assert_eq!(
+            code(request(far, far + days(1))),
+            Some(RuleCode::TooFarAhead)
+        );
         assert!(check_request(&Policy::default(), now(), far, far + days(1), true).is_ok());
         // A planned booking's start moved past it is refused as a new one would be.
         let planned = w(now() + days(20), now() + days(21));

@@ -149,7 +149,12 @@ async fn values_never_lower_a_model_below_its_bookings(pool: PgPool) {
     .unwrap();
     // New values lower a100 to one unit and a6000 to two: a100 keeps two (bob's
     // booking holds the second, and a start cannot ask what to do with it).
-    let lowered = parse(&FILE.replace("\"units\": 2", "\"units\": 1").replace("\"units\": 4", "\"units\": 2")).unwrap();
+    let lowered = parse(
+        &FILE
+            .replace("\"units\": 2", "\"units\": 1")
+            .replace("\"units\": 4", "\"units\": 2"),
+    )
+    .unwrap();
     declared::reconcile(&pool, &lowered, Authority::Values, Utc::now())
         .await
         .unwrap();

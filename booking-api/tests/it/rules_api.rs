@@ -389,7 +389,10 @@ async fn a_model_is_never_lowered_below_what_its_bookings_hold(pool: PgPool) {
     );
     let message = r.json["message"].as_str().unwrap();
     assert!(message.contains(&format!("#{bob} of bob")), "{message}");
-    assert!(!message.contains(&format!("#{alice} of")), "alice holds unit 0: {message}");
+    assert!(
+        !message.contains(&format!("#{alice} of")),
+        "alice holds unit 0: {message}"
+    );
     let units: i32 = sqlx::query_scalar("SELECT units FROM gpu_model WHERE name = 't4'")
         .fetch_one(&api.pool)
         .await

@@ -7,6 +7,6 @@ mod booking_api;
 mod common;
 mod controller;
 mod node_capacity;
-mod real_hub;
 mod notebooks;
+mod real_hub;
 mod scale;

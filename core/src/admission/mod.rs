@@ -61,7 +61,9 @@ pub use patch::{
 };
 pub use quantity::parse_quantity;
 pub use replica::{AdmissionState, Replica};
-pub use trust::{controller_copy, requested_by_controller, trusted_identity, SpawnerTrust, UserInfo};
+pub use trust::{
+    controller_copy, requested_by_controller, trusted_identity, SpawnerTrust, UserInfo,
+};
 
 /// Every label and annotation key of ours is `gpu-booking.io/<name>`, written here
 /// and nowhere else (a literal elsewhere would drift from it).
