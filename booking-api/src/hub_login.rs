@@ -164,7 +164,10 @@ impl HubLogin {
             ("response_type", "code"),
             ("state", state),
         ];
-        format!("{}?{}", self.authorize_url, form_encode(&query))
+        let query = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(query)
+            .finish();
+        format!("{}?{query}", self.authorize_url)
     }
 
     /// Code -> hub token -> the hub's user -> our token for that user.
@@ -179,8 +182,7 @@ impl HubLogin {
         let resp = self
             .http
             .post(&self.token_url)
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(form_encode(&form))
+            .form(&form)
             .send()
             .await
             .map_err(|e| SignInError::hub("reaching JupyterHub's token endpoint", e))?;
@@ -253,28 +255,6 @@ fn with_slash(url: &str) -> String {
     } else {
         format!("{url}/")
     }
-}
-
-fn form_encode(pairs: &[(&str, &str)]) -> String {
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k}={}", percent_encode(v)))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-/// `application/x-www-form-urlencoded` of a value: unreserved characters as they
-/// are, every other byte as `%XX`.
-fn percent_encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[derive(Deserialize)]
@@ -412,7 +392,9 @@ async fn callback(
                 }
                 SignInError::Refused(why) => tracing::info!(why, "JupyterHub sign-in refused"),
             }
-            format!("signin-error={}", percent_encode(e.message()))
+            form_urlencoded::Serializer::new(String::new())
+                .append_pair("signin-error", e.message())
+                .finish()
         }
     };
     redirect(&format!("{}#{fragment}", login.page_url), Some(clear))

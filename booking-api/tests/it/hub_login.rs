@@ -124,12 +124,12 @@ impl Browser {
     }
 }
 
+/// The value of `key` in the fragment, decoded as the page's URLSearchParams does.
 fn fragment(location: &str, key: &str) -> Option<String> {
     let frag = location.split_once('#')?.1;
-    frag.split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v.to_owned())
+    form_urlencoded::parse(frag.as_bytes())
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
 }
 
 async fn api_get(url: &str, token: &str) -> (u16, Value) {
@@ -279,7 +279,7 @@ async fn people_sign_in_through_a_real_jupyterhub(pool: PgPool) {
     assert!(
         fragment(&landed, "signin-error")
             .unwrap()
-            .contains("did%20not%20accept"),
+            .contains("did not accept"),
         "{landed}"
     );
     // The hub's refusal ("access denied") comes back as a problem, not a token.
