@@ -322,17 +322,15 @@ where
         .route("/services/{name}/{*rest}", get(from_hub_menu))
 }
 
-fn configured(state: HubLoginState) -> Result<Arc<HubLogin>, Response> {
-    state.0.ok_or_else(|| {
-        crate::error::ApiError::NotFound("JupyterHub sign-in is not set up on this server".into())
-            .into_response()
-    })
+/// The answer of every sign-in route on a server without it.
+fn not_set_up() -> Response {
+    crate::error::ApiError::NotFound("JupyterHub sign-in is not set up on this server".into())
+        .into_response()
 }
 
 async fn start(State(state): State<HubLoginState>) -> Response {
-    let login = match configured(state) {
-        Ok(login) => login,
-        Err(resp) => return resp,
+    let Some(login) = state.0 else {
+        return not_set_up();
     };
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
@@ -356,9 +354,8 @@ async fn callback(
     headers: HeaderMap,
     Query(query): Query<CallbackQuery>,
 ) -> Response {
-    let login = match configured(state) {
-        Ok(login) => login,
-        Err(resp) => return resp,
+    let Some(login) = state.0 else {
+        return not_set_up();
     };
     let expected = state_cookie(&headers);
     let outcome = match (&query.error, &query.code, &query.state) {
@@ -401,9 +398,9 @@ async fn callback(
 }
 
 async fn from_hub_menu(State(state): State<HubLoginState>) -> Response {
-    match configured(state) {
-        Ok(login) => redirect(&format!("{}{}", login.page_url, &START_PATH[1..]), None),
-        Err(resp) => resp,
+    match state.0 {
+        Some(login) => redirect(&format!("{}{}", login.page_url, &START_PATH[1..]), None),
+        None => not_set_up(),
     }
 }
 

@@ -292,3 +292,17 @@ async fn people_sign_in_through_a_real_jupyterhub(pool: PgPool) {
 
     server.abort();
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn without_hub_login_its_routes_are_not_found(pool: PgPool) {
+    let state = test_state(pool, Policy::default(), Arc::new(SystemClock), SECRET);
+    let app = gpu_booking_api::app::router(state);
+    for uri in [
+        "/login/hub",
+        "/login/hub/callback?code=x&state=y",
+        "/services/gpu-booking/",
+    ] {
+        let r = crate::common::call(&app, axum::http::Method::GET, uri, None, None).await;
+        assert_eq!(r.status, 404, "{uri}");
+    }
+}
