@@ -398,13 +398,8 @@ pub async fn main(
     mint: &dyn Fn(&[u8]) -> anyhow::Result<String>,
 ) -> anyhow::Result<()> {
     args.log.init();
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster service account or kubeconfig)")?;
-    let namespace = args
-        .namespace
-        .clone()
-        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let (client, namespace) =
+        gpu_booking_process::kube_client::connect(args.namespace.as_deref()).await?;
     let report = run(client, &namespace, &args, mint).await?;
     tracing::info!(
         namespace = %namespace,

@@ -23,7 +23,6 @@ pub mod self_signed;
 
 use std::future::Future;
 
-use anyhow::Context;
 use chrono::Utc;
 
 pub use config::{CertsArgs, Mode};
@@ -122,12 +121,7 @@ fn describe(reason: &Option<plan::Reason>) -> String {
 }
 
 async fn connect(target: &Target) -> anyhow::Result<Cluster> {
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster service account or kubeconfig)")?;
-    let namespace = target
-        .namespace
-        .clone()
-        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let (client, namespace) =
+        gpu_booking_process::kube_client::connect(target.namespace.as_deref()).await?;
     Ok(Cluster::new(client, namespace))
 }

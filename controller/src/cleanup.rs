@@ -178,13 +178,8 @@ pub async fn run(
 /// `gpu-booking cleanup-nodes`: connect (in-cluster or kubeconfig), then [`run`].
 pub async fn main(args: CleanupNodesArgs) -> anyhow::Result<()> {
     args.log.init();
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster service account or kubeconfig)")?;
-    let namespace = args
-        .namespace
-        .clone()
-        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let (client, namespace) =
+        gpu_booking_process::kube_client::connect(args.namespace.as_deref()).await?;
     let report = run(client, &namespace, &args).await?;
     tracing::info!(
         unlabelled = ?report.unlabelled,

@@ -9,6 +9,8 @@
 pub mod access;
 pub mod allocator;
 pub mod duration;
+#[cfg(feature = "kube")]
+pub mod kube_client;
 pub mod metrics;
 pub mod options;
 pub mod serve;
