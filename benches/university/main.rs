@@ -30,9 +30,10 @@
 //!
 //! - the booked users' spawn to Running, p50, p99 and max, against the baseline's;
 //!   the goal: p99 within the warning + the victims' grace + 5 s;
-//! - victims (lent pods with the controller's `PreemptedForBooking` Event) against
-//!   victims needed (booked pods beyond the room free when the bookings started, per
-//!   model): equal;
+//! - victims (lent pods of before the burst gone from their card at its end: only
+//!   preemption ends a lent pod bound to a card; the count with the controller's
+//!   `PreemptedForBooking` Event beside it) against victims needed (booked pods
+//!   beyond the room free when the bookings started, per model): equal;
 //! - booked pods never Running, with what their pod's Events and their booking say:
 //!   none but those told that workloads bookings do not preempt hold the cards;
 //! - lent pods beyond the cards (admitted with no card the scheduler could place,

@@ -34,9 +34,13 @@ pub fn regarding(e: &Event) -> Option<&str> {
 }
 
 pub struct Verdict {
-    /// Lent pods (before the burst) with the controller's `PreemptedForBooking`
-    /// Event, per model.
+    /// Lent pods (before the burst) gone from their card at the end, per model:
+    /// nothing but preemption ends a lent pod bound to a card during the burst.
     pub victims: [u64; MODELS.len()],
+    /// Of the lent pods before the burst, those with the controller's
+    /// `PreemptedForBooking` Event, per model (an Event the controller could not
+    /// write is logged, not retried: the count above does not rest on it).
+    victims_with_event: [u64; MODELS.len()],
     /// Booked pods beyond the room that was free when the bookings started, as many
     /// as lent pods could make room for, per model.
     pub needed: [u64; MODELS.len()],
@@ -152,8 +156,21 @@ pub async fn judge(j: Judged<'_>, events: &[Event]) -> Verdict {
     });
     let pods = u.pods();
     let nodes = u.server().list::<Node>(None);
+    // The lent pods before the burst still on their card at the end.
+    let kept_card: BTreeSet<&str> = pods
+        .iter()
+        .filter(|p| cluster::node_of(p).is_some() && cluster::gpu_request(p).is_some())
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.uid.as_deref())
+        .collect();
     Verdict {
         victims: std::array::from_fn(|i| {
+            j.lent_before
+                .iter()
+                .filter(|(uid, m)| **m == MODELS[i].name && !kept_card.contains(uid.as_str()))
+                .count() as u64
+        }),
+        victims_with_event: std::array::from_fn(|i| {
             victims_by_uid
                 .values()
                 .filter(|m| **m == MODELS[i].name)
@@ -254,9 +271,10 @@ impl std::fmt::Display for Verdict {
         )?;
         writeln!(
             f,
-            "  victims {} (lent pods with a PreemptedForBooking Event: {}; {} warned with GpuTakenBackSoon, {} kept their GPU with GpuKept); the controller's evictions metric {}: {}; its preempt actions: {}",
+            "  victims {} (lent pods gone from their card: {}; with a PreemptedForBooking Event: {}; {} warned with GpuTakenBackSoon, {} kept their GPU with GpuKept); the controller's evictions metric {}: {}; its preempt actions: {}",
             self.victims_total(),
             per_model(&self.victims),
+            per_model(&self.victims_with_event),
             self.warned,
             self.kept,
             self.metric.iter().sum::<u64>(),

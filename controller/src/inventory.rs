@@ -11,7 +11,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use gpu_booking_client::Model;
+use chrono::{DateTime, Utc};
+use gpu_booking_client::{Model, UsageReport};
 use gpu_booking_core::admission::parse_quantity;
 use gpu_booking_core::gpu_model::{ModelCatalog, ModelName, ModelPattern};
 use gpu_booking_core::inventory::{
@@ -211,6 +212,25 @@ pub struct Usage {
     pub other_namespaces: Vec<String>,
 }
 
+impl Usage {
+    /// The report of this count, stamped with the time of the pod view it was
+    /// counted from (`counted_at`), not the time it is sent: the webhook's lend
+    /// ledger keeps a unit it admitted until a count taken after it, and a report
+    /// waits behind the models sent before it (one at a time, on a slow service).
+    pub fn report(&self, counted_at: DateTime<Utc>) -> UsageReport {
+        let clamp = gpu_booking_core::wire::reported;
+        UsageReport {
+            in_use: clamp(self.counted.in_use),
+            cards: Some(clamp(self.counted.cards)),
+            gpumem_advertised: Some(self.counted.gpumem_advertised),
+            gpumem_unit_mib: self.counted.gpumem_unit_mib.map(clamp),
+            others_in_use: Some(clamp(self.counted.others_in_use)),
+            other_namespaces: self.other_namespaces.clone(),
+            counted_at: Some(counted_at),
+        }
+    }
+}
+
 /// The node's GPUs as core counts them.
 pub fn node_gpus(node: &NodeInfo, models: &Models) -> NodeInventory {
     node_inventory(&node.facts, &models.inventory)
@@ -270,19 +290,27 @@ pub fn usage<'a>(
         .iter()
         .filter_map(|n| ModelName::parse(n).ok())
         .collect();
-    // Pods naming a model by resource carry it as a string; core wants the name.
+    // Pods naming a model by resource carry it as a string; core wants the name. A
+    // pod waiting for the scheduler is counted on the model it was admitted on.
     let pods: Vec<(&PodInfo, Option<ModelName>)> = pods
         .into_iter()
-        .filter(|p| p.holds_gpu())
+        .filter(|p| counts_in_use(p))
         .map(|p| {
-            let model = p.gpu.as_ref().and_then(|g| g.model.as_deref());
+            let mut model = p.gpu.as_ref().and_then(|g| g.model.as_deref());
+            if p.node.is_none() {
+                model = model.or(p.model_label.as_deref());
+            }
             (p, model.and_then(|m| ModelName::parse(m).ok()))
         })
         .collect();
     let generic_models = node_models(nodes.iter().map(|(n, _)| *n), models);
     let mut other_namespaces: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
-    for (pod, _) in pods.iter().filter(|(p, _)| lost_to_bookings(p, policy)) {
-        if let Some(model) = pod_model(pod, &generic_models) {
+    for (pod, named) in pods.iter().filter(|(p, _)| lost_to_bookings(p, policy)) {
+        let model = named
+            .as_ref()
+            .map(|m| m.as_str().to_owned())
+            .or_else(|| pod_model(pod, &generic_models));
+        if let Some(model) = model {
             other_namespaces
                 .entry(model)
                 .or_default()
@@ -295,7 +323,7 @@ pub fn usage<'a>(
             .map(|(n, inv)| (n.name.as_str(), inv, n.gpumem_allocatable())),
         pods.iter().filter_map(|(p, model)| {
             Some(PodGpus {
-                node: p.node.as_deref()?,
+                node: p.node.as_deref(),
                 model: model.as_ref(),
                 units: p.gpu.as_ref()?.units,
                 other: lost_to_bookings(p, policy),
@@ -326,6 +354,20 @@ pub fn usage<'a>(
         .collect()
 }
 
+/// Whether a pod counts in its model's cards in use: it holds GPUs on a node, or it
+/// was admitted with a GPU (booked or lent: our webhook named its model) and waits
+/// for the scheduler, which has not found it unschedulable (core's
+/// [`model_inventory`] says why).
+pub fn counts_in_use(pod: &PodInfo) -> bool {
+    pod.holds_gpu()
+        || (pod.node.is_none()
+            && pod.gpu.is_some()
+            && pod.priority.is_some()
+            && !pod.finished
+            && !pod.deleting
+            && !pod.unschedulable)
+}
+
 /// Whether bookings cannot get the pod's cards while it runs (core's policy).
 fn lost_to_bookings(pod: &PodInfo, policy: &PreemptionPolicy) -> bool {
     policy.held_from_bookings(pod.priority, &pod.namespace)
@@ -340,6 +382,38 @@ mod tests {
     fn model(name: &str, patterns: &[&str], resource: Option<&str>) -> Model {
         serde_json::from_value(json!({"name": name, "patterns": patterns, "resource": resource}))
             .unwrap()
+    }
+
+    #[test]
+    fn a_report_is_stamped_with_the_time_it_was_counted() {
+        let counted_at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let usage = Usage {
+            counted: ModelInventory {
+                cards: 4,
+                in_use: 3,
+                others_in_use: 1,
+                gpumem_advertised: true,
+                gpumem_unit_mib: Some(u64::MAX),
+            },
+            other_namespaces: vec!["research".into()],
+        };
+        let report = usage.report(counted_at);
+        assert_eq!(
+            report,
+            UsageReport {
+                in_use: 3,
+                cards: Some(4),
+                gpumem_advertised: Some(true),
+                // Beyond the wire's integers: clamped, never wrapped.
+                gpumem_unit_mib: Some(gpu_booking_core::wire::reported(u64::MAX)),
+                others_in_use: Some(1),
+                other_namespaces: vec!["research".into()],
+                counted_at: Some(counted_at),
+            }
+        );
+        // However late it is sent, the service records the count's time.
+        let received = counted_at + chrono::TimeDelta::seconds(12);
+        assert_eq!(report.reported_at(received), counted_at);
     }
 
     fn opts() -> InventoryOptions {
@@ -455,6 +529,78 @@ mod tests {
         let by_node = node_models(&nodes, &models);
         assert_eq!(by_node["r1"].as_deref(), Some("rtx-a6000"));
         assert_eq!(by_node["cpu"], None);
+    }
+
+    /// The university's two-model node (A6000s on the generic resource, L40S on
+    /// `nvidia.com/l40s`): a lent l40s pod that the scheduler has not bound yet takes
+    /// its card in the report, so the webhook's ledger, which lets an admission go at
+    /// a report taken `--lend-settle` after it, does not lend that card again.
+    #[test]
+    fn a_lent_pod_waiting_for_the_scheduler_holds_its_card() {
+        let generic = vec!["nvidia.com/gpu".to_owned()];
+        let models = Models::from_api(
+            &[
+                model("a6000", &["*A6000*"], None),
+                model("l40s", &["*L40S*"], Some("nvidia.com/l40s")),
+            ],
+            &generic,
+            &opts(),
+        );
+        let nodes = vec![node(
+            "mixed-00",
+            Some("NVIDIA-RTX-A6000"),
+            &[("nvidia.com/gpu", 4), ("nvidia.com/l40s", 2)],
+        )];
+        let lent = |name: &str, node: Option<&str>, model: Option<&str>| {
+            let mut p = pod("mixed-00", 1, model);
+            p.name = name.into();
+            p.uid = format!("u-{name}");
+            p.node = node.map(str::to_owned);
+            p.priority = Some(crate::pods::Priority::Low);
+            p
+        };
+        let mut waiting = lent("waits", None, Some("l40s"));
+        let pods = vec![
+            lent("bound", Some("mixed-00"), Some("l40s")),
+            waiting.clone(),
+        ];
+        let policy = PreemptionPolicy::new(Some("ns"), Vec::new());
+        let u = usage(&nodes, &pods, &models, &policy);
+        assert_eq!(
+            (u["l40s"].counted.cards, u["l40s"].counted.in_use),
+            (2, 2),
+            "the l40s card a pod was admitted for reads as free until it is bound"
+        );
+        assert_eq!(u["a6000"].counted.in_use, 0);
+        // A generic request waiting for the scheduler counts on the model the
+        // webhook admitted it on (its model label).
+        let mut generic_pod = lent("a6000-waits", None, None);
+        generic_pod.model_label = Some("a6000".into());
+        let u = usage(&nodes, [&generic_pod], &models, &policy);
+        assert_eq!(u["a6000"].counted.in_use, 1);
+        // Once the scheduler found no room for it, it holds nothing (the controller's
+        // backstop runs it on CPU).
+        waiting.unschedulable = true;
+        let pods = vec![
+            lent("bound", Some("mixed-00"), Some("l40s")),
+            waiting.clone(),
+        ];
+        assert_eq!(
+            usage(&nodes, &pods, &models, &policy)["l40s"]
+                .counted
+                .in_use,
+            1
+        );
+        // Nor does a pod nobody admitted (no standing of ours: no model it is for).
+        waiting.unschedulable = false;
+        waiting.priority = None;
+        let pods = vec![lent("bound", Some("mixed-00"), Some("l40s")), waiting];
+        assert_eq!(
+            usage(&nodes, &pods, &models, &policy)["l40s"]
+                .counted
+                .in_use,
+            1
+        );
     }
 
     #[test]

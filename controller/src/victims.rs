@@ -50,8 +50,12 @@ pub struct View<'a> {
 /// What a round decided for one booked pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Room is free or on its way: nothing to do but wait for the scheduler.
+    /// Room is free (or a pod marked to give way frees it at its deadline): nothing
+    /// to do but wait for the scheduler.
     Fits { node: String },
+    /// Room comes once pods already on their way out (terminating, or being ended
+    /// or re-created by the controller) are gone: nothing to do but wait for them.
+    Ending { node: String },
     /// These pods (uids, least recently used first) give way on `node`.
     Evict { node: String, victims: Vec<String> },
     /// No pod that may give way could make room for it: why, on the nodes it may
@@ -80,6 +84,11 @@ pub struct Round {
     held: BTreeMap<(String, String), Held>,
     /// GPU units by (model, node) before any pod.
     capacity: BTreeMap<(String, String), u64>,
+    /// Units by (model, node) and VRAM budget by node that pods on their way out
+    /// (terminating or being acted on, not merely marked) still hold: counted as
+    /// free above, but the scheduler gives them out only once those pods are gone.
+    ending_units: BTreeMap<(String, String), u64>,
+    ending_vram: BTreeMap<String, u64>,
 }
 
 /// Who holds a model's units on one node.
@@ -92,6 +101,13 @@ struct Held {
 
 fn going(pod: &PodInfo, view: &View<'_>) -> bool {
     pod.deleting || view.going.contains(&pod.uid)
+}
+
+/// A pod marked to give way at a deadline and not terminating: it keeps its card
+/// until then, and its booked pod is told when (a marked pod being ended right now
+/// reads the same until the watch shows it terminating).
+fn marked_only(pod: &PodInfo) -> bool {
+    pod.preempt_at.is_some() && !pod.deleting
 }
 
 impl Round {
@@ -139,16 +155,27 @@ impl Round {
         let mut tenants: [BTreeMap<String, Vec<Tenant>>; 2] = Default::default();
         let mut uids = HashMap::new();
         let mut held: BTreeMap<(String, String), Held> = BTreeMap::new();
+        let mut ending_units: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut ending_vram: BTreeMap<String, u64> = BTreeMap::new();
         for pod in view.pods.values() {
             let (Some(node), Some(gpu)) = (&pod.node, &pod.gpu) else {
                 continue;
             };
-            if !pod.holds_gpu() || going(pod, view) {
+            if !pod.holds_gpu() {
                 continue;
             }
             let Some(model) = inventory::pod_model(pod, &node_models) else {
                 continue;
             };
+            if going(pod, view) {
+                // Marked pods are in `going` too, but hold their card until their
+                // deadline by design: their booked pod is told when.
+                if !marked_only(pod) {
+                    *ending_units.entry((model, node.clone())).or_default() += gpu.units;
+                    *ending_vram.entry(node.clone()).or_default() += pod.placement.gpumem_mib;
+                }
+                continue;
+            }
             if let Some(free) = units.get_mut(&(model.clone(), node.clone())) {
                 *free = free.saturating_sub(gpu.units);
             }
@@ -187,6 +214,8 @@ impl Round {
             uids,
             held,
             capacity,
+            ending_units,
+            ending_vram,
         }
     }
 
@@ -251,8 +280,27 @@ impl Round {
         }
         match plan {
             Plan::Fits { node } => {
+                // Would it fit without the room of pods still on their way out?
+                let key = (model.to_owned(), node.clone());
+                let units = self.units.get(&key).copied().unwrap_or(0);
+                let ending = self.ending_units.get(&key).copied().unwrap_or(0);
+                let vram = self.vram.get(&node).copied().flatten();
+                let ending_vram = self.ending_vram.get(&node).copied().unwrap_or(0);
+                let now = units.saturating_sub(ending) >= need.units
+                    && vram.is_none_or(|v| v.saturating_sub(ending_vram) >= need.vram_mib);
                 self.reserve(model, &node, &need);
-                Decision::Fits { node }
+                if now {
+                    Decision::Fits { node }
+                } else {
+                    // What this pod waits for is no longer there for the next one.
+                    self.ending_units
+                        .entry(key)
+                        .and_modify(|n| *n = n.saturating_sub(need.units));
+                    self.ending_vram
+                        .entry(node.clone())
+                        .and_modify(|n| *n = n.saturating_sub(need.vram_mib));
+                    Decision::Ending { node }
+                }
             }
             Plan::Evict { node, victims } => {
                 let mut gone = Vec::new();
@@ -470,11 +518,53 @@ mod tests {
 
     #[test]
     fn a_victim_on_its_way_out_is_not_replaced() {
+        // Being ended by the controller, or terminating: the booked pod waits for it.
         let mut w = busy();
         w.going.insert("uid-low-new".into());
-        assert_eq!(w.decide("booked"), Decision::Fits { node: "a".into() });
+        assert_eq!(w.decide("booked"), Decision::Ending { node: "a".into() });
         let mut w = busy();
         w.pods.get_mut("uid-low-new").unwrap().deleting = true;
+        assert_eq!(w.decide("booked"), Decision::Ending { node: "a".into() });
+        // Marked to give way at its deadline: its booked pod is told when instead.
+        let mut w = busy();
+        w.going.insert("uid-low-new".into());
+        w.pods.get_mut("uid-low-new").unwrap().preempt_at = t("2026-01-05T00:00:00Z");
+        assert_eq!(w.decide("booked"), Decision::Fits { node: "a".into() });
+    }
+
+    /// The cards of a booked pod's model held by a research job and by a lent pod
+    /// that is ending (its user stopped it, or it gives way): the booked pod waits
+    /// for the lent pod to be gone, which is what it is told, not that workloads
+    /// bookings do not preempt hold the cards; a second booked pod has no such room.
+    #[test]
+    fn a_lent_pod_ending_is_what_the_booked_pod_waits_for() {
+        let mut w = busy();
+        w.pods.remove("uid-high");
+        w.pods.insert(
+            "uid-train".into(),
+            research_job("train", "a", "2025-01-01T00:00:00Z"),
+        );
+        w.pods.get_mut("uid-low-new").unwrap().deleting = true;
+        let mut second = pod("booked-2", None, Priority::High, "2026-01-05T00:00:00Z");
+        second.uid = "uid-booked-2".into();
+        w.pods.insert(second.uid.clone(), second);
+        let view = w.view();
+        let mut round = Round::new(&view);
+        assert_eq!(
+            round.decide(&view, &w.pods["uid-booked"], "a100"),
+            Decision::Ending { node: "a".into() }
+        );
+        assert_eq!(
+            round.decide(&view, &w.pods["uid-booked-2"], "a100"),
+            Decision::NoRoom(Shortfall {
+                units: 2,
+                held: 2,
+                booked: 0,
+                kept: [("research".to_owned(), 1)].into(),
+            })
+        );
+        // Once it is gone, the card is free: nothing to wait for.
+        w.pods.remove("uid-low-new");
         assert_eq!(w.decide("booked"), Decision::Fits { node: "a".into() });
     }
 

@@ -364,8 +364,12 @@ pub fn node_inventory(facts: &NodeFacts, cfg: &InventoryConfig) -> NodeInventory
 /// A pod's hold on GPUs, as the inventory counts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodGpus<'a> {
-    pub node: &'a str,
-    /// The model its resource names, if it requests a per-model resource.
+    /// Its node; `None` for a pod admitted with a GPU that waits for the scheduler
+    /// (see [`model_inventory`]).
+    pub node: Option<&'a str>,
+    /// The model its resource names, if it requests a per-model resource; for a pod
+    /// without a node, the model it was admitted on (a generic request has no node
+    /// to tell it).
     pub model: Option<&'a ModelName>,
     /// Resource units requested (replicas on a time-sliced card).
     pub units: u64,
@@ -381,7 +385,9 @@ pub struct ModelInventory {
     /// Physical cards (MIG devices for a MIG profile) the nodes have.
     pub cards: u64,
     /// Cards with at least one pod on them. On a time-sliced card the replicas in use
-    /// are rounded up to cards: a card that some pod uses is not free to book.
+    /// are rounded up to cards: a card that some pod uses is not free to book. Pods
+    /// admitted on the model that wait for the scheduler count too, a card each (at
+    /// most the cards): the one they get is not free either.
     pub in_use: u64,
     /// Cards with a pod on them that never gives way to bookings (other workloads,
     /// lent pods where the controller may not act), counted the same way: what
@@ -409,6 +415,15 @@ pub fn units_mismatch(declared_units: i64, cards: Option<i64>) -> bool {
 
 /// Every model's inventory from the nodes (with the `gpumem` each advertises now,
 /// read from its status) and the pods holding GPUs. Every model of `models` appears.
+///
+/// A pod admitted with a GPU is counted from the moment it exists, not from its
+/// binding: the webhook's lend ledger keeps an admission only until a report taken
+/// `--lend-settle` after it, and the scheduler may bind later than that (a queue of
+/// pods, a busy API server). A pod without a node counts one card per unit of the
+/// model it was admitted on (it may take a free card; on a time-sliced card it may
+/// share one, so this errs on the side of lending less until it is bound); one
+/// without a model (another workload, a generic request nobody decided) counts
+/// once bound.
 pub fn model_inventory<'a>(
     nodes: impl IntoIterator<Item = (&'a str, &'a NodeInventory, Option<u64>)>,
     pods: impl IntoIterator<Item = PodGpus<'a>>,
@@ -453,8 +468,20 @@ pub fn model_inventory<'a>(
     // other workloads apart too.
     let mut used: BTreeMap<(&str, ModelName), u64> = BTreeMap::new();
     let mut used_by_others: BTreeMap<(&str, ModelName), u64> = BTreeMap::new();
+    // Units of pods waiting for the scheduler, by model: all, and other workloads'.
+    let mut waiting: BTreeMap<ModelName, (u64, u64)> = BTreeMap::new();
     for pod in pods {
-        let Some(inv) = by_name.get(pod.node) else {
+        let Some(node) = pod.node else {
+            if let Some(model) = pod.model {
+                let entry = waiting.entry(model.clone()).or_default();
+                entry.0 = entry.0.saturating_add(pod.units);
+                if pod.other {
+                    entry.1 = entry.1.saturating_add(pod.units);
+                }
+            }
+            continue;
+        };
+        let Some(inv) = by_name.get(node) else {
             continue;
         };
         let model = match pod.model {
@@ -463,9 +490,9 @@ pub fn model_inventory<'a>(
         };
         if let Some(model) = model {
             if pod.other {
-                *used_by_others.entry((pod.node, model.clone())).or_default() += pod.units;
+                *used_by_others.entry((node, model.clone())).or_default() += pod.units;
             }
-            *used.entry((pod.node, model)).or_default() += pod.units;
+            *used.entry((node, model)).or_default() += pod.units;
         }
     }
     let cards_of = |node: &str, model: &ModelName, units: u64| {
@@ -485,6 +512,12 @@ pub fn model_inventory<'a>(
     for ((node, model), units) in used_by_others {
         if let (Some(cards), Some(entry)) = (cards_of(node, &model, units), out.get_mut(&model)) {
             entry.others_in_use += cards;
+        }
+    }
+    for (model, (units, others)) in waiting {
+        if let Some(entry) = out.get_mut(&model) {
+            entry.in_use = entry.in_use.saturating_add(units).min(entry.cards);
+            entry.others_in_use = entry.others_in_use.saturating_add(others).min(entry.in_use);
         }
     }
     out
@@ -868,7 +901,7 @@ mod tests {
         let pods = |n: &'static str, k: u64| {
             (0..k).map(move |_| PodGpus {
                 other: false,
-                node: n,
+                node: Some(n),
                 model: None,
                 units: 1,
             })
@@ -915,7 +948,7 @@ mod tests {
         let other = |n: &'static str, k: u64| {
             (0..k).map(move |_| PodGpus {
                 other: true,
-                node: n,
+                node: Some(n),
                 model: None,
                 units: 1,
             })
@@ -937,6 +970,73 @@ mod tests {
             ),
             (2, 2)
         );
+    }
+
+    /// A pod admitted on a model counts from the moment it exists: the webhook's
+    /// ledger lets its unit go at a report taken `--lend-settle` after the admission,
+    /// and a report that counted only bound pods then read the unit as free while the
+    /// pod waited for the scheduler, so it was lent a second time.
+    #[test]
+    fn admitted_pods_waiting_for_the_scheduler_count() {
+        let mut c = cfg(&[("a6000", &["*A6000*"]), ("l40s", &["*L40S*"])]);
+        c.model_resources
+            .insert("nvidia.com/l40s".into(), name("l40s"));
+        // The university's two-model node: 4 A6000 on the generic resource, 2 L40S
+        // on their own.
+        let mixed = node_inventory(
+            &facts(
+                &[
+                    ("nvidia.com/gpu.product", "NVIDIA-RTX-A6000"),
+                    ("nvidia.com/gpu.memory", "49152"),
+                    ("nvidia.com/l40s.memory", "46068"),
+                ],
+                &[("nvidia.com/gpu", 4), ("nvidia.com/l40s", 2)],
+            ),
+            &c,
+        );
+        let (a6000, l40s) = (name("a6000"), name("l40s"));
+        let models = [a6000.clone(), l40s.clone()];
+        // (node, the model it was admitted on, another workload's)
+        let pod = |node: Option<&'static str>, model: Option<&ModelName>, other: bool| {
+            (node, model.cloned(), other)
+        };
+        let count = |pods: &[(Option<&'static str>, Option<ModelName>, bool)]| {
+            let pods = pods.iter().map(|(node, model, other)| PodGpus {
+                node: *node,
+                model: model.as_ref(),
+                units: 1,
+                other: *other,
+            });
+            model_inventory([("mixed-00", &mixed, Some(1))], pods, &models, &c)
+        };
+        // One l40s bound, one admitted and not bound yet: both cards are taken.
+        let inv = count(&[
+            pod(Some("mixed-00"), Some(&l40s), false),
+            pod(None, Some(&l40s), false),
+        ]);
+        assert_eq!(
+            (inv[&l40s].cards, inv[&l40s].in_use, inv[&l40s].free()),
+            (2, 2, 0),
+            "an l40s pod waiting for the scheduler left its card free to lend"
+        );
+        assert_eq!(
+            inv[&a6000].in_use, 0,
+            "the other model of the node is untouched"
+        );
+        // A generic request admitted on a6000 counts against a6000; one of another
+        // workload is counted apart too; never more than the cards.
+        let inv = count(&[
+            pod(None, Some(&a6000), false),
+            pod(None, Some(&a6000), true),
+            pod(None, Some(&l40s), false),
+            pod(None, Some(&l40s), false),
+            pod(None, Some(&l40s), false),
+        ]);
+        assert_eq!((inv[&a6000].in_use, inv[&a6000].others_in_use), (2, 1));
+        assert_eq!(inv[&l40s].in_use, 2, "never more than the cards");
+        // Without a model (nobody decided it), a pod without a node counts nothing.
+        let inv = count(&[pod(None, None, true)]);
+        assert_eq!((inv[&a6000].in_use, inv[&l40s].in_use), (0, 0));
     }
 
     #[test]
@@ -992,7 +1092,7 @@ mod tests {
             let models = [name("t4")];
             let out = model_inventory(
                 [("n1", &inv, None), ("n2", &inv, None)],
-                pods.iter().map(|&(n, units)| PodGpus { node: names[n], model: None, units, other: false }),
+                pods.iter().map(|&(n, units)| PodGpus { node: Some(names[n]), model: None, units, other: false }),
                 &models,
                 &c,
             );

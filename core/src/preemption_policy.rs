@@ -162,6 +162,15 @@ pub fn freeing_reason(model: &str, ends_at: DateTime<Utc>) -> String {
     )
 }
 
+/// What a booked pod is told while the room it waits for is a pod on its way out
+/// (terminating: its user stopped it, or it gives way to this pod), not a pod that
+/// bookings do not preempt: the unit comes once that pod is gone.
+pub fn ending_reason(model: &str) -> String {
+    format!(
+        "waiting: the {model} GPU for this pod is held by a pod that is ending (its grace period); this pod starts once it is gone"
+    )
+}
+
 /// Where a waiting booked pod's model stands on the nodes it may run on, in units.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Shortfall {
@@ -272,6 +281,16 @@ mod tests {
             "waiting: a lent a100 notebook gives its GPU back at 10:32:05 UTC (its user was \
              warned); this pod starts then"
         );
+    }
+
+    #[test]
+    fn the_ending_sentence_blames_nobody() {
+        let said = ending_reason("a100");
+        assert_eq!(
+            said,
+            "waiting: the a100 GPU for this pod is held by a pod that is ending (its grace period); this pod starts once it is gone"
+        );
+        assert!(!said.contains("do not preempt"));
     }
 
     #[test]

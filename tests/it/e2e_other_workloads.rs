@@ -217,3 +217,87 @@ async fn an_admin_may_make_a_namespace_give_way(pool: PgPool) {
     );
     lab.shutdown().await;
 }
+
+/// A booked user whose card is held by a lent notebook that is ending (its user
+/// stopped it; it holds the card for its grace period), beside a research job: the
+/// user is told to wait for the pod that is ending, not that workloads bookings do
+/// not preempt hold the cards; and runs once it is gone.
+#[sqlx::test(migrations = "./migrations")]
+async fn a_booked_user_waiting_for_a_notebook_that_is_ending_is_told_so(pool: PgPool) {
+    let lab = Lab::start_with(pool, a100_node(2).notebook_grace_period(15)).await;
+    let job = research_job(&lab).await;
+    lend(&lab, "bob@example.com").await;
+    lab.wait_in_use("a100", 2).await;
+    lab.sim
+        .stop_notebook("bob@example.com")
+        .await
+        .expect("bob stops his notebook");
+    let bob = gpu_booking_sim::spawner::pod_name("bob@example.com");
+    lab.expect("bob's notebook is not terminating", |s| {
+        s.get::<Pod>(Some("jhub"), &bob)
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+
+    let alice = lab
+        .book("alice@example.com", "a100", TimeDelta::hours(2))
+        .await;
+    let pod = lab
+        .sim
+        .spawn("alice@example.com", 1)
+        .await
+        .expect("admitted");
+    assert_eq!(label(&pod, PRIORITY_LABEL), Some("high"));
+    let why = "waiting: the a100 GPU for this pod is held by a pod that is ending (its grace period); this pod starts once it is gone";
+    let said = |s: &gpu_booking_fake_apiserver::FakeApiServer| -> Vec<String> {
+        s.list::<Event>(Some("jhub"))
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.uid.as_ref()) == pod.metadata.uid.as_ref()
+            })
+            .filter(|e| e.reason.as_deref() == Some("WaitingForGpu"))
+            .filter_map(|e| e.note)
+            .collect()
+    };
+    lab.expect(
+        "alice's pod has no Event saying it waits for a pod that is ending",
+        |s| said(s).iter().any(|n| n.contains(why)),
+    )
+    .await;
+    assert!(
+        said(&lab.sim.server)
+            .iter()
+            .all(|n| !n.contains("that bookings do not preempt")),
+        "alice was told that pods bookings do not preempt keep her waiting: {:?}",
+        said(&lab.sim.server)
+    );
+    // Her booking says so too.
+    let token = lab.api.token("alice@example.com", None).unwrap();
+    let http = reqwest::Client::new();
+    let mut shown = Value::Null;
+    for _ in 0..100 {
+        shown = http
+            .get(format!("{}/api/v1/bookings/{}", lab.api.url, alice.id))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("the booking API answers")
+            .json()
+            .await
+            .expect("a booking as JSON");
+        if shown["waiting"] == why {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        shown["waiting"], why,
+        "the booking does not say why: {shown}"
+    );
+    lab.expect("alice's booked notebook never got bob's card", |s| {
+        running(s, "alice@example.com").is_some_and(|p| on_gpu(&p))
+    })
+    .await;
+    assert!(still_running(&lab, &job), "the research job was ended");
+    lab.shutdown().await;
+}

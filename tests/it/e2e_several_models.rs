@@ -205,3 +205,256 @@ async fn two_mig_profiles_on_one_node_are_bookable_and_used(pool: PgPool) {
     lab.wait_in_use("mig-small", 1).await;
     lab.shutdown().await;
 }
+
+/// Lent pods with the controller's `PreemptedForBooking` Event, by uid.
+fn victims(
+    server: &gpu_booking_fake_apiserver::FakeApiServer,
+) -> std::collections::BTreeSet<String> {
+    server
+        .list::<k8s_openapi::api::events::v1::Event>(Some("jhub"))
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("PreemptedForBooking"))
+        .filter_map(|e| e.regarding.and_then(|r| r.uid))
+        .collect()
+}
+
+/// The GPU units and VRAM budget (MiB) the bound pods of `node` ask for.
+fn bound_on(server: &gpu_booking_fake_apiserver::FakeApiServer, node: &str) -> (u64, u64) {
+    let mut units = 0;
+    let mut mib = 0;
+    for pod in server.list::<Pod>(None) {
+        if node_of(&pod) != Some(node) {
+            continue;
+        }
+        let finished = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if finished {
+            continue;
+        }
+        for c in &pod.spec.as_ref().unwrap().containers {
+            let limits = c
+                .resources
+                .as_ref()
+                .and_then(|r| r.limits.clone())
+                .unwrap_or_default();
+            let n = |k: &str| {
+                limits
+                    .get(k)
+                    .and_then(|q| q.0.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            units += n("nvidia.com/gpu");
+            mib += n("gpu-booking.io/gpumem");
+        }
+    }
+    (units, mib)
+}
+
+/// Waits until the booking service holds a report of `model` taken after `after`
+/// (the controller reports every model every few seconds) and the webhook's
+/// replica has read the figures since.
+async fn reported_after(lab: &Lab, model: &str, after: chrono::DateTime<Utc>) {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let at = lab
+            .models()
+            .await
+            .into_iter()
+            .find(|m| m["name"] == model)
+            .and_then(|m| {
+                m["usage_reported_at"]
+                    .as_str()?
+                    .parse::<chrono::DateTime<Utc>>()
+                    .ok()
+            });
+        if at.is_some_and(|at| at >= after) {
+            lab.webhook_refreshed().await;
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no report of {model} after {after}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// Time-sliced T4s, as in the university bench: a unit is a card, so the webhook
+/// lends until every card has a pod on it, which the controller counts from the
+/// replicas (13 pods on the 16 replicas of four cards are four cards in use): 3
+/// replicas and their budgets stay free. Booked users (one card each) take those
+/// first; only the pod beyond them costs a victim, exactly one (a lent pod frees one
+/// replica and its budget, which holds the booked pod's).
+#[sqlx::test(migrations = "./migrations")]
+async fn time_sliced_t4_victims_are_the_booked_pods_beyond_the_room(pool: PgPool) {
+    // The university's T4 node: 4 cards time-sliced 4 ways, 16 replicas; a pod's
+    // budget a quarter of a card less a little (3,584 MiB of 14,848 per card).
+    declare(&pool, "t4", "Tesla T4", 4, None, 3584).await;
+    let chart = chart(&["webhook.lendSettle=500ms"]);
+    let lab = Lab::start_with(
+        pool,
+        SimCluster::builder().rendered_chart(chart).nodes(vec![
+            GpuNode::gpu("gpu-t4-0", "Tesla-T4", 4, 15360).time_sliced(4),
+            GpuNode::cpu_only("cpu-0"),
+        ]),
+    )
+    .await;
+    // Unbooked users spawn until the webhook lends no more.
+    let mut lent = 0;
+    let mut strips_in_a_row = 0;
+    let mut i = 0;
+    while strips_in_a_row < 3 && i < 40 {
+        let user = format!("student{i}@example.com");
+        i += 1;
+        let admitted = chrono::Utc::now();
+        let pod = lab.sim.spawn(&user, 1).await.expect("admitted");
+        if label(&pod, PRIORITY_LABEL) == Some("low") {
+            lent += 1;
+            strips_in_a_row = 0;
+            lab.expect(&format!("{user}'s lent notebook never ran"), |s| {
+                running(s, &user).is_some_and(|p| on_gpu(&p))
+            })
+            .await;
+        } else {
+            strips_in_a_row += 1;
+        }
+        // A report taken past the webhook's settle time counts the admission; the
+        // webhook's replica reads it.
+        reported_after(&lab, "t4", admitted + TimeDelta::seconds(1)).await;
+    }
+    let (units, mib) = bound_on(&lab.sim.server, "gpu-t4-0");
+    let room = (16 - units).min((4 * (15360 - 512) - mib) / 3584);
+    assert_eq!(
+        (lent, units, room),
+        (13, 13, 3),
+        "lent until every card has a pod: 13 of 16 replicas, room for 3 ({mib} MiB bound)"
+    );
+    let lent_before: std::collections::BTreeSet<String> = lab
+        .sim
+        .server
+        .list::<Pod>(Some("jhub"))
+        .into_iter()
+        .filter(|p| label(p, PRIORITY_LABEL) == Some("low") && on_gpu(p))
+        .filter_map(|p| p.metadata.uid)
+        .collect();
+    // Four booked users (one card each) spawn.
+    for b in 0..4 {
+        lab.book(&format!("booked{b}@example.com"), "t4", TimeDelta::hours(2))
+            .await;
+    }
+    for b in 0..4 {
+        let pod = lab
+            .sim
+            .spawn(&format!("booked{b}@example.com"), 1)
+            .await
+            .expect("admitted");
+        assert_eq!(label(&pod, PRIORITY_LABEL), Some("high"));
+    }
+    for b in 0..4 {
+        let user = format!("booked{b}@example.com");
+        lab.expect(&format!("{user}'s booked notebook never ran"), |s| {
+            running(s, &user).is_some_and(|p| on_gpu(&p))
+        })
+        .await;
+    }
+    let needed = 4u64.saturating_sub(room);
+    // The Event is on the lent pod and on its CPU-only copy: the lent ones count.
+    let victims = victims(&lab.sim.server).intersection(&lent_before).count() as u64;
+    assert_eq!(
+        (victims, needed),
+        (1, 1),
+        "victims against the booked pods beyond the room"
+    );
+    lab.shutdown().await;
+}
+
+/// A booked pod on a MIG device needs exactly one victim: the device is its alone
+/// (no co-tenant shares its memory), so no VRAM cushion is asked beside its budget.
+/// Both devices' budgets fill the node's advertised VRAM exactly, as the
+/// university's do: a cushion would have cost the second lent pod too.
+#[sqlx::test(migrations = "./migrations")]
+async fn a_booked_pod_on_a_mig_device_costs_one_victim(pool: PgPool) {
+    declare(
+        &pool,
+        "mig-big",
+        "*MIG-3g.20gb",
+        2,
+        Some("nvidia.com/mig-3g.20gb"),
+        19968 - 512,
+    )
+    .await;
+    let chart = chart(&[
+        "webhook.modelResources.mig-big=nvidia.com/mig-3g.20gb",
+        "webhook.lendSettle=500ms",
+    ]);
+    let lab = Lab::start_with(
+        pool,
+        SimCluster::builder().rendered_chart(chart).nodes(vec![
+            GpuNode::gpu("gpu-mig-0", "NVIDIA-A100-SXM4-40GB", 1, 40960).mig("3g.20gb", 2, 19968),
+            GpuNode::cpu_only("cpu-0"),
+        ]),
+    )
+    .await;
+    // Bob first: his is the least recently active of the two lent notebooks.
+    for (user, in_use) in [("bob@example.com", 1), ("carol@example.com", 2)] {
+        let pod = lab.sim.spawn(user, 1).await.expect("admitted");
+        assert_eq!(
+            label(&pod, PRIORITY_LABEL),
+            Some("low"),
+            "{user} is lent a device"
+        );
+        lab.expect(
+            &format!("{user}'s lent notebook never ran on a device"),
+            |s| running(s, user).is_some_and(|p| on_gpu(&p)),
+        )
+        .await;
+        lab.wait_in_use("mig-big", in_use).await;
+        // Past the webhook's settle time, a report counts the admission.
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        lab.wait_in_use("mig-big", in_use).await;
+    }
+    let node = lab
+        .sim
+        .server
+        .get::<Node>(None, "gpu-mig-0")
+        .expect("the node");
+    let advertised = node
+        .status
+        .and_then(|s| s.allocatable)
+        .and_then(|a| a.get("gpu-booking.io/gpumem").map(|q| q.0.clone()));
+    assert_eq!(
+        advertised.as_deref(),
+        Some("38912"),
+        "the node advertises its two devices' budgets, nothing spare"
+    );
+    let bob = lab.notebook("bob@example.com").unwrap();
+    let carol = lab.notebook("carol@example.com").unwrap();
+    lab.book_and_run("alice@example.com", "mig-big").await;
+    lab.expect("bob's lent notebook did not come back CPU-only", |s| {
+        running(s, "bob@example.com")
+            .is_some_and(|p| p.metadata.uid != bob.metadata.uid && gpus(&p) == 0)
+    })
+    .await;
+    let still = lab.notebook("carol@example.com").unwrap();
+    assert!(
+        still.metadata.uid == carol.metadata.uid && on_gpu(&still),
+        "carol's lent notebook was ended too: a cushion asked beside a MIG device's budget"
+    );
+    // The Event is on the lent pod and on its CPU-only copy: the lent ones count.
+    let lent_before = [
+        bob.metadata.uid.clone().unwrap(),
+        carol.metadata.uid.clone().unwrap(),
+    ];
+    let ended: Vec<String> = victims(&lab.sim.server)
+        .into_iter()
+        .filter(|uid| lent_before.contains(uid))
+        .collect();
+    assert_eq!(
+        ended,
+        [lent_before[0].clone()],
+        "one victim for one booked device"
+    );
+    lab.shutdown().await;
+}

@@ -11,7 +11,7 @@ use gpu_booking_core::admission::{pending_lent, PendingLent};
 use gpu_booking_core::admission::{PREEMPT_AT_ANNOTATION, PREEMPT_FOR_ANNOTATION};
 use gpu_booking_core::booking_units::BookedPod;
 use gpu_booking_core::preemption_policy::{
-    freeing_reason, marked as marked_fate, waiting_reason, Marked, NAMED_NAMESPACES,
+    ending_reason, freeing_reason, marked as marked_fate, waiting_reason, Marked, NAMED_NAMESPACES,
 };
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -275,7 +275,10 @@ impl Preemption {
                 .entry(pod.uid.clone())
                 .or_insert_with(|| Attempts::resumed(pod.preemption_rounds, now, retry));
             state.rounds = state.rounds.max(pod.preemption_rounds);
-            if !matches!(decision, victims::Decision::NoRoom(_)) {
+            if !matches!(
+                decision,
+                victims::Decision::NoRoom(_) | victims::Decision::Ending { .. }
+            ) {
                 state.waiting = None;
             }
             match decision {
@@ -289,6 +292,24 @@ impl Preemption {
                         .min();
                     if let (Some(ends), Some(id)) = (ends, pod.booking_id) {
                         freeing.insert(id, freeing_reason(&model, ends));
+                    }
+                }
+                victims::Decision::Ending { node } => {
+                    // Its room is held by a pod on its way out: said on the pod (its
+                    // last Event may blame pods that do not give way) and on its
+                    // booking.
+                    let reason = ending_reason(&model);
+                    if state.waiting.as_deref() != Some(reason.as_str()) {
+                        tracing::info!(pod = %pod.key(), %model, %node, "booked pod waits for a pod that is ending");
+                        notes.push((
+                            pod.clone(),
+                            "WaitingForGpu",
+                            format!("gpu-booking: {reason}"),
+                        ));
+                        state.waiting = Some(reason.clone());
+                    }
+                    if let Some(id) = pod.booking_id {
+                        freeing.insert(id, reason);
                     }
                 }
                 victims::Decision::NoRoom(shortfall) => {

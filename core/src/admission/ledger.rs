@@ -15,7 +15,12 @@
 //! - an admission is counted by a report taken at least `settle` after it, and then
 //!   leaves the ledger; with no such report it leaves after `ttl` (the controller
 //!   re-reports every model every few seconds even when nothing changed, so this is
-//!   the bound for a controller that stopped reporting);
+//!   the bound for a controller that stopped reporting). A report's time is the
+//!   one the service records, `usage_reported_at`: when the controller counted,
+//!   never later than its receipt ([`crate::wire::UsageReport::reported_at`]), so a
+//!   count older than an admission does not release it however late it arrives;
+//!   `settle` is left for what no time stamp shows (the API server storing the pod,
+//!   the watch bringing it to the controller);
 //! - memory is bounded: at most [`MAX_MODELS`] models and [`MAX_ENTRIES`] admissions
 //!   (a full ledger lends nothing more: it errs on the side of no GPU).
 //!
@@ -40,8 +45,8 @@ pub const MAX_ENTRIES: usize = 16_384;
 /// What the ledger knows of one model.
 #[derive(Debug, Default, Clone)]
 struct ModelLedger {
-    /// The newest usage report seen: when the service received it (`None`: the
-    /// service does not say) and the free units it left.
+    /// The newest usage report seen: when it was counted (`usage_reported_at`;
+    /// `None`: the service does not say) and the free units it left.
     report: Option<(Option<DateTime<Utc>>, u64)>,
     /// GPU units admitted and not yet counted by a report, oldest first.
     admitted: VecDeque<(DateTime<Utc>, u64)>,
@@ -260,6 +265,7 @@ mod tests {
             usage_reported_at: reported
                 .map(|r| [(model("a100"), t(r))].into_iter().collect())
                 .unwrap_or_default(),
+            offers: Vec::new(),
         }
     }
 
@@ -374,6 +380,81 @@ mod tests {
                 .kind(),
             "strip"
         );
+    }
+
+    #[test]
+    fn a_storm_leaves_a_unit_offered_back_to_its_user() {
+        let cfg = AdmissionConfig::default();
+        let mut l = ledger();
+        let mut a = answer(3, Some(0));
+        a.offers = vec![crate::wire::offers::Offer {
+            user: "bob".into(),
+            model: "a100".into(),
+            units: 1,
+            namespace: "jhub".into(),
+            pod: "jupyter-bob".into(),
+            offered_at: t(0),
+            until: t(300),
+            restart: false,
+        }];
+        // Others get the two units not held, however many ask.
+        let lent = (0..50)
+            .filter(|_| l.decide(&one(), &a, &cfg, t(1), true).model().is_some())
+            .count();
+        assert_eq!(lent, 2);
+        // Bob gets the one held for him.
+        a.user = Some("bob".into());
+        assert_eq!(
+            l.decide(&one(), &a, &cfg, t(2), true).kind(),
+            "low_priority"
+        );
+    }
+
+    #[test]
+    fn a_count_older_than_an_admission_does_not_release_it_however_late_it_arrives() {
+        let cfg = AdmissionConfig::default();
+        let mut l = ledger();
+        assert_eq!(
+            l.decide(&one(), &answer(1, Some(0)), &cfg, t(10), true)
+                .kind(),
+            "low_priority"
+        );
+        // The controller counted at 9, before the admission (the pod was not there);
+        // its report reached the service at 14, past the settle time. The service
+        // records the count's time, so the lend stays: nothing more is lent.
+        let report = crate::wire::UsageReport {
+            counted_at: Some(t(9)),
+            ..Default::default()
+        };
+        let recorded = report.reported_at(t(14)).timestamp() - t(0).timestamp();
+        assert_eq!(recorded, 9);
+        let d = l.decide(&one(), &answer(1, Some(recorded)), &cfg, t(15), true);
+        assert_eq!(d.kind(), "strip");
+        assert_eq!(l.outstanding(&model("a100")), 1);
+        // Stamped by its receipt, the same report would have released it: a second
+        // lend of the one card.
+        let received = crate::wire::UsageReport::default().reported_at(t(14));
+        let mut receipt_stamped = ledger();
+        receipt_stamped.decide(&one(), &answer(1, Some(0)), &cfg, t(10), true);
+        let d = receipt_stamped.decide(
+            &one(),
+            &answer(1, Some(received.timestamp() - t(0).timestamp())),
+            &cfg,
+            t(15),
+            true,
+        );
+        assert_eq!(d.kind(), "low_priority");
+        // A count that began settle after the admission releases it.
+        let d = l.decide(&one(), &answer(1, Some(13)), &cfg, t(16), true);
+        assert_eq!(d.kind(), "low_priority");
+        // And with only old counts arriving, the time to live still does.
+        let mut stale = ledger();
+        stale.decide(&one(), &answer(1, Some(0)), &cfg, t(10), true);
+        let d = stale.decide(&one(), &answer(1, Some(9)), &cfg, t(69), true);
+        assert_eq!(d.kind(), "strip");
+        let d = stale.decide(&one(), &answer(1, Some(9)), &cfg, t(70), true);
+        assert_eq!(d.kind(), "low_priority");
+        assert_eq!(stale.len(), 1, "only the new lend is kept");
     }
 
     #[test]

@@ -132,9 +132,25 @@ pub struct UsageReport {
         )
     )]
     pub other_namespaces: Vec<String>,
+    /// When the controller counted: the time of the pod view the counts are of (the
+    /// start of its reporting round), not when it sent them. The service records
+    /// the earlier of this and the report's receipt as the model's
+    /// `usage_reported_at`, so the webhook's lend ledger keeps a unit it admitted
+    /// until a count that began after it. Absent (an older controller): the
+    /// receipt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted_at: Option<DateTime<Utc>>,
 }
 
 impl UsageReport {
+    /// The time the service records as the report's (`usage_reported_at`), given
+    /// when it `received` it: the count's time, never later than the receipt (a
+    /// controller's clock ahead of the service's, or a forged time, cannot make a
+    /// count look newer than it can be); the receipt when the report does not say.
+    pub fn reported_at(&self, received: DateTime<Utc>) -> DateTime<Utc> {
+        self.counted_at.map_or(received, |c| c.min(received))
+    }
+
     /// Why the report's account of other workloads cannot be recorded, if it cannot:
     /// a count out of range, too many namespaces, or one that is no namespace name.
     pub fn others_problem(&self) -> Option<String> {
@@ -232,6 +248,27 @@ mod tests {
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert!(report(Some(1), &many).others_problem().is_some());
         assert_eq!(report(Some(1), &many[1..]).others_problem(), None);
+    }
+
+    #[test]
+    fn a_report_is_of_its_count_never_later_than_its_receipt() {
+        let t = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap();
+        let report = |counted_at| UsageReport {
+            counted_at,
+            ..UsageReport::default()
+        };
+        // Counted at 10, received at 14 (a slow send): the count's time.
+        assert_eq!(report(Some(t(10))).reported_at(t(14)), t(10));
+        // A count stamped after its receipt (a clock ahead): the receipt.
+        assert_eq!(report(Some(t(20))).reported_at(t(14)), t(14));
+        // An older controller says nothing: the receipt.
+        assert_eq!(report(None).reported_at(t(14)), t(14));
+        // On the wire: an RFC 3339 time, left out when absent.
+        let v = serde_json::to_value(report(Some(t(10)))).unwrap();
+        let back: UsageReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back.counted_at, Some(t(10)));
+        let v = serde_json::to_value(report(None)).unwrap();
+        assert!(v.get("counted_at").is_none(), "{v}");
     }
 
     #[test]
