@@ -337,7 +337,7 @@
 
   // ---------------------------------------------------------------- views
 
-  const VIEWS = ['signin', 'book', 'mine', 'admin', 'cluster'];
+  const VIEWS = ['signin', 'book', 'mine', 'admin', 'cluster', 'groups'];
 
   function showView(name) {
     $('loading').hidden = true;
@@ -359,13 +359,18 @@
     if (!state.mode) { showView('signin'); return; }
     const hash = location.hash.replace(/^#/, '');
     let view = hash.split('-')[0] || 'book';
-    if (!['book', 'mine', 'admin', 'cluster'].includes(view)) view = 'book';
+    if (!['book', 'mine', 'admin', 'cluster', 'groups'].includes(view)) view = 'book';
     if (view === 'admin' && !state.admin) view = 'book';
     showView(view);
     // The demo's cluster view lives in cluster.js (absent outside the demo).
     if (window.gpuBookingCluster) window.gpuBookingCluster.shown(view === 'cluster', state.user);
     if (view === 'mine') loadMine();
     if (view === 'admin') loadAdmin();
+    // The caller's rules, groups, courses and maintenance live in policy.js, groups.js,
+    // reservations.js and maintenance.js.
+    for (const part of [window.gpuBookingPolicy, window.gpuBookingGroups, window.gpuBookingReservations, window.gpuBookingMaintenance]) {
+      if (part) part.shown(view, { user: state.user, admin: state.admin, changed: afterChange, confirm: confirmDialog });
+    }
   }
 
   async function enterApp() {
@@ -396,8 +401,11 @@
   async function loadCalendar() {
     const box = $('calendar');
     try {
-      const all = await Promise.all(state.models.map((m) => api('GET', '/models/' + enc(m.name) + '/availability')));
+      // calendar.js: the lab's days, with course sessions and maintenance windows.
+      const cal = window.gpuBookingCalendar;
+      const all = await Promise.all(state.models.map((m) => cal ? cal.availability(m.name) : api('GET', '/models/' + enc(m.name) + '/availability')));
       box.replaceChildren(...all.map((a, i) => calendarFor(a, state.models[i])));
+      if (cal) await cal.mark(box);
     } catch (e) {
       box.replaceChildren(errorBox(e, 'The calendar could not be loaded'));
     }

@@ -29,7 +29,24 @@ pub struct Caller {
     pub user: Username,
     pub admin: bool,
     pub service: bool,
+    /// The groups the token names: its groups claim (`--oidc-groups-claim`), or
+    /// for a token of the page's JupyterHub sign-in the hub's groups at sign-in;
+    /// `None` when the token names none (or the claim is not read). Only groups an
+    /// admin created count (`routes::groups::seen` records them).
+    pub groups: Option<TokenGroups>,
 }
+
+/// A token's groups and where they come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenGroups {
+    pub source: gpu_booking_core::groups::Source,
+    /// Sorted, without repeats, only names that can be groups.
+    pub names: Vec<String>,
+}
+
+/// The claim of the page's JupyterHub sign-in tokens (HS256, ours) that lists the
+/// user's hub groups.
+pub const HUB_GROUPS_CLAIM: &str = "hub_groups";
 
 impl Caller {
     pub fn require_admin(&self) -> Result<(), ApiError> {
@@ -70,7 +87,30 @@ pub struct Authenticator {
     service_accounts: Option<Arc<crate::service_accounts::ServiceAccounts>>,
     /// Longest accepted lifetime of an HS256 token, by what it grants.
     hs256_lifetimes: Lifetimes,
+    /// The claim that lists a person's groups (`--oidc-groups-claim`); `None`: not
+    /// read.
+    groups_claim: Option<Arc<str>>,
+    /// Which users' token groups this process has recorded lately, so that a
+    /// request records them only when they change (`groups_changed`).
+    groups_seen: Arc<std::sync::Mutex<GroupsSeen>>,
 }
+
+/// Users whose token groups were recorded, with a digest of the groups and when:
+/// bounded (emptied when full), and an entry older than [`GROUPS_SEEN_FOR`] counts
+/// as not seen, so that a group an admin creates later is picked up.
+#[derive(Default)]
+struct GroupsSeen {
+    users: std::collections::HashMap<String, (u64, std::time::Instant)>,
+}
+
+/// Most users [`GroupsSeen`] keeps.
+const GROUPS_SEEN_MAX: usize = 10_000;
+/// How long a recorded set of token groups is trusted before it is recorded again.
+const GROUPS_SEEN_FOR: Duration = Duration::from_secs(300);
+
+/// Most groups read from one token's claim (and bytes of one name): a claim is
+/// the provider's, but bounded all the same.
+const MAX_TOKEN_GROUPS: usize = 256;
 
 /// Ceilings on a token's lifetime (`exp - iat`, or `exp - now` without `iat`): a
 /// stolen long-lived token is worth more. A person's token (no role, or `admin`)
@@ -144,6 +184,47 @@ impl Authenticator {
             oidc: oidc.map(Arc::new),
             service_accounts: None,
             hs256_lifetimes: Lifetimes::default(),
+            groups_claim: None,
+            groups_seen: Arc::default(),
+        }
+    }
+
+    /// Reads a person's groups from this claim (empty: from none).
+    pub fn with_groups_claim(mut self, claim: &str) -> Authenticator {
+        let claim = claim.trim();
+        self.groups_claim = (!claim.is_empty()).then(|| Arc::from(claim));
+        self
+    }
+
+    /// Whether `user`'s token groups differ from those this process recorded
+    /// lately (and records them as recorded): `false` means there is nothing to
+    /// write.
+    pub fn groups_changed(&self, user: &str, groups: &[String]) -> bool {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        groups.hash(&mut h);
+        let digest = h.finish();
+        let now = std::time::Instant::now();
+        let Ok(mut seen) = self.groups_seen.lock() else {
+            return true;
+        };
+        if let Some((d, at)) = seen.users.get(user) {
+            if *d == digest && now.duration_since(*at) < GROUPS_SEEN_FOR {
+                return false;
+            }
+        }
+        if seen.users.len() >= GROUPS_SEEN_MAX {
+            seen.users.clear();
+        }
+        seen.users.insert(user.to_owned(), (digest, now));
+        true
+    }
+
+    /// Forgets what [`Self::groups_changed`] recorded for `user` (their write
+    /// failed: the next request tries again).
+    pub fn forget_groups(&self, user: &str) {
+        if let Ok(mut seen) = self.groups_seen.lock() {
+            seen.users.remove(user);
         }
     }
 
@@ -174,6 +255,7 @@ impl Authenticator {
                 })?,
                 admin: reviewed.role == Some(Role::Admin),
                 service: reviewed.role == Some(Role::Service),
+                groups: None,
             }),
             Ok(None) => Err(unauthorized(
                 "not a ServiceAccount token the cluster accepts for this audience",
@@ -215,12 +297,12 @@ impl Authenticator {
                 max_lifetime: auth.max_token_lifetime,
             }),
         };
-        Ok(
-            Authenticator::new(hs256_secret, oidc).with_hs256_lifetimes(Lifetimes {
+        Ok(Authenticator::new(hs256_secret, oidc)
+            .with_hs256_lifetimes(Lifetimes {
                 person: auth.max_token_lifetime,
                 service: auth.max_service_token_lifetime,
-            }),
-        )
+            })
+            .with_groups_claim(&auth.oidc_groups_claim))
     }
 
     /// Checks signature, algorithm, expiry, not-before and (for OIDC tokens) issuer,
@@ -298,12 +380,52 @@ impl Authenticator {
                 _ => {}
             }
         }
+        let groups = if service {
+            None
+        } else if let (None, Some(names)) = (oidc, token_groups(&claims, HUB_GROUPS_CLAIM)) {
+            Some(TokenGroups {
+                source: gpu_booking_core::groups::Source::Hub,
+                names,
+            })
+        } else {
+            self.groups_claim
+                .as_deref()
+                .and_then(|claim| token_groups(&claims, claim))
+                .map(|names| TokenGroups {
+                    source: gpu_booking_core::groups::Source::Oidc,
+                    names,
+                })
+        };
         Ok(Caller {
             user,
             admin,
             service,
+            groups,
         })
     }
+}
+
+/// The groups a token's `claim` lists: a list of strings or one string (some
+/// providers send one group so), without names that cannot be groups here; at most
+/// [`MAX_TOKEN_GROUPS`]. `None` without the claim.
+fn token_groups(claims: &Claims, claim: &str) -> Option<Vec<String>> {
+    let value = claims.other.get(claim)?;
+    let names: Vec<&str> = match value {
+        Value::String(s) => vec![s.as_str()],
+        Value::Array(items) => items.iter().filter_map(Value::as_str).collect(),
+        _ => return None,
+    };
+    let mut groups: Vec<String> = names
+        .into_iter()
+        // Keycloak's full group paths (`/ml-lab`) name the group `ml-lab`.
+        .map(|n| n.trim().trim_start_matches('/'))
+        .filter(|n| gpu_booking_core::groups::name_problem(n).is_none())
+        .take(MAX_TOKEN_GROUPS)
+        .map(str::to_owned)
+        .collect();
+    groups.sort();
+    groups.dedup();
+    Some(groups)
 }
 
 impl Oidc {
@@ -496,6 +618,20 @@ pub fn mint_token(
     mint_token_for(secret, user, role, ttl, None, None)
 }
 
+/// [`mint_token_for`] with further claims (`extra`'s fields), e.g. the hub groups
+/// of the page's JupyterHub sign-in ([`HUB_GROUPS_CLAIM`]).
+pub fn mint_token_with(
+    secret: &[u8],
+    user: &str,
+    role: Option<Role>,
+    ttl: TimeDelta,
+    issuer: Option<&str>,
+    audience: Option<&str>,
+    extra: serde_json::Map<String, Value>,
+) -> anyhow::Result<String> {
+    mint(secret, user, role, ttl, issuer, audience, extra)
+}
+
 /// [`mint_token`] with the `iss` and `aud` claims an API run with `--jwt-issuer` /
 /// `--jwt-audience` requires.
 pub fn mint_token_for(
@@ -505,6 +641,26 @@ pub fn mint_token_for(
     ttl: TimeDelta,
     issuer: Option<&str>,
     audience: Option<&str>,
+) -> anyhow::Result<String> {
+    mint(
+        secret,
+        user,
+        role,
+        ttl,
+        issuer,
+        audience,
+        serde_json::Map::new(),
+    )
+}
+
+fn mint(
+    secret: &[u8],
+    user: &str,
+    role: Option<Role>,
+    ttl: TimeDelta,
+    issuer: Option<&str>,
+    audience: Option<&str>,
+    extra: serde_json::Map<String, Value>,
 ) -> anyhow::Result<String> {
     let roles: Vec<&str> = match role {
         Some(Role::Admin) => vec!["admin"],
@@ -523,6 +679,9 @@ pub fn mint_token_for(
     }
     if let Some(aud) = audience {
         claims["aud"] = json!(aud);
+    }
+    for (k, v) in extra {
+        claims[k] = v;
     }
     Ok(encode(
         &Header::new(Algorithm::HS256),

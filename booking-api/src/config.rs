@@ -186,6 +186,13 @@ pub struct AuthArgs {
     /// separate with commas. Other ServiceAccounts authenticate with no role.
     #[arg(long, env = "GPU_BOOKING_SERVICE_ACCOUNT", value_delimiter = ',', value_parser = parse_sa_binding)]
     pub service_account: Vec<((String, String), crate::role::Role)>,
+
+    /// The OIDC token claim that lists the user's groups (a list of strings, or
+    /// one string). A token's groups that an admin created as groups here make the
+    /// user a member (source `oidc`) when the user is seen; a token never creates a
+    /// group. Empty: tokens' groups are not read.
+    #[arg(long, env = "GPU_BOOKING_OIDC_GROUPS_CLAIM", default_value = "groups")]
+    pub oidc_groups_claim: String,
 }
 
 impl Default for AuthArgs {
@@ -200,6 +207,7 @@ impl Default for AuthArgs {
             max_service_token_lifetime: std::time::Duration::from_secs(365 * 86_400),
             service_account_audience: None,
             service_account: Vec::new(),
+            oidc_groups_claim: "groups".into(),
         }
     }
 }
@@ -286,6 +294,18 @@ pub struct HubLoginArgs {
     /// which asks nothing while the hub's own session lasts.
     #[arg(long, env = "GPU_BOOKING_HUB_LOGIN_LIFETIME", default_value = "8h", value_parser = gpu_booking_process::duration::parse_duration)]
     pub hub_login_lifetime: std::time::Duration,
+
+    /// File holding a JupyterHub API token with the `list:groups` and `read:groups`
+    /// scopes (only those): with it, the service reads the hub's groups (`GET <api>/groups`, the
+    /// API of --hub-login-api-url) every --hub-groups-refresh, and makes the members
+    /// of each group an admin created here its members (source `hub`). Unset: hub
+    /// groups are recorded only when a user signs in through the hub.
+    #[arg(long, env = "GPU_BOOKING_HUB_GROUPS_TOKEN_FILE")]
+    pub hub_groups_token_file: Option<PathBuf>,
+
+    /// How often the hub's groups are read (with --hub-groups-token-file).
+    #[arg(long, env = "GPU_BOOKING_HUB_GROUPS_REFRESH", default_value = "5min", value_parser = gpu_booking_process::duration::parse_duration)]
+    pub hub_groups_refresh: std::time::Duration,
 }
 
 impl Default for HubLoginArgs {
@@ -298,6 +318,8 @@ impl Default for HubLoginArgs {
             hub_login_secret_file: None,
             hub_login_admin_group: None,
             hub_login_lifetime: std::time::Duration::from_secs(8 * 3600),
+            hub_groups_token_file: None,
+            hub_groups_refresh: std::time::Duration::from_secs(300),
         }
     }
 }
@@ -405,6 +427,19 @@ impl PolicyArgs {
             max_units_per_booking: self.max_units_per_booking,
             max_ahead: self.max_ahead,
             feed_show_names: self.feed_show_names,
+            // The lab's time zone is the notices' `--time-zone`: [`ApiArgs::lab_policy`].
+            zone: gpu_booking_core::notice_text::Tz::UTC,
+        }
+    }
+}
+
+impl ApiArgs {
+    /// The lab's policy: the rules' settings, in the lab's time zone (`--time-zone`),
+    /// where a group's quota months begin.
+    pub fn lab_policy(&self) -> Policy {
+        Policy {
+            zone: self.notices.time_zone,
+            ..self.policy.policy()
         }
     }
 }

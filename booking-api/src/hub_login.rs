@@ -30,7 +30,7 @@ use gpu_booking_core::username::{NameCase, Username};
 use rand::RngCore;
 use serde::Deserialize;
 
-use crate::auth::{mint_token_for, Role};
+use crate::auth::Role;
 use crate::config::HubLoginArgs;
 
 /// Where the browser starts signing in and where the hub sends it back.
@@ -236,16 +236,35 @@ impl HubLogin {
             .admin_group
             .as_deref()
             .is_some_and(|g| user.groups.iter().any(|m| m == g));
-        mint_token_for(
+        // The hub's groups go into the token: the service records them (source
+        // `hub`) when the token is used (`routes::groups::seen`).
+        let mut extra = serde_json::Map::new();
+        extra.insert(
+            crate::auth::HUB_GROUPS_CLAIM.into(),
+            serde_json::json!(hub_groups(&user.groups)),
+        );
+        crate::auth::mint_token_with(
             &self.secret,
             name.as_str(),
             admin.then_some(Role::Admin),
             self.lifetime,
             self.claims.jwt_issuer.as_deref(),
             self.claims.jwt_audience.as_deref(),
+            extra,
         )
         .map_err(|e| SignInError::Internal(e.context("signing the page's token")))
     }
+}
+
+/// The hub groups a sign-in token carries: those that can be groups here, at most
+/// 256 (a token stays small).
+fn hub_groups(groups: &[String]) -> Vec<&str> {
+    groups
+        .iter()
+        .map(String::as_str)
+        .filter(|g| gpu_booking_core::groups::name_problem(g).is_none())
+        .take(256)
+        .collect()
 }
 
 fn with_slash(url: &str) -> String {

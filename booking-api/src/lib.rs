@@ -10,6 +10,7 @@ pub mod create_queue;
 pub mod declared;
 pub mod error;
 pub mod extract;
+pub mod hub_groups;
 pub mod hub_login;
 pub mod jwks;
 pub mod metrics;

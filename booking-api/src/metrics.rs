@@ -240,6 +240,7 @@ impl Metrics {
         let no_shows: HashMap<String, i64> = sqlx::query!(
             r#"SELECT b.model, count(*) AS "count!" FROM booking b
              WHERE b.cancelled_at IS NULL AND b.start_at <= $2 AND b.end_at > $1
+               AND b.hold_id IS NULL -- maintenance and courses: nobody to show up
                AND NOT EXISTS (SELECT 1 FROM booking_use u WHERE u.booking_id = b.id AND u.kind = 'held')
              GROUP BY b.model"#,
             now,

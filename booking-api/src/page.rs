@@ -21,6 +21,11 @@ const INDEX_HTML: &str = include_str!("../assets/index.html");
 /// feature's script is added by one line here and one `<script>` tag.
 const SCRIPTS: &[(&str, &str)] = &[
     ("dom.js", include_str!("../assets/dom.js")),
+    ("calendar.js", include_str!("../assets/calendar.js")),
+    ("policy.js", include_str!("../assets/policy.js")),
+    ("groups.js", include_str!("../assets/groups.js")),
+    ("reservations.js", include_str!("../assets/reservations.js")),
+    ("maintenance.js", include_str!("../assets/maintenance.js")),
     ("app.js", include_str!("../assets/app.js")),
     ("cluster.js", include_str!("../assets/cluster.js")),
     ("demo-signin.js", include_str!("../assets/demo-signin.js")),
@@ -71,6 +76,15 @@ impl Page {
             index_html: fill_meta(&self.index_html, "hub-login", crate::hub_login::START_PATH)
                 .into(),
             hub_login: Some(Arc::new(hub_login)),
+        }
+    }
+
+    /// The page with the lab's time zone (`--time-zone`): its calendar's days are the
+    /// lab's.
+    pub fn with_time_zone(self, zone: chrono_tz::Tz) -> Self {
+        Self {
+            index_html: fill_meta(&self.index_html, "time-zone", zone.name()).into(),
+            ..self
         }
     }
 

@@ -156,7 +156,7 @@ pub fn authenticator(auth: &AuthArgs) -> anyhow::Result<Authenticator> {
 }
 
 pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
-    let policy = Arc::new(args.policy.policy());
+    let policy = Arc::new(args.lab_policy());
     let metrics = Arc::new(Metrics::default());
     AppState {
         creates: crate::create_queue::CreateQueue::new(
@@ -169,7 +169,7 @@ pub fn state(pool: PgPool, args: &ApiArgs, auth: Authenticator) -> AppState {
         clock: Arc::new(SystemClock),
         auth,
         metrics,
-        page: crate::page::Page::new(&args.oidc),
+        page: crate::page::Page::new(&args.oidc).with_time_zone(args.notices.time_zone),
         names: args.names.name_case(),
         ambiguity_audit: crate::state::ambiguity_audit_bucket(),
         notices: crate::notices::Channels {
@@ -266,6 +266,9 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     }
     let _probe = spawn_database_probe(state.clone());
     let _sweep = spawn_waitlist_sweep(state.clone(), sweep_interval(&args));
+    let _hub_groups =
+        crate::hub_groups::HubGroups::from_args(&args.hub_login, args.names.name_case())?
+            .map(|hub| hub.spawn(state.pool.clone(), args.hub_login.hub_groups_refresh));
     let notices = tokio::spawn(notice_worker(&state, &args.notices)?.run());
     let served = serve(listener, state, &args.limits).await;
     notices.abort();

@@ -68,6 +68,8 @@ fn replica(days: i64) -> (Replica, usize) {
         policy: PolicyState::from(&Policy::default()),
         models,
         held: BTreeMap::new(),
+        offers: Vec::new(),
+        groups: Vec::new(),
         position: Some(1),
         bookings: Some(bookings),
         users: Some(Vec::new()),

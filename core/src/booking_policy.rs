@@ -26,6 +26,9 @@ pub struct Policy {
     /// Calendar feeds of a model's occupancy name the users who booked it (off: a
     /// model's feed shows only that a unit is booked, and the caller's own bookings).
     pub feed_show_names: bool,
+    /// The lab's time zone: where a group's quota month begins and ends
+    /// (`crate::quota`).
+    pub zone: chrono_tz::Tz,
 }
 
 /// The most units one booking may ever be for, whatever the policy says: far above
@@ -44,6 +47,7 @@ impl Default for Policy {
             max_units_per_booking: 1,
             max_ahead: TimeDelta::days(365),
             feed_show_names: false,
+            zone: chrono_tz::Tz::UTC,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! units its booking holds, so a feed counts a 2-GPU booking as 2 units in use.
 
 use crate::booking_policy::Policy;
+use crate::holds::HoldKind;
 use crate::notice_text::gpus;
 
 /// `text` as an iCalendar TEXT value (RFC 5545, 3.3.11): a backslash, semicolon or
@@ -80,9 +81,55 @@ pub fn description(booking_id: i64, model: &str, slots: &[i32]) -> String {
     format!("Booking {booking_id}: {}, {units}.", gpus(count, model))
 }
 
+/// The title of a hold's row in a model's occupancy feed: the course's session
+/// ("ML101 lab session, 4 units of a100") or the maintenance window ("Maintenance:
+/// driver upgrade, 2 units of a100"). Everyone sees it: a hold is nobody's private
+/// business.
+pub fn hold_summary(kind: HoldKind, title: &str, model: &str, slots: &[i32]) -> String {
+    let units = match slots.len() {
+        1 => format!("1 unit of {model}"),
+        n => format!("{n} units of {model}"),
+    };
+    match kind {
+        HoldKind::Course => format!("{title}, {units}"),
+        HoldKind::Maintenance => format!("Maintenance: {title}, {units}"),
+    }
+}
+
+/// The description of a hold's row: which hold, and the units it holds.
+pub fn hold_description(
+    kind: HoldKind,
+    id: i64,
+    title: &str,
+    model: &str,
+    slots: &[i32],
+) -> String {
+    let what = match kind {
+        HoldKind::Course => format!("Course reservation {id} ({title})"),
+        HoldKind::Maintenance => format!("Maintenance window {id} ({title})"),
+    };
+    format!("{what}: {}.", units_of(model, slots))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holds_are_named_by_their_title_and_units() {
+        assert_eq!(
+            hold_summary(HoldKind::Course, "ML101 lab session", "a100", &[0, 1, 2, 3]),
+            "ML101 lab session, 4 units of a100"
+        );
+        assert_eq!(
+            hold_summary(HoldKind::Maintenance, "driver upgrade", "t4", &[1]),
+            "Maintenance: driver upgrade, 1 unit of t4"
+        );
+        assert_eq!(
+            hold_description(HoldKind::Maintenance, 3, "driver upgrade", "t4", &[0, 1]),
+            "Maintenance window 3 (driver upgrade): 2 x t4 (#1, #2)."
+        );
+    }
 
     #[test]
     fn text_values_are_escaped_as_rfc_5545_asks() {

@@ -130,7 +130,7 @@ mod tests {
         assert_eq!(booking_etag(&later), tag);
         // Every write changes it.
         let mut moved = b.clone();
-        moved.end = moved.end + chrono::TimeDelta::hours(1);
+        moved.end += chrono::TimeDelta::hours(1);
         let mut cancelled = b.clone();
         cancelled.cancelled_at = Some(b.created_at);
         let mut reslotted = b.clone();

@@ -34,6 +34,16 @@ pub enum RuleCode {
     BookingStarted,
     /// The booking would start beyond the policy's horizon (`max_ahead`).
     TooFarAhead,
+    /// A maintenance window blocks the units (`core::holds`).
+    Maintenance,
+    /// A course reservation's occurrence holds the units (`core::holds`).
+    Reserved,
+    /// The caller's group may not book this model (`core::groups`).
+    ModelNotAllowed,
+    /// The group's GPU-hours of a period would be exceeded (`core::quota`).
+    QuotaHours,
+    /// The group's bookings would hold more units at once than its quota.
+    QuotaUnits,
 }
 
 impl RuleCode {
@@ -53,6 +63,11 @@ impl RuleCode {
             RuleCode::EndInPast => "end_in_past",
             RuleCode::BookingStarted => "booking_started",
             RuleCode::TooFarAhead => "too_far_ahead",
+            RuleCode::Maintenance => "maintenance",
+            RuleCode::Reserved => "reserved",
+            RuleCode::ModelNotAllowed => "model_not_allowed",
+            RuleCode::QuotaHours => "quota_hours",
+            RuleCode::QuotaUnits => "quota_units",
         }
     }
 
@@ -67,6 +82,10 @@ impl RuleCode {
                 | RuleCode::Capacity
                 | RuleCode::Overlap
                 | RuleCode::BookingStarted
+                | RuleCode::Maintenance
+                | RuleCode::Reserved
+                | RuleCode::QuotaHours
+                | RuleCode::QuotaUnits
         )
     }
 }

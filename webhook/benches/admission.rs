@@ -497,6 +497,8 @@ async fn start_stub() -> SocketAddr {
             },
             models: models.clone(),
             held: BTreeMap::new(),
+            offers: Vec::new(),
+            groups: Vec::new(),
             position: full.then_some(1),
             bookings: full.then_some(bookings),
             users: full.then(Vec::new),

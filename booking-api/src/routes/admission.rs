@@ -27,7 +27,7 @@ pub struct AdmissionStateQuery {
 #[utoipa::path(get, path = "/api/v1/admission-state", tag = "webhook", params(AdmissionStateQuery),
     description = "What the webhook keeps a replica of, so that an admission makes no call: the booking rules, \
                    each model's units, free units, VRAM budgets and last usage report, the units each booking's \
-                   pods hold, and (full answers) the bookings, users and the `/booking-changes` position to \
+                   pods hold, the GPUs offered back and held for their users, and (full answers) the bookings, users and the `/booking-changes` position to \
                    follow from, all from one snapshot. Service role.",
     responses((status = 200, body = AdmissionState),
               (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
@@ -45,6 +45,8 @@ pub async fn get(
         policy: PolicyState::from(&*state.policy),
         models: Vec::new(),
         held: Default::default(),
+        offers: Vec::new(),
+        groups: Vec::new(),
         position: None,
         bookings: None,
         users: None,
@@ -62,5 +64,8 @@ pub async fn get(
         answer.models = models;
         answer.held = held;
     }
+    let mut conn = state.pool.acquire().await?;
+    answer.offers = admission::offers(&mut conn, now).await?;
+    answer.groups = admission::course_members(&mut conn, now).await?;
     Ok(axum::Json(answer))
 }

@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
-use gpu_booking_core::precondition::{booking_etag, IfMatch, MalformedIfMatch};
+use gpu_booking_core::precondition::booking_etag;
 use gpu_booking_core::username::Username;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -71,6 +71,9 @@ pub async fn create(
             .map_err(|e| ApiError::Invalid(format!("user: {e}")))?,
         None => caller.user.clone(),
     };
+    // The token's groups decide the create's policy: recorded first (nothing is
+    // read or written for a token without groups, or whose groups were recorded).
+    crate::routes::groups::seen(&state, &caller).await?;
     let now = state.clock.now();
     let result = state
         .creates
@@ -194,28 +197,8 @@ pub struct Tagged(Booking);
 
 impl axum::response::IntoResponse for Tagged {
     fn into_response(self) -> axum::response::Response {
-        let etag = booking_etag(&self.0);
-        let mut response = axum::Json(self.0).into_response();
-        if let Ok(value) = axum::http::HeaderValue::from_str(&etag) {
-            response
-                .headers_mut()
-                .insert(axum::http::header::ETAG, value);
-        }
-        response
+        crate::routes::conditional::with_etag(&booking_etag(&self.0), self.0)
     }
-}
-
-/// The request's `If-Match` condition, if it sends one; 400 when it is malformed.
-fn if_match(headers: &HeaderMap) -> Result<Option<IfMatch>, ApiError> {
-    let Some(value) = headers.get(axum::http::header::IF_MATCH) else {
-        return Ok(None);
-    };
-    let value = value
-        .to_str()
-        .map_err(|_| ApiError::BadRequest(MalformedIfMatch.to_string()))?;
-    IfMatch::parse(value)
-        .map(Some)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
 #[utoipa::path(delete, path = "/api/v1/bookings/{id}", tag = "bookings",
@@ -232,7 +215,7 @@ pub async fn cancel(
     Path(id): Path<i64>,
     headers: HeaderMap,
 ) -> Result<Tagged, ApiError> {
-    let condition = if_match(&headers)?;
+    let condition = crate::routes::conditional::if_match(&headers)?;
     owned_booking(&state, &caller, id).await?;
     let now = state.clock.now();
     let updated = bookings::cancel_or_end(
@@ -272,7 +255,7 @@ pub struct ChangeBooking {
                    never moves into the past. The controller re-times the booking's pods within seconds.",
     responses((status = 200, body = Booking, headers(("ETag" = String, description = "The booking's stored state (window, units, cancellation, early end): send it in `If-Match` with `PATCH` or `DELETE` to change the booking only in that state."))),
               (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, body = ErrorBody, description = "`capacity`, `cooldown`, `overlap`, `booking_started`, or `not_changeable` (ended or cancelled)."),
+              (status = 409, body = ErrorBody, description = "`capacity`, `cooldown`, `overlap`, `booking_started`, `quota_hours`, `quota_units` (the group's quota; the message says what is left), or `not_changeable` (ended or cancelled)."),
               (status = 412, body = ErrorBody, description = "`precondition_failed`: the booking has changed since the `ETag` sent in `If-Match`; nothing was changed."),
               (status = 422, body = ErrorBody, description = "`end_in_past`, `invalid_window`, `duration_too_long`, `duration_too_short`, `start_in_past`.")),
     security(("bearer" = [])))]
@@ -283,13 +266,14 @@ pub async fn change(
     headers: HeaderMap,
     Json(body): Json<ChangeBooking>,
 ) -> Result<Tagged, ApiError> {
-    let condition = if_match(&headers)?;
+    let condition = crate::routes::conditional::if_match(&headers)?;
     if body.override_rules && !caller.admin {
         return Err(ApiError::Forbidden(
             "only admins may override the rules".into(),
         ));
     }
     owned_booking(&state, &caller, id).await?;
+    crate::routes::groups::seen(&state, &caller).await?;
     let now = state.clock.now();
     let updated = bookings::change_window(
         &state.pool,

@@ -7,6 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use gpu_booking_core::feed;
+use gpu_booking_core::holds::HoldKind;
 use icalendar::{Calendar, Component, Event, EventLike, EventStatus};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -112,6 +113,7 @@ pub async fn own_feed(
             b,
             &format!("booking-{}@gpu-booking", b.id),
             &feed::own_summary(&b.model, &b.slots),
+            &feed::description(b.id, &b.model, &b.slots),
         )
     });
     Ok(calendar(&format!("GPU bookings of {user}"), events))
@@ -137,12 +139,24 @@ pub async fn model_feed(
     let now = state.clock.now();
     let rows = feeds::occupancy(&state.pool, &model.name, now).await?;
     let events = rows.iter().map(|b| {
+        let hold = b.hold_kind.as_deref().and_then(HoldKind::parse);
+        let summary = match (hold, &b.hold_title) {
+            (Some(kind), Some(title)) => feed::hold_summary(kind, title, &b.model, &b.slots),
+            _ => feed::occupancy_summary(&state.policy, &user, &b.user_name, &b.model, &b.slots),
+        };
+        let description = match (hold, b.hold_id, &b.hold_title) {
+            (Some(kind), Some(id), Some(title)) => {
+                feed::hold_description(kind, id, title, &b.model, &b.slots)
+            }
+            _ => feed::description(b.id, &b.model, &b.slots),
+        };
         event(
             b,
             // Not the booking's own UID: the same booking in a user's two feeds is
             // two calendar entries, and a calendar app must not merge them.
             &format!("booking-{}-occupancy@gpu-booking", b.id),
-            &feed::occupancy_summary(&state.policy, &user, &b.user_name, &b.model, &b.slots),
+            &summary,
+            &description,
         )
     });
     Ok(calendar(&format!("{} occupancy", model.name), events))
@@ -160,7 +174,7 @@ async fn feed_user(state: &AppState, token: &str) -> Result<String, ApiError> {
 /// SUMMARY and DESCRIPTION name them all. Times are UTC (`...Z`), so no VTIMEZONE is needed;
 /// DTSTAMP and LAST-MODIFIED are when the booking last changed, as RFC 5545 (3.8.7.2)
 /// asks of a calendar without a METHOD, so an unchanged feed reads the same each time.
-fn event(b: &FeedBooking, uid: &str, summary: &str) -> Event {
+fn event(b: &FeedBooking, uid: &str, summary: &str, description: &str) -> Event {
     Event::new()
         .uid(uid)
         .timestamp(b.updated_at)
@@ -169,7 +183,7 @@ fn event(b: &FeedBooking, uid: &str, summary: &str) -> Event {
         .starts(b.start_at)
         .ends(b.end_at)
         .summary(summary)
-        .description(&feed::description(b.id, &b.model, &b.slots))
+        .description(description)
         .status(if b.cancelled_at.is_some() {
             EventStatus::Cancelled
         } else {

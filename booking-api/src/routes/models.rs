@@ -3,6 +3,7 @@
 use axum::extract::State;
 use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, Utc};
 use gpu_booking_core::capacity;
+use gpu_booking_core::window::Window;
 use gpu_booking_core::wire;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -10,6 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
+use crate::routes::maintenance::{resolve, Answer, InTheWay, RoomFor};
 use crate::routes::REPORT_YEARS;
 use crate::state::AppState;
 use crate::store::models::{self, Model, ModelSpec};
@@ -77,6 +79,12 @@ pub struct PutModel {
     pub resource: Option<String>,
     /// Order when matching product names (default: after the others).
     pub position: Option<i32>,
+    /// Lowering the units below what running or planned bookings hold lists them
+    /// first (409 `units_in_use`, nothing changed); sent again with this, they are
+    /// cancelled (ended now if they run) as chosen (`"cancel"`, or per booking id;
+    /// `"shorten"` does the same here: the fewer units count from now), their users
+    /// told, and the units lowered.
+    pub resolve: Option<crate::routes::maintenance::Resolve>,
 }
 
 #[utoipa::path(put, path = "/api/v1/models/{name}", tag = "models", request_body = PutModel,
@@ -84,7 +92,7 @@ pub struct PutModel {
             description = "The model's name: lowercase letters `a-z`, digits, `-` and `.`, starting and ending \
                            with a letter or digit (it becomes a Kubernetes label value).")),
     responses((status = 200, body = wire::Model), (status = 403, body = ErrorBody),
-        (status = 409, body = ErrorBody, description = "`units_in_use`: running or planned bookings hold units beyond the new number (the message names them)"),
+        (status = 409, body = crate::routes::maintenance::InTheWay, description = "`units_in_use`: running or planned bookings hold units beyond the new number (the message and `bookings` name them); send again with `resolve`"),
         (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn put(
@@ -92,7 +100,7 @@ pub async fn put(
     caller: Caller,
     Path(name): Path<String>,
     Json(body): Json<PutModel>,
-) -> Result<axum::Json<wire::Model>, ApiError> {
+) -> Result<Answer<wire::Model>, ApiError> {
     caller.require_admin()?;
     // One rule for the admin API and the models declared in the chart's values.
     let name = gpu_booking_core::declared_models::check_model(
@@ -104,12 +112,50 @@ pub async fn put(
     )
     .map_err(ApiError::Invalid)?;
     let now = state.clock.now();
-    let mut tx = state.pool.begin().await?;
+    let resolving = match &body.resolve {
+        Some(how) => {
+            how.check()?;
+            let change = crate::store::holds::Change::Units(body.units);
+            crate::store::holds::begin_resolving(&state.pool, name.as_str(), change, now)
+                .await?
+                .map(|(tx, rows)| (how, tx, rows))
+        }
+        None => None,
+    };
+    // Confirmed: the bookings resolved, their users told and the units lowered in
+    // one transaction. Otherwise (or when new bookings kept getting in the way of a
+    // confirmation) the bookings in the way are listed below and nothing changes.
+    let mut tx = match resolving {
+        Some((how, mut tx, rows)) => {
+            let from_now = Window::new(now, DateTime::<Utc>::MAX_UTC)
+                .map_err(|_| ApiError::Internal(anyhow::anyhow!("no window from now")))?;
+            let why = format!("{name} going down to {} units", body.units);
+            let room = RoomFor {
+                window: &from_now,
+                why: &why,
+                now,
+            };
+            if let Some(missing) = resolve(&mut tx, &state, &caller, &rows, how, &room).await? {
+                tx.rollback().await?;
+                let text = format!("{} of them have no choice in \"resolve\".", missing.len());
+                return Ok(Answer::InTheWay(InTheWay::with(
+                    "units_in_use",
+                    text,
+                    &missing,
+                )));
+            }
+            tx
+        }
+        None => state.pool.begin().await?,
+    };
     let in_the_way = models::bookings_beyond(&mut tx, name.as_str(), body.units, now).await?;
     if let Some(why) =
         gpu_booking_core::model_units::lowering_refusal(name.as_str(), body.units, &in_the_way)
     {
-        return Err(ApiError::Conflict("units_in_use", why));
+        tx.rollback().await?;
+        let ids: Vec<i64> = in_the_way.iter().map(|b| b.id).collect();
+        let rows = crate::store::holds::rows_by_ids(&state.pool, &ids).await?;
+        return Ok(Answer::InTheWay(InTheWay::with("units_in_use", why, &rows)));
     }
     let model = models::put(
         &mut tx,
@@ -126,10 +172,12 @@ pub async fn put(
         None,
     )
     .await?;
-    tx.commit().await?;
+    tx.commit()
+        .await
+        .map_err(crate::store::bookings::constraint_refusal)?;
     // More units may be what a waiting entry needs.
     crate::store::waitlist::after_freeing(&state.pool, &state.policy, now, name.as_str()).await;
-    Ok(axum::Json(view(model)))
+    Ok(Answer::Done(axum::http::StatusCode::OK, view(model)))
 }
 
 #[utoipa::path(put, path = "/api/v1/models/{name}/usage", tag = "models", request_body = wire::UsageReport,
@@ -169,7 +217,10 @@ pub async fn put_usage(
     // Shown as a list: each once, in order, whatever the reporter sent.
     body.other_namespaces.sort_unstable();
     body.other_namespaces.dedup();
-    let model = models::set_usage(&state.pool, &name, &body, state.clock.now())
+    // The count's time, not the receipt's: the webhook's lend ledger keeps what it
+    // admitted until a count taken after it, however late that count arrives.
+    let reported_at = body.reported_at(state.clock.now());
+    let model = models::set_usage(&state.pool, &name, &body, reported_at)
         .await?
         .ok_or_else(|| ApiError::unknown_model(&name))?;
     Ok(axum::Json(view(model)))

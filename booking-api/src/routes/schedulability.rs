@@ -7,6 +7,7 @@ use std::time::Instant;
 use axum::extract::State;
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::gpu_model::ModelName;
+use gpu_booking_core::holds;
 use gpu_booking_core::next_start;
 use gpu_booking_core::username::{SlugMatch, Username};
 use gpu_booking_core::wire::{count, ActiveBooking, ModelState, Schedulability};
@@ -98,9 +99,14 @@ pub async fn get(
             ))
         }
     };
+    // A member of a course running now, without a booking of their own, is booked
+    // against its occurrence (as the replica answers).
     let active = match &owner {
         Owner::User(user) => {
-            bookings::active_for(&state.pool, std::slice::from_ref(user), now).await?
+            match bookings::active_for(&state.pool, std::slice::from_ref(user), now).await? {
+                Some(b) => Some((b.id, b.model, b.units, b.end_at)),
+                None => admission::course_for(&state.pool, user, now).await?,
+            }
         }
         _ => None,
     };
@@ -108,19 +114,22 @@ pub async fn get(
     // an answer that named them), as in the replica's snapshot.
     let declared = models::list(&state.pool).await?;
     let models: Vec<ModelState> = declared.iter().filter_map(admission::model_state).collect();
-    if let Some(b) = active {
-        let units_held = held::units_held(&state.pool, b.id).await?;
-        return Ok(axum::Json(Schedulability::booked(
+    let blocked = admission::maintenance_at(&state.pool, now).await?;
+    if let (Some((id, model, units, end)), Owner::User(user)) = (active, &owner) {
+        let units_held = held::units_held(&state.pool, id).await?;
+        let mut answer = Schedulability::booked(
             &models,
             ActiveBooking {
-                id: b.id,
-                until: b.end_at,
-                model: ModelName::parse(&b.model).ok(),
-                user: b.user_name,
-                units: count(b.units),
+                id,
+                until: end,
+                model: ModelName::parse(&model).ok(),
+                user: user.clone(),
+                units: count(units),
                 units_held: count(units_held),
             },
-        )));
+        );
+        holds::withhold(&mut answer.free, &blocked);
+        return Ok(axum::Json(answer));
     }
     let own = match &owner {
         Owner::User(user) => {
@@ -149,11 +158,9 @@ pub async fn get(
         Owner::User(user) => Some(user),
         _ => None,
     };
-    Ok(axum::Json(Schedulability::unbooked(
-        &models,
-        user,
-        earliest_booking_by_model,
-    )))
+    let mut answer = Schedulability::unbooked(&models, user, earliest_booking_by_model);
+    holds::withhold(&mut answer.free, &blocked);
+    Ok(axum::Json(answer))
 }
 
 /// Records that `slug` names several users, unless such rows exceed their rate (the

@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::admission::replica::{BookingState, KnownUser, ModelState};
 use gpu_booking_core::gpu_model::ModelName;
+use gpu_booking_core::holds::{HoldKind, HoldRef, HoldRow};
+use gpu_booking_core::wire::admission_state::{GroupMembers, MAX_COURSE_MEMBERS};
+use gpu_booking_core::wire::Offer;
 use sqlx::{PgConnection, PgPool};
 
 use super::models;
@@ -28,6 +31,138 @@ pub fn model_state(m: &models::Model) -> Option<ModelState> {
     })
 }
 
+/// The offers holding units at `now` (GPUs offered back, held for their users),
+/// part of the figures.
+pub async fn offers(db: &mut PgConnection, now: DateTime<Utc>) -> sqlx::Result<Vec<Offer>> {
+    super::offers::list(&mut *db, None, Some(now)).await
+}
+
+/// The units each model's maintenance windows block at `now` (as the replica counts
+/// them from the holds' booking rows it follows).
+pub async fn maintenance_at(
+    db: impl sqlx::PgExecutor<'_>,
+    now: DateTime<Utc>,
+) -> sqlx::Result<BTreeMap<String, u64>> {
+    use sqlx::Row;
+    let rows = sqlx::query(
+        "SELECT user_name, model, units, start_at, end_at FROM booking
+          WHERE cancelled_at IS NULL AND period @> $1::timestamptz
+            AND start_at <= $1 AND end_at > $1 AND user_name LIKE ' maintenance %'",
+    )
+    .bind(now)
+    .fetch_all(db)
+    .await?;
+    let rows = rows
+        .iter()
+        .map(|r| {
+            Ok((
+                r.try_get::<String, _>("user_name")?,
+                r.try_get::<String, _>("model")?,
+                r.try_get::<i32, _>("units")?,
+                r.try_get::<DateTime<Utc>, _>("start_at")?,
+                r.try_get::<DateTime<Utc>, _>("end_at")?,
+            ))
+        })
+        .collect::<sqlx::Result<Vec<_>>>()?;
+    Ok(gpu_booking_core::holds::maintenance_at(
+        rows.iter().map(|(user, model, units, start, end)| HoldRow {
+            user,
+            model,
+            units: gpu_booking_core::wire::unit(*units),
+            start: *start,
+            end: *end,
+        }),
+        now,
+    ))
+}
+
+/// The members of each group with a course occurrence running at `now` (at most
+/// [`MAX_COURSE_MEMBERS`] in all), part of the figures: a membership change reaches
+/// the replica with the next round.
+pub async fn course_members(
+    db: &mut PgConnection,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Vec<GroupMembers>> {
+    use sqlx::Row;
+    let users: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT user_name FROM booking
+          WHERE cancelled_at IS NULL AND period @> $1::timestamptz
+            AND start_at <= $1 AND end_at > $1 AND user_name LIKE ' course %'",
+    )
+    .bind(now)
+    .fetch_all(&mut *db)
+    .await?;
+    let groups: Vec<i32> = users
+        .iter()
+        .filter_map(|u| HoldRef::from_user(u)?.group)
+        .filter_map(|g| i32::try_from(g).ok())
+        .collect();
+    if groups.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(
+        "SELECT group_id, user_name FROM group_member WHERE group_id = ANY($1)
+          ORDER BY group_id, user_name LIMIT $2",
+    )
+    .bind(&groups)
+    .bind(MAX_COURSE_MEMBERS)
+    .fetch_all(&mut *db)
+    .await?;
+    let mut out: Vec<GroupMembers> = Vec::new();
+    for row in rows {
+        let group = i64::from(row.try_get::<i32, _>("group_id")?);
+        let user: String = row.try_get("user_name")?;
+        match out.last_mut() {
+            Some(g) if g.group == group => g.members.push(user),
+            _ => out.push(GroupMembers {
+                group,
+                members: vec![user],
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// A course occurrence as a member's booking: (id, model, units, end).
+pub type CourseBooking = (i64, String, i32, DateTime<Utc>);
+
+/// The course occurrence running at `now` (the earliest started) of a group that
+/// `user` (normalised) is a member of, as the replica finds it
+/// (`core::admission::replica`).
+pub async fn course_for(
+    db: impl sqlx::PgExecutor<'_>,
+    user: &str,
+    now: DateTime<Utc>,
+) -> sqlx::Result<Option<CourseBooking>> {
+    use sqlx::Row;
+    let rows = sqlx::query(
+        "SELECT b.id, b.user_name, b.model, b.units, b.end_at, m.group_id FROM booking b
+           JOIN group_member m ON b.user_name LIKE ' course % group ' || m.group_id::text
+          WHERE m.user_name = $2 AND b.cancelled_at IS NULL AND b.period @> $1::timestamptz
+            AND b.start_at <= $1 AND b.end_at > $1
+          ORDER BY b.start_at, b.id",
+    )
+    .bind(now)
+    .bind(user)
+    .fetch_all(db)
+    .await?;
+    for row in rows {
+        let name: String = row.try_get("user_name")?;
+        let group = i64::from(row.try_get::<i32, _>("group_id")?);
+        let course = HoldRef::from_user(&name)
+            .is_some_and(|h| h.kind == HoldKind::Course && h.group == Some(group));
+        if course {
+            return Ok(Some((
+                row.try_get("id")?,
+                row.try_get("model")?,
+                row.try_get("units")?,
+                row.try_get("end_at")?,
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// The full part of a read.
 pub struct Full {
     pub position: i64,
@@ -36,7 +171,8 @@ pub struct Full {
 }
 
 /// The figures of every model, in the service's order (models whose name the
-/// webhook could not read are left out: it could not have read their answer either).
+/// webhook could not read are left out: it could not have read their answer either),
+/// and the units each booking's pods hold.
 pub async fn figures(db: &mut PgConnection) -> sqlx::Result<(Vec<ModelState>, BTreeMap<i64, u64>)> {
     let models = models::list(&mut *db)
         .await?

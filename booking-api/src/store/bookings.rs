@@ -16,7 +16,13 @@ use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
 use gpu_booking_core::username::slugs;
 
 use super::error::{Conflict, Record, StoreError};
+use super::groups::{self as group_store, Group};
 use super::{audit, lock_user_and_model};
+use gpu_booking_core::groups;
+use gpu_booking_core::quota::{self, Counted, PeriodKind, QuotaCheck, Term};
+use gpu_booking_core::rules::{Refusal, RuleCode};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct BookingRow {
@@ -79,7 +85,10 @@ impl BookingRow {
 /// user, `d` a day of the window (its units in `o_slot`, its slots in `o_slots`), `l`
 /// a booking of the model over the window too long to be kept per day, `o` (for a
 /// window that long itself) a booking of the model over the window (migration
-/// 20261207000100). Every column of a function may be null as far as sqlx can tell.
+/// 20261207000100), and (migration 20261213000100) `g` the group the create counts
+/// against (its id in `o_id`). Every column of a function may be null as far as
+/// sqlx can tell.
+#[derive(sqlx::FromRow)]
 struct LockedRead {
     o_req: Option<i32>,
     o_kind: Option<String>,
@@ -141,13 +150,95 @@ impl LockedRead {
     }
 }
 
-/// A create that passed the checks made before any lock.
+/// A create that passed the checks made before any lock (by the lab's policy, or
+/// where only its user's group allows it, by the group's).
 #[derive(Clone)]
 struct Checked<'r, 'a> {
     now: DateTime<Utc>,
     req: &'r NewBooking<'a>,
     window: Window,
     need: u32,
+}
+
+/// A create's group as its locks read it: the group, its policy for the create's
+/// model (`Err`: the group may not book it), and the quota check's inputs.
+struct InGroup {
+    id: i32,
+    policy: Result<Policy, Refusal>,
+}
+
+/// The groups of a batch's creates (only read when one of its users is in a
+/// group): their rows, the admin's terms where a quota counts terms, and each
+/// group's counted bookings over what the batch's windows can meet.
+struct BatchGroups {
+    groups: BTreeMap<i32, Group>,
+    terms: Vec<Term>,
+    counted: BTreeMap<i32, Vec<Counted>>,
+    /// The lab's time zone (quota months).
+    zone: gpu_booking_core::notice_text::Tz,
+}
+
+/// The refusals that depend on the policy (a group's may accept what the lab's
+/// refuses): only these make a create look for its user's group before any lock.
+fn policy_refusal(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Rule(Refusal {
+            code: RuleCode::DurationTooShort
+                | RuleCode::DurationTooLong
+                | RuleCode::TooFarAhead
+                | RuleCode::InvalidUnits,
+            ..
+        })
+    )
+}
+
+/// The group whose policy applies to `user` (the first of theirs in the admin's
+/// order), if any.
+async fn applying_group(db: &mut sqlx::PgConnection, user: &str) -> sqlx::Result<Option<Group>> {
+    Ok(group_store::of_user(db, user)
+        .await?
+        .into_iter()
+        .next()
+        .map(|(g, _)| g))
+}
+
+/// `policy` for `req` as its user's group `group` has it (the lab's without one;
+/// an admin's override books a model the group may not).
+fn group_policy<'p>(
+    lab: &'p Policy,
+    group: Option<&Group>,
+    req: &NewBooking<'_>,
+) -> Result<Cow<'p, Policy>, Refusal> {
+    match group {
+        None => Ok(Cow::Borrowed(lab)),
+        Some(g) => match groups::resolve(lab, Some((&g.row.name, &g.policy())), req.model) {
+            Ok(p) => Ok(Cow::Owned(p)),
+            Err(_) if req.override_rules => Ok(Cow::Borrowed(lab)),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// The checks made before any lock, for a create the lab's policy refused with
+/// `refused`: by its user's group's policy, if the user is in a group (one read,
+/// paid only by such refusals); else the refusal stands.
+async fn check_in_group<'r, 'a>(
+    pool: &PgPool,
+    lab: &Policy,
+    now: DateTime<Utc>,
+    req: &'r NewBooking<'a>,
+    refused: StoreError,
+) -> Result<Checked<'r, 'a>, StoreError> {
+    if !policy_refusal(&refused) {
+        return Err(refused);
+    }
+    let mut conn = pool.acquire().await?;
+    let Some(group) = applying_group(&mut conn, req.user.as_str()).await? else {
+        return Err(refused);
+    };
+    let policy = group_policy(lab, Some(&group), req)?;
+    check(&policy, now, req)
 }
 
 impl Checked<'_, '_> {
@@ -215,7 +306,11 @@ pub async fn create_many(
     let mut checked = Vec::new();
     for (i, (now, req)) in reqs.iter().enumerate() {
         answers.push(None);
-        match check(policy, *now, req) {
+        let c = match check(policy, *now, req) {
+            Err(e) => check_in_group(pool, policy, *now, req, e).await,
+            ok => ok,
+        };
+        match c {
             Ok(c) => checked.push((i, c)),
             Err(e) => answers[i] = Some(Err(e)),
         }
@@ -239,10 +334,16 @@ pub async fn create_many(
         }
     };
     for ((i, c), outcome) in checked.iter().zip(outcomes) {
-        answers[*i] = Some(match outcome {
+        let answer = match outcome {
             Outcome::Created(row) => Ok(row),
             Outcome::Refused(e) => Err(e),
             Outcome::NeedsModelLock => create_moving(pool, policy, c).await,
+        };
+        // A refusal for capacity names the maintenance window or course occurrence
+        // in the way, if one is (read only for refusals).
+        answers[*i] = Some(match answer {
+            Err(e) => Err(crate::store::holds::name_refusal(pool, e).await),
+            ok => ok,
         });
     }
     answers
@@ -291,9 +392,21 @@ async fn create_moving(
     c: &Checked<'_, '_>,
 ) -> Result<BookingRow, StoreError> {
     let mut tx = pool.begin().await?;
-    let row = create_in(&mut tx, policy, c.now, *c.req).await?;
+    let row = create_in_locking(&mut tx, policy, c.now, *c.req, GroupLock::Wait).await?;
     tx.commit().await.map_err(constraint_refusal)?;
     Ok(row)
+}
+
+/// How [`create_in_locking`] takes its user's group's lock, which comes before
+/// every other lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GroupLock {
+    /// The transaction holds no lock yet: wait for it.
+    Wait,
+    /// The transaction holds others' locks (the waitlist's): take it only if it is
+    /// free at once, else refuse (the entry waits for the next pass), so that no
+    /// two transactions wait for each other.
+    Try,
 }
 
 /// [`create`] inside the caller's transaction, which commits it: the waitlist books
@@ -306,8 +419,43 @@ pub async fn create_in(
     now: DateTime<Utc>,
     req: NewBooking<'_>,
 ) -> Result<BookingRow, StoreError> {
-    // Checked before any lock, as under the day locks.
-    let c = check(policy, now, &req)?;
+    create_in_locking(tx, policy, now, req, GroupLock::Try).await
+}
+
+/// [`create_in`], taking the user's group's lock as `group_lock` says.
+async fn create_in_locking(
+    tx: &mut Transaction<'_, Postgres>,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    req: NewBooking<'_>,
+    group_lock: GroupLock,
+) -> Result<BookingRow, StoreError> {
+    let group = applying_group(tx, req.user.as_str()).await?;
+    if let Some(g) = &group {
+        match group_lock {
+            GroupLock::Wait => group_store::lock(tx, g.row.id).await?,
+            GroupLock::Try => {
+                let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
+                    .bind(group_store::GROUP_LOCK_SPACE)
+                    .bind(g.row.id)
+                    .fetch_one(&mut **tx)
+                    .await?;
+                if !got {
+                    return Err(Refusal::new(
+                        RuleCode::QuotaUnits,
+                        format!(
+                            "Another booking of {} is being decided; try again.",
+                            g.row.name
+                        ),
+                    )
+                    .into());
+                }
+            }
+        }
+    }
+    // Checked before any lock but the group's, as under the day locks.
+    let own = group_policy(policy, group.as_ref(), &req)?;
+    let c = check(&own, now, &req)?;
     lock_user_and_model(tx, req.user.as_str(), req.model).await?;
     match create_locked(tx, policy, std::slice::from_ref(&c), Scope::Model)
         .await
@@ -340,28 +488,40 @@ async fn create_locked(
         .iter()
         .map(|c| rules::own_bookings_from(policy, c.now, c.window.start()))
         .collect();
-    let rows: Vec<LockedRead> = sqlx::query_as!(
-        LockedRead,
-        "SELECT * FROM booking_lock_and_read_batch($1, $2, $3, $4, $5)",
-        &users as &[&str],
-        &models as &[&str],
-        &starts,
-        &ends,
-        &own_from
-    )
-    .fetch_all(&mut **tx)
-    .await?;
+    // With each create's group, whose lock comes first (migration 20261213000100).
+    let rows: Vec<LockedRead> =
+        sqlx::query_as("SELECT * FROM booking_lock_and_read_grouped($1, $2, $3, $4, $5)")
+            .bind(&users)
+            .bind(&models)
+            .bind(&starts)
+            .bind(&ends)
+            .bind(&own_from)
+            .fetch_all(&mut **tx)
+            .await?;
     let mut found: Vec<Found> = batch.iter().map(|c| Found::for_window(&c.window)).collect();
+    let mut group_of: Vec<Option<i32>> = vec![None; batch.len()];
     for row in rows {
-        let i = row.o_req.and_then(|i| usize::try_from(i).ok());
-        if let Some(f) = i
-            .and_then(|i| i.checked_sub(1))
-            .and_then(|i| found.get_mut(i))
-        {
+        let i = row
+            .o_req
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| i.checked_sub(1));
+        if row.o_kind.as_deref() == Some("g") {
+            if let Some(g) = i.and_then(|i| group_of.get_mut(i)) {
+                *g = row.o_id.and_then(|id| i32::try_from(id).ok());
+            }
+            continue;
+        }
+        if let Some(f) = i.and_then(|i| found.get_mut(i)) {
             add_read(f, row);
         }
     }
     let creates: Vec<Create<'_>> = batch.iter().map(Checked::create).collect();
+    // Users in no group pay nothing more from here on.
+    let (batch_groups, in_group) = read_groups(tx, policy, batch, &group_of, &mut found).await?;
+    // Per group, the batch's creates accepted so far (not written yet).
+    let mut made_in_group: BTreeMap<i32, Vec<Counted>> = BTreeMap::new();
+    // Creates an admin made past a quota: their refusal, for the audit.
+    let mut past_quota: Vec<(usize, Refusal)> = Vec::new();
 
     // Each judged alone, in order, with the ones before it that it accepted counted
     // as bookings already made (`made`). A refusal for capacity names the earliest
@@ -372,7 +532,31 @@ async fn create_locked(
     let mut verdicts: Vec<Result<Option<Vec<i32>>, StoreError>> = Vec::with_capacity(batch.len());
     for (i, c) in batch.iter().enumerate() {
         let units = found[i].units.unwrap_or(0);
-        let mut judged = judge(policy, c, &found[i]);
+        let group = in_group.get(i).and_then(Option::as_ref);
+        let policy: &Policy = match group.map(|g| &g.policy) {
+            None => policy,
+            Some(Ok(p)) => p,
+            Some(Err(refusal)) => {
+                verdicts.push(Err(refusal.clone().into()));
+                continue;
+            }
+        };
+        let mut judged = match group {
+            // The group's policy may refuse what the lab's accepted before the locks.
+            Some(_) => check(policy, c.now, c.req).and_then(|_| judge(policy, c, &found[i])),
+            None => judge(policy, c, &found[i]),
+        };
+        if let (Ok(_), Some(g)) = (&judged, group) {
+            let mut counted = batch_groups.counted.get(&g.id).cloned().unwrap_or_default();
+            counted.extend(made_in_group.get(&g.id).into_iter().flatten().copied());
+            if let Some(Err(refusal)) = batch_groups.check(g.id, &counted, &c.window, c.need) {
+                if c.req.override_rules {
+                    past_quota.push((i, refusal));
+                } else {
+                    judged = Err(refusal.into());
+                }
+            }
+        }
         if matches!(judged, Ok(Judged::ReadBookings)) {
             // Under the same locks: what the days bounded, exactly.
             let f = &mut found[i];
@@ -414,23 +598,53 @@ async fn create_locked(
                 window: stored(&c.window),
                 slots: slots.clone(),
             };
+            if let Some(g) = group {
+                made_in_group.entry(g.id).or_default().push(Counted {
+                    window: pending.window,
+                    units: pending.units(),
+                });
+            }
             create_batch::accept(&creates, &mut found, i, &pending);
             made.push((c.req.model, pending));
         }
         verdicts.push(verdict);
     }
 
-    let accepted: Vec<(&Checked<'_, '_>, &[i32])> = batch
+    let accepted: Vec<(&Checked<'_, '_>, &[i32], Option<i32>)> = batch
         .iter()
         .zip(&verdicts)
-        .filter_map(|(c, v)| match v {
-            Ok(Some(slots)) => Some((c, slots.as_slice())),
+        .zip(&in_group)
+        .filter_map(|((c, v), g)| match v {
+            Ok(Some(slots)) => Some((c, slots.as_slice(), g.as_ref().map(|g| g.id))),
             _ => None,
         })
         .collect();
     let written = insert_created(tx, &accepted).await?;
     if written.len() != accepted.len() {
         return Err(sqlx::Error::RowNotFound);
+    }
+    // An admin's booking past a group's quota: audited with what it exceeded.
+    for (i, refusal) in &past_quota {
+        let Some(pos) = accepted
+            .iter()
+            .position(|(c, _, _)| std::ptr::eq(*c, &batch[*i]))
+        else {
+            continue;
+        };
+        let row = &written[pos];
+        audit::record(
+            &mut **tx,
+            audit::NewEvent {
+                at: batch[*i].now,
+                actor: batch[*i].req.created_by,
+                action: "booking.quota_override",
+                subject: Some(&row.model),
+                user: Some(&row.user_name),
+                booking_id: Some(row.id),
+                details: json!({ "rule": refusal.code.as_str(), "refusal": refusal.message }),
+            },
+        )
+        .await?;
     }
 
     let mut written = written.into_iter();
@@ -446,6 +660,128 @@ async fn create_locked(
         });
     }
     Ok(outcomes)
+}
+
+/// The groups of the batch's creates (`group_of`, from the locked read): each
+/// group's rows, terms and counted bookings, and per create its group's policy for
+/// its model. A group whose cooldown is longer than the lab's needs more of its
+/// user's bookings than the locked read gave: they are read again here, under the
+/// same locks. Nothing is read for a batch without a group.
+async fn read_groups(
+    tx: &mut Transaction<'_, Postgres>,
+    lab: &Policy,
+    batch: &[Checked<'_, '_>],
+    group_of: &[Option<i32>],
+    found: &mut [Found],
+) -> sqlx::Result<(BatchGroups, Vec<Option<InGroup>>)> {
+    let mut ids: Vec<i32> = group_of.iter().flatten().copied().collect();
+    let mut bg = BatchGroups {
+        groups: BTreeMap::new(),
+        terms: Vec::new(),
+        counted: BTreeMap::new(),
+        zone: lab.zone,
+    };
+    if ids.is_empty() {
+        return Ok((bg, group_of.iter().map(|_| None).collect()));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    bg.groups = group_store::by_ids(tx, &ids)
+        .await?
+        .into_iter()
+        .map(|g| (g.row.id, g))
+        .collect();
+    if bg
+        .groups
+        .values()
+        .any(|g| g.row.quota().gpu_hours.is_some() && g.row.quota().period == PeriodKind::Term)
+    {
+        bg.terms = group_store::terms(&mut **tx).await?;
+    }
+    let mut in_group = Vec::with_capacity(batch.len());
+    // Per group, the window its creates' quota checks can meet.
+    let mut spans: BTreeMap<i32, Window> = BTreeMap::new();
+    for (i, (c, gid)) in batch.iter().zip(group_of).enumerate() {
+        let Some(group) = gid.and_then(|id| bg.groups.get(&id)) else {
+            in_group.push(None);
+            continue;
+        };
+        let policy = group_policy(lab, Some(group), c.req).map(Cow::into_owned);
+        if let Ok(p) = &policy {
+            if p.cooldown > lab.cooldown {
+                let from = rules::own_bookings_from(p, c.now, c.window.start());
+                found[i].own = own_windows(&mut **tx, c.req.user.as_str(), from).await?;
+            }
+        }
+        let quota = group.row.quota();
+        if quota.limits() {
+            let span = quota::read_window(&quota, lab.zone, &bg.terms, &c.window);
+            spans
+                .entry(group.row.id)
+                .and_modify(|w| {
+                    *w = Window::new(w.start().min(span.start()), w.end().max(span.end()))
+                        .unwrap_or(*w)
+                })
+                .or_insert(span);
+        }
+        in_group.push(Some(InGroup {
+            id: group.row.id,
+            policy,
+        }));
+    }
+    for (gid, span) in spans {
+        let counted = group_store::counted(&mut **tx, gid, &span, None).await?;
+        bg.counted.insert(gid, counted);
+    }
+    Ok((bg, in_group))
+}
+
+impl BatchGroups {
+    /// The quota check of group `gid` for a booking of `need` units over `window`,
+    /// against `counted`; `None` for a group without quotas.
+    fn check(
+        &self,
+        gid: i32,
+        counted: &[Counted],
+        window: &Window,
+        need: u32,
+    ) -> Option<Result<(), Refusal>> {
+        let group = self.groups.get(&gid)?;
+        let quota = group.row.quota();
+        if !quota.limits() {
+            return None;
+        }
+        Some(quota::check(
+            &QuotaCheck {
+                group: &group.row.name,
+                quota: &quota,
+                zone: self.zone,
+                terms: &self.terms,
+                held: counted,
+            },
+            window,
+            need,
+        ))
+    }
+}
+
+/// The user's (not cancelled) bookings' windows that end after `from`.
+async fn own_windows(
+    db: impl PgExecutor<'_>,
+    user: &str,
+    from: DateTime<Utc>,
+) -> sqlx::Result<Vec<Window>> {
+    let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT start_at, end_at FROM booking WHERE user_name = $1 AND cancelled_at IS NULL AND end_at > $2",
+    )
+    .bind(user)
+    .bind(from)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(s, e)| Window::new(s, e).ok())
+        .collect())
 }
 
 /// `window` as Postgres keeps it: in whole microseconds, cut as sqlx sends them
@@ -467,12 +803,13 @@ fn stored(window: &Window) -> Window {
 /// statement's other parts, so a new user's number is its insert's RETURNING) and
 /// their audit rows, in one statement; the bookings come back
 /// in the order of `accepted` (a user's accepted creates never start at one instant:
-/// their windows do not overlap). A new user's label keys
+/// their windows do not overlap), each with the group it counts against. A new
+/// user's label keys
 /// (name and both slugs) go with it; one that another user holds fails
 /// `user_key_pkey` (migration 20261123000010): username_collision.
 async fn insert_created(
     tx: &mut Transaction<'_, Postgres>,
-    accepted: &[(&Checked<'_, '_>, &[i32])],
+    accepted: &[(&Checked<'_, '_>, &[i32], Option<i32>)],
 ) -> Result<Vec<BookingRow>, sqlx::Error> {
     if accepted.is_empty() {
         return Ok(Vec::new());
@@ -487,7 +824,9 @@ async fn insert_created(
     let (mut slot_from, mut slot_to, mut slots) = (Vec::new(), Vec::new(), Vec::new());
     let (mut escapes, mut safes) = (Vec::new(), Vec::new());
     let (mut keys, mut key_users) = (Vec::new(), Vec::new());
-    for (c, unit_slots) in accepted {
+    let mut group_ids: Vec<Option<i32>> = Vec::new();
+    for (c, unit_slots, group) in accepted {
+        group_ids.push(*group);
         let user = c.req.user.as_str();
         if !users.contains(&user) {
             for key in c.req.user.lookup_keys() {
@@ -511,13 +850,13 @@ async fn insert_created(
         slots.extend_from_slice(unit_slots);
         slot_to.push(slots.len() as i32);
     }
-    sqlx::query_as!(
-        BookingRow,
+    sqlx::query_as::<_, BookingRow>(
         r#"WITH r AS (
             SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::boolean[],
-                                 $6::text[], $7::timestamptz[], $8::integer[], $9::integer[], $11::text[], $12::text[])
+                                 $6::text[], $7::timestamptz[], $8::integer[], $9::integer[], $11::text[], $12::text[],
+                                 $15::integer[])
                 WITH ORDINALITY AS r(user_name, model, start_at, end_at, override, created_by, at, slot_from, slot_to,
-                                     escape_slug, safe_slug, i)
+                                     escape_slug, safe_slug, group_id, i)
          ), known AS (
             INSERT INTO app_user (name, escape_slug, safe_slug)
             SELECT DISTINCT ON (user_name) user_name, escape_slug, safe_slug FROM r ORDER BY user_name, i
@@ -529,10 +868,10 @@ async fn insert_created(
             JOIN known ON known.name = k.user_name
          ), created AS (
             INSERT INTO booking (user_name, user_id, model, slots, units, start_at, end_at, booked_end_at, override, created_by,
-                                 created_at, updated_at)
+                                 created_at, updated_at, group_id)
             SELECT r.user_name, COALESCE(known.id, (SELECT u.id FROM app_user u WHERE u.name = r.user_name)), model,
                    ($10::integer[])[slot_from:slot_to], slot_to - slot_from + 1, start_at, end_at, end_at,
-                   override, created_by, at, at
+                   override, created_by, at, at, r.group_id
             FROM r LEFT JOIN known ON known.name = r.user_name ORDER BY i
             RETURNING *
          ), audited AS (
@@ -541,33 +880,37 @@ async fn insert_created(
                    CASE WHEN override THEN 'booking.create_override' ELSE 'booking.create' END,
                    model, user_name, id,
                    jsonb_build_object('start', start_at, 'end', end_at, 'slot', slot, 'units', units, 'slots', slots)
+                   || CASE WHEN group_id IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('group_id', group_id) END
             FROM created
          )
-         SELECT c.id, c.user_name, c.model, c.slot AS "slot!", c.units, c.slots, c.start_at, c.end_at,
+         SELECT c.id, c.user_name, c.model, c.slot, c.units, c.slots, c.start_at, c.end_at,
                 c.booked_end_at, c.cancelled_at, c.ended_early_at, c.override AS override_rules, c.created_at
          FROM created c JOIN r ON r.user_name = c.user_name AND r.start_at = c.start_at
          ORDER BY r.i"#,
-        &users as &[&str],
-        &models as &[&str],
-        &starts,
-        &ends,
-        &overrides,
-        &creators as &[&str],
-        &ats,
-        &slot_from,
-        &slot_to,
-        &slots,
-        &escapes,
-        &safes,
-        &keys,
-        &key_users as &[&str]
     )
+    .bind(&users)
+    .bind(&models)
+    .bind(&starts)
+    .bind(&ends)
+    .bind(&overrides)
+    .bind(&creators)
+    .bind(&ats)
+    .bind(&slot_from)
+    .bind(&slot_to)
+    .bind(&slots)
+    .bind(&escapes)
+    .bind(&safes)
+    .bind(&keys)
+    .bind(&key_users)
+    .bind(&group_ids)
     .fetch_all(&mut **tx)
     .await
 }
 
-/// The model's bookings (not cancelled) overlapping `[from, to)`, with their slots.
-async fn held(
+/// The model's bookings (not cancelled; maintenance windows and course sessions
+/// included) overlapping `[from, to)`, with their slots (`to`:
+/// `DateTime::<Utc>::MAX_UTC` for all that end after `from`).
+pub(crate) async fn held(
     db: impl PgExecutor<'_>,
     model: &str,
     from: DateTime<Utc>,
@@ -691,7 +1034,9 @@ pub struct Filter<'a> {
 /// compiles: the tests of `GET /api/v1/bookings` run every filter.
 pub async fn list(db: impl PgExecutor<'_>, f: Filter<'_>) -> sqlx::Result<Vec<BookingRow>> {
     let mut q = sqlx::QueryBuilder::<Postgres>::new("SELECT ");
-    q.push(COLUMNS).push(" FROM booking WHERE true");
+    // People's bookings: maintenance windows and course sessions have their own
+    // listings (`/maintenance`, `/reservations`).
+    q.push(COLUMNS).push(" FROM booking WHERE hold_id IS NULL");
     if let Some(user) = f.user {
         q.push(" AND user_name = ").push_bind(user);
     }
@@ -719,9 +1064,24 @@ pub async fn cancel_or_end(
     actor: &str,
     if_match: Option<&IfMatch>,
 ) -> Result<BookingRow, StoreError> {
-    let not_found = || StoreError::NotFound(Record::Booking, id);
-    let first = get(pool, id).await?.ok_or_else(not_found)?;
     let mut tx = pool.begin().await?;
+    let updated = cancel_or_end_in(&mut tx, id, now, actor, if_match).await?;
+    tx.commit().await?;
+    Ok(updated)
+}
+
+/// [`cancel_or_end`] inside the caller's transaction, which commits it (with other
+/// changes, as a confirmed maintenance window does). A refusal writes nothing and
+/// leaves the transaction usable.
+pub async fn cancel_or_end_in(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    now: DateTime<Utc>,
+    actor: &str,
+    if_match: Option<&IfMatch>,
+) -> Result<BookingRow, StoreError> {
+    let not_found = || StoreError::NotFound(Record::Booking, id);
+    let first = get(&mut **tx, id).await?.ok_or_else(not_found)?;
     // Only frees units: the user's lock and the model's shared (migration
     // 20261125000200, booking_lock_release).
     sqlx::query!(
@@ -729,7 +1089,7 @@ pub async fn cancel_or_end(
         &first.user_name,
         &first.model
     )
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
     let row: BookingRow = sqlx::query_as!(
         BookingRow,
@@ -738,7 +1098,7 @@ pub async fn cancel_or_end(
          FROM booking WHERE id = $1 FOR UPDATE"#,
         id
     )
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut **tx)
     .await?
     .ok_or_else(not_found)?;
     check_precondition(&row, now, if_match)?;
@@ -763,10 +1123,10 @@ pub async fn cancel_or_end(
     sqlx::query(sql)
         .bind(id)
         .bind(now)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     audit::record(
-        &mut *tx,
+        &mut **tx,
         audit::NewEvent {
             at: now,
             actor,
@@ -785,9 +1145,8 @@ pub async fn cancel_or_end(
          FROM booking WHERE id = $1"#,
         id
     )
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut **tx)
     .await?;
-    tx.commit().await?;
     Ok(updated)
 }
 
@@ -807,12 +1166,54 @@ pub async fn change_window(
     actor: &str,
     if_match: Option<&IfMatch>,
 ) -> Result<BookingRow, StoreError> {
-    let not_found = || StoreError::NotFound(Record::Booking, id);
-    let first = get(pool, id).await?.ok_or_else(not_found)?;
     let mut tx = pool.begin().await?;
-    let units = lock_user_and_model(&mut tx, &first.user_name, &first.model)
+    let updated = change_window_in(&mut tx, policy, id, now, change, actor, if_match).await?;
+    tx.commit().await.map_err(constraint_refusal)?;
+    Ok(updated)
+}
+
+/// [`change_window`] inside the caller's transaction, which commits it (with other
+/// changes, as a confirmed maintenance window does; the slot constraints are checked
+/// at that commit). The locks it takes are re-entrant: a caller that holds them
+/// already (in the global order) keeps that order. A refusal for the booking's
+/// state, a rule or capacity writes nothing and leaves the transaction usable.
+pub async fn change_window_in(
+    tx: &mut Transaction<'_, Postgres>,
+    policy: &Policy,
+    id: i64,
+    now: DateTime<Utc>,
+    change: WindowRequest,
+    actor: &str,
+    if_match: Option<&IfMatch>,
+) -> Result<BookingRow, StoreError> {
+    let not_found = || StoreError::NotFound(Record::Booking, id);
+    let first = get(&mut **tx, id).await?.ok_or_else(not_found)?;
+    // The group the booking counts against: its lock comes before the user's, its
+    // policy for the model is the booking's, its quota is checked below.
+    let group_id: Option<i32> = sqlx::query_scalar("SELECT group_id FROM booking WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?
+        .flatten();
+    let group = match group_id {
+        Some(gid) => {
+            group_store::lock(tx, gid).await?;
+            group_store::by_ids(tx, &[gid]).await?.pop()
+        }
+        None => None,
+    };
+    let units = lock_user_and_model(tx, &first.user_name, &first.model)
         .await?
         .ok_or_else(|| StoreError::UnknownModel(first.model.clone()))?;
+    let policy: &Policy = &match &group {
+        // A group that may no longer book the model still lets its booking change
+        // by the lab's policy.
+        Some(g) => g
+            .policy()
+            .for_model(policy, &first.model)
+            .unwrap_or_else(|| policy.clone()),
+        None => policy.clone(),
+    };
     let row: BookingRow = sqlx::query_as!(
         BookingRow,
         r#"SELECT id, user_name, model, slot AS "slot!", units, slots, start_at, end_at, booked_end_at,
@@ -820,7 +1221,7 @@ pub async fn change_window(
          FROM booking WHERE id = $1 FOR UPDATE"#,
         id
     )
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut **tx)
     .await?
     .ok_or_else(not_found)?;
     check_precondition(&row, now, if_match)?;
@@ -845,7 +1246,6 @@ pub async fn change_window(
         change.start.unwrap_or(current.start()),
         change.end,
     ) {
-        tx.rollback().await?;
         return Ok(row);
     }
     // The user's other bookings that can matter to the new window (older ones
@@ -857,7 +1257,7 @@ pub async fn change_window(
         id,
         from
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?
     .into_iter()
     .filter_map(|b| Window::new(b.start_at, b.end_at).ok())
@@ -874,17 +1274,45 @@ pub async fn change_window(
             override_rules: change.override_rules,
         },
     )?;
-    let mut overlapping = held(&mut *tx, &row.model, window.start(), window.end()).await?;
-    overlapping.retain(|h| h.id != id);
     // The booking keeps its GPU count; capacity counts every booking once per unit.
     let need = units_u32(row.units).max(1);
+    let past_quota = match &group {
+        Some(g) if g.row.quota().limits() => {
+            let quota = g.row.quota();
+            let terms = if quota.period == PeriodKind::Term {
+                group_store::terms(&mut **tx).await?
+            } else {
+                Vec::new()
+            };
+            let span = quota::read_window(&quota, policy.zone, &terms, &window);
+            let counted = group_store::counted(&mut **tx, g.row.id, &span, Some(id)).await?;
+            let checked = quota::check(
+                &QuotaCheck {
+                    group: &g.row.name,
+                    quota: &quota,
+                    zone: policy.zone,
+                    terms: &terms,
+                    held: &counted,
+                },
+                &window,
+                need,
+            );
+            match checked {
+                Err(refusal) if !change.override_rules => return Err(refusal.into()),
+                Err(refusal) => Some(refusal),
+                Ok(()) => None,
+            }
+        }
+        _ => None,
+    };
+    let mut overlapping = held(&mut **tx, &row.model, window.start(), window.end()).await?;
+    overlapping.retain(|h| h.id != id);
     let windows = capacity::unit_windows(overlapping.iter().map(|h| (h.window, h.units())));
     if !capacity::fits_units(units_u32(units), &windows, &window, need) {
-        return Err(
-            capacity_refusal(&mut tx, &row.model, units_u32(units), &window, need, &[])
-                .await?
-                .into(),
-        );
+        let refused = capacity_refusal(tx, &row.model, units_u32(units), &window, need, &[])
+            .await?
+            .into();
+        return Err(crate::store::holds::name_refusal(&mut **tx, refused).await);
     }
     let slots_free = !overlapping
         .iter()
@@ -896,7 +1324,7 @@ pub async fn change_window(
             Some(slots) => slots,
             None => {
                 reassign_slots(
-                    &mut tx,
+                    tx,
                     &row.model,
                     units_u32(units),
                     now,
@@ -926,11 +1354,11 @@ pub async fn change_window(
         &slots,
         now
     )
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut **tx)
     .await
     .map_err(constraint_refusal)?;
     audit::record(
-        &mut *tx,
+        &mut **tx,
         audit::NewEvent {
             at: now,
             actor,
@@ -942,11 +1370,11 @@ pub async fn change_window(
                 "from": { "start": current.start(), "end": current.end() },
                 "to": { "start": window.start(), "end": window.end() },
                 "override": change.override_rules,
+                "past_quota": past_quota.as_ref().map(|r| &r.message),
             }),
         },
     )
     .await?;
-    tx.commit().await.map_err(constraint_refusal)?;
     Ok(updated)
 }
 

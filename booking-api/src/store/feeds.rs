@@ -123,6 +123,10 @@ pub struct FeedBooking {
     pub cancelled_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// A hold's row (`core::holds`): its kind, id and title.
+    pub hold_kind: Option<String>,
+    pub hold_id: Option<i64>,
+    pub hold_title: Option<String>,
 }
 
 /// The user's bookings (cancelled ones too, so that calendars drop them) from
@@ -134,7 +138,8 @@ pub async fn own(
 ) -> sqlx::Result<Vec<FeedBooking>> {
     sqlx::query_as!(
         FeedBooking,
-        r#"SELECT id, user_name, model, slots, start_at, end_at, cancelled_at, created_at, updated_at
+        r#"SELECT id, user_name, model, slots, start_at, end_at, cancelled_at, created_at, updated_at,
+                NULL::text AS "hold_kind?", NULL::bigint AS "hold_id?", NULL::text AS "hold_title?"
          FROM booking WHERE user_name = $1 AND end_at > $2 AND start_at < $3
          ORDER BY start_at, id LIMIT $4"#,
         user,
@@ -146,7 +151,8 @@ pub async fn own(
     .await
 }
 
-/// The model's bookings that are not cancelled, over the same span.
+/// The model's bookings that are not cancelled, over the same span, with the
+/// maintenance windows and course occurrences among them named by their hold.
 pub async fn occupancy(
     db: impl PgExecutor<'_>,
     model: &str,
@@ -154,10 +160,12 @@ pub async fn occupancy(
 ) -> sqlx::Result<Vec<FeedBooking>> {
     sqlx::query_as!(
         FeedBooking,
-        r#"SELECT id, user_name, model, slots, start_at, end_at, cancelled_at, created_at, updated_at
-         FROM booking WHERE model = $1 AND cancelled_at IS NULL
-           AND period && tstzrange($2, $3, '[)')
-         ORDER BY start_at, id LIMIT $4"#,
+        r#"SELECT b.id, b.user_name, b.model, b.slots, b.start_at, b.end_at, b.cancelled_at, b.created_at,
+                b.updated_at, h.kind AS "hold_kind?", h.id AS "hold_id?", h.title AS "hold_title?"
+         FROM booking b LEFT JOIN unit_hold h ON h.id = b.hold_id
+         WHERE b.model = $1 AND b.cancelled_at IS NULL
+           AND b.period && tstzrange($2, $3, '[)')
+         ORDER BY b.start_at, b.id LIMIT $4"#,
         model,
         now - PAST,
         now + AHEAD,

@@ -226,6 +226,9 @@ pub use gpu_booking_core::wire::UsageReport;
 /// report never changes them (a node away for maintenance must not shrink what can
 /// be booked), it records `cards` beside them. Other workloads are replaced whole
 /// (the count with its namespaces) when the report counts them, kept otherwise.
+/// `at` is the report's time, recorded as `usage_reported_at` (and `updated_at`,
+/// which nothing reads for models): the controller's count's, capped by the
+/// receipt ([`UsageReport::reported_at`]).
 pub async fn set_usage(
     db: impl PgExecutor<'_>,
     name: &str,

@@ -218,6 +218,7 @@ pub async fn idle(
              LEFT JOIN LATERAL (SELECT max(u.until) - $3::interval AS last_active FROM booking_use u
                                 WHERE u.booking_id = b.id AND u.kind = 'active') a ON true
              WHERE b.cancelled_at IS NULL AND b.start_at <= $1 AND b.end_at > $1
+               AND b.hold_id IS NULL -- a hold has no user to nudge
          ) i
          WHERE i.idle_since <= $1 - $2::interval
          ORDER BY i.id"#,

@@ -306,3 +306,52 @@ async fn without_hub_login_its_routes_are_not_found(pool: PgPool) {
         assert_eq!(r.status, 404, "{uri}");
     }
 }
+
+/// The periodic refresh of hub groups against a real hub, with the token the chart
+/// gives it (the service's own, granted `list:groups` and `read:groups` as
+/// examples/jupyterhub/jupyterhub-values.yaml does): the hub's `ml-lab` members
+/// become members of the group an admin created here; a token without those scopes
+/// is refused by the hub and changes nothing.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_real_hubs_groups_are_read_with_the_services_token(pool: PgPool) {
+    use gpu_booking_api::hub_groups::HubGroups;
+    let Some(program) = jupyterhub::program() else {
+        return;
+    };
+    // The page is never visited: the service only needs an address in the hub's config.
+    let hub = Hub::start(&program, Some("http://127.0.0.1:9")).await;
+    sqlx::query("INSERT INTO lab_group (name) VALUES ('ml-lab')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let members = || async {
+        sqlx::query_as::<_, (String, String)>(
+            "SELECT m.user_name, m.source FROM group_member m ORDER BY 1",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+
+    let without_scope = HubGroups::new(
+        &hub.api_url(),
+        jupyterhub::READ_ONLY_TOKEN,
+        NameCase::default(),
+    )
+    .unwrap();
+    let refused = without_scope.refresh(&pool).await.unwrap_err();
+    assert!(
+        format!("{refused:#}").contains("403"),
+        "a token with only read:users should be refused by the hub: {refused:#}"
+    );
+    assert_eq!(members().await, vec![]);
+
+    let service = HubGroups::new(&hub.api_url(), CLIENT_SECRET, NameCase::default()).unwrap();
+    service.refresh(&pool).await.unwrap();
+    let hub_source = |u: &str| (u.to_owned(), "hub".to_owned());
+    assert_eq!(
+        members().await,
+        vec![hub_source("alice"), hub_source("carol")],
+        "the hub's ml-lab (alice, carol) should be the group's members; gpu-admins has no group here"
+    );
+}

@@ -19,13 +19,15 @@ use chrono::{DateTime, TimeDelta, Utc};
 use super::Schedulability;
 use crate::booking_policy::Policy;
 use crate::gpu_model::ModelName;
+use crate::holds::{self, HoldRef};
 use crate::next_start::{self, NextStart};
 use crate::rules;
 use crate::username::{slugs, NameCase, SlugMatch, Username};
 use crate::window::Window;
 pub use crate::wire::admission_state::{
-    AdmissionState, BookingState, KnownUser, ModelState, PolicyState,
+    AdmissionState, BookingState, GroupMembers, KnownUser, ModelState, PolicyState,
 };
+use crate::wire::offers::Offer;
 use crate::wire::ActiveBooking;
 
 /// Whom an admission asks about.
@@ -69,6 +71,11 @@ pub struct Replica {
     policy: Policy,
     models: Vec<ModelState>,
     held: BTreeMap<i64, u64>,
+    /// GPUs offered back and held for their users (every answer carries those
+    /// still held).
+    offers: Vec<Offer>,
+    /// Group -> its members, for the groups with a course occurrence running.
+    groups: HashMap<i64, BTreeSet<String>>,
     bookings: BTreeMap<i64, BookingState>,
     /// User -> the ids of their bookings (an admission looks at one user's).
     by_user: HashMap<String, BTreeSet<i64>>,
@@ -79,6 +86,9 @@ pub struct Replica {
     by_model: HashMap<String, ModelBookings>,
     /// (end, id) of every booking: a prune reads only those that ended since the last.
     by_end: BTreeSet<(DateTime<Utc>, i64)>,
+    /// The ids of the bookings that are holds' rows (maintenance windows, course
+    /// occurrences): few, and read at every answer.
+    holds: BTreeSet<i64>,
     /// The time of the last prune: every user's bookings that ended by then, but
     /// their last, are gone.
     pruned_through: Option<DateTime<Utc>>,
@@ -103,11 +113,14 @@ impl Replica {
             policy: state.policy.policy(),
             models: Vec::new(),
             held: BTreeMap::new(),
+            offers: Vec::new(),
+            groups: HashMap::new(),
             bookings: BTreeMap::new(),
             by_user: HashMap::new(),
             keys: HashMap::new(),
             by_model: HashMap::new(),
             by_end: BTreeSet::new(),
+            holds: BTreeSet::new(),
             pruned_through: None,
         };
         replica.apply_figures(&state);
@@ -126,12 +139,46 @@ impl Replica {
         Some(replica)
     }
 
-    /// Takes the figures of an answer (full or not): rules, models, units held.
+    /// Takes the figures of an answer (full or not): rules, models, units held,
+    /// offers.
     pub fn apply_figures(&mut self, state: &AdmissionState) {
         self.names = state.names;
         self.policy = state.policy.policy();
         self.models = state.models.clone();
         self.held = state.held.clone();
+        self.offers = state.offers.clone();
+        self.groups = state
+            .groups
+            .iter()
+            .map(|g| (g.group, g.members.iter().cloned().collect()))
+            .collect();
+    }
+
+    /// The user of the one offer held at `now` whose user's KubeSpawner slugs
+    /// include `slug`.
+    fn offered_by_slug(&self, slug: &str, now: DateTime<Utc>) -> Option<String> {
+        let mut users = self
+            .offers
+            .iter()
+            .filter(|o| o.holds_at(now))
+            .filter(|o| {
+                let s = slugs(&o.user);
+                s.escape == slug || s.safe == slug
+            })
+            .map(|o| o.user.clone());
+        match (users.next(), users.next()) {
+            (Some(user), None) => Some(user),
+            _ => None,
+        }
+    }
+
+    /// The offers still holding units at `now`.
+    fn offers_at(&self, now: DateTime<Utc>) -> Vec<Offer> {
+        self.offers
+            .iter()
+            .filter(|o| o.holds_at(now))
+            .cloned()
+            .collect()
     }
 
     /// A booking created or changed (as it is now). The user becomes known by
@@ -142,8 +189,15 @@ impl Replica {
             .get(&booking.user)
             .is_some_and(|u| u.contains(&booking.user))
         {
-            let s = slugs(&booking.user);
-            for key in [booking.user.clone(), s.escape, s.safe] {
+            // A hold's user is recorded with its name as its slugs (a space, which
+            // no pod label holds): no label finds it.
+            let keys = if HoldRef::from_user(&booking.user).is_some() {
+                vec![booking.user.clone()]
+            } else {
+                let s = slugs(&booking.user);
+                vec![booking.user.clone(), s.escape, s.safe]
+            };
+            for key in keys {
                 self.keys
                     .entry(key)
                     .or_default()
@@ -161,6 +215,9 @@ impl Replica {
             .insert((booking.start, booking.id), (booking.end, booking.units));
         model.longest = model.longest.max(booking.end - booking.start);
         self.by_end.insert((booking.end, booking.id));
+        if HoldRef::from_user(&booking.user).is_some() {
+            self.holds.insert(booking.id);
+        }
         let user = booking.user.clone();
         self.bookings.insert(booking.id, booking);
         // A booking that ends later than the user's last ended one (or one that now
@@ -189,6 +246,39 @@ impl Replica {
             }
         }
         self.by_end.remove(&(old.end, id));
+        self.holds.remove(&id);
+    }
+
+    /// The course occurrence running at `now` (the earliest started) of a group
+    /// that `user` is a member of.
+    fn course_of(&self, user: &str, now: DateTime<Utc>) -> Option<&BookingState> {
+        if self.groups.is_empty() {
+            return None;
+        }
+        self.holds
+            .iter()
+            .filter_map(|id| self.bookings.get(id))
+            .filter(|b| b.start <= now && now < b.end)
+            .filter(|b| {
+                HoldRef::from_user(&b.user).is_some_and(|h| {
+                    h.kind == holds::HoldKind::Course
+                        && h.group
+                            .and_then(|g| self.groups.get(&g))
+                            .is_some_and(|m| m.contains(user))
+                })
+            })
+            .min_by_key(|b| (b.start, b.id))
+    }
+
+    /// The units each model's maintenance windows block at `now`.
+    fn maintenance_at(&self, now: DateTime<Utc>) -> BTreeMap<String, u64> {
+        holds::maintenance_at(
+            self.holds
+                .iter()
+                .filter_map(|id| self.bookings.get(id))
+                .map(BookingState::hold_row),
+            now,
+        )
     }
 
     /// The bookings of `user`.
@@ -283,7 +373,12 @@ impl Replica {
                     .map(|u| u.iter().cloned().collect())
                     .unwrap_or_default();
                 match SlugMatch::of(users) {
-                    SlugMatch::Nobody => Owner::Unknown,
+                    // A user the service does not know yet (no booking) may still be
+                    // the one a GPU is offered back to: their spawn takes it.
+                    SlugMatch::Nobody => match self.offered_by_slug(slug, now) {
+                        Some(user) => Owner::User(user),
+                        None => Owner::Unknown,
+                    },
                     SlugMatch::One(user) => Owner::User(user),
                     SlugMatch::Ambiguous(users) => {
                         ambiguous = Some(users);
@@ -300,9 +395,22 @@ impl Replica {
                 .min_by_key(|b| (b.start, b.id)),
             _ => None,
         };
-        if let Some(b) = active {
+        // Without a booking of their own, a member of a course running now is
+        // booked against its occurrence: the occurrence's units are theirs, shared
+        // by all its members' pods.
+        let course = match (&owner, active) {
+            (Owner::User(user), None) => self.course_of(user, now),
+            _ => None,
+        };
+        if let Some(b) = active.or(course) {
             let units_held = self.held.get(&b.id).copied().unwrap_or(0);
-            let answer = Schedulability::booked(&self.models, active_booking(b, units_held));
+            let mut booking = active_booking(b, units_held);
+            if let Owner::User(user) = &owner {
+                booking.user = user.clone();
+            }
+            let mut answer = Schedulability::booked(&self.models, booking);
+            answer.offers = self.offers_at(now);
+            holds::withhold(&mut answer.free, &self.maintenance_at(now));
             return Ok(Answer {
                 schedulability: answer,
                 ambiguous,
@@ -329,7 +437,9 @@ impl Replica {
             Owner::User(user) => Some(user),
             _ => None,
         };
-        let answer = Schedulability::unbooked(&self.models, user, earliest_booking_by_model);
+        let mut answer = Schedulability::unbooked(&self.models, user, earliest_booking_by_model);
+        answer.offers = self.offers_at(now);
+        holds::withhold(&mut answer.free, &self.maintenance_at(now));
         Ok(Answer {
             schedulability: answer,
             ambiguous,
@@ -464,6 +574,8 @@ mod tests {
             policy: PolicyState::from(&Policy::default()),
             models: vec![model("a100", 2, 0)],
             held: BTreeMap::from([(1, 1)]),
+            offers: Vec::new(),
+            groups: Vec::new(),
             position: Some(10),
             bookings: Some(bookings),
             users: Some(users),
@@ -510,6 +622,40 @@ mod tests {
         assert!(!after.schedulable);
         // In cooldown: the earliest start is 14 days after the end.
         assert_eq!(after.earliest_booking, Some(t("2026-03-26T00:00:00Z")));
+    }
+
+    #[test]
+    fn answers_carry_the_offers_still_held() {
+        let mut s = state(Vec::new(), Vec::new());
+        let offer = |until: &str| Offer {
+            user: "bob".into(),
+            model: "a100".into(),
+            units: 1,
+            namespace: "jhub".into(),
+            pod: "jupyter-bob".into(),
+            offered_at: now() - TimeDelta::minutes(1),
+            until: t(until),
+            restart: false,
+        };
+        s.offers = vec![offer("2030-01-01T00:00:00Z")];
+        let mut r = Replica::from_state(s.clone()).unwrap();
+        let a = r
+            .answer(Query::User("alice"), now())
+            .unwrap()
+            .schedulability;
+        assert_eq!(a.offers, s.offers);
+        // Bob, whom the service does not know, is found by his slug: his spawn takes
+        // the unit held for him.
+        let bob = r.answer(Query::Slug(&slugs("bob").escape), now()).unwrap();
+        assert_eq!(bob.schedulability.user.as_deref(), Some("bob"));
+        // The figures replace them; one past its hold is not answered.
+        s.offers = vec![offer("2000-01-01T00:00:00Z")];
+        r.apply_figures(&s);
+        let a = r
+            .answer(Query::User("alice"), now())
+            .unwrap()
+            .schedulability;
+        assert!(a.offers.is_empty());
     }
 
     #[test]
@@ -612,6 +758,136 @@ mod tests {
         r.remove_booking(3);
         let a = r.answer(Query::User("erin"), now()).unwrap().schedulability;
         assert_eq!(a.earliest_booking, Some(t("2026-03-19T00:00:00Z")));
+    }
+
+    #[test]
+    fn a_maintenance_window_lends_none_of_its_units() {
+        use crate::admission::{decide, AdmissionConfig, GpuRequest, Lookup};
+        let mut s = state(vec![], vec![]);
+        s.models = vec![model("a100", 2, 2)];
+        let mut r = Replica::from_state(s).unwrap();
+        let window = |id, units| BookingState {
+            units,
+            ..booking(
+                id,
+                " maintenance 7",
+                "2026-03-10T11:00:00Z",
+                "2026-03-10T13:00:00Z",
+            )
+        };
+        let spawn = |r: &Replica, at: DateTime<Utc>| {
+            let a = r.answer(Query::User("carol"), at).unwrap().schedulability;
+            let gpu = GpuRequest {
+                units: 1,
+                models: BTreeSet::from([ModelName::parse("a100").unwrap()]),
+            };
+            let kind = decide(&gpu, Lookup::Answer(&a), &AdmissionConfig::default(), at).kind();
+            (a.free[&ModelName::parse("a100").unwrap()], kind)
+        };
+        assert_eq!(spawn(&r, now()), (2, "low_priority"));
+        // Over one of the two units: the other is still lent.
+        r.apply_booking(window(5, 1));
+        assert_eq!(spawn(&r, now()), (1, "low_priority"));
+        // Over both: nothing is lent during the window, and the booked answer says
+        // the same; before and after it the units are lent again.
+        r.apply_booking(window(5, 2));
+        assert_eq!(spawn(&r, now()), (0, "strip"));
+        r.apply_booking(booking(
+            6,
+            "dave",
+            "2026-03-10T00:00:00Z",
+            "2026-03-11T00:00:00Z",
+        ));
+        let dave = r.answer(Query::User("dave"), now()).unwrap().schedulability;
+        assert!(dave.schedulable);
+        assert_eq!(dave.free[&ModelName::parse("a100").unwrap()], 0);
+        assert_eq!(spawn(&r, t("2026-03-10T10:59:59Z")).1, "low_priority");
+        assert_eq!(spawn(&r, t("2026-03-10T13:00:00Z")).1, "low_priority");
+        // A window's user is no pod's: no label names it.
+        assert_eq!(
+            r.answer(Query::Slug(&slugs(" maintenance 7").escape), now())
+                .unwrap()
+                .schedulability
+                .user,
+            None
+        );
+        // Cancelled: its units are lent at once.
+        r.remove_booking(5);
+        assert_eq!(spawn(&r, now()), (2, "low_priority"));
+    }
+
+    #[test]
+    fn course_members_are_booked_against_the_occurrence_up_to_its_units() {
+        use crate::admission::{decide, AdmissionConfig, GpuRequest, Lookup};
+        let mut s = state(vec![], vec![]);
+        s.models = vec![model("a100", 4, 4)];
+        s.held = BTreeMap::from([(40, 1)]);
+        s.groups = vec![GroupMembers {
+            group: 2,
+            members: vec!["ann".into(), "ben".into()],
+        }];
+        let mut r = Replica::from_state(s.clone()).unwrap();
+        r.apply_booking(BookingState {
+            units: 2,
+            ..booking(
+                40,
+                " course 3 group 2",
+                "2026-03-10T11:00:00Z",
+                "2026-03-10T13:00:00Z",
+            )
+        });
+        let ann = r.answer(Query::User("Ann"), now()).unwrap().schedulability;
+        assert!(ann.schedulable);
+        assert_eq!(ann.booking_id, Some(40));
+        assert_eq!(ann.user.as_deref(), Some("ann"));
+        assert_eq!(ann.until, Some(t("2026-03-10T13:00:00Z")));
+        assert_eq!((ann.units, ann.units_held), (Some(2), Some(1)));
+        let gpu = GpuRequest {
+            units: 1,
+            models: BTreeSet::from([ModelName::parse("a100").unwrap()]),
+        };
+        let cfg = AdmissionConfig::default();
+        assert_eq!(
+            decide(&gpu, Lookup::Answer(&ann), &cfg, now()).kind(),
+            "booked"
+        );
+        // Both units held: the next member's pod is lent, not booked.
+        s.held = BTreeMap::from([(40, 2)]);
+        r.apply_figures(&s);
+        let ben = r.answer(Query::User("ben"), now()).unwrap().schedulability;
+        assert_eq!(
+            decide(&gpu, Lookup::Answer(&ben), &cfg, now()).kind(),
+            "low_priority"
+        );
+        // Not a member, or after the occurrence: not booked.
+        assert!(
+            !r.answer(Query::User("cy"), now())
+                .unwrap()
+                .schedulability
+                .schedulable
+        );
+        let after = r
+            .answer(Query::User("ann"), t("2026-03-10T13:00:00Z"))
+            .unwrap();
+        assert!(!after.schedulability.schedulable);
+        // A member's own booking comes first.
+        r.apply_booking(booking(
+            41,
+            "ann",
+            "2026-03-10T00:00:00Z",
+            "2026-03-11T00:00:00Z",
+        ));
+        let ann = r.answer(Query::User("ann"), now()).unwrap().schedulability;
+        assert_eq!(ann.booking_id, Some(41));
+        // Membership follows the figures: removed, ben is no longer booked.
+        s.groups[0].members = vec!["ann".into()];
+        r.apply_figures(&s);
+        assert!(
+            !r.answer(Query::User("ben"), now())
+                .unwrap()
+                .schedulability
+                .schedulable
+        );
     }
 
     #[test]

@@ -90,6 +90,16 @@ impl BookingState {
     pub(crate) fn window(&self) -> Option<Window> {
         Window::new(self.start, self.end).ok()
     }
+
+    pub(crate) fn hold_row(&self) -> crate::holds::HoldRow<'_> {
+        crate::holds::HoldRow {
+            user: &self.user,
+            model: &self.model,
+            units: self.units,
+            start: self.start,
+            end: self.end,
+        }
+    }
 }
 
 /// A user the service knows, with the label slugs that name them.
@@ -100,6 +110,20 @@ pub struct KnownUser {
     pub escape_slug: String,
     pub safe_slug: String,
 }
+
+/// The members of a group that a course occurrence running now holds units for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GroupMembers {
+    /// `lab_group.id`, as the course's user names it (`" course 3 group 2"`).
+    pub group: i64,
+    /// Normalised user names.
+    pub members: Vec<String>,
+}
+
+/// The most course members an answer carries, all groups together: the figures
+/// are read every second or so.
+pub const MAX_COURSE_MEMBERS: i64 = 10_000;
 
 /// What the booking service sends for the replica (`GET /api/v1/admission-state`).
 /// `bookings`, `users` and `position` come only in a full answer.
@@ -117,6 +141,16 @@ pub struct AdmissionState {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, u64>))]
     pub held: BTreeMap<i64, u64>,
+    /// GPUs offered back to users on CPU, each held for its user until its `until`
+    /// (`PUT /api/v1/offers`, the controller's whole list): the replica answers them
+    /// in [`crate::wire::Schedulability::offers`].
+    #[serde(default)]
+    pub offers: Vec<super::offers::Offer>,
+    /// The members of each group with a course occurrence running at `at` (at most
+    /// 10,000 names in all): a member without a booking of their own is answered as
+    /// booked against the occurrence.
+    #[serde(default)]
+    pub groups: Vec<GroupMembers>,
     /// Full answers only: the change stream's position from which to follow, so that
     /// no change is missed or applied twice.
     #[serde(default)]

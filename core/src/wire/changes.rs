@@ -26,6 +26,17 @@ pub struct BookingChange {
     pub booking: Booking,
 }
 
+impl BookingChange {
+    /// The maintenance window or course reservation whose row this is, `None` for a
+    /// person's booking: a hold's row is a booking of the hold's own user
+    /// ([`crate::holds::HoldRef::user_name`], a name no person can have). A follower
+    /// gives a maintenance window's units to nobody and a course occurrence's to its
+    /// group's members, up to the booking's `units`, between its `start` and `end`.
+    pub fn hold(&self) -> Option<crate::holds::HoldRef> {
+        crate::holds::HoldRef::from_user(&self.booking.user)
+    }
+}
+
 /// One answer of the stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

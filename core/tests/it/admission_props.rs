@@ -441,6 +441,7 @@ proptest! {
             units: units.map(|(u, _)| u.into()),
             units_held: units.map(|(_, h)| h.into()),
             usage_reported_at: Default::default(),
+            offers: Vec::new(),
         };
         let now = "2029-01-01T00:00:00Z".parse().unwrap();
         let d = decide(&gpu, Lookup::Answer(&answer), &cfg, now);

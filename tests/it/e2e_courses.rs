@@ -1,0 +1,219 @@
+//! End to end, on the simulated lab: holds decide admissions as bookings do.
+//!
+//! - a maintenance window over all of a model's units: an unbooked user's spawn
+//!   during the window is stripped (nothing is lent), though the cards are idle;
+//! - a course occurrence of 2 units running: two members' pods get high priority
+//!   against it without bookings of their own, the third member's is stripped (both
+//!   cards are in use), and the booked pods end at the occurrence's end.
+//!
+//! Runs on the real Postgres (`DATABASE_URL`), each test on a fresh database.
+
+use crate::common;
+
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use common::*;
+use gpu_booking_api::auth::Role;
+use gpu_booking_core::admission::PRIORITY_LABEL;
+use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::e2e_spawn::a100_lab;
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_maintenance_window_lends_nothing(pool: PgPool) {
+    let lab = Lab::start_with(pool, a100_lab()).await;
+    // Both A100s idle: the window blocks them all from a moment from now.
+    let start = Utc::now() + TimeDelta::seconds(2);
+    let admin = lab
+        .api
+        .token("admin@example.com", Some(Role::Admin))
+        .unwrap();
+    let resp = reqwest::Client::new()
+        .post(format!("{}/api/v1/maintenance", lab.api.url))
+        .bearer_auth(admin)
+        .json(&json!({"model": "a100", "reason": "driver upgrade",
+                      "start": start, "end": start + TimeDelta::hours(1)}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let window: Value = resp.json().await.unwrap_or(Value::Null);
+    assert!(status.is_success(), "the window: {status} {window}");
+    let booking = window["booking_id"].as_i64().expect("the window's row");
+    lab.webhook_sees(booking, |b| b.is_some()).await;
+    let wait = (start - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(200)).await;
+
+    let pod = lab
+        .sim
+        .spawn("carol@example.com", 1)
+        .await
+        .expect("admitted, without its GPU");
+    let warnings = lab.sim.admission_warnings(&pod_name("carol@example.com"));
+    assert_eq!(
+        gpus(&pod),
+        0,
+        "a pod was lent a GPU under maintenance: warnings {warnings:?}"
+    );
+    assert_ne!(label(&pod, PRIORITY_LABEL), Some("low"));
+    assert!(
+        !warnings.is_empty(),
+        "the user is not told why the notebook runs without a GPU"
+    );
+    // The service's own answer (the webhook's lookup mode) lends none either.
+    let token = lab.api.token("webhook", Some(Role::Service)).unwrap();
+    let answer: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/schedulability", lab.api.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["free"]["a100"], 0, "{answer}");
+    lab.shutdown().await;
+}
+
+/// `method` `uri` with `body` as the lab's admin; the status and the answer.
+async fn admin_call(lab: &Lab, method: reqwest::Method, uri: &str, body: Value) -> (u16, Value) {
+    let admin = lab
+        .api
+        .token("admin@example.com", Some(Role::Admin))
+        .unwrap();
+    let resp = reqwest::Client::new()
+        .request(method, format!("{}{uri}", lab.api.url))
+        .bearer_auth(admin)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits until the booking service has the controller's count of `held` units for
+/// booking `id`, as `user` is answered (what the webhook decides the next pod from).
+async fn wait_held(lab: &Lab, user: &str, id: i64, held: i64) {
+    let token = lab.api.token("webhook", Some(Role::Service)).unwrap();
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let answer: Value = reqwest::Client::new()
+            .get(format!("{}/api/v1/schedulability", lab.api.url))
+            .query(&[("user", user)])
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if answer["booking_id"] == id && answer["units_held"] == held {
+            lab.webhook_refreshed().await;
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the controller never reported {held} units held by the occurrence: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn course_members_share_the_occurrence_s_units_until_it_ends(pool: PgPool) {
+    let lab = Lab::start_with(pool, a100_lab()).await;
+    let members = ["ann@example.com", "ben@example.com", "cy@example.com"];
+    let (status, body) = admin_call(
+        &lab,
+        reqwest::Method::POST,
+        "/api/v1/groups",
+        json!({"name": "ml101"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    for m in members {
+        let uri = format!("/api/v1/groups/ml101/members/{m}");
+        let (status, body) = admin_call(&lab, reqwest::Method::PUT, &uri, json!({})).await;
+        assert!((200..300).contains(&status), "{m}: {status} {body}");
+    }
+    // One occurrence, running now, of both A100s, ending in 40 s.
+    let now = Utc::now();
+    let start = (now - TimeDelta::minutes(1)).naive_utc();
+    let end = (now + TimeDelta::seconds(40)).naive_utc();
+    let (status, made) = admin_call(
+        &lab,
+        reqwest::Method::POST,
+        "/api/v1/reservations",
+        json!({"model": "a100", "units": 2, "group": "ml101", "title": "ML101 lab",
+               "start": start.format("%Y-%m-%dT%H:%M:%S").to_string(),
+               "end": end.format("%Y-%m-%dT%H:%M:%S").to_string(),
+               "rrule": "FREQ=DAILY;COUNT=1", "time_zone": "UTC"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let occurrence = &made["occurrences"][0];
+    let booking = occurrence["booking_id"]
+        .as_i64()
+        .expect("the occurrence's row");
+    let ends: chrono::DateTime<Utc> = serde_json::from_value(occurrence["end"].clone()).unwrap();
+    lab.webhook_sees(booking, |b| b.is_some()).await;
+    // The replica reads the members with its next figures.
+    lab.webhook_refreshed().await;
+
+    let mut uids = Vec::new();
+    for (i, member) in members[..2].iter().enumerate() {
+        let pod = lab.sim.spawn(member, 1).await.expect("admitted");
+        let warnings = lab.sim.admission_warnings(&pod_name(member));
+        assert_eq!(
+            label(&pod, PRIORITY_LABEL),
+            Some("high"),
+            "{member}'s pod is within the course's 2 units: warnings {warnings:?}"
+        );
+        assert_eq!(
+            label(&pod, "gpu-booking.io/booking"),
+            Some(&*booking.to_string())
+        );
+        lab.expect(&format!("{member}'s course pod never ran"), |s| {
+            running(s, member).is_some()
+        })
+        .await;
+        uids.push(lab.notebook(member).unwrap().metadata.uid.unwrap());
+        wait_held(&lab, member, booking, i as i64 + 1).await;
+    }
+    // Both units in use by the course: the third member's pod gets no GPU.
+    let pod = lab.sim.spawn(members[2], 1).await.expect("admitted");
+    let warnings = lab.sim.admission_warnings(&pod_name(members[2]));
+    assert_eq!(
+        gpus(&pod),
+        0,
+        "a third member's pod got a GPU beyond the course's units: warnings {warnings:?}"
+    );
+    assert!(
+        warnings.iter().any(|w| w.contains("2 GPUs, 2 in use")),
+        "the warning does not say the course's units are in use: {warnings:?}"
+    );
+
+    // At the occurrence's end the booked pods are ended as booked pods are.
+    let wait = (ends - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait).await;
+    for (member, uid) in members[..2].iter().zip(&uids) {
+        let name = pod_name(member);
+        lab.expect(
+            &format!("{member}'s course pod outlived the occurrence"),
+            |s| {
+                s.get::<Pod>(Some(NOTEBOOK_NAMESPACE), &name)
+                    .is_none_or(|p| {
+                        p.metadata.uid.as_deref() != Some(uid.as_str())
+                            || p.metadata.deletion_timestamp.is_some()
+                    })
+            },
+        )
+        .await;
+    }
+    lab.shutdown().await;
+}
