@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use gpu_booking_api::store::models::Model;
 use gpu_booking_sim::models::{declare, LabModel, DEMO_MODELS};
-use gpu_booking_sim::{lab, BookingService, GpuNode, SimBuilder, SimCluster};
+use gpu_booking_sim::{lab, scenes, BookingService, GpuNode, SimBuilder, SimCluster};
 use sqlx::PgPool;
 
 use crate::demo_args::DemoArgs;
@@ -103,6 +103,26 @@ pub async fn start(
     Ok(Arc::new(sim))
 }
 
+/// The demo's scene, played once the seeded notebooks hold both a100s (the end of
+/// [`seed_notebooks`]): judy books one for
+/// a few minutes and spawns: a lent notebook is marked and ends after the grace,
+/// comes back on CPU wanting its GPU, and is offered the card when judy's booking
+/// ends ([`scenes::booking_ends`]).
+fn scene() -> scenes::BookingEnds {
+    scenes::BookingEnds {
+        user: SCENE_USER.into(),
+        model: "a100".into(),
+        length: chrono::TimeDelta::seconds(SCENE_BOOKING_SECONDS),
+        wait: SEED_WAIT,
+    }
+}
+
+/// The user of the demo's scene, who books an a100 for [`SCENE_BOOKING_SECONDS`].
+pub const SCENE_USER: &str = "judy@uni.example";
+/// Long enough to watch the grace count down and the booked notebook run, short
+/// enough to see the offer that follows.
+const SCENE_BOOKING_SECONDS: i64 = 90;
+
 /// The cluster view's routes, merged into the API's router.
 pub fn routes(sim: Arc<SimCluster>) -> axum::Router {
     gpu_booking_sim::routes::router(sim)
@@ -118,7 +138,7 @@ const SEED_WAIT: Duration = Duration::from_secs(30);
 /// notebooks are spawned one at a time, each once the booking service counts the one
 /// before, until the a100s are full; those that were lent an a6000 on the way are
 /// stopped again. Says so when the a100s do not fill up.
-pub async fn seed_notebooks(sim: &SimCluster, pool: &PgPool) {
+pub async fn seed_notebooks(sim: &SimCluster, pool: &PgPool, play_scene: bool) {
     if let Err(e) = sim.controller_ready(SEED_WAIT).await {
         tracing::warn!(error = %e, "the simulated lab is not ready; no seeded notebooks");
         return;
@@ -165,6 +185,13 @@ pub async fn seed_notebooks(sim: &SimCluster, pool: &PgPool) {
         tracing::warn!(
             "the seeded notebooks do not hold both a100s: the \"stripped\" sample review is lent one instead"
         );
+        return;
+    }
+    if !play_scene {
+        return;
+    }
+    if let Err(e) = scenes::booking_ends(sim, pool, &scene()).await {
+        tracing::warn!(error = %e, "the demo's scene (a booking that ends) was not played");
     }
 }
 

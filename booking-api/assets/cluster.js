@@ -35,13 +35,26 @@
     return data;
   }
 
+  // Seconds left until `t`, as a countdown (the view is polled every second).
+  function countdown(t) {
+    const s = Math.max(0, Math.round((new Date(t).getTime() - Date.now()) / 1000));
+    if (s < 60) return s + ' s';
+    return Math.floor(s / 60) + ' min ' + String(s % 60).padStart(2, '0') + ' s';
+  }
+
+  const offerWhat = (o) => (o.units > 1 ? o.units + ' ' + o.model + ' GPUs' : 'One ' + o.model + ' GPU');
+
   // What a pod is, in words: booked until when, or lent, and whose.
   function describe(p) {
     const who = p.user || 'no user';
     const parts = [];
     if (p.kind === 'booked') parts.push('booked by ' + who + (p.until ? ' until ' + fmtTime(p.until) : ''));
-    else if (p.kind === 'lent') parts.push('lent to ' + who + ' (taken back when a booked user needs it)');
+    else if (p.kind === 'lent' && p.taken_back_at) {
+      parts.push('lent to ' + who + ', being taken back for a booked user in ' + countdown(p.taken_back_at)
+        + ' (at ' + fmtTime(p.taken_back_at) + ')');
+    } else if (p.kind === 'lent') parts.push('lent to ' + who + ' (taken back when a booked user needs it)');
     else parts.push(who);
+    if (p.gpus === 0 && p.gpu_wanted && !p.offer) parts.push('waits for a GPU (' + p.gpu_wanted + ')');
     if (p.gpus > 0 && p.last_gpu_activity) parts.push('GPU last active ' + fmtTime(p.last_gpu_activity));
     if (p.terminating) parts.push('ending');
     else if (p.phase !== 'Running') parts.push(p.phase.toLowerCase());
@@ -57,10 +70,18 @@
     }, 'Stop');
   }
 
+  // A GPU offered back to the pod's user: held for them until they restart.
+  function offerLine(o) {
+    return el('div', { class: 'cl-offer' },
+      el('strong', { text: offerWhat(o) + ' is held for ' + o.user + ': restart the server to get it' }),
+      ' (for ' + countdown(o.until) + ', until ' + fmtTime(o.until) + ')');
+  }
+
   function podLine(p) {
-    return el('li', { class: 'cl-pod', 'data-pod': p.name },
+    return el('li', { class: 'cl-pod' + (p.taken_back_at ? ' cl-taken-back' : ''), 'data-pod': p.name },
       el('strong', { text: p.name }), ' ', describe(p),
       p.why ? el('div', { class: 'hint', text: p.why }) : null,
+      p.offer ? offerLine(p.offer) : null,
       stopButton(p));
   }
 

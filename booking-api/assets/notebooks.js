@@ -16,6 +16,7 @@
   const $ = (id) => document.getElementById(id);
   const { el } = window.gpuBookingDom;
   let timer = null;
+  let ticker = null;
 
   async function fetchNotebooks() {
     const token = sessionStorage.getItem(TOKEN_KEY);
@@ -62,11 +63,37 @@
     $('extend-end').focus();
   }
 
+  // Time left until `t`, counted down each second while the card is shown (a lent
+  // GPU being taken back, an offer held).
+  function left(t) {
+    const s = Math.max(0, Math.round((new Date(t).getTime() - Date.now()) / 1000));
+    if (s === 0) return 'now';
+    if (s < 60) return 'in ' + s + ' s';
+    if (s < 3600) return 'in ' + Math.floor(s / 60) + ' min ' + String(s % 60).padStart(2, '0') + ' s';
+    return 'in ' + Math.round(s / 3600) + ' h';
+  }
+
+  const countdown = (t) => el('span', { class: 'nb-countdown', 'data-until': t, text: left(t) });
+
+  function tick() {
+    for (const c of document.querySelectorAll('#nb-list .nb-countdown')) c.textContent = left(c.dataset.until);
+  }
+
+  const offerWhat = (o) => (o.units > 1 ? o.units + ' ' + o.model + ' GPUs' : 'One ' + o.model + ' GPU');
+
   function step(kind, n) {
     switch (kind) {
       case 'book':
         return el('button', { type: 'button', class: 'secondary', 'data-step': 'book',
           text: n.model ? 'Book ' + n.model : 'Book a GPU', onclick: () => book(n.model) });
+      case 'restart':
+        // Nothing to press: the user restarts their server in JupyterHub, and its
+        // new pod gets the GPU held for them.
+        return n.offer ? el('p', { class: 'nb-offer', 'data-step': 'restart' },
+          el('strong', { text: offerWhat(n.offer) + ' is held for you: restart your server to get it' }),
+          ' (until ', el('time', { datetime: n.offer.until, text: when(n.offer.until) }), ', ',
+          countdown(n.offer.until), ')',
+          n.offer.restart ? '; it is restarted for you once idle, as you asked.' : '.') : null;
       case 'extend':
         return el('button', { type: 'button', class: 'secondary', 'data-step': 'extend',
           text: 'Extend booking ' + n.booking_id, onclick: () => extend(n.booking_id) });
@@ -81,7 +108,7 @@
     if (n.ends_at) facts.push(el('li', {}, 'GPU until ', el('time', { datetime: n.ends_at, text: when(n.ends_at) })));
     if (n.taken_back_at) {
       facts.push(el('li', { class: 'nb-deadline' }, 'Taken back at ',
-        el('time', { datetime: n.taken_back_at, text: when(n.taken_back_at) })));
+        el('time', { datetime: n.taken_back_at, text: when(n.taken_back_at) }), ' (', countdown(n.taken_back_at), ')'));
     }
     facts.push(el('li', { text: n.last_activity
       ? 'Last GPU activity ' + ago(n.last_activity)
@@ -126,10 +153,13 @@
     if (!view || !$('nb-list')) return;
     const shown = () => {
       clearInterval(timer);
+      clearInterval(ticker);
       timer = null;
+      ticker = null;
       if (view.hidden) return;
       load();
       timer = setInterval(load, REFRESH_MS);
+      ticker = setInterval(tick, 1000);
     };
     // app.js shows and hides the view; load each time it appears.
     new MutationObserver(shown).observe(view, { attributes: true, attributeFilter: ['hidden'] });

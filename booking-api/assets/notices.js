@@ -14,6 +14,8 @@
     processes_reclaimed: 'when idle GPU processes are ended',
     waitlist_promoted: 'when a waitlist entry becomes a booking',
     booking_idle: 'when a running booking has been idle for a while (release it early?)',
+    gpu_offered: 'when a GPU frees for my notebook on CPU (restart to get it)',
+    booking_changed_by_admin: 'when an admin shortens or cancels my booking (maintenance, fewer GPUs)',
   };
   const $ = (id) => document.getElementById(id);
 
@@ -58,7 +60,10 @@
       v.kinds.map((k) => el('label', { class: 'np-check' },
         el('input', { type: 'checkbox', name: 'np-kind', value: k, checked: !v.prefs.muted.includes(k) }),
         ' ' + (LABELS[k] || k))));
-    form.replaceChildren(...channels, kinds, el('button', { type: 'submit', id: 'np-save', text: 'Save notice settings' }));
+    const restart = el('label', { class: 'np-check' },
+      el('input', { type: 'checkbox', id: 'np-restart-on-offer', checked: !!v.prefs.restart_on_offer }),
+      ' Restart my server on a GPU when one frees (when my notebook runs on CPU and is idle)');
+    form.replaceChildren(...channels, kinds, restart, el('button', { type: 'submit', id: 'np-save', text: 'Save notice settings' }));
     const list = $('np-recent');
     list.replaceChildren(...(v.recent.length
       ? v.recent.map((n) => el('li', { 'data-notice': n.kind },
@@ -81,6 +86,7 @@
       email_enabled: $('np-email-on').checked,
       webhook_enabled: $('np-webhook-on').checked,
       muted,
+      restart_on_offer: $('np-restart-on-offer').checked,
     };
     try { render(await call('PUT', body)); say('Saved.'); } catch (e) { say(e.message, true); }
   }

@@ -23,7 +23,7 @@ use serde::Serialize;
 pub use follow::{ChangeSource, Followed, Follower};
 pub use gpu_booking_core::wire::{
     AuditReport, Booking, BookingChange, BookingChanges, HeldReport, Model, NextStep, Notebook,
-    NotebookStanding, Notebooks, Schedulability, UsageReport,
+    NotebookStanding, Notebooks, Offer, Offers, OffersReport, Schedulability, UsageReport,
 };
 pub use options::BookingServiceArgs;
 pub use token::{FileVersion, TokenError, TokenSource};
@@ -103,6 +103,20 @@ impl BookingClient {
         self.call::<HeldReported>(reqwest::Method::PUT, "/api/v1/held-units", Some(held))
             .await?;
         Ok(())
+    }
+
+    /// The controller's offers of GPUs given back (`PUT /api/v1/offers`, the whole
+    /// list): the offers the service keeps, and the users it left out for a booking.
+    pub async fn put_offers(&self, report: &OffersReport) -> Result<Offers, ClientError> {
+        self.call(reqwest::Method::PUT, "/api/v1/offers", Some(report))
+            .await
+    }
+
+    /// Every offer as last reported (`GET /api/v1/offers`): a new leader takes them
+    /// back.
+    pub async fn offers(&self) -> Result<Offers, ClientError> {
+        self.call(reqwest::Method::GET, "/api/v1/offers", None::<&()>)
+            .await
     }
 
     /// The webhook's one question about a GPU pod (`GET /api/v1/schedulability`):

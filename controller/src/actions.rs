@@ -520,19 +520,15 @@ fn hub_server(pod: &Value) -> Option<(String, String)> {
             .and_then(Value::as_str)
     };
     let user = annotation(USERNAME_KEY).filter(|u| !u.is_empty())?;
-    let server = annotation(HUB_SERVER_LABEL)
+    let server = annotation(crate::hub::SERVER_NAME_KEY)
         .or_else(|| {
             pod.pointer("/metadata/labels")
-                .and_then(|l| l.get(HUB_SERVER_LABEL))
+                .and_then(|l| l.get(crate::hub::SERVER_NAME_KEY))
                 .and_then(Value::as_str)
         })
         .unwrap_or_default();
     Some((user.to_owned(), server.to_owned()))
 }
-
-/// KubeSpawner's annotation (and label) with the server's name ("" for the default
-/// server).
-const HUB_SERVER_LABEL: &str = "hub.jupyter.org/servername";
 
 fn new_intent(job: &Job, replacement: Replacement) -> Intent {
     Intent {
@@ -986,8 +982,8 @@ mod tests {
     #[test]
     fn the_hub_server_is_named_by_the_annotations() {
         let pod = json!({"metadata": {
-            "annotations": {USERNAME_KEY: "Zoë@uni.example", HUB_SERVER_LABEL: "GPU run"},
-            "labels": {USERNAME_KEY: "zo-uni-example---1f2e", HUB_SERVER_LABEL: "gpu-run---64409e31"},
+            "annotations": {USERNAME_KEY: "Zoë@uni.example", crate::hub::SERVER_NAME_KEY: "GPU run"},
+            "labels": {USERNAME_KEY: "zo-uni-example---1f2e", crate::hub::SERVER_NAME_KEY: "gpu-run---64409e31"},
         }});
         assert_eq!(
             hub_server(&pod),
@@ -996,7 +992,7 @@ mod tests {
         // An older KubeSpawner wrote the label alone (raw); the default server has none.
         let old = json!({"metadata": {
             "annotations": {USERNAME_KEY: "bob"},
-            "labels": {HUB_SERVER_LABEL: "train"},
+            "labels": {crate::hub::SERVER_NAME_KEY: "train"},
         }});
         assert_eq!(
             hub_server(&old),

@@ -4,7 +4,8 @@
 
 use futures::future::BoxFuture;
 use gpu_booking_client::{
-    AuditReport, BookingClient, ChangeSource, ClientError, HeldReport, Model, UsageReport,
+    AuditReport, BookingClient, ChangeSource, ClientError, HeldReport, Model, Offers, OffersReport,
+    UsageReport,
 };
 
 pub type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
@@ -20,6 +21,23 @@ pub trait Booking: Send + Sync + 'static {
     fn put_held<'a>(&'a self, held: &'a HeldReport) -> Answer<'a, ()> {
         let _ = held;
         Box::pin(async { Ok(()) })
+    }
+
+    /// The GPUs offered back (the whole list, [`crate::offers`]); the service
+    /// answers those it keeps. The default keeps them all: for fakes of tests that
+    /// do not read them.
+    fn put_offers<'a>(&'a self, report: &'a OffersReport) -> Answer<'a, Offers> {
+        let kept = Offers {
+            offers: report.offers.clone(),
+            booked: Vec::new(),
+        };
+        Box::pin(async { Ok(kept) })
+    }
+
+    /// The offers as last reported (a new leader takes them back). The default:
+    /// none.
+    fn offers(&self) -> Answer<'_, Offers> {
+        Box::pin(async { Ok(Offers::default()) })
     }
 
     /// The booking change stream, where this service has one (the controller
@@ -41,6 +59,12 @@ impl Booking for BookingClient {
     }
     fn put_held<'a>(&'a self, held: &'a HeldReport) -> Answer<'a, ()> {
         Box::pin(BookingClient::put_held(self, held))
+    }
+    fn put_offers<'a>(&'a self, report: &'a OffersReport) -> Answer<'a, Offers> {
+        Box::pin(BookingClient::put_offers(self, report))
+    }
+    fn offers(&self) -> Answer<'_, Offers> {
+        Box::pin(BookingClient::offers(self))
     }
 
     fn changes(&self) -> Option<&dyn ChangeSource> {

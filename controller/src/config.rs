@@ -181,6 +181,24 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_LENT_PENDING_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub lent_pending_grace: Duration,
 
+    /// How long after its notebook went to CPU (stripped at spawn, or its lent GPU
+    /// taken back) a user is offered a GPU that frees, in order of waiting. `0s`:
+    /// nobody is offered one.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_OFFER_WINDOW", default_value = "8h", value_parser = parse_duration)]
+    pub offer_window: Duration,
+
+    /// How long an offered GPU is held for its user (the webhook lends it to nobody
+    /// else) before it is offered to the next in line.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_OFFER_HOLD", default_value = "5m", value_parser = parse_duration)]
+    pub offer_hold: Duration,
+
+    /// With `--on-expiry hub-restart`: a user who opted in on the notices page has
+    /// their server restarted on an offered GPU through JupyterHub once the hub has
+    /// seen no activity of the server (its `last_activity`) for this long. `0s`: at
+    /// once.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_OFFER_RESTART_IDLE", default_value = "10m", value_parser = parse_duration)]
+    pub offer_restart_idle: Duration,
+
     /// Rounds of preemption for one Pending booked pod before the controller gives up
     /// on it (an Event on the pod says so).
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_PREEMPTION_ATTEMPTS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -257,6 +275,9 @@ impl ControllerArgs {
             preemption_retry: Duration::from_secs(60),
             preemption_grace: Duration::from_secs(120),
             lent_pending_grace: Duration::from_secs(30),
+            offer_window: Duration::from_secs(8 * 3600),
+            offer_hold: Duration::from_secs(300),
+            offer_restart_idle: Duration::from_secs(600),
             preemption_attempts: 3,
             preemption_vram_cushion: 256,
             models_refresh: Duration::from_secs(60),

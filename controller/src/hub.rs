@@ -28,6 +28,10 @@ use reqwest::{Method, StatusCode, Url};
 use serde_json::Value;
 
 /// How often the hub is asked whether a stop finished.
+/// KubeSpawner's annotation (and label) with the server's name ("" or absent: the
+/// default server). The annotation keeps the exact name; KubeSpawner 7 cleans the
+/// label's (`GPU run` -> `gpu-run---64409e31`).
+pub const SERVER_NAME_KEY: &str = "hub.jupyter.org/servername";
 const STATE_POLL: Duration = Duration::from_millis(500);
 
 /// A server's state as the hub reports it.
@@ -150,6 +154,35 @@ impl Hub {
             Some(pending) => ServerState::Pending(pending.to_owned()),
             None => ServerState::Running,
         })
+    }
+
+    /// When the hub last saw activity of `user`'s server `server` (its
+    /// `last_activity`: the proxy's traffic and the single-user server's own activity
+    /// reports, every few minutes); `Ok(None)` when the server is not running or the
+    /// hub does not say. What a restart on an offered GPU waits for: a CPU notebook
+    /// has no GPU activity to judge it by.
+    pub async fn last_activity(
+        &self,
+        user: &str,
+        server: &str,
+    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, HubError> {
+        let (status, body) = self.call(Method::GET, self.url(user, None)).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Err(HubError::UnknownUser);
+        }
+        if status == StatusCode::FORBIDDEN {
+            return Err(HubError::Forbidden(message(&body)));
+        }
+        if !status.is_success() {
+            return Err(HubError::User(status));
+        }
+        let Some(entry) = body.get("servers").and_then(|s| s.get(server)) else {
+            return Ok(None);
+        };
+        Ok(entry
+            .get("last_activity")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse().ok()))
     }
 
     /// Asks the hub to stop the server (KubeSpawner deletes the pod); returns once the

@@ -90,6 +90,8 @@ pub struct Metrics {
     pub is_leader: Gauge,
     /// Expiry timers armed now.
     pub timers: Gauge,
+    /// GPUs offered back to users on CPU and held for them now (the leader's).
+    pub offers: Gauge,
     /// With `--on-expiry hub-restart`: 1 while JupyterHub takes the controller's token
     /// for restarts, 0 once it refused it (restarts fall back to CPU-only copies).
     pub hub_usable: Gauge,
@@ -147,6 +149,11 @@ impl Metrics {
                 Gauge::default(),
             ),
             timers: r.add("expiry_timers", "Expiry timers armed", Gauge::default()),
+            offers: r.add(
+                "offers_outstanding",
+                "GPUs offered back to users whose notebooks run on CPU, held for them now",
+                Gauge::default(),
+            ),
             hub_usable: r.add(
                 "hub_token_usable",
                 "With hub-restart: 1 while JupyterHub takes the controller's token, 0 once it refused it (restarts become CPU-only copies)",

@@ -10,8 +10,8 @@
 //! the GPU was removed).
 
 use gpu_booking_core::admission::{
-    is_our_key, plan_cpu_only_because, plan_demoted, AdmissionConfig, GPU_REMOVED_ANNOTATION,
-    MODEL_LABEL, PRIORITY_LABEL,
+    is_harmless_key, is_our_key, plan_cpu_only_because, plan_demoted, AdmissionConfig, MODEL_LABEL,
+    PRIORITY_LABEL,
 };
 use serde_json::{json, Value};
 
@@ -47,7 +47,9 @@ pub fn cpu_only_copy(pod: &Value, cfg: &AdmissionConfig, reason: &str) -> Result
     let patch = plan_cpu_only_because(pod, cfg, reason);
     let mut copy = pod.clone();
     json_patch::patch(&mut copy, &patch.0)?;
-    creatable(&mut copy, cfg, |k| k == GPU_REMOVED_ANNOTATION)?;
+    // The note why it runs without its GPU and, for a lent pod, what it asked for
+    // (so that its user is offered a GPU when one frees).
+    creatable(&mut copy, cfg, is_harmless_key)?;
     Ok(copy)
 }
 
@@ -106,7 +108,8 @@ fn creatable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_booking_core::admission::{detect_gpu, OUR_PREFIXES};
+    use gpu_booking_core::admission::{detect_gpu, GPU_REMOVED_ANNOTATION, OUR_PREFIXES};
+    use gpu_booking_core::offers::GPU_WANTED_ANNOTATION;
 
     fn fixtures() -> Vec<(String, Value)> {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/kubespawner");
@@ -250,6 +253,38 @@ mod tests {
         // Without a model there is no lent copy to make.
         let pod = booked(fixtures().remove(0).1, OUR_PREFIXES[0]);
         assert!(lent_copy(&pod, &cfg).unwrap().is_none());
+    }
+
+    /// A lent pod whose GPU was taken back keeps in its copy what it asked for, so
+    /// that its user is offered a GPU when one frees; a booked pod's copy does not
+    /// (its GPU time is over).
+    #[test]
+    fn a_lent_pods_copy_says_what_it_wanted() {
+        let cfg = AdmissionConfig::default();
+        for (file, pod) in fixtures() {
+            let mut lent = booked(pod, OUR_PREFIXES[0]);
+            lent["metadata"]["labels"][format!("{}priority", OUR_PREFIXES[0])] = json!("low");
+            let copy = cpu_only_copy(&lent, &cfg, "taken back for a booking").unwrap();
+            let annotations = &copy["metadata"]["annotations"];
+            // The fixtures ask for the generic resource: any model.
+            assert_eq!(annotations[GPU_WANTED_ANNOTATION], "1 any", "{file}");
+            assert_eq!(
+                annotations[GPU_REMOVED_ANNOTATION],
+                "taken back for a booking"
+            );
+            let booked_copy = cpu_only_copy(
+                &booked(lent.clone(), OUR_PREFIXES[0]),
+                &cfg,
+                "booking ended",
+            )
+            .unwrap();
+            assert!(
+                booked_copy["metadata"]["annotations"]
+                    .get(GPU_WANTED_ANNOTATION)
+                    .is_none(),
+                "{file}"
+            );
+        }
     }
 
     #[test]

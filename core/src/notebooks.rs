@@ -118,6 +118,7 @@ pub fn notebook(pod: &PodFacts<'_>) -> Option<Notebook> {
         last_activity: pod.last_activity,
         started: pod.started,
         next: next_steps(standing),
+        offer: None,
     })
 }
 

@@ -33,10 +33,17 @@ pub enum NoticeKind {
     WaitlistPromoted,
     /// A running booking has been idle for a while: release it early?
     BookingIdle,
+    /// An admin shortened or cancelled the booking to make room for a maintenance
+    /// window or fewer units (`core::holds`).
+    BookingChangedByAdmin,
+    /// A GPU freed and is held for the user, whose notebook runs on CPU (stripped at
+    /// spawn, or its lent GPU taken back): restart the server to get it
+    /// (`core::offers`).
+    GpuOffered,
 }
 
 impl NoticeKind {
-    pub const ALL: [NoticeKind; 8] = [
+    pub const ALL: [NoticeKind; 10] = [
         NoticeKind::BookingStarts,
         NoticeKind::BookingEnds,
         NoticeKind::GpuTakenBackSoon,
@@ -45,6 +52,8 @@ impl NoticeKind {
         NoticeKind::ProcessesReclaimed,
         NoticeKind::WaitlistPromoted,
         NoticeKind::BookingIdle,
+        NoticeKind::BookingChangedByAdmin,
+        NoticeKind::GpuOffered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -57,6 +66,8 @@ impl NoticeKind {
             NoticeKind::ProcessesReclaimed => "processes_reclaimed",
             NoticeKind::WaitlistPromoted => "waitlist_promoted",
             NoticeKind::BookingIdle => "booking_idle",
+            NoticeKind::BookingChangedByAdmin => "booking_changed_by_admin",
+            NoticeKind::GpuOffered => "gpu_offered",
         }
     }
 

@@ -14,8 +14,8 @@
 //!   the copy's create would.
 //! - The hub does not poll a server it is stopping or starting itself.
 //! - `GET /hub/api/user`: the token's owner with its scopes (`servers`);
-//!   `GET /hub/api/users/{name}`: `servers` with `ready` and `pending`, 404 for a user
-//!   it does not know;
+//!   `GET /hub/api/users/{name}`: `servers` with `ready`, `pending` and
+//!   `last_activity` (when the server last started), 404 for a user it does not know;
 //!   `DELETE /hub/api/users/{name}/server`: 202, the stop runs on (KubeSpawner deletes
 //!   the pod and waits until it is gone), 204 when not running;
 //!   `POST /hub/api/users/{name}/server`: 201 once the pod is created (through the
@@ -61,6 +61,9 @@ pub enum ServerStatus {
 struct Server {
     gpus: u32,
     status: ServerStatus,
+    /// The hub's `last_activity` of the server: here, when it last started (the
+    /// stand-in notebook reports no activity of its own).
+    last_activity: chrono::DateTime<chrono::Utc>,
 }
 
 #[derive(Clone)]
@@ -106,6 +109,7 @@ impl Inner {
                 return Err("no such user".into());
             };
             s.status = ServerStatus::Spawning;
+            s.last_activity = chrono::Utc::now();
             s.gpus
         };
         match crate::spawn_notebook(&self.client, user, gpus, self.grace).await {
@@ -248,6 +252,7 @@ impl FakeHub {
                 Server {
                     gpus,
                     status: ServerStatus::Stopped,
+                    last_activity: chrono::Utc::now(),
                 },
             );
         self.inner.start(user).await
@@ -312,10 +317,19 @@ async fn user(
     if !authorized(&inner, &headers) {
         return refuse(StatusCode::FORBIDDEN, "Missing or invalid credentials");
     }
-    let Some(status) = inner.status(&name) else {
+    let Some((status, last_activity)) = inner
+        .servers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&name)
+        .map(|s| (s.status, s.last_activity))
+    else {
         return refuse(StatusCode::NOT_FOUND, "No such user");
     };
-    let server = |ready: bool, pending: Option<&str>| json!({"": {"name": "", "ready": ready, "pending": pending}});
+    let server = |ready: bool, pending: Option<&str>| {
+        json!({"": {"name": "", "ready": ready, "pending": pending,
+            "last_activity": last_activity.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}})
+    };
     let servers = match status {
         ServerStatus::Stopped => json!({}),
         ServerStatus::Running => server(true, None),

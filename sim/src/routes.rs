@@ -1,7 +1,8 @@
 //! The demo's HTTP routes over the simulated cluster (no authentication: the demo
 //! serves them on its local address only, next to the booking page):
 //!
-//! - `GET /demo/cluster`: the [`ClusterView`](crate::view::ClusterView) as JSON;
+//! - `GET /demo/cluster`: the [`ClusterView`](crate::view::ClusterView) as JSON, with
+//!   the GPUs offered back;
 //! - `POST /demo/notebooks` `{"user": "...", "gpus": 1}`: spawn that user's notebook
 //!   as JupyterHub would; answers the pod as admitted, with the admission warnings;
 //! - `DELETE /demo/notebooks/{user}`: stop it (a graceful delete).
@@ -44,7 +45,7 @@ pub fn router(sim: Arc<SimCluster>) -> Router {
 }
 
 async fn cluster(State(sim): State<Arc<SimCluster>>) -> Json<crate::ClusterView> {
-    Json(sim.view())
+    Json(sim.view_with_offers().await)
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {

@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 
 use gpu_booking_core::admission::{
     our_label, DEFAULT_MODEL_NODE_LABEL, DEFAULT_TERMINATE_AT_ANNOTATION, GPU_REMOVED_ANNOTATION,
-    MODEL_LABEL, PRIORITY_LABEL,
+    MODEL_LABEL, PREEMPT_AT_ANNOTATION, PRIORITY_LABEL,
 };
+use gpu_booking_core::offers::GPU_WANTED_ANNOTATION;
+use gpu_booking_core::wire::Offer;
 use gpu_booking_fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
@@ -28,6 +30,10 @@ pub struct ClusterView {
     pub pending: Vec<PodView>,
     /// Pods running without a GPU (CPU-only notebooks, stripped or recreated ones).
     pub cpu: Vec<PodView>,
+    /// The GPUs offered back to users on CPU, as the booking service keeps them
+    /// ([`ClusterView::with_offers`]); empty where the view was read from the
+    /// cluster alone.
+    pub offers: Vec<Offer>,
 }
 
 /// One GPU node.
@@ -48,6 +54,7 @@ pub struct NodeView {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PodView {
     pub name: String,
+    pub namespace: Option<String>,
     /// `hub.jupyter.org/username`, the raw name KubeSpawner writes.
     pub user: Option<String>,
     /// `booked` (high priority), `lent` (low priority), or `other`.
@@ -64,6 +71,14 @@ pub struct PodView {
     /// Its last GPU activity as the node agent reported it
     /// (`gpu-booking.io/last-gpu-activity`): lent pods idle longest give way first.
     pub last_gpu_activity: Option<String>,
+    /// When a lent pod marked to give way to a booked user is ended
+    /// (`gpu-booking.io/preempt-at`, the controller's grace deadline).
+    pub taken_back_at: Option<String>,
+    /// What a pod on CPU wanted (`gpu-booking.io/gpu-wanted`): its user waits for a
+    /// GPU offered back.
+    pub gpu_wanted: Option<String>,
+    /// The GPU offered back to its user for this pod, held until the offer's `until`.
+    pub offer: Option<Offer>,
 }
 
 impl ClusterView {
@@ -127,7 +142,26 @@ impl ClusterView {
             nodes,
             pending,
             cpu,
+            offers: Vec::new(),
         }
+    }
+
+    /// The view with the booking service's offers: each on the pod it was made for.
+    pub fn with_offers(mut self, offers: Vec<Offer>) -> Self {
+        let pods = self
+            .nodes
+            .iter_mut()
+            .flat_map(|n| n.pods.iter_mut())
+            .chain(self.pending.iter_mut())
+            .chain(self.cpu.iter_mut());
+        for pod in pods {
+            pod.offer = offers
+                .iter()
+                .find(|o| o.pod == pod.name && pod.namespace.as_deref() == Some(&o.namespace))
+                .cloned();
+        }
+        self.offers = offers;
+        self
     }
 
     /// A pod by name, wherever it is.
@@ -213,6 +247,10 @@ impl PodView {
             terminating: pod.metadata.deletion_timestamp.is_some(),
             why: unschedulable.or_else(|| annotations.get(GPU_REMOVED_ANNOTATION).cloned()),
             last_gpu_activity: annotations.get(LAST_GPU_ACTIVITY_ANNOTATION).cloned(),
+            taken_back_at: annotations.get(PREEMPT_AT_ANNOTATION).cloned(),
+            gpu_wanted: annotations.get(GPU_WANTED_ANNOTATION).cloned(),
+            offer: None,
+            namespace: pod.metadata.namespace.clone(),
         }
     }
 }
@@ -280,5 +318,46 @@ mod tests {
             .contains("Insufficient nvidia.com/gpu"));
         assert_eq!(view.cpu[0].name, "cpu");
         assert_eq!(view.cpu[0].user.as_deref(), Some("zoë@uni.example"));
+    }
+
+    #[test]
+    fn shows_the_grace_deadline_and_the_offer_on_its_pod() {
+        let nodes = crate::lab::demo_lab()
+            .iter()
+            .map(crate::lab::GpuNode::to_node)
+            .collect::<Vec<_>>();
+        let mut lent = pod(
+            "lent",
+            Some("gpu-a100-0"),
+            "1",
+            json!({"gpu-booking.io/priority": "low"}),
+        );
+        let mut cpu = pod("cpu", Some("cpu-0"), "0", json!({}));
+        for (p, key, value) in [
+            (&mut lent, PREEMPT_AT_ANNOTATION, "2026-03-02T10:32:00Z"),
+            (&mut cpu, GPU_WANTED_ANNOTATION, "1 a100"),
+        ] {
+            p.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(key.into(), value.into());
+        }
+        let offer: Offer = serde_json::from_value(json!({
+            "user": "zoë@uni.example", "model": "a100", "units": 1, "namespace": "jhub",
+            "pod": "cpu", "offered_at": "2026-03-02T10:40:00Z", "until": "2026-03-02T10:45:00Z"
+        }))
+        .unwrap();
+        let view = ClusterView::from_objects(&nodes, &[lent, cpu]).with_offers(vec![offer.clone()]);
+        assert_eq!(
+            view.pod("lent").unwrap().taken_back_at.as_deref(),
+            Some("2026-03-02T10:32:00Z")
+        );
+        assert_eq!(view.pod("lent").unwrap().offer, None);
+        assert_eq!(
+            view.pod("cpu").unwrap().gpu_wanted.as_deref(),
+            Some("1 a100")
+        );
+        assert_eq!(view.pod("cpu").unwrap().offer.as_ref(), Some(&offer));
+        assert_eq!(view.offers, vec![offer]);
     }
 }

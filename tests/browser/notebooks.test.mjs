@@ -1,6 +1,7 @@
 // "My notebooks" on the page (notebooks.js in the "My bookings" view): a booked
-// notebook with its end, a lent one being taken back (its deadline), and one on CPU
-// with the webhook's reason, each with what to do next. The notebooks are reported
+// notebook with its end, a lent one being taken back (its deadline, counting down),
+// and one on CPU with the webhook's reason and a GPU offered back (PUT /offers, as
+// the controller reports it), each with what to do next. The notebooks are reported
 // as the controller reports them (PUT /held-units; the admin role may report too),
 // with the units held it reported last, so that the demo's count stands. Leaves the
 // screenshot that docs/my-notebooks.png is copied from.
@@ -33,11 +34,20 @@ function notebooks() {
   ];
 }
 
+// The a100 offered back to the user for their notebook on CPU, held 5 minutes.
+function offers() {
+  const now = Date.now();
+  return [{ user: USER, model: 'a100', units: 1, namespace: 'jhub', pod: 'jupyter-alice--cpu',
+    offered_at: new Date(now).toISOString(), until: new Date(now + 5 * MINUTE).toISOString() }];
+}
+
 // With the units held the controller last reported, so that the report changes only
-// the notebooks.
+// the notebooks; the offer as the controller reports it (its next report replaces
+// it, hence the retries below).
 async function report() {
   const state = await api('GET', '/admission-state?full=false', ADMIN_TOKEN);
   await api('PUT', '/held-units', ADMIN_TOKEN, { bookings: state.held || {}, notebooks: notebooks() });
+  await api('PUT', '/offers', ADMIN_TOKEN, { offers: offers() });
 }
 
 describe('my notebooks', () => {
@@ -60,10 +70,10 @@ describe('my notebooks', () => {
       await report();
       await page.evaluate(() => { location.hash = '#book'; });
       await page.evaluate(() => { location.hash = '#mine'; });
-      shown = await page.locator('#nb-list li.nb').nth(2).waitFor({ timeout: 2000 })
+      shown = await page.locator('#nb-list li.nb-stripped .nb-offer').waitFor({ timeout: 2000 })
         .then(() => true, () => false);
     }
-    assert.ok(shown, 'the three notebooks are listed');
+    assert.ok(shown, 'the three notebooks are listed, one with an offer');
     const items = page.locator('#nb-list li.nb');
     assert.equal(await items.count(), 3);
 
@@ -76,13 +86,21 @@ describe('my notebooks', () => {
 
     const lent = page.locator('li.nb-lent');
     assert.match(await lent.locator('.nb-standing').innerText(), /Lent GPU/);
-    assert.match(await lent.locator('.nb-deadline').innerText(), /Taken back at/);
+    assert.match(await lent.locator('.nb-deadline').innerText(), /Taken back at .*\(in [12] min \d\d s\)/);
+    // Counting down each second.
+    const before = await lent.locator('.nb-countdown').innerText();
+    await page.waitForFunction((b) => document.querySelector('li.nb-lent .nb-countdown').textContent !== b, before);
     assert.match(await lent.innerText(), /save your work/);
 
     const cpu = page.locator('li.nb-stripped');
     assert.match(await cpu.locator('.nb-standing').innerText(), /On CPU/);
     assert.match(await cpu.locator('.nb-why').innerText(), /no free a100 GPU and no active booking/);
     await cpu.getByRole('button', { name: 'Book a GPU' }).waitFor();
+    const offer = cpu.locator('.nb-offer');
+    assert.match(await offer.innerText(),
+      /One a100 GPU is held for you: restart your server to get it \(until .*, in [45] min \d\d s\)/);
+    // What to do next comes first: the offer.
+    assert.equal(await cpu.locator('.nb-next > *').first().getAttribute('data-step'), 'restart');
 
     // Book: the booking form, on the notebook's model.
     await lent.getByRole('button', { name: 'Book a6000' }).click();

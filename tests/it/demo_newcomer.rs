@@ -191,6 +191,114 @@ async fn the_demo_starts_fresh_and_reaches_every_outcome() {
         .status();
     assert_eq!(status, 200, "the picker's token is refused: {picked}");
 
+    // The demo's scene: judy's booked spawn marks a lent a100 notebook, whose grace
+    // deadline the cluster view shows; once her short booking ends, the card is
+    // offered to that notebook's user, now on CPU, in the view and on their card.
+    let cluster = || async {
+        reqwest::Client::new()
+            .get(format!("http://{api}/demo/cluster"))
+            .send()
+            .await
+            .expect("the demo answers")
+            .json::<serde_json::Value>()
+            .await
+            .expect("the view as JSON")
+    };
+    let marked = |view: &serde_json::Value| {
+        view["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|n| n["pods"].as_array().into_iter().flatten())
+            .find(|p| p["kind"] == "lent" && p["taken_back_at"].is_string())
+            .cloned()
+    };
+    let mut seen = serde_json::Value::Null;
+    let mut victim = None;
+    for _ in 0..600 {
+        seen = cluster().await;
+        victim = marked(&seen);
+        if victim.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let victim = victim.unwrap_or_else(|| panic!("no lent pod marked with a deadline: {seen}"));
+    let victim_user = victim["user"]
+        .as_str()
+        .expect("the victim's user")
+        .to_owned();
+    let deadline = chrono::DateTime::parse_from_rfc3339(victim["taken_back_at"].as_str().unwrap())
+        .expect("an RFC 3339 deadline");
+    assert!(
+        deadline > chrono::Utc::now() - chrono::TimeDelta::seconds(2),
+        "the deadline is already past when first seen: {victim}"
+    );
+    let offered = |view: &serde_json::Value| {
+        view["cpu"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["user"] == victim_user.as_str() && p["offer"].is_object())
+            .cloned()
+    };
+    let mut offer = None;
+    for _ in 0..240 {
+        seen = cluster().await;
+        offer = offered(&seen);
+        if offer.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let on_cpu = offer.unwrap_or_else(|| panic!("no offer to {victim_user} on CPU: {seen}"));
+    assert_eq!(on_cpu["offer"]["model"], "a100", "{on_cpu}");
+    assert_eq!(on_cpu["gpus"], 0, "{on_cpu}");
+    assert!(
+        seen["offers"]
+            .as_array()
+            .is_some_and(|o| o.iter().any(|o| o["user"] == victim_user.as_str())),
+        "{seen}"
+    );
+    // And on the victim's notebook card.
+    let victim_token: serde_json::Value = reqwest::Client::new()
+        .post(format!("http://{api}/demo/sign-in"))
+        .json(&serde_json::json!({"user": victim_user}))
+        .send()
+        .await
+        .expect("the demo answers")
+        .json()
+        .await
+        .expect("a token as JSON");
+    let mut card = serde_json::Value::Null;
+    for _ in 0..60 {
+        card = reqwest::Client::new()
+            .get(format!("http://{api}/api/v1/notebooks"))
+            .bearer_auth(victim_token["token"].as_str().expect("a token"))
+            .send()
+            .await
+            .expect("the API answers")
+            .json()
+            .await
+            .expect("the notebooks as JSON");
+        let has_offer = card["notebooks"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|n| n["offer"]["model"] == "a100"));
+        if has_offer {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        card["notebooks"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|n| n["offer"]["model"] == "a100"
+                && n["next"]
+                    .as_array()
+                    .is_some_and(|s| s.contains(&"restart".into())))),
+        "no offer on {victim_user}'s notebook card: {card}"
+    );
+
     let _ = demo.kill().await;
     let _ = demo.wait().await;
     sqlx::query(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))

@@ -311,7 +311,8 @@ impl Worker {
         let mut round = Round {
             queued: self.queue_audit_notices().await?
                 + self.reminders().await?
-                + self.idle_nudges().await?,
+                + self.idle_nudges().await?
+                + self.offers().await?,
             ..Round::default()
         };
         self.dispatch(&mut round).await?;
@@ -425,7 +426,7 @@ impl Worker {
         let now = self.clock.now();
         let rows = sqlx::query!(
             "SELECT id, user_name, model, units, start_at, end_at FROM booking
-             WHERE cancelled_at IS NULL
+             WHERE cancelled_at IS NULL AND hold_id IS NULL
                AND ((start_at > $1 AND start_at <= $2) OR (end_at > $1 AND end_at <= $2))",
             now,
             now + longest
@@ -473,6 +474,38 @@ impl Worker {
                 }
                 tx.commit().await?;
             }
+        }
+        Ok(queued)
+    }
+
+    /// A GPU offered back: each offer still held, once (the notice's key is the
+    /// offer's, [`gpu_booking_core::offers::offer_key`]).
+    async fn offers(&self) -> sqlx::Result<usize> {
+        let now = self.clock.now();
+        let mut conn = self.pool.acquire().await?;
+        let mut queued = 0;
+        for (user, offer) in crate::store::offers::with_users(&mut *conn, None, Some(now)).await? {
+            let key = gpu_booking_core::offers::offer_key(&offer);
+            let notice = NewNotice {
+                key: &key,
+                user: &user,
+                kind: NoticeKind::GpuOffered,
+                booking_id: None,
+                audit_id: None,
+                message: gpu_booking_core::offers::offer_message(&offer, &self.settings.style),
+                details: json!({
+                    "model": offer.model, "units": offer.units, "until": offer.until,
+                    "namespace": offer.namespace, "pod": offer.pod,
+                }),
+            };
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            if enqueue(&mut tx, self.channels(), notice, now)
+                .await?
+                .is_some()
+            {
+                queued += 1;
+            }
+            tx.commit().await?;
         }
         Ok(queued)
     }

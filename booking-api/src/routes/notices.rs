@@ -10,6 +10,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::extract::Json;
 use crate::notices::{self, Channels, SentNotice};
 use crate::state::AppState;
+use crate::store::offers;
 
 /// Newest notices shown with the preferences.
 const RECENT: i64 = 20;
@@ -29,8 +30,14 @@ pub struct NoticePrefs {
     /// Kinds not wanted (a repeat is dropped, but counts towards `maxItems`).
     // Read as strings and checked with `NoticeKind::parse` (an unknown kind is a 422
     // naming it); documented as the kinds themselves.
-    #[schema(value_type = Vec<NoticeKind>, inline, max_items = 8)]
+    #[schema(value_type = Vec<NoticeKind>, inline, max_items = 10)]
     pub muted: Vec<String>,
+    /// Restart my server on a GPU when one frees: when a GPU is offered back to a
+    /// notebook of mine that runs on CPU, the controller restarts the server
+    /// through JupyterHub once it is idle (where the controller runs with
+    /// `--on-expiry hub-restart`). Absent: left as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_on_offer: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -59,6 +66,7 @@ async fn settings(state: &AppState, user: &str) -> Result<NoticeSettings, ApiErr
             email_enabled: p.email_enabled,
             webhook_enabled: p.webhook_enabled,
             muted: p.muted.iter().map(|k| k.as_str().to_owned()).collect(),
+            restart_on_offer: Some(offers::restart_on_offer(&mut *conn, user).await?),
         },
         channels: state.notices,
         address,
@@ -118,7 +126,12 @@ pub async fn put(
         muted,
     };
     let mut conn = state.pool.acquire().await?;
-    notices::set_prefs(&mut conn, caller.user.as_str(), &prefs, state.clock.now()).await?;
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    notices::set_prefs(&mut tx, caller.user.as_str(), &prefs, state.clock.now()).await?;
+    if let Some(on) = body.restart_on_offer {
+        offers::set_restart_on_offer(&mut *tx, caller.user.as_str(), on, state.clock.now()).await?;
+    }
+    tx.commit().await?;
     drop(conn);
     Ok(axum::Json(settings(&state, caller.user.as_str()).await?))
 }

@@ -3,13 +3,13 @@
 
 use chrono::{DateTime, Utc};
 use gpu_booking_core::username::{NameCase, Username};
-use gpu_booking_core::wire::Notebook;
+use gpu_booking_core::wire::{NextStep, Notebook};
 use sqlx::{PgExecutor, PgPool};
 
 /// The name a notebook is kept under: the user it names, normalised as the service
 /// compares names (a name the service would refuse is kept as written: nobody
 /// signs in as it, and an admin may still read it).
-fn owner(user: &str, names: NameCase) -> String {
+pub(crate) fn owner(user: &str, names: NameCase) -> String {
     Username::normalised(user, names)
         .map(Username::into_inner)
         .unwrap_or_else(|_| user.to_owned())
@@ -80,9 +80,32 @@ pub async fn of_user(
     )
     .fetch_all(&mut *conn)
     .await?;
+    // The GPU offered back to the user, on the notebook it was offered for: what
+    // to do next, first.
+    let offer = super::offers::list(&mut *conn, Some(&user), None)
+        .await?
+        .pop();
+    let with_offer = |mut n: Notebook| {
+        n.offer = None;
+        n.next.retain(|s| *s != NextStep::Restart);
+        if let Some(o) = offer
+            .as_ref()
+            .filter(|o| o.namespace == n.namespace && o.pod == n.pod)
+        {
+            n.offer = Some(o.clone());
+            n.next.insert(0, NextStep::Restart);
+        }
+        n
+    };
     let notebooks = rows
         .into_iter()
-        .filter_map(|r| match serde_json::from_str::<Notebook>(&r.state) {
+        .map(|r| {
+            (
+                serde_json::from_str::<Notebook>(&r.state).map(with_offer),
+                r,
+            )
+        })
+        .filter_map(|(n, r)| match n {
             Ok(n) => Some(n),
             Err(e) => {
                 // Only a row written by other means (SQL by hand) can fail; one bad

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_booking_client::{ClientError, HeldReport, Model, UsageReport};
+use gpu_booking_client::{ClientError, HeldReport, Model};
 use gpu_booking_core::booking_units::BookedPod;
 use gpu_booking_core::inventory::MODEL_PRESENT_LABEL_PREFIX;
 use k8s_openapi::api::core::v1::Node;
@@ -112,13 +112,16 @@ impl Inventory {
     /// A pod changed or came: the usage is reported again if what it holds moved.
     pub(super) fn pod_changed(&mut self, old: Option<&PodInfo>, new: &PodInfo) {
         self.usage_dirty |= old.is_none_or(|old| {
-            old.holds_gpu() != new.holds_gpu() || old.node != new.node || old.gpu != new.gpu
+            old.holds_gpu() != new.holds_gpu()
+                || inventory::counts_in_use(old) != inventory::counts_in_use(new)
+                || old.node != new.node
+                || old.gpu != new.gpu
         });
     }
 
     /// A pod went: the usage is reported again if it held a GPU.
     pub(super) fn pod_gone(&mut self, old: &PodInfo) {
-        self.usage_dirty |= old.holds_gpu();
+        self.usage_dirty |= inventory::counts_in_use(old);
     }
 
     // ---- models -------------------------------------------------------------------
@@ -247,6 +250,27 @@ impl Inventory {
         ))
     }
 
+    /// Units of each declared model not in use now (declared less in use, as the
+    /// booking service counts them free): what can be offered back.
+    pub(super) fn free_units(
+        &self,
+        pods: &HashMap<String, PodInfo>,
+    ) -> Option<BTreeMap<String, u64>> {
+        let models = self.models.as_ref()?;
+        let usage = self.usage(pods)?;
+        Some(
+            models
+                .declared
+                .iter()
+                .map(|(model, &units)| {
+                    let in_use = usage.get(model).map_or(0, |u| u.counted.in_use);
+                    let units = u64::try_from(units).unwrap_or(0);
+                    (model.clone(), units.saturating_sub(in_use))
+                })
+                .collect(),
+        )
+    }
+
     /// The inventory gauges, from this replica's own view (followers' too).
     fn publish_inventory(&self, usage: &BTreeMap<String, Usage>) {
         let Some(models) = &self.models else {
@@ -302,6 +326,13 @@ impl Inventory {
         if !self.usage_dirty || self.reporting || !pods_synced || !self.nodes_synced {
             return;
         }
+        // The round's start is the time of the view counted: the loop applies every
+        // watch event it has taken before it counts, and takes none while it does. (The
+        // last applied event's time would be no truer: an event says nothing of the
+        // pods stored after it; and with nothing happening, it would hold every later
+        // admission in the webhook's ledger until its time to live.) What the watch
+        // has not yet brought is the ledger's settle time's.
+        let counted_at = self.ctx.clock.now();
         let Some(usage) = self.usage(pods) else {
             return;
         };
@@ -343,15 +374,7 @@ impl Inventory {
             let mut done = BTreeMap::new();
             let mut ok = true;
             for (model, u) in changed {
-                let clamp = gpu_booking_core::wire::reported;
-                let report = UsageReport {
-                    in_use: clamp(u.counted.in_use),
-                    cards: Some(clamp(u.counted.cards)),
-                    gpumem_advertised: Some(u.counted.gpumem_advertised),
-                    gpumem_unit_mib: u.counted.gpumem_unit_mib.map(clamp),
-                    others_in_use: Some(clamp(u.counted.others_in_use)),
-                    other_namespaces: u.other_namespaces.clone(),
-                };
+                let report = u.report(counted_at);
                 match ctx.booking.put_usage(&model, &report).await {
                     Ok(()) => {
                         ctx.metrics.action("report_usage", "done");
@@ -399,6 +422,7 @@ impl Inventory {
             None => true,
             Some(was) => {
                 was.bookings != held.bookings
+                    || was.waiting != held.waiting
                     || gpu_booking_core::usage::activity_moved(&was.active, &held.active)
                     || gpu_booking_core::notebooks::notebooks_moved(&was.notebooks, &held.notebooks)
             }

@@ -313,15 +313,30 @@ pub fn decide(
             }
         }
     }
-    // Not booked (for this model, or any more): a free unit, else no GPU.
-    let free = |model: &ModelName| answer.free.get(model).copied().unwrap_or(0);
+    // Not booked (for this model, or any more): a free unit, else no GPU. A unit
+    // offered back to another user is not free to this one while it is held.
+    let free = |model: &ModelName| {
+        let held = crate::wire::offers::held_for_others(
+            &answer.offers,
+            model.as_str(),
+            answer.user.as_deref(),
+            now,
+        );
+        answer
+            .free
+            .get(model)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(held)
+    };
     let lend = match gpu.model() {
         Some(asked) => (free(asked) > 0).then_some(asked),
         // The model with the most free units; the first by name among equals.
         None => answer
             .free
-            .iter()
-            .filter(|(_, &n)| n > 0)
+            .keys()
+            .map(|model| (model, free(model)))
+            .filter(|(_, n)| *n > 0)
             .max_by(|(a, n), (b, m)| n.cmp(m).then_with(|| b.cmp(a)))
             .map(|(model, _)| model),
     };
@@ -545,7 +560,57 @@ mod tests {
             units: None,
             units_held: None,
             usage_reported_at: BTreeMap::new(),
+            offers: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_unit_offered_back_is_held_for_its_user_only() {
+        let cfg = AdmissionConfig::default();
+        let offer = |user: &str, until: &str| crate::wire::offers::Offer {
+            user: user.into(),
+            model: "a100".into(),
+            units: 1,
+            namespace: "jhub".into(),
+            pod: format!("jupyter-{user}"),
+            offered_at: "2026-10-31T23:58:00Z".parse().unwrap(),
+            until: until.parse().unwrap(),
+            restart: false,
+        };
+        let mut a = answer(None, &[("a100", 1), ("h100", 0)]);
+        a.offers = vec![offer("bob", "2026-11-01T00:03:00Z")];
+        // Alice may not take the unit held for bob, on that model or as any model.
+        let d = decide(&gpus(1, Some("a100")), Lookup::Answer(&a), &cfg, now());
+        assert_eq!(d.kind(), "strip");
+        assert_eq!(
+            decide(&generic(), Lookup::Answer(&a), &cfg, now()).kind(),
+            "strip"
+        );
+        // Bob's spawn gets it.
+        a.user = Some("bob".into());
+        let d = decide(&gpus(1, Some("a100")), Lookup::Answer(&a), &cfg, now());
+        assert_eq!(d.model(), Some(&model("a100")));
+        // A second free unit is anyone's.
+        let mut two = answer(None, &[("a100", 2)]);
+        two.offers = a.offers.clone();
+        assert_eq!(
+            decide(&generic(), Lookup::Answer(&two), &cfg, now()).kind(),
+            "low_priority"
+        );
+        // Past its hold the unit is free to all.
+        a.user = Some("alice@example.com".into());
+        a.offers = vec![offer("bob", "2026-11-01T00:00:00Z")];
+        assert_eq!(
+            decide(&generic(), Lookup::Answer(&a), &cfg, now()).kind(),
+            "low_priority"
+        );
+        // A booked user's pod is booked whatever is held.
+        let mut booked = answer(Some("a100"), &[("a100", 1)]);
+        booked.offers = vec![offer("bob", "2026-11-01T00:03:00Z")];
+        assert_eq!(
+            decide(&generic(), Lookup::Answer(&booked), &cfg, now()).kind(),
+            "booked"
+        );
     }
 
     #[test]

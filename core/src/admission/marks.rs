@@ -33,11 +33,13 @@ pub fn is_our_key(key: &str, cfg: &AdmissionConfig) -> bool {
 }
 
 /// Our keys that a creator may write without gaining a GPU: the note that says why
-/// a pod runs without its GPU (the controller's CPU-only copies carry it). It still
-/// puts a "stripped" notebook on the named user's page, so on a pod without a GPU
-/// only the controller's is kept (`patch::plan_no_gpu`).
+/// a pod runs without its GPU and what it asked for (the controller's CPU-only
+/// copies carry both). They still put a "stripped" notebook on the named user's
+/// page and in the line for a GPU offered back, so on a pod without a GPU only the
+/// controller's are kept (`patch::plan_no_gpu`), and a stripped GPU pod gets the
+/// webhook's own.
 pub fn is_harmless_key(key: &str) -> bool {
-    key == GPU_REMOVED_ANNOTATION
+    key == GPU_REMOVED_ANNOTATION || key == crate::offers::GPU_WANTED_ANNOTATION
 }
 
 /// A GPU pod's standing, as the controller may believe it.
@@ -134,6 +136,8 @@ mod tests {
             assert!(!is_our_key(theirs, &cfg), "{theirs}");
         }
         assert!(is_harmless_key(GPU_REMOVED_ANNOTATION));
+        assert!(is_harmless_key(crate::offers::GPU_WANTED_ANNOTATION));
+        assert!(is_our_key(crate::offers::GPU_WANTED_ANNOTATION, &cfg));
         assert!(OUR_PREFIXES.iter().all(|p| p.starts_with(OUR_KEY_STEM)));
     }
 

@@ -13,14 +13,16 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::{json, Map, Value};
 
-use super::detect::{container_gpu_units, sets_visible_devices, CONTAINER_LISTS};
+use super::detect::{container_gpu_units, detect_gpu, sets_visible_devices, CONTAINER_LISTS};
 use super::marks::{is_harmless_key, is_our_key};
 use super::quantity::gpu_units;
 use super::{
-    AdmissionConfig, Decision, VisibleDevicesWithoutGpu, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION,
-    GPU_REMOVED_ANNOTATION, MODEL_LABEL, NVIDIA_VISIBLE_DEVICES, PRIORITY_LABEL,
+    AdmissionConfig, Decision, StripReason, VisibleDevicesWithoutGpu, BOOKING_LABEL,
+    BOOKING_UNITS_ANNOTATION, GPU_REMOVED_ANNOTATION, MODEL_LABEL, NVIDIA_VISIBLE_DEVICES,
+    PRIORITY_LABEL,
 };
 use crate::gpu_model::ModelName;
+use crate::offers::{Wanted, GPU_WANTED_ANNOTATION};
 
 /// The patch that carries out `decision` on `pod` (empty when nothing changes). Every
 /// key of ours that the pod's creator wrote and the decision does not write goes
@@ -68,6 +70,7 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
                 &until.to_rfc3339_opts(SecondsFormat::Secs, true),
             );
             ed.remove_annotation(GPU_REMOVED_ANNOTATION);
+            ed.remove_annotation(GPU_WANTED_ANNOTATION);
             ed.place_on(cfg, model);
             match &cfg.high_priority_class {
                 Some(class) => ed.set_priority_class(class),
@@ -82,6 +85,7 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
             ed.remove_annotation(&cfg.terminate_at_annotation);
             ed.remove_annotation(BOOKING_UNITS_ANNOTATION);
             ed.remove_annotation(GPU_REMOVED_ANNOTATION);
+            ed.remove_annotation(GPU_WANTED_ANNOTATION);
             ed.place_on(cfg, model);
             match &cfg.low_priority_class {
                 Some(class) => ed.set_priority_class(class),
@@ -89,10 +93,24 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
             }
             ed.apply_budget(cfg, *gpumem_mib);
         }
-        Decision::Strip { .. } => {
+        Decision::Strip { reason, .. } => {
+            // What it asked for, read before its GPU goes: a GPU freed later is
+            // offered back to it (`crate::offers`). Not for a pod that no unit can
+            // satisfy (several models) or that nobody owns.
+            // A pod that asks for no GPU any more is this strip planned again over
+            // its own result: what it wanted stays as written.
+            let wanted = match reason {
+                StripReason::SeveralModels | StripReason::NoIdentity => Some(None),
+                _ => wanted_by(&ed.pod, cfg).map(Some),
+            };
             ed.cpu_only(cfg);
             if let Some(reason) = decision.removal_reason() {
                 ed.set_annotation(GPU_REMOVED_ANNOTATION, &reason);
+            }
+            match wanted {
+                Some(Some(w)) => ed.set_annotation(GPU_WANTED_ANNOTATION, &w.annotation()),
+                Some(None) => ed.remove_annotation(GPU_WANTED_ANNOTATION),
+                None => {}
             }
         }
         // Let through unchecked (the booking service failed, policy allow): no
@@ -123,6 +141,7 @@ pub fn plan_no_gpu(pod: &Value, cfg: &AdmissionConfig, by_controller: bool) -> (
         ed.unmark(cfg, &[]);
         if !by_controller {
             ed.remove(&["metadata", "annotations", GPU_REMOVED_ANNOTATION]);
+            ed.remove(&["metadata", "annotations", GPU_WANTED_ANNOTATION]);
         }
         let current = ed.pod.pointer("/spec/priorityClassName");
         if current.and_then(Value::as_str).is_some()
@@ -155,14 +174,38 @@ pub fn plan_cpu_only(pod: &Value, cfg: &AdmissionConfig) -> Patch {
     ed.finish()
 }
 
-/// [`plan_cpu_only`] plus the `gpu-booking.io/gpu-removed` annotation with `reason`.
+/// [`plan_cpu_only`] plus the `gpu-booking.io/gpu-removed` annotation with `reason`,
+/// and, for a pod that was not booked (a lent GPU taken back), what it asked for
+/// (`gpu-booking.io/gpu-wanted`): a GPU freed later is offered back to its user
+/// ([`crate::offers`]). A booked pod's GPU time is over when its booking ends: it
+/// waits for nothing.
 pub fn plan_cpu_only_because(pod: &Value, cfg: &AdmissionConfig, reason: &str) -> Patch {
     let mut ed = PodEditor::new(pod.clone());
     if pod.is_object() {
+        let booked = super::pod_label(pod, PRIORITY_LABEL) == Some("high");
+        let wanted = (!booked).then(|| wanted_by(pod, cfg)).flatten();
         ed.cpu_only(cfg);
         ed.set_annotation(GPU_REMOVED_ANNOTATION, reason);
+        match wanted {
+            Some(w) => ed.set_annotation(GPU_WANTED_ANNOTATION, &w.annotation()),
+            None => ed.remove_annotation(GPU_WANTED_ANNOTATION),
+        }
     }
     ed.finish()
+}
+
+/// What a GPU pod asks for, as [`GPU_WANTED_ANNOTATION`] says it: its units and its
+/// one model (any model when it asks for the generic resource); `None` without a
+/// GPU or with several models.
+fn wanted_by(pod: &Value, cfg: &AdmissionConfig) -> Option<Wanted> {
+    let gpu = detect_gpu(pod, cfg)?;
+    if gpu.models.len() > 1 {
+        return None;
+    }
+    Some(Wanted {
+        units: gpu.units.max(1),
+        model: gpu.model().cloned(),
+    })
 }
 
 /// The demotion of a booked pod (the controller's `--on-expiry demote`): a pod's
@@ -714,6 +757,65 @@ mod tests {
             out["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
             "2"
         );
+    }
+
+    #[test]
+    fn a_stripped_or_taken_back_pod_says_what_it_wanted_and_a_creator_cannot() {
+        let cfg = AdmissionConfig::default();
+        let wanted = |out: &Value| {
+            out["metadata"]["annotations"][GPU_WANTED_ANNOTATION]
+                .as_str()
+                .map(str::to_owned)
+        };
+        // A creator's own note goes; the webhook's says what the pod asked for.
+        let pod = json!({"metadata": {"annotations": {GPU_WANTED_ANNOTATION: "1 h100"}},
+            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}});
+        let strip = |reason| Decision::Strip {
+            reason,
+            earliest_booking: None,
+        };
+        let out = apply(
+            &pod,
+            &plan(&pod, &strip(StripReason::NothingFree { model: None }), &cfg),
+        );
+        assert_eq!(wanted(&out).as_deref(), Some("2 any"));
+        let out = apply(&pod, &plan(&pod, &strip(StripReason::NoIdentity), &cfg));
+        assert_eq!(wanted(&out), None, "nobody's pod waits for nothing");
+        let out = apply(&pod, &plan(&pod, &booked(), &cfg));
+        assert_eq!(wanted(&out), None, "a pod with its GPU wants none");
+        // On a pod without a GPU only the controller's copy keeps it.
+        let cpu = json!({"metadata": {"annotations": {GPU_WANTED_ANNOTATION: "1 a100"}},
+            "spec": {"containers": [{}]}});
+        assert_eq!(
+            wanted(&apply(&cpu, &plan_no_gpu(&cpu, &cfg, false).0)),
+            None
+        );
+        assert!(wanted(&apply(&cpu, &plan_no_gpu(&cpu, &cfg, true).0)).is_some());
+        // The controller's CPU-only copy of a lent pod wants its model back; a booked
+        // pod's, at its booking's end, wants nothing.
+        let lent = json!({"metadata": {"labels": {"gpu-booking.io/priority": "low"}},
+            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/a100": "1"}}}]}});
+        let cfg_a100 = AdmissionConfig {
+            model_resources: [(
+                "nvidia.com/a100".to_owned(),
+                ModelName::parse("a100").unwrap(),
+            )]
+            .into_iter()
+            .collect(),
+            ..AdmissionConfig::default()
+        };
+        let out = apply(
+            &lent,
+            &plan_cpu_only_because(&lent, &cfg_a100, "taken back"),
+        );
+        assert_eq!(wanted(&out).as_deref(), Some("1 a100"));
+        let mut booked_pod = lent.clone();
+        booked_pod["metadata"]["labels"]["gpu-booking.io/priority"] = json!("high");
+        let out = apply(
+            &booked_pod,
+            &plan_cpu_only_because(&booked_pod, &cfg_a100, "ended"),
+        );
+        assert_eq!(wanted(&out), None);
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //! - [`models`]: `GET /api/v1/models` and the controller's usage report;
 //! - [`held`]: `PUT /api/v1/held-units`, the units each booking's pods hold (and
 //!   every user's running [`notebooks`]);
-//! - [`notebooks`]: `GET /api/v1/notebooks`, a user's running notebook pods.
+//! - [`notebooks`]: `GET /api/v1/notebooks`, a user's running notebook pods;
+//! - [`offers`]: `PUT` and `GET /api/v1/offers`, GPUs offered back to users on CPU.
 //!
 //! Integer types, chosen once:
 //!
@@ -43,6 +44,7 @@ pub mod changes;
 pub mod held;
 pub mod models;
 pub mod notebooks;
+pub mod offers;
 pub mod schedulability;
 
 pub use admission_state::{AdmissionState, BookingState, KnownUser, ModelState, PolicyState};
@@ -55,6 +57,7 @@ pub use changes::{BookingChange, BookingChanges};
 pub use held::{HeldReport, HeldReported, MAX_HELD_UNITS, MAX_REPORTED_BOOKINGS, MAX_WAITING_LEN};
 pub use models::{Model, UsageReport, MAX_OTHER_NAMESPACES, MAX_REPORTED_CARDS};
 pub use notebooks::{NextStep, Notebook, NotebookStanding, Notebooks, MAX_REPORTED_NOTEBOOKS};
+pub use offers::{Offer, Offers, OffersReport, MAX_OFFERS};
 pub use schedulability::{ActiveBooking, Schedulability};
 
 /// A count that a store keeps signed (a Postgres `integer` column checked `>= 0`) as

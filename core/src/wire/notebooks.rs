@@ -36,8 +36,7 @@ pub enum NotebookStanding {
 }
 
 /// What the notebook's user can do next, in the order the page offers it. Readers
-/// ignore a step they do not know: a GPU offered back to a stripped notebook
-/// ("restart to get it") is to come as a step of its own.
+/// ignore a step they do not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
@@ -47,6 +46,9 @@ pub enum NextStep {
     Book,
     /// Extend the booking (`booking_id`) before it ends.
     Extend,
+    /// Restart the server to get the GPU offered back to it (`offer`), before the
+    /// offer's `until`.
+    Restart,
 }
 
 /// One running notebook pod of a user. `i32` counts: see the module
@@ -101,6 +103,11 @@ pub struct Notebook {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(max_items = 8))]
     pub next: Vec<NextStep>,
+    /// The GPU offered back to this notebook's user for it, held until the offer's
+    /// `until` (`GET /api/v1/offers`). Filled in by the service when it answers;
+    /// ignored in a report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offer: Option<super::offers::Offer>,
 }
 
 impl Notebook {

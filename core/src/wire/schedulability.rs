@@ -74,6 +74,11 @@ pub struct Schedulability {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, DateTime<Utc>>))]
     pub usage_reported_at: BTreeMap<ModelName, DateTime<Utc>>,
+    /// GPUs offered back to users on CPU and held for them until each offer's
+    /// `until` (`PUT /api/v1/offers`): a lend to anyone but the offer's user leaves
+    /// its units free. Absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offers: Vec<super::offers::Offer>,
 }
 
 /// The active booking an answer names.
@@ -155,6 +160,7 @@ impl Schedulability {
             units: None,
             units_held: None,
             usage_reported_at,
+            offers: Vec::new(),
         }
     }
 }
