@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the booking REST API and the booking page (migrates first).
-    Api(ApiArgs),
+    Api(Box<ApiArgs>),
     /// Apply the database migrations and exit.
     Migrate(DatabaseArgs),
     /// Mint an HS256 bearer token with the configured secret.
@@ -81,7 +81,7 @@ pub enum RoleArg {
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Api(args) => server::run(args).await,
+        Command::Api(args) => server::run(*args).await,
         Command::Migrate(db) => {
             let pool = server::connect(&db).await?;
             server::migrate(&pool).await?;

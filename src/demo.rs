@@ -38,7 +38,7 @@ const SAMPLES: [(&str, &str, &str); 3] = [
     ),
     (
         "carol@example.com",
-        "stripped: no booking, asks for an a100, and both are in use (lent to dave's and erin's notebooks)",
+        "stripped: no booking, asks for an a100, and both are in use (lent to the seeded notebooks)",
         "examples/admission/stripped-user-gpu-pod.json",
     ),
 ];
@@ -118,9 +118,16 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "http://{}",
         gpu_booking_sim::https_api::reachable(args.listen)
     );
-    let sim = crate::demo_cluster::start(lab, &pool, api_url).await?;
+    let sim = crate::demo_cluster::start(lab, &pool, api_url.clone()).await?;
     // After the lab's models are declared.
     seed(&pool).await?;
+    gpu_booking_sim::course_seed::seed(
+        &pool,
+        api_args.notices.time_zone,
+        "alice@example.com",
+        chrono::Utc::now(),
+    )
+    .await?;
     let mut pickable: Vec<String> = SAMPLES
         .iter()
         .map(|(user, _, _)| (*user).to_owned())
@@ -193,8 +200,35 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!(
         "  sign in as any user: on the page's sign-in view (the demo's user picker, POST /demo/sign-in)"
     );
+    // After the lab and the API are up: its spawn form asks the API at once.
+    let _hub = if args.jupyterhub {
+        let page = format!("http://{}/", args.listen);
+        let hub = crate::demo_jupyterhub::start(
+            &sim,
+            &crate::demo_jupyterhub::HubSettings {
+                port: args.jupyterhub_port,
+                booking_url: &api_url,
+                service_token: &service_token,
+                page_url: &page,
+                dir: &args.jupyterhub_dir,
+            },
+        )
+        .await?;
+        println!(
+            "  JupyterHub:   {} (KubeSpawner spawns into the lab; any user name, password: {})",
+            hub.login_url,
+            crate::demo_jupyterhub::PASSWORD
+        );
+        println!(
+            "    log in as {} (a booked a100) or any other name (a lent GPU, or CPU when none is free)",
+            SAMPLES[0].0
+        );
+        Some(hub)
+    } else {
+        None
+    };
     println!("starting the seeded notebooks (lent A100s) ...");
-    crate::demo_cluster::seed_notebooks(&sim, &pool).await;
+    crate::demo_cluster::seed_notebooks(&sim, &pool, args.scene).await;
     println!("Ctrl-C stops it.");
     let served = served
         .await

@@ -33,6 +33,22 @@ pub struct DemoArgs {
     /// are kept otherwise). Not with DATABASE_URL: that database is not the demo's.
     #[arg(long)]
     pub fresh: bool,
+    /// Also run a real JupyterHub with KubeSpawner spawning into the lab (installed
+    /// under target/jupyterhub on first use; Python 3 with venv needed; run from the
+    /// repository).
+    #[arg(long)]
+    pub jupyterhub: bool,
+    /// The JupyterHub's port on 127.0.0.1 (with --jupyterhub).
+    #[arg(long, default_value_t = 8000)]
+    pub jupyterhub_port: u16,
+    /// Where the JupyterHub keeps its database (emptied at each start).
+    #[arg(long, default_value = "target/demo-jupyterhub")]
+    pub jupyterhub_dir: PathBuf,
+    /// Do not play the demo's scene (a short booking that takes a lent A100 back and,
+    /// when it ends, offers the card to that notebook's user): a lab that stays as
+    /// seeded, for tests that drive the page against it.
+    #[arg(long = "no-scene", action = clap::ArgAction::SetFalse)]
+    pub scene: bool,
     /// Name of the demo's own database (lowercase letters, digits, `_`).
     #[arg(long, default_value = "gpu_booking_demo", value_parser = parse_database_name)]
     pub demo_database: String,

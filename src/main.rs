@@ -5,6 +5,7 @@ mod cli;
 mod demo;
 mod demo_args;
 mod demo_cluster;
+mod demo_jupyterhub;
 mod demo_signin;
 
 use clap::Parser;

@@ -23,6 +23,8 @@
 //! [`hub`] (JupyterHub's API for `--on-expiry hub-restart`),
 //! [`inventory`] and [`victims`] (pure decisions), [`pods`] (what is kept of a pod),
 //! [`notebooks`] (every user's running notebooks, for their page),
+//! [`offers`] (GPUs offered back to users on CPU),
+//! [`stripped_events`] (the Warning a notebook stripped at admission shows in the hub),
 //! [`leader`], [`booking`], [`metrics`], [`clock`]; [`cleanup`] (`gpu-booking
 //! cleanup-nodes`, what it wrote on nodes removed at uninstall).
 #![forbid(unsafe_code)]
@@ -43,8 +45,10 @@ pub mod live_config;
 pub mod metrics;
 pub mod node_capacity;
 pub mod notebooks;
+pub mod offers;
 pub mod pods;
 pub mod recreate;
+pub mod stripped_events;
 pub mod victims;
 
 use std::sync::atomic::AtomicBool;

@@ -3,13 +3,13 @@
 //! read) and `events.k8s.io/v1` (`regarding`, `note`, what kube-runtime's `Recorder`
 //! writes). kube-apiserver stores them once and converts between the two on the way
 //! out (`pkg/apis/events/v1` conversion), so a get or a list of either API sees the
-//! events written through the other, converted. Watches see the writes of their own
-//! API only.
+//! events written through the other, converted, and so does a watch.
 
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use crate::change::Change;
 use crate::path::ResourceKey;
 use crate::select::Selector;
 use crate::store::Store;
@@ -38,6 +38,9 @@ const SAME: [&str; 7] = [
     "action",
     "related",
 ];
+
+/// The times of a core `v1` Event, present (null when unset) in every one served.
+const CORE_TIMES: [&str; 3] = ["eventTime", "firstTimestamp", "lastTimestamp"];
 
 /// The other API's Event resource, for an Event resource of one.
 fn other(resource: &ResourceKey) -> Option<ResourceKey> {
@@ -72,7 +75,31 @@ fn convert(obj: &Value, resource: &ResourceKey) -> Value {
             copy(core, events);
         }
     }
+    if to_core {
+        // kube-apiserver writes a core Event's unset times as null (they are structs,
+        // which `omitempty` does not omit): clients index them (KubeSpawner sorts its
+        // events by `event["lastTimestamp"] or event["eventTime"]`).
+        for time in CORE_TIMES {
+            out.entry(time).or_insert(Value::Null);
+        }
+    }
     Value::Object(out)
+}
+
+/// A change to an Event of the other API, as a watch of `resource` sees it
+/// (converted); `None` for any other change.
+pub(crate) fn as_seen_by(change: &Change, resource: &ResourceKey) -> Option<Change> {
+    if other(resource)? != change.resource {
+        return None;
+    }
+    Some(Change {
+        rv: change.rv,
+        resource: resource.clone(),
+        namespace: change.namespace.clone(),
+        kind: change.kind,
+        object: Arc::new(convert(&change.object, resource)),
+        old: change.old.as_ref().map(|o| Arc::new(convert(o, resource))),
+    })
 }
 
 /// `ns/name` of `resource`: stored, else the other API's, converted.
@@ -169,5 +196,65 @@ mod tests {
         let back = convert(&got, &ResourceKey::new(EVENTS, "events"));
         assert_eq!(back["note"], "ended PID 42");
         assert_eq!(back["regarding"]["uid"], "u1");
+    }
+
+    #[test]
+    fn a_watch_of_core_events_sees_those_written_through_events_k8s_io() {
+        // KubeSpawner's spawn progress: a core watch of a namespace's Pod Events,
+        // which sees the Events kube-runtime's Recorder writes.
+        let mut store = Store::new();
+        let core = ResourceKey::new(CORE, "events");
+        let sel = Selector {
+            labels: LabelSelector::default(),
+            fields: FieldSelector::parse("involvedObject.kind=Pod", &core).unwrap(),
+        };
+        let since = store
+            .create(
+                &ResourceKey::new(CORE, "configmaps"),
+                Some("jhub"),
+                json!({"metadata": {"name": "x"}}),
+            )
+            .expect("stored")["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|rv| rv.parse().ok());
+        let mut rx = store
+            .watch(core, Some("jhub".into()), sel, since)
+            .expect("watching");
+        store
+            .create(
+                &ResourceKey::new(EVENTS, "events"),
+                Some("jhub"),
+                recorded(),
+            )
+            .expect("stored");
+        let line = rx.try_recv().expect("the core watch saw the event");
+        let seen: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(seen["type"], "ADDED");
+        assert_eq!(seen["object"]["apiVersion"], "v1");
+        assert_eq!(seen["object"]["message"], "ended PID 42");
+        assert_eq!(seen["object"]["involvedObject"]["name"], "jupyter-bob");
+        assert_eq!(
+            seen["object"]["lastTimestamp"],
+            Value::Null,
+            "present, null"
+        );
+        assert_eq!(seen["object"]["eventTime"], "2026-01-01T00:00:00.000000Z");
+        // Elsewhere, or not a Pod's: not seen.
+        let mut elsewhere = recorded();
+        elsewhere["metadata"] = json!({"name": "nb.2", "namespace": "other"});
+        store
+            .create(
+                &ResourceKey::new(EVENTS, "events"),
+                Some("other"),
+                elsewhere,
+            )
+            .expect("stored");
+        let mut node = recorded();
+        node["metadata"]["name"] = json!("nb.3");
+        node["regarding"]["kind"] = json!("Node");
+        store
+            .create(&ResourceKey::new(EVENTS, "events"), Some("jhub"), node)
+            .expect("stored");
+        assert!(rx.try_recv().is_err());
     }
 }

@@ -62,7 +62,7 @@
 //!   Tables (`kubectl get -w`).
 //! - **Events** are one resource under two APIs: a get or list of core `v1` Events
 //!   also returns the `events.k8s.io/v1` ones converted, and the other way round
-//!   (`event_views.rs`); watches see their own API's writes only.
+//!   (`event_views.rs`); watches too.
 //!
 //! # Over HTTP
 //!

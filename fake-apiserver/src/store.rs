@@ -33,6 +33,16 @@ impl Watch {
     /// The event line this change means to this watch, if any: a modification that
     /// makes an object leave (enter) the selection reads as DELETED (ADDED).
     fn line(&self, change: &Change) -> Option<Bytes> {
+        // An Event written through the other Event API is one of this API's too,
+        // converted: kube-apiserver stores them once ([`crate::event_views`]).
+        let converted;
+        let change = match crate::event_views::as_seen_by(change, &self.resource) {
+            Some(seen) => {
+                converted = seen;
+                &converted
+            }
+            None => change,
+        };
         if change.resource != self.resource
             || self
                 .namespace

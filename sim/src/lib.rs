@@ -22,13 +22,16 @@
 
 pub mod agents;
 pub mod chart;
+pub mod course_seed;
 pub mod https_api;
 pub mod hub;
+pub mod jupyterhub;
 pub mod lab;
 pub mod models;
 pub mod notebooks;
 pub mod rendered;
 pub mod routes;
+pub mod scenes;
 pub mod service_accounts;
 pub mod spawner;
 pub mod stack;
@@ -561,6 +564,32 @@ impl SimCluster {
     /// What the cluster looks like now.
     pub fn view(&self) -> ClusterView {
         view::ClusterView::of(&self.server)
+    }
+
+    /// What the cluster looks like now, with the GPUs offered back as the booking
+    /// service keeps them (asked as the controller, which sees every user's); the
+    /// cluster alone when the service does not answer.
+    pub async fn view_with_offers(&self) -> ClusterView {
+        let view = self.view();
+        let offers = async {
+            let token = gpu_booking_client::TokenSource::file(
+                self.tokens.path(service_accounts::CONTROLLER),
+            )?;
+            let client = gpu_booking_client::BookingClient::new(
+                &self.booking.url,
+                token,
+                Duration::from_secs(2),
+                "gpu-booking-sim-view",
+            )?;
+            anyhow::Ok(client.offers().await?.offers)
+        };
+        match offers.await {
+            Ok(offers) => view.with_offers(offers),
+            Err(e) => {
+                tracing::debug!(error = %e, "the cluster view without offers");
+                view
+            }
+        }
     }
 
     /// Waits until `condition` holds on the cluster, re-checking after every change;

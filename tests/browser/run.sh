@@ -47,6 +47,14 @@ scratch="$(mktemp -d)"
 if "$bin" demo --help | grep -q -- '--webhook-listen'; then
   demo_args+=(--webhook-listen "127.0.0.1:$(free_port)" --webhook-admin-listen "127.0.0.1:$(free_port)" --cert-dir "$scratch/certs")
 fi
+# The page's tests drive a lab that stays as seeded; the demo's scene (a booking that
+# takes a lent A100 back, then an offer) is tested by tests/it/demo_newcomer.rs.
+if "$bin" demo --help | grep -q -- '--no-scene'; then
+  demo_args+=(--no-scene)
+fi
+if "$bin" demo --help | grep -q -- '--apiserver-listen'; then
+  demo_args+=(--apiserver-listen "127.0.0.1:$(free_port)")
+fi
 
 mkdir -p "$artifacts/screenshots"
 log="$artifacts/browser-demo.log"

@@ -13,14 +13,27 @@
 # (each with HUB_ in front: the browser tests' own ADMIN_TOKEN is a booking JWT)
 #   HUB_START_SECONDS, HUB_STOP_SECONDS
 #                     how long starting and stopping a server take (the hub answers a
-#                     start or stop that takes over 10 s with 202 and finishes it later)
+#                     start or stop that takes over 10 s with 202 and finishes it later);
+#                     with HUB_SPAWNER=kube, how long a server takes to answer once its
+#                     pod runs
 #   HUB_SPAWNER       `kube`: KubeSpawner (PyPI `jupyterhub-kubespawner`) spawns into the
 #                     cluster of KUBECONFIG, as zero-to-jupyterhub configures it (namespace
 #                     `jhub`, the kubeconfig's user being the hub's ServiceAccount), one
-#                     GPU per server; unset: the StandInSpawner below
+#                     GPU per server, servers left running when the hub stops (z2jh's
+#                     cleanup_servers); unset: the StandInSpawner below
+#   HUB_POD_GRACE_SECONDS  with HUB_SPAWNER=kube: the notebook pods' grace period
+#                     (Kubernetes' default: 30 s)
+#   HUB_POLL_SECONDS  how often the hub polls each server (JupyterHub's default: 30)
+#   GPU_BOOKING_URL   with HUB_SPAWNER=kube: the spawn form offers the profiles of
+#                     docs/jupyterhub/gpu_booking_profiles.py (which reads it and
+#                     GPU_BOOKING_TOKEN), the GPU only in its GPU profile
 # The `gpu-booking` entry is the one examples/jupyterhub/jupyterhub-values.yaml registers.
 import asyncio
 import os
+import signal
+import sys
+import threading
+import time
 
 from jupyterhub.proxy import Proxy
 from jupyterhub.spawner import Spawner
@@ -69,6 +82,21 @@ class StandInSpawner(Spawner):
             self.stand_in = None
 
 
+if os.environ.get("HUB_SPAWNER") == "kube":
+    from kubespawner import KubeSpawner
+
+    class LabKubeSpawner(KubeSpawner):
+        """KubeSpawner, its server answering HUB_START_SECONDS after its pod runs, as
+        jupyterhub-singleuser takes seconds to start where the lab's stand-in answers
+        at once. The hub's spawn progress shows the pod's Events only while the spawn
+        lasts: it polls them every second and stops when the server answers."""
+
+        async def start(self):
+            url = await super().start()
+            await asyncio.sleep(float(os.environ.get("HUB_START_SECONDS", "0")))
+            return url
+
+
 async def _answer_ok(reader, writer):
     try:
         await reader.readuntil(b"\r\n\r\n")
@@ -80,6 +108,20 @@ async def _answer_ok(reader, writer):
         writer.close()
 
 
+def _exit_with_parent():
+    """Stops the hub (SIGTERM, an orderly shutdown) once the process that started it
+    is gone, however it ended: a test or demo killed outright leaves no hub behind."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+_exit_with_parent()
 c = get_config()  # noqa: F821 (JupyterHub's config loader defines it)
 hub_dir = os.environ["HUB_DIR"]
 
@@ -96,19 +138,34 @@ c.Spawner.start_timeout = 30
 if os.environ.get("HUB_SPAWNER") == "kube":
     # The notebook pods as the fixtures in tests/fixtures/kubespawner record them
     # (their README lists these settings).
-    c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+    c.JupyterHub.spawner_class = LabKubeSpawner
     c.KubeSpawner.namespace = "jhub"
     c.KubeSpawner.image = "quay.io/jupyter/pytorch-notebook:cuda12-2024-10-14"
     c.KubeSpawner.cpu_limit = 4
     c.KubeSpawner.cpu_guarantee = 1
     c.KubeSpawner.mem_limit = "16G"
     c.KubeSpawner.mem_guarantee = "4G"
-    c.KubeSpawner.extra_resource_limits = {"nvidia.com/gpu": "1"}
-    c.KubeSpawner.extra_resource_guarantees = {"nvidia.com/gpu": "1"}
+    if "GPU_BOOKING_URL" in os.environ:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../../docs/jupyterhub"))
+        from gpu_booking_profiles import gpu_booking_profiles
+
+        c.KubeSpawner.profile_list = gpu_booking_profiles
+    else:
+        c.KubeSpawner.extra_resource_limits = {"nvidia.com/gpu": "1"}
+        c.KubeSpawner.extra_resource_guarantees = {"nvidia.com/gpu": "1"}
     c.KubeSpawner.start_timeout = 60
     c.KubeSpawner.http_timeout = 60
+    # z2jh's: a hub restart (an upgrade, a new hub pod) leaves the servers running.
+    c.JupyterHub.cleanup_servers = False
 else:
     c.JupyterHub.spawner_class = StandInSpawner
+if "HUB_POD_GRACE_SECONDS" in os.environ:
+    # The grace period of the lab's notebooks (z2jh: singleuser.extraPodConfig).
+    c.KubeSpawner.extra_pod_config = {
+        "terminationGracePeriodSeconds": int(os.environ["HUB_POD_GRACE_SECONDS"])
+    }
+if "HUB_POLL_SECONDS" in os.environ:
+    c.Spawner.poll_interval = int(os.environ["HUB_POLL_SECONDS"])
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = os.environ["HUB_PASSWORD"]
 c.Authenticator.allow_all = True
@@ -142,3 +199,10 @@ if "BOOKING_URL" in os.environ:
     # JupyterHub service gpu-booking".
     c.JupyterHub.load_roles.append(
         {"name": "user", "scopes": ["self", "access:services!service=gpu-booking"]})
+    # The booking service reads the hub's groups (--hub-groups-token-file with the
+    # service's token), as examples/jupyterhub/jupyterhub-values.yaml grants it.
+    c.JupyterHub.load_roles.append({
+        "name": "gpu-booking-groups",
+        "scopes": ["list:groups", "read:groups"],
+        "services": ["gpu-booking"],
+    })

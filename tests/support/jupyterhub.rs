@@ -63,8 +63,11 @@ pub fn free_port() -> u16 {
 pub struct RealHub {
     /// `http://127.0.0.1:<port>`: its pages under `/hub/`, its API under `/hub/api/`.
     pub url: String,
-    _dir: tempfile::TempDir,
-    _child: Child,
+    /// Its database, cookie secret and servers: kept across [`RealHub::restart`].
+    dir: tempfile::TempDir,
+    child: Child,
+    /// How it was started, to start it again.
+    command: Command,
 }
 
 impl RealHub {
@@ -112,8 +115,19 @@ impl RealHub {
         if let Some(url) = booking_url {
             command.env("BOOKING_URL", url);
         }
-        let mut child = command.spawn().expect("starting jupyterhub");
         let url = format!("http://127.0.0.1:{port}");
+        let child = Self::run(&mut command, &url).await;
+        RealHub {
+            url,
+            dir,
+            child,
+            command,
+        }
+    }
+
+    /// Starts `command` and waits until the hub answers at `url`.
+    async fn run(command: &mut Command, url: &str) -> Child {
+        let mut child = command.spawn().expect("starting jupyterhub");
         let http = reqwest::Client::new();
         for _ in 0..600 {
             if let Ok(Some(status)) = child.try_wait() {
@@ -121,11 +135,7 @@ impl RealHub {
             }
             if let Ok(r) = http.get(format!("{url}/hub/api/")).send().await {
                 if r.status().is_success() {
-                    return RealHub {
-                        url,
-                        _dir: dir,
-                        _child: child,
-                    };
+                    return child;
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -133,8 +143,96 @@ impl RealHub {
         panic!("JupyterHub did not answer on {url} within a minute");
     }
 
+    /// Stops the hub as Kubernetes stops its pod (SIGTERM: it shuts down in order,
+    /// leaving the servers to run where `cleanup_servers` is off, as z2jh has it)
+    /// and starts it again on the same database, as a new hub pod would.
+    pub async fn restart(&mut self) {
+        let pid = self.child.id().expect("the hub runs");
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "SIGTERM to the hub");
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(status) => {
+                status.expect("the hub's exit");
+            }
+            Err(_) => panic!("the hub did not stop within 30 s of SIGTERM"),
+        }
+        self.child = Self::run(&mut self.command, &self.url).await;
+    }
+
     /// `/hub/api` of this hub.
     pub fn api_url(&self) -> String {
         format!("{}/hub/api", self.url)
+    }
+}
+
+/// A browser's session in the hub: logged in at its form as a user.
+pub struct HubSession {
+    pub url: String,
+    pub http: reqwest::Client,
+    pub cookies: std::collections::BTreeMap<String, String>,
+}
+
+impl HubSession {
+    /// Logs `user` in at the login form of the hub at `url` (`http://host:port`).
+    pub async fn login(url: &str, user: &str, password: &str) -> HubSession {
+        let mut session = HubSession {
+            url: url.to_owned(),
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .expect("a client"),
+            cookies: Default::default(),
+        };
+        session.get("/hub/login").await;
+        let xsrf = session
+            .cookies
+            .get("_xsrf")
+            .cloned()
+            .expect("the login form sets _xsrf");
+        let r = session
+            .send(
+                session
+                    .http
+                    .post(format!("{}/hub/login", session.url))
+                    .form(&[("username", user), ("password", password), ("_xsrf", &xsrf)]),
+            )
+            .await;
+        assert_eq!(r.status(), 302, "the hub's login of {user}");
+        session
+    }
+
+    pub async fn send(&mut self, req: reqwest::RequestBuilder) -> reqwest::Response {
+        let cookies: Vec<String> = self
+            .cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let r = req
+            .header(reqwest::header::COOKIE, cookies.join("; "))
+            .send()
+            .await
+            .expect("the hub answers");
+        for c in r.headers().get_all(reqwest::header::SET_COOKIE) {
+            let pair = c
+                .to_str()
+                .unwrap_or_default()
+                .split(';')
+                .next()
+                .unwrap_or_default();
+            if let Some((k, v)) = pair.split_once('=') {
+                self.cookies.insert(k.to_owned(), v.to_owned());
+            }
+        }
+        r
+    }
+
+    /// `GET <path>` of the hub: its status and page.
+    pub async fn get(&mut self, path: &str) -> (u16, String) {
+        let req = self.http.get(format!("{}{path}", self.url));
+        let r = self.send(req).await;
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
     }
 }

@@ -38,6 +38,7 @@ use crate::booking_units;
 use crate::config::ControllerArgs;
 use crate::inventory::Usage;
 use crate::pods::{PodInfo, PodLite};
+use crate::stripped_events::StrippedEvents;
 use expiry::Expiry;
 use follower::Follower;
 use inventory::Inventory;
@@ -78,6 +79,8 @@ pub struct Loop {
     inventory: Inventory,
     preemption: Preemption,
     follower: Follower,
+    stripped_events: StrippedEvents,
+    offers: crate::offers::OfferPart,
 }
 
 impl Loop {
@@ -87,6 +90,8 @@ impl Loop {
             expiry: Expiry::new(ctx.clone(), tx.clone()),
             inventory: Inventory::new(ctx.clone(), args.clone(), tx.clone()),
             preemption: Preemption::new(ctx.clone(), args.clone(), tx),
+            stripped_events: StrippedEvents::new(ctx.clone()),
+            offers: crate::offers::OfferPart::new(ctx.clone(), &args),
             follower: Follower::new(
                 ctx.clone(),
                 args.admission.model_node_label.clone(),
@@ -174,7 +179,9 @@ impl Loop {
                 _ = intent_tick.tick() => self.expiry.sweep_intents(),
                 _ = sync_tick.tick() => self.on_sync_tick(),
                 Ok(()) = leader.changed() => {
-                    if *leader.borrow_and_update() {
+                    let elected = *leader.borrow_and_update();
+                    self.offers.on_leadership(elected);
+                    if elected {
                         self.inventory.on_elected();
                         self.expiry.on_elected();
                         self.follower.start_following();
@@ -245,6 +252,8 @@ impl Loop {
         let scheduler_preempted =
             info.scheduler_preempted && info.priority.is_some() && info.served;
         let job = scheduler_preempted.then(|| job_for(&info, Reason::SchedulerPreempted));
+        self.stripped_events.seen(&info);
+        self.offers.seen(pod, &info);
         self.expiry.insert(info);
         if let Some(job) = job {
             self.expiry.start(job);
@@ -256,6 +265,8 @@ impl Loop {
             self.inventory.pod_gone(&info);
         }
         self.preemption.forget(uid);
+        self.stripped_events.forget(uid);
+        self.offers.forget(uid);
     }
 
     // ---- ticks and messages ---------------------------------------------------------
@@ -269,6 +280,17 @@ impl Loop {
         self.inventory.advertise_gpumem();
         let cluster = seen_by_follower(&self.expiry, &self.inventory);
         self.follower.notice_started_bookings(&cluster);
+        self.offer_gpus();
+    }
+
+    /// Free units offered back to users on CPU (the leader, every pod and node
+    /// listed).
+    fn offer_gpus(&mut self) {
+        if !self.leader() || !self.expiry.pods_synced() || !self.inventory.nodes_synced() {
+            return;
+        }
+        let free = self.inventory.free_units(self.expiry.pods());
+        self.offers.round(self.expiry.pods(), free);
     }
 
     /// A booking covers its units and no more, from the cluster's state on every
