@@ -10,7 +10,8 @@ use crate::routes::{
     admission, audit, availability, bookings, changes, health, me, models, notices, schedulability,
     units,
 };
-use crate::routes::{feeds, notebooks, usage, waitlist};
+use crate::routes::{feeds, notebooks, offers, usage, waitlist};
+use crate::routes::{maintenance, reservations};
 use crate::state::AppState;
 
 /// Every route of the service; tests drive it with `tower::ServiceExt::oneshot`.
@@ -36,11 +37,48 @@ pub fn router(state: AppState) -> Router {
         .route("/audit", get(audit::list).post(audit::report))
         .route("/audit/batch", post(audit::report_batch))
         .route("/policy", get(units::policy))
+        .route(
+            "/groups",
+            get(crate::routes::groups::list).post(crate::routes::groups::create),
+        )
+        .route(
+            "/groups/{name}",
+            get(crate::routes::groups::get)
+                .put(crate::routes::groups::put)
+                .delete(crate::routes::groups::delete),
+        )
+        .route(
+            "/groups/{name}/members/{user}",
+            put(crate::routes::groups::put_member).delete(crate::routes::groups::delete_member),
+        )
+        .route("/groups/{name}/usage", get(crate::routes::groups::usage))
+        .route(
+            "/quota-terms",
+            get(crate::routes::groups::terms).put(crate::routes::groups::put_terms),
+        )
         .route("/held-units", put(units::put_held))
         .route("/notebooks", get(notebooks::list))
+        .route("/offers", get(offers::list).put(offers::put))
         .route("/admin/usage", get(usage::get))
         .route("/waitlist", get(waitlist::list).post(waitlist::join))
         .route("/waitlist/{id}", delete(waitlist::cancel))
+        .route(
+            "/maintenance",
+            get(maintenance::list).post(maintenance::create),
+        )
+        .route("/maintenance/{id}", delete(maintenance::remove))
+        .route(
+            "/reservations",
+            get(reservations::list).post(reservations::create),
+        )
+        .route(
+            "/reservations/{id}",
+            get(reservations::get).delete(reservations::remove),
+        )
+        .route(
+            "/reservations/{id}/occurrences/{start}",
+            delete(reservations::cancel_occurrence),
+        )
         .route(
             "/me/feed-token",
             get(feeds::token_status)

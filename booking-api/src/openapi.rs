@@ -37,11 +37,18 @@ pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
         routes::admission::get,
         routes::audit::report, routes::audit::report_batch, routes::audit::list,
         routes::units::policy, routes::units::put_held,
+        routes::groups::list, routes::groups::create, routes::groups::get, routes::groups::put,
+        routes::groups::delete, routes::groups::put_member, routes::groups::delete_member,
+        routes::groups::usage, routes::groups::terms, routes::groups::put_terms,
         routes::notebooks::list,
+        routes::offers::put, routes::offers::list,
         routes::waitlist::join, routes::waitlist::list, routes::waitlist::cancel,
         routes::feeds::token_status, routes::feeds::issue_token, routes::feeds::revoke_token,
         routes::feeds::own_feed, routes::feeds::model_feed,
         routes::usage::get,
+        routes::maintenance::create, routes::maintenance::list, routes::maintenance::remove,
+        routes::reservations::create, routes::reservations::list, routes::reservations::get,
+        routes::reservations::remove, routes::reservations::cancel_occurrence,
     ),
     modifiers(&BearerAuth, &Contract)
 )]
@@ -156,7 +163,7 @@ fn add_common_responses(op: &mut Operation) {
 
 /// 429 on a write of a caller without the `service` role (`crate::write_limits`).
 fn add_write_limit(op: &mut Operation) {
-    if !op.security.as_ref().is_some_and(|s| !s.is_empty()) {
+    if op.security.as_ref().is_none_or(|s| s.is_empty()) {
         return;
     }
     let response = with_retry_after(error(

@@ -3,15 +3,18 @@
 
 mod architecture;
 mod common;
+mod demo_jupyterhub;
 mod demo_newcomer;
 mod e2e_agent;
 mod e2e_booking_end;
 mod e2e_controller_bounds;
+mod e2e_courses;
 mod e2e_crash;
 mod e2e_forged;
 mod e2e_hub;
 mod e2e_my_notebooks;
 mod e2e_notebooks;
+mod e2e_offers;
 mod e2e_other_workloads;
 mod e2e_real_hub;
 mod e2e_service_accounts;
