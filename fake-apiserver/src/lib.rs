@@ -223,6 +223,7 @@ mod admission;
 mod authn;
 mod change;
 mod discovery;
+mod event_convert;
 mod event_views;
 mod field_labels;
 mod fields;

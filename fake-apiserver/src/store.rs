@@ -34,9 +34,9 @@ impl Watch {
     /// makes an object leave (enter) the selection reads as DELETED (ADDED).
     fn line(&self, change: &Change) -> Option<Bytes> {
         // An Event written through the other Event API is one of this API's too,
-        // converted: kube-apiserver stores them once ([`crate::event_views`]).
+        // converted: kube-apiserver stores them once ([`crate::event_convert`]).
         let converted;
-        let change = match crate::event_views::as_seen_by(change, &self.resource) {
+        let change = match crate::event_convert::as_seen_by(change, &self.resource) {
             Some(seen) => {
                 converted = seen;
                 &converted

@@ -75,7 +75,7 @@ pub async fn create(
     // read or written for a token without groups, or whose groups were recorded).
     crate::routes::groups::seen(&state, &caller).await?;
     let now = state.clock.now();
-    let result = state
+    let created = state
         .creates
         .create(
             now,
@@ -89,8 +89,8 @@ pub async fn create(
                 created_by: caller.user.as_str().to_owned(),
             },
         )
-        .await
-        .map_err(ApiError::from);
+        .await;
+    let result = named_refusal(&state, created).await.map_err(ApiError::from);
     let outcome = match &result {
         Ok(_) => "created",
         Err(e) => e.code(),
@@ -275,7 +275,7 @@ pub async fn change(
     owned_booking(&state, &caller, id).await?;
     crate::routes::groups::seen(&state, &caller).await?;
     let now = state.clock.now();
-    let updated = bookings::change_window(
+    let changed = bookings::change_window(
         &state.pool,
         &state.policy,
         id,
@@ -288,8 +288,21 @@ pub async fn change(
         caller.user.as_str(),
         condition.as_ref(),
     )
-    .await?;
+    .await;
+    let updated = named_refusal(&state, changed).await?;
     Ok(Tagged(updated.view(now)))
+}
+
+/// A refusal for capacity names the maintenance window or course session in the
+/// way, if one is (read only for refusals).
+async fn named_refusal<T>(
+    state: &AppState,
+    result: Result<T, crate::store::StoreError>,
+) -> Result<T, crate::store::StoreError> {
+    match result {
+        Err(e) => Err(crate::store::holds::name_refusal(&state.pool, e).await),
+        ok => ok,
+    }
 }
 
 /// `views` with why each active one's pod waits for a card, as the controller last

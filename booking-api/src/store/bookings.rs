@@ -334,16 +334,10 @@ pub async fn create_many(
         }
     };
     for ((i, c), outcome) in checked.iter().zip(outcomes) {
-        let answer = match outcome {
+        answers[*i] = Some(match outcome {
             Outcome::Created(row) => Ok(row),
             Outcome::Refused(e) => Err(e),
             Outcome::NeedsModelLock => create_moving(pool, policy, c).await,
-        };
-        // A refusal for capacity names the maintenance window or course occurrence
-        // in the way, if one is (read only for refusals).
-        answers[*i] = Some(match answer {
-            Err(e) => Err(crate::store::holds::name_refusal(pool, e).await),
-            ok => ok,
         });
     }
     answers
@@ -1309,10 +1303,11 @@ pub async fn change_window_in(
     overlapping.retain(|h| h.id != id);
     let windows = capacity::unit_windows(overlapping.iter().map(|h| (h.window, h.units())));
     if !capacity::fits_units(units_u32(units), &windows, &window, need) {
-        let refused = capacity_refusal(tx, &row.model, units_u32(units), &window, need, &[])
-            .await?
-            .into();
-        return Err(crate::store::holds::name_refusal(&mut **tx, refused).await);
+        return Err(
+            capacity_refusal(tx, &row.model, units_u32(units), &window, need, &[])
+                .await?
+                .into(),
+        );
     }
     let slots_free = !overlapping
         .iter()

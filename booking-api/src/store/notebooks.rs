@@ -2,18 +2,11 @@
 //! the pods; the service does not): replaced whole with each report, read per user.
 
 use chrono::{DateTime, Utc};
-use gpu_booking_core::username::{NameCase, Username};
+use gpu_booking_core::username::NameCase;
+
+use super::users::owner;
 use gpu_booking_core::wire::{NextStep, Notebook};
 use sqlx::{PgExecutor, PgPool};
-
-/// The name a notebook is kept under: the user it names, normalised as the service
-/// compares names (a name the service would refuse is kept as written: nobody
-/// signs in as it, and an admin may still read it).
-pub(crate) fn owner(user: &str, names: NameCase) -> String {
-    Username::normalised(user, names)
-        .map(Username::into_inner)
-        .unwrap_or_else(|_| user.to_owned())
-}
 
 /// Replaces every notebook with `notebooks` (a notebook left out is not running)
 /// and records when they were reported.

@@ -8,7 +8,7 @@ use gpu_booking_core::username::NameCase;
 use gpu_booking_core::wire::{Offer, Offers};
 use sqlx::{PgExecutor, PgPool};
 
-use super::notebooks::owner;
+use super::users::owner;
 
 /// Replaces every offer with `offers`, but those to users with a booking active at
 /// `now` (their spawn is booked anyway). Answers the offers kept, as reported with

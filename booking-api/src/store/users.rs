@@ -1,6 +1,7 @@
 //! Users the service has seen, with their KubeSpawner slugs (written with their
 //! first booking, see `bookings::create`).
 
+use gpu_booking_core::username::{NameCase, Username};
 use sqlx::PgExecutor;
 
 /// Users whose name, escape slug or safe slug is `slug`. Usually one; a slug
@@ -12,4 +13,13 @@ pub async fn by_slug(db: impl PgExecutor<'_>, slug: &str) -> sqlx::Result<Vec<St
     )
     .fetch_all(db)
     .await
+}
+
+/// The name a user's notebooks and offers are kept under: the name as reported,
+/// normalised as the service compares names (a name the service would refuse is
+/// kept as written: nobody signs in as it, and an admin may still read it).
+pub(crate) fn owner(user: &str, names: NameCase) -> String {
+    Username::normalised(user, names)
+        .map(Username::into_inner)
+        .unwrap_or_else(|_| user.to_owned())
 }
