@@ -194,7 +194,9 @@ async fn course_members_share_the_occurrence_s_units_until_it_ends(pool: PgPool)
         "a third member's pod got a GPU beyond the course's units: warnings {warnings:?}"
     );
     assert!(
-        warnings.iter().any(|w| w.contains("2 GPUs, 2 in use")),
+        warnings
+            .iter()
+            .any(|w| w.contains("the course's 2 GPUs are all in use")),
         "the warning does not say the course's units are in use: {warnings:?}"
     );
 

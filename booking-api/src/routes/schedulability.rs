@@ -101,14 +101,19 @@ pub async fn get(
     };
     // A member of a course running now, without a booking of their own, is booked
     // against its occurrence (as the replica answers).
-    let active = match &owner {
+    // The user's own booking, else a course's session they have as a member.
+    let (active, course) = match &owner {
         Owner::User(user) => {
             match bookings::active_for(&state.pool, std::slice::from_ref(user), now).await? {
-                Some(b) => Some((b.id, b.model, b.units, b.end_at)),
-                None => admission::course_for(&state.pool, user, now).await?,
+                Some(b) => (Some((b.id, b.model, b.units, b.end_at)), false),
+                None => {
+                    let course = admission::course_for(&state.pool, user, now).await?;
+                    let is_course = course.is_some();
+                    (course, is_course)
+                }
             }
         }
-        _ => None,
+        _ => (None, false),
     };
     // Models whose name the webhook could not read are left out (it could not read
     // an answer that named them), as in the replica's snapshot.
@@ -128,6 +133,7 @@ pub async fn get(
                 units_held: count(units_held),
             },
         );
+        answer.course = course;
         holds::withhold(&mut answer.free, &blocked);
         return Ok(axum::Json(answer));
     }

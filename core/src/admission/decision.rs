@@ -172,6 +172,8 @@ pub struct BeyondBooking {
     pub units: u64,
     pub held: u64,
     pub asked: u64,
+    /// The booking is a course's session, shared by its group's members.
+    pub course: bool,
 }
 
 impl BeyondBooking {
@@ -183,13 +185,32 @@ impl BeyondBooking {
             units,
             held,
             asked,
+            course: false,
         })
     }
 
-    /// "booking: 1 GPU, 1 in use", for the warnings.
+    /// What the pod went beyond, for a lent pod's warning: "beyond your booking: 1
+    /// GPU, 1 in use", or "the course's 2 GPUs are all in use".
+    fn beyond_what(&self) -> String {
+        if self.course {
+            self.describe()
+        } else {
+            format!("beyond your {}", self.describe())
+        }
+    }
+
+    /// "booking: 1 GPU, 1 in use" (a course's session: "the course's 2 GPUs are all
+    /// in use"), for the warnings.
     fn describe(&self) -> String {
         let gpus = if self.units == 1 { "GPU" } else { "GPUs" };
-        format!("booking: {} {gpus}, {} in use", self.units, self.held)
+        match (self.course, self.held >= self.units) {
+            (true, true) => format!("the course's {} {gpus} are all in use", self.units),
+            (true, false) => format!(
+                "course session: {} {gpus}, {} in use",
+                self.units, self.held
+            ),
+            (false, _) => format!("booking: {} {gpus}, {} in use", self.units, self.held),
+        }
     }
 }
 
@@ -300,6 +321,10 @@ pub fn decide(
             // left of it after its other pods, by the controller's last count.
             beyond_booking = answer.units.and_then(|units| {
                 BeyondBooking::check(booking_id, units, answer.units_held.unwrap_or(0), gpu.units)
+                    .map(|beyond| BeyondBooking {
+                        course: answer.course,
+                        ..beyond
+                    })
             });
             if beyond_booking.is_none() {
                 return Decision::Booked {
@@ -468,15 +493,15 @@ impl Decision {
                 ..
             } => {
                 let text = format!(
-                    "gpu-booking: beyond your {}: {model} GPU lent, it may be reclaimed",
-                    beyond.describe()
+                    "gpu-booking: {}: {model} GPU lent, it may be reclaimed",
+                    beyond.beyond_what()
                 );
                 if text.chars().count() <= MAX_WARNING_CHARS {
                     text
                 } else {
                     format!(
-                        "gpu-booking: beyond your {}: GPU lent, it may be reclaimed",
-                        beyond.describe()
+                        "gpu-booking: {}: GPU lent, it may be reclaimed",
+                        beyond.beyond_what()
                     )
                 }
             }
@@ -561,6 +586,7 @@ mod tests {
             units_held: None,
             usage_reported_at: BTreeMap::new(),
             offers: Vec::new(),
+            course: false,
         }
     }
 

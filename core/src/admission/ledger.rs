@@ -266,6 +266,7 @@ mod tests {
                 .map(|r| [(model("a100"), t(r))].into_iter().collect())
                 .unwrap_or_default(),
             offers: Vec::new(),
+            course: false,
         }
     }
 

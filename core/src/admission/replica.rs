@@ -409,6 +409,7 @@ impl Replica {
                 booking.user = user.clone();
             }
             let mut answer = Schedulability::booked(&self.models, booking);
+            answer.course = active.is_none();
             answer.offers = self.offers_at(now);
             holds::withhold(&mut answer.free, &self.maintenance_at(now));
             return Ok(Answer {
@@ -855,9 +856,16 @@ mod tests {
         s.held = BTreeMap::from([(40, 2)]);
         r.apply_figures(&s);
         let ben = r.answer(Query::User("ben"), now()).unwrap().schedulability;
-        assert_eq!(
-            decide(&gpu, Lookup::Answer(&ben), &cfg, now()).kind(),
-            "low_priority"
+        assert!(
+            ben.course,
+            "a member's answer says the booking is a course's"
+        );
+        let lent = decide(&gpu, Lookup::Answer(&ben), &cfg, now());
+        assert_eq!(lent.kind(), "low_priority");
+        let warning = lent.warning().unwrap_or_default();
+        assert!(
+            warning.contains("the course's 2 GPUs are all in use"),
+            "the warning should say the course's units are all in use: {warning}"
         );
         // Not a member, or after the occurrence: not booked.
         assert!(
@@ -879,6 +887,7 @@ mod tests {
         ));
         let ann = r.answer(Query::User("ann"), now()).unwrap().schedulability;
         assert_eq!(ann.booking_id, Some(41));
+        assert!(!ann.course, "her own booking is no course's");
         // Membership follows the figures: removed, ben is no longer booked.
         s.groups[0].members = vec!["ann".into()];
         r.apply_figures(&s);

@@ -79,6 +79,11 @@ pub struct Schedulability {
     /// its units free. Absent: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub offers: Vec<super::offers::Offer>,
+    /// The active booking is a course's session (`booking_id` names its row), which
+    /// the user has as a member of the course's group: its units are shared by all
+    /// its members' pods. Absent: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub course: bool,
 }
 
 /// The active booking an answer names.
@@ -161,6 +166,7 @@ impl Schedulability {
             units_held: None,
             usage_reported_at,
             offers: Vec::new(),
+            course: false,
         }
     }
 }

@@ -203,16 +203,17 @@ fn decision() -> impl Strategy<Value = Decision> {
         (
             models.clone(),
             any::<Option<u32>>(),
-            any::<Option<(u8, u8, u8)>>()
+            any::<Option<(u8, u8, u8, bool)>>()
         )
             .prop_map(|(model, mib, beyond)| Decision::LowPriority {
                 model,
                 gpumem_mib: mib.map(u64::from),
-                beyond_booking: beyond.map(|(units, held, asked)| BeyondBooking {
+                beyond_booking: beyond.map(|(units, held, asked, course)| BeyondBooking {
                     booking_id: 3,
                     units: units.into(),
                     held: held.into(),
                     asked: asked.into(),
+                    course,
                 }),
             }),
         prop_oneof![
@@ -227,7 +228,18 @@ fn decision() -> impl Strategy<Value = Decision> {
                     booking_id: 3,
                     units: 64,
                     held: 64,
-                    asked: 64
+                    asked: 64,
+                    course: false,
+                }
+            }),
+            Just(StripReason::BeyondBooking {
+                model: model("a100"),
+                beyond: BeyondBooking {
+                    booking_id: 3,
+                    units: 64,
+                    held: 64,
+                    asked: 64,
+                    course: true,
                 }
             }),
         ]
@@ -442,6 +454,7 @@ proptest! {
             units_held: units.map(|(_, h)| h.into()),
             usage_reported_at: Default::default(),
             offers: Vec::new(),
+            course: false,
         };
         let now = "2029-01-01T00:00:00Z".parse().unwrap();
         let d = decide(&gpu, Lookup::Answer(&answer), &cfg, now);
