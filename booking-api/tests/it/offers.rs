@@ -133,8 +133,18 @@ async fn the_admission_state_carries_the_offers_still_held(pool: PgPool) {
         )
         .await;
         assert_eq!(s, StatusCode::OK);
-        // Bob's hold is over; alice's holds.
+        // Bob's hold is over; alice's holds, read back as it was sent (its row's
+        // `state` JSON).
         assert_eq!(users(&state), vec!["alice"], "{state}");
+        let sent = offer("alice", t0());
+        let read = &state["offers"][0];
+        for field in ["user", "model", "units", "namespace", "pod"] {
+            assert_eq!(read[field], sent[field], "{field}: {state}");
+        }
+        for time in ["offered_at", "until"] {
+            let at = |v: &Value| v.as_str().and_then(|s| s.parse::<DateTime<Utc>>().ok());
+            assert_eq!(at(&read[time]), at(&sent[time]), "{time}: {state}");
+        }
     }
     clock.advance(secs(300));
     let (_, state) = call(
