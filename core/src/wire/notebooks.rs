@@ -164,7 +164,15 @@ pub fn notebooks_problem(notebooks: &[Notebook]) -> Option<String> {
             "notebooks: at most {MAX_REPORTED_NOTEBOOKS} per report"
         ));
     }
-    notebooks.iter().find_map(Notebook::problem)
+    if let Some(problem) = notebooks.iter().find_map(Notebook::problem) {
+        return Some(problem);
+    }
+    // A pod is one notebook: a report naming it twice is not the cluster's.
+    let mut seen = std::collections::BTreeSet::new();
+    notebooks
+        .iter()
+        .find(|n| !seen.insert((n.namespace.as_str(), n.pod.as_str())))
+        .map(|n| format!("notebooks: {}/{} is reported twice", n.namespace, n.pod))
 }
 
 /// A user's notebooks as the service answers them.
@@ -185,6 +193,19 @@ pub struct Notebooks {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_pod_reported_twice_is_refused() {
+        let mut other = notebook();
+        other.user = "bob".into();
+        assert_eq!(
+            notebooks_problem(&[notebook(), other]),
+            Some("notebooks: jhub/jupyter-alice is reported twice".into())
+        );
+        let mut elsewhere = notebook();
+        elsewhere.namespace = "research".into();
+        assert_eq!(notebooks_problem(&[notebook(), elsewhere]), None);
+    }
 
     fn notebook() -> Notebook {
         serde_json::from_value(json!({
