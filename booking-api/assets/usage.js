@@ -1,7 +1,8 @@
 // Booked versus used on the Admin view: GPU-hours booked, held and
-// active per user or model over a period, plotted with Chart.js (vendored in
-// /assets/chart.umd.min.js); the no-shows and the idle bookings as tables; the
-// same report as CSV. Only the REST API is called (GET /api/v1/admin/usage), with
+// active per user, model or group over a period, plotted with Chart.js (vendored in
+// /assets/chart.umd.min.js); per group, each group's use against its quota as the
+// report gives it (`quota_use`: the API counts it, this only shows it); the
+// no-shows and the idle bookings as tables; the same report as CSV. Only the REST API is called (GET /api/v1/admin/usage), with
 // the token app.js keeps for this tab (none behind a sign-in proxy); the API
 // answers 403 to anyone but an admin, and app.js shows this view to admins only.
 'use strict';
@@ -64,6 +65,49 @@
     return (Math.round(h * 10) / 10).toLocaleString() + ' h';
   }
 
+  function num(n) {
+    return Number(n).toLocaleString(undefined, { maximumFractionDigits: 1 });
+  }
+
+  // A row's name on the chart: per group, the bookings of no group have the empty key.
+  function label(report, row) {
+    return report.by === 'group' && row.key === '' ? '(no group)' : row.key;
+  }
+
+  // A group's use against its quota in words: "ml-lab: 120 of 500 GPU-hours in
+  // 2026-12 (380 left) · 2 of 4 GPUs held". The figures are for the quota period
+  // holding the report's last instant, and the GPUs held at that instant.
+  function quotaText(name, u) {
+    const q = u.quota || {};
+    const limited = q.gpu_hours !== null && q.gpu_hours !== undefined;
+    let text = name + ': ';
+    if (!limited) text += num(u.used_gpu_hours) + ' GPU-hours' + (u.period ? ' in ' + u.period : '') + ', no hours quota';
+    else if (!u.period) text += 'GPU-hours not limited then (no term runs)';
+    else text += `${num(u.used_gpu_hours)} of ${num(q.gpu_hours)} GPU-hours in ${u.period} (${num(u.left_gpu_hours)} left)`;
+    if (q.units !== null && q.units !== undefined) text += ` · ${u.units_now} of ${q.units} GPUs held`;
+    return text;
+  }
+
+  // Per group: a line each of use against quota, with a meter of the hours used.
+  function quotaList(report) {
+    const rows = report.by === 'group' ? report.rows.filter((r) => r.quota_use) : [];
+    if (!rows.length) return [];
+    return [
+      el('h4', { id: 'au-quota-title', text: 'Use against quota (the period holding the report\'s end)' }),
+      el('ul', { class: 'quota-use', 'aria-labelledby': 'au-quota-title' }, rows.map((r) => {
+        const u = r.quota_use;
+        const limit = u.quota && u.quota.gpu_hours;
+        return el('li', { 'data-group': r.key },
+          el('span', { class: 'quota-text', text: quotaText(r.key, u) }),
+          ' ',
+          limit && u.period ? el('meter', {
+            min: '0', max: String(limit), high: String(limit * 0.9), value: String(Math.min(u.used_gpu_hours, limit)),
+            'aria-hidden': 'true',
+          }) : null);
+      })),
+    ];
+  }
+
   function table(rows, caption, empty) {
     if (!rows.length) return el('p', { class: 'muted', text: empty });
     return el('div', { class: 'table-scroll' }, el('table', { class: 'bookings usage' },
@@ -94,7 +138,7 @@
   ];
 
   function plot(report) {
-    const labels = report.rows.map((r) => r.key);
+    const labels = report.rows.map((r) => label(report, r));
     const datasets = SERIES.map(([key, label, bg, border]) => ({
       label, data: report.rows.map((r) => r[key]), backgroundColor: bg, borderColor: border, borderWidth: 1,
     }));
@@ -128,7 +172,8 @@
         + `${hours(t.held_gpu_hours)} held by a pod, ${hours(t.active_gpu_hours)} with the GPU active; `
         + `${t.no_shows} no-shows, ${t.idle} idle now.`;
       $('au-chart').setAttribute('aria-label', 'GPU-hours booked, held and active per ' + report.by + ': '
-        + report.rows.map((r) => `${r.key} ${hours(r.booked_gpu_hours)} booked, ${hours(r.held_gpu_hours)} held, ${hours(r.active_gpu_hours)} active`).join('; '));
+        + report.rows.map((r) => `${label(report, r)} ${hours(r.booked_gpu_hours)} booked, ${hours(r.held_gpu_hours)} held, ${hours(r.active_gpu_hours)} active`).join('; '));
+      $('au-quota').replaceChildren(...quotaList(report));
       $('au-noshows').replaceChildren(table(report.no_shows, 'No-shows', 'No no-shows in this period.'));
       $('au-idlelist').replaceChildren(table(report.idle, 'Idle bookings', 'No booking is idle now.'));
       exposed.loads += 1;

@@ -603,8 +603,8 @@ pub async fn delete_member(
 pub struct GroupUsage {
     pub group: String,
     pub quota: QuotaSettings,
-    /// The period now falls in (`2026-12`, or a term's name); absent without an
-    /// hours quota, or between terms.
+    /// The period now falls in (`2026-12`, or a term's name), whether or not the
+    /// quota limits hours; absent between terms.
     pub period: Option<String>,
     pub period_start: Option<DateTime<Utc>>,
     pub period_end: Option<DateTime<Utc>>,

@@ -1,6 +1,6 @@
 //! `GET /api/v1/admin/usage`: booked versus used, per user, per
-//! model or per booking over a period, as JSON or CSV; with the no-shows and the
-//! idle bookings. Admins only.
+//! model, per group or per booking over a period, as JSON or CSV; with the no-shows
+//! and the idle bookings, and per group its use against its quota. Admins only.
 
 use std::collections::BTreeMap;
 
@@ -15,8 +15,10 @@ use utoipa::{IntoParams, ToSchema};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::Query;
+use crate::routes::groups::{usage_of, GroupUsage};
 use crate::routes::REPORT_YEARS;
 use crate::state::AppState;
+use crate::store::groups as group_store;
 use crate::store::usage::{self, BookingUse};
 
 /// The longest period one report covers.
@@ -30,6 +32,9 @@ pub enum By {
     #[default]
     User,
     Model,
+    /// The group each booking counts against (`booking.group_id`: the group whose
+    /// policy applied when it was made), as the quota counts it.
+    Group,
     Booking,
 }
 
@@ -50,7 +55,8 @@ pub struct UsageQuery {
     /// End of the period, exclusive (RFC 3339; default: now), in the years 1970 to
     /// 9998: after `from`, and at most 400 days after it.
     pub to: Option<DateTime<Utc>>,
-    /// Rows per `user` (default), per `model`, or per `booking`.
+    /// Rows per `user` (default), per `model`, per `group` (with each group's use
+    /// against its quota), or per `booking`.
     #[param(inline)]
     pub by: Option<By>,
     /// `json` (default) or `csv` (RFC 4180, with a header row).
@@ -62,10 +68,11 @@ pub struct UsageQuery {
     pub idle_hours: Option<i64>,
 }
 
-/// One row of the report: a user's, a model's or a booking's totals.
+/// One row of the report: a user's, a model's, a group's or a booking's totals.
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
 pub struct UsageRow {
-    /// The user, the model, or the booking id.
+    /// The user, the model, the group (empty: the bookings that count against no
+    /// group), or the booking id.
     pub key: String,
     pub bookings: u64,
     /// GPU-hours booked within the period (whole windows, planned ones too).
@@ -78,6 +85,12 @@ pub struct UsageRow {
     pub no_shows: u64,
     /// Bookings running and idle now.
     pub idle: u64,
+    /// Per group only: the group's use against its quota as
+    /// `GET /api/v1/groups/{name}/usage` answers it, at the report's last instant
+    /// (just before `to`): the quota period that contains it, the GPU-hours used and
+    /// left there, the units held at that instant and at most from it on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota_use: Option<GroupUsage>,
 }
 
 /// One booking's figures.
@@ -110,7 +123,8 @@ pub struct BookingUseReport {
     pub by: By,
     pub generated_at: DateTime<Utc>,
     pub idle_hours: i64,
-    /// Totals per user, model or booking, by key.
+    /// Totals per user, model or booking, by key; per group, in the admin's order
+    /// (every group, with its quota use), then the bookings of no group.
     pub rows: Vec<UsageRow>,
     /// Totals of every row.
     pub total: UsageRow,
@@ -123,10 +137,12 @@ pub struct BookingUseReport {
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/usage", tag = "usage", params(UsageQuery),
-    description = "Booked versus used over a period (admins): per user, model or booking, the GPU-hours \
+    description = "Booked versus used over a period (admins): per user, model, group or booking, the GPU-hours \
                    booked, held by a pod (the controller's reports) and active (the node agent's); the \
                    no-shows (started, never held) and the idle bookings (running, no GPU activity for \
-                   `idle_hours`). `format=csv` answers `text/csv` (RFC 4180, a header row; text a \
+                   `idle_hours`). Per group (the group each booking counts against), each group's use \
+                   against its quota too, as `GET /api/v1/groups/{name}/usage` answers it for the \
+                   report's last instant. `format=csv` answers `text/csv` (RFC 4180, a header row; text a \
                    spreadsheet would run as a formula is prefixed with `'`).",
     responses(
         (status = 200, description = "The report", content(
@@ -172,14 +188,30 @@ pub async fn get(
     }
     let by = q.by.unwrap_or_default();
     let rows = usage::bookings(&state.pool, from, to, now).await?;
-    let report = build(
+    let group_of = match by {
+        By::Group => {
+            let ids: Vec<i64> = rows.iter().map(|b| b.id).collect();
+            usage::groups_of(&state.pool, &ids).await?
+        }
+        _ => BTreeMap::new(),
+    };
+    let mut report = build(
         from,
         to,
         by,
         now,
         idle_hours,
         rows.into_iter().map(|b| view(b, now, idle_hours)).collect(),
+        |b| match by {
+            By::User => b.user.clone(),
+            By::Model => b.model.clone(),
+            By::Group => group_of.get(&b.id).cloned().unwrap_or_default(),
+            By::Booking => b.id.to_string(),
+        },
     );
+    if by == By::Group {
+        report.rows = with_quotas(&state, to, std::mem::take(&mut report.rows)).await?;
+    }
     Ok(match q.format.unwrap_or_default() {
         Format::Json => axum::Json(report).into_response(),
         Format::Csv => (
@@ -229,6 +261,34 @@ fn round(h: f64) -> f64 {
     (h * 1000.0).round() / 1000.0
 }
 
+/// Per group: a row for every group in the admin's order, each with its use
+/// against its quota (from the code that answers `/groups/{name}/usage`, so that
+/// the two never differ), then the rows of bookings whose group is none (or gone).
+async fn with_quotas(
+    state: &AppState,
+    to: DateTime<Utc>,
+    rows: Vec<UsageRow>,
+) -> Result<Vec<UsageRow>, ApiError> {
+    // The report's last instant: a report to a month's first midnight is about the
+    // month before, and so is its quota period.
+    let last = to
+        .checked_sub_signed(TimeDelta::microseconds(1))
+        .unwrap_or(to);
+    let mut by_key: BTreeMap<String, UsageRow> =
+        rows.into_iter().map(|r| (r.key.clone(), r)).collect();
+    let mut out = Vec::with_capacity(by_key.len());
+    for g in group_store::list(&state.pool).await? {
+        let mut row = by_key.remove(&g.row.name).unwrap_or_else(|| UsageRow {
+            key: g.row.name.clone(),
+            ..UsageRow::default()
+        });
+        row.quota_use = Some(usage_of(state, &g, last, true).await?);
+        out.push(row);
+    }
+    out.extend(by_key.into_values());
+    Ok(out)
+}
+
 fn build(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
@@ -236,6 +296,7 @@ fn build(
     now: DateTime<Utc>,
     idle_hours: i64,
     bookings: Vec<BookingUseView>,
+    key_of: impl Fn(&BookingUseView) -> String,
 ) -> BookingUseReport {
     let mut groups: BTreeMap<String, UsageRow> = BTreeMap::new();
     let mut total = UsageRow {
@@ -243,11 +304,7 @@ fn build(
         ..UsageRow::default()
     };
     for b in &bookings {
-        let key = match by {
-            By::User => b.user.clone(),
-            By::Model => b.model.clone(),
-            By::Booking => b.id.to_string(),
-        };
+        let key = key_of(b);
         let row = groups.entry(key.clone()).or_insert_with(|| UsageRow {
             key,
             ..UsageRow::default()
@@ -291,8 +348,9 @@ fn time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-/// The report as CSV: per user or model, one row each; per booking, the booking's
-/// own figures. Every text field through [`csv_field`].
+/// The report as CSV: per user, model or group, one row each (per group with its
+/// quota use, empty where a figure is none); per booking, the booking's own figures.
+/// Every text field through [`csv_field`].
 fn csv(r: &BookingUseReport) -> String {
     let mut out = String::new();
     if r.by == By::Booking {
@@ -326,8 +384,12 @@ fn csv(r: &BookingUseReport) -> String {
         }
         return out;
     }
-    let key = if r.by == By::User { "user" } else { "model" };
-    out.push_str(&csv_record([
+    let key = match r.by {
+        By::User => "user",
+        By::Model => "model",
+        _ => "group",
+    };
+    let mut header = vec![
         key,
         "bookings",
         "booked_gpu_hours",
@@ -335,9 +397,13 @@ fn csv(r: &BookingUseReport) -> String {
         "active_gpu_hours",
         "no_shows",
         "idle",
-    ]));
+    ];
+    if r.by == By::Group {
+        header.extend(QUOTA_COLUMNS);
+    }
+    out.push_str(&csv_record(header));
     for row in &r.rows {
-        out.push_str(&csv_record([
+        let mut fields = vec![
             csv_field(&row.key),
             row.bookings.to_string(),
             row.booked_gpu_hours.to_string(),
@@ -345,7 +411,42 @@ fn csv(r: &BookingUseReport) -> String {
             row.active_gpu_hours.to_string(),
             row.no_shows.to_string(),
             row.idle.to_string(),
-        ]));
+        ];
+        if r.by == By::Group {
+            fields.extend(quota_fields(row.quota_use.as_ref()));
+        }
+        out.push_str(&csv_record(fields));
     }
     out
+}
+
+/// The CSV's columns of a group's quota use.
+const QUOTA_COLUMNS: [&str; 8] = [
+    "quota_period",
+    "quota_period_start",
+    "quota_period_end",
+    "quota_gpu_hours",
+    "quota_used_gpu_hours",
+    "quota_left_gpu_hours",
+    "quota_units",
+    "quota_units_now",
+];
+
+/// A row's [`QUOTA_COLUMNS`]: empty where there is no figure (no quota, no period,
+/// or the bookings of no group).
+fn quota_fields(u: Option<&GroupUsage>) -> [String; 8] {
+    let Some(u) = u else {
+        return Default::default();
+    };
+    let text = |n: Option<String>| n.unwrap_or_default();
+    [
+        text(u.period.as_deref().map(csv_field)),
+        text(u.period_start.map(time)),
+        text(u.period_end.map(time)),
+        text(u.quota.gpu_hours.map(|h| h.to_string())),
+        u.used_gpu_hours.to_string(),
+        text(u.left_gpu_hours.map(|h| h.to_string())),
+        text(u.quota.units.map(|n| n.to_string())),
+        u.units_now.to_string(),
+    ]
 }

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{PgExecutor, PgPool};
 
 use super::audit;
+use super::groups::delete_audited;
 use super::StoreError;
 
 /// Hex characters of a token.
@@ -61,29 +62,20 @@ pub async fn issue(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<Stri
 
 /// Revokes the user's token; `false` if there was none.
 pub async fn revoke(pool: &PgPool, user: &str, now: DateTime<Utc>) -> Result<bool, StoreError> {
-    let mut tx = pool.begin().await?;
-    let gone = sqlx::query!("DELETE FROM feed_token WHERE user_name = $1", user)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-        > 0;
-    if gone {
-        audit::record(
-            &mut *tx,
-            audit::NewEvent {
-                at: now,
-                actor: user,
-                action: "feed_token.revoke",
-                subject: None,
-                user: Some(user),
-                booking_id: None,
-                details: json!({}),
-            },
-        )
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(gone)
+    Ok(delete_audited(
+        pool,
+        sqlx::query!("DELETE FROM feed_token WHERE user_name = $1", user),
+        audit::NewEvent {
+            at: now,
+            actor: user,
+            action: "feed_token.revoke",
+            subject: None,
+            user: Some(user),
+            booking_id: None,
+            details: json!({}),
+        },
+    )
+    .await?)
 }
 
 /// When the user's current token was issued, if they have one.

@@ -11,13 +11,28 @@ use gpu_booking_core::groups::{GroupPolicy, ModelRule, PolicyOverrides, Ranked, 
 use gpu_booking_core::quota::{Counted, PeriodKind, Quota, Term};
 use gpu_booking_core::window::Window;
 use serde_json::json;
-use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{FromRow, PgExecutor, PgPool, Postgres, Transaction};
 
 use super::audit;
 
 /// The advisory lock space of groups: `(7266, group id)`, taken before every other
 /// lock of a create (migration 20261213000100, `booking_lock_and_read_grouped`).
 pub const GROUP_LOCK_SPACE: i32 = 7266;
+
+/// The policy columns that `lab_group` and `group_model_policy` share (`None`
+/// inherits).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PolicyColumns {
+    pub min_duration_s: Option<i64>,
+    pub max_duration_s: Option<i64>,
+    pub cooldown_s: Option<i64>,
+    pub no_booking_while_active: Option<bool>,
+    pub max_planned: Option<i32>,
+    pub max_units_per_booking: Option<i32>,
+    pub max_ahead_s: Option<i64>,
+}
 
 /// A group's row.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -26,13 +41,8 @@ pub struct GroupRow {
     pub name: String,
     pub position: i32,
     pub description: String,
-    pub min_duration_s: Option<i64>,
-    pub max_duration_s: Option<i64>,
-    pub cooldown_s: Option<i64>,
-    pub no_booking_while_active: Option<bool>,
-    pub max_planned: Option<i32>,
-    pub max_units_per_booking: Option<i32>,
-    pub max_ahead_s: Option<i64>,
+    #[sqlx(flatten)]
+    pub policy: PolicyColumns,
     pub listed_models_only: bool,
     pub quota_gpu_hours: Option<i32>,
     pub quota_period: String,
@@ -47,13 +57,8 @@ pub struct ModelPolicyRow {
     pub group_id: i32,
     pub model: String,
     pub allowed: bool,
-    pub min_duration_s: Option<i64>,
-    pub max_duration_s: Option<i64>,
-    pub cooldown_s: Option<i64>,
-    pub no_booking_while_active: Option<bool>,
-    pub max_planned: Option<i32>,
-    pub max_units_per_booking: Option<i32>,
-    pub max_ahead_s: Option<i64>,
+    #[sqlx(flatten)]
+    pub policy: PolicyColumns,
 }
 
 /// A member of a group.
@@ -73,14 +78,24 @@ pub struct Group {
     pub models: Vec<ModelPolicyRow>,
 }
 
-const GROUP_COLUMNS: &str =
-    "id, name, position, description, min_duration_s, max_duration_s, cooldown_s, \
-    no_booking_while_active, max_planned, max_units_per_booking, max_ahead_s, listed_models_only, \
-    quota_gpu_hours, quota_period, quota_units, created_at, updated_at";
+/// The columns of [`PolicyColumns`], in its order (a macro, so that the other
+/// lists can be `concat!`ed from it).
+macro_rules! policy_columns {
+    () => {
+        "min_duration_s, max_duration_s, cooldown_s, no_booking_while_active, max_planned, \
+        max_units_per_booking, max_ahead_s"
+    };
+}
 
-const MODEL_COLUMNS: &str =
-    "group_id, model, allowed, min_duration_s, max_duration_s, cooldown_s, \
-    no_booking_while_active, max_planned, max_units_per_booking, max_ahead_s";
+const GROUP_COLUMNS: &str = concat!(
+    "id, name, position, description, ",
+    policy_columns!(),
+    ", listed_models_only, quota_gpu_hours, quota_period, quota_units, created_at, updated_at"
+);
+
+const MODEL_COLUMNS: &str = concat!("group_id, model, allowed, ", policy_columns!());
+
+const POLICY_COLUMNS: &str = policy_columns!();
 
 fn seconds(s: Option<i64>) -> Option<TimeDelta> {
     s.map(TimeDelta::seconds)
@@ -90,39 +105,48 @@ fn count(n: Option<i32>) -> Option<u32> {
     n.and_then(|n| u32::try_from(n).ok())
 }
 
-/// The columns the two tables share, as `core` reads them.
-#[allow(clippy::too_many_arguments)]
-fn overrides(
-    min: Option<i64>,
-    max: Option<i64>,
-    cooldown: Option<i64>,
-    active: Option<bool>,
-    planned: Option<i32>,
-    units: Option<i32>,
-    ahead: Option<i64>,
-) -> PolicyOverrides {
-    PolicyOverrides {
-        min_duration: seconds(min),
-        max_duration: seconds(max),
-        cooldown: seconds(cooldown),
-        no_booking_while_active: active,
-        max_planned: count(planned),
-        max_units_per_booking: count(units),
-        max_ahead: seconds(ahead),
+impl PolicyColumns {
+    /// Binds the columns, in their order, as the next seven parameters of `q`.
+    fn bind<'q>(self, q: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
+        q.bind(self.min_duration_s)
+            .bind(self.max_duration_s)
+            .bind(self.cooldown_s)
+            .bind(self.no_booking_while_active)
+            .bind(self.max_planned)
+            .bind(self.max_units_per_booking)
+            .bind(self.max_ahead_s)
+    }
+
+    /// The columns that store `o`.
+    fn of(o: &PolicyOverrides) -> Self {
+        PolicyColumns {
+            min_duration_s: secs(o.min_duration),
+            max_duration_s: secs(o.max_duration),
+            cooldown_s: secs(o.cooldown),
+            no_booking_while_active: o.no_booking_while_active,
+            max_planned: int(o.max_planned),
+            max_units_per_booking: int(o.max_units_per_booking),
+            max_ahead_s: secs(o.max_ahead),
+        }
+    }
+
+    /// The columns as `core` reads them.
+    pub fn overrides(&self) -> PolicyOverrides {
+        PolicyOverrides {
+            min_duration: seconds(self.min_duration_s),
+            max_duration: seconds(self.max_duration_s),
+            cooldown: seconds(self.cooldown_s),
+            no_booking_while_active: self.no_booking_while_active,
+            max_planned: count(self.max_planned),
+            max_units_per_booking: count(self.max_units_per_booking),
+            max_ahead: seconds(self.max_ahead_s),
+        }
     }
 }
 
 impl GroupRow {
     pub fn overrides(&self) -> PolicyOverrides {
-        overrides(
-            self.min_duration_s,
-            self.max_duration_s,
-            self.cooldown_s,
-            self.no_booking_while_active,
-            self.max_planned,
-            self.max_units_per_booking,
-            self.max_ahead_s,
-        )
+        self.policy.overrides()
     }
 
     pub fn quota(&self) -> Quota {
@@ -144,15 +168,7 @@ impl ModelPolicyRow {
     pub fn rule(&self) -> ModelRule {
         ModelRule {
             allowed: self.allowed,
-            overrides: overrides(
-                self.min_duration_s,
-                self.max_duration_s,
-                self.cooldown_s,
-                self.no_booking_while_active,
-                self.max_planned,
-                self.max_units_per_booking,
-                self.max_ahead_s,
-            ),
+            overrides: self.policy.overrides(),
         }
     }
 }
@@ -291,35 +307,29 @@ pub async fn write(
     now: DateTime<Utc>,
     actor: &str,
 ) -> sqlx::Result<Option<Group>> {
-    let o = &spec.policy.overrides;
+    // Both statements take the policy columns as $4 to $10.
     let sql = if replace {
         format!(
-            "UPDATE lab_group SET position = $2, description = $3, min_duration_s = $4, max_duration_s = $5,
-                cooldown_s = $6, no_booking_while_active = $7, max_planned = $8, max_units_per_booking = $9,
-                max_ahead_s = $10, listed_models_only = $11, quota_gpu_hours = $12, quota_period = $13,
+            "UPDATE lab_group SET position = $2, description = $3,
+                ({POLICY_COLUMNS}) = ($4, $5, $6, $7, $8, $9, $10),
+                listed_models_only = $11, quota_gpu_hours = $12, quota_period = $13,
                 quota_units = $14, updated_at = $15
              WHERE name = $1 RETURNING {GROUP_COLUMNS}"
         )
     } else {
         format!(
-            "INSERT INTO lab_group (name, position, description, min_duration_s, max_duration_s, cooldown_s,
-                no_booking_while_active, max_planned, max_units_per_booking, max_ahead_s, listed_models_only,
+            "INSERT INTO lab_group (name, position, description, {POLICY_COLUMNS}, listed_models_only,
                 quota_gpu_hours, quota_period, quota_units, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15)
              ON CONFLICT (name) DO NOTHING RETURNING {GROUP_COLUMNS}"
         )
     };
-    let row: Option<GroupRow> = sqlx::query_as(&sql)
+    let head = sqlx::query(&sql)
         .bind(spec.name)
         .bind(spec.position)
-        .bind(spec.description)
-        .bind(secs(o.min_duration))
-        .bind(secs(o.max_duration))
-        .bind(secs(o.cooldown))
-        .bind(o.no_booking_while_active)
-        .bind(int(o.max_planned))
-        .bind(int(o.max_units_per_booking))
-        .bind(secs(o.max_ahead))
+        .bind(spec.description);
+    let written = PolicyColumns::of(&spec.policy.overrides)
+        .bind(head)
         .bind(spec.policy.listed_models_only)
         .bind(int(spec.quota.gpu_hours))
         .bind(spec.quota.period.as_str())
@@ -327,30 +337,26 @@ pub async fn write(
         .bind(now)
         .fetch_optional(&mut **tx)
         .await?;
-    let Some(row) = row else { return Ok(None) };
+    let Some(row) = written.map(|r| GroupRow::from_row(&r)).transpose()? else {
+        return Ok(None);
+    };
     sqlx::query("DELETE FROM group_model_policy WHERE group_id = $1")
         .bind(row.id)
         .execute(&mut **tx)
         .await?;
+    let insert = format!(
+        "INSERT INTO group_model_policy ({MODEL_COLUMNS})
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+    );
     for (model, rule) in &spec.policy.models {
-        let o = &rule.overrides;
-        sqlx::query(
-            "INSERT INTO group_model_policy (group_id, model, allowed, min_duration_s, max_duration_s, cooldown_s,
-                no_booking_while_active, max_planned, max_units_per_booking, max_ahead_s)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .bind(row.id)
-        .bind(model)
-        .bind(rule.allowed)
-        .bind(secs(o.min_duration))
-        .bind(secs(o.max_duration))
-        .bind(secs(o.cooldown))
-        .bind(o.no_booking_while_active)
-        .bind(int(o.max_planned))
-        .bind(int(o.max_units_per_booking))
-        .bind(secs(o.max_ahead))
-        .execute(&mut **tx)
-        .await?;
+        let head = sqlx::query(&insert)
+            .bind(row.id)
+            .bind(model)
+            .bind(rule.allowed);
+        PolicyColumns::of(&rule.overrides)
+            .bind(head)
+            .execute(&mut **tx)
+            .await?;
     }
     audit::record(
         &mut **tx,
@@ -388,6 +394,22 @@ pub async fn lock(tx: &mut Transaction<'_, Postgres>, group_id: i32) -> sqlx::Re
     Ok(())
 }
 
+/// Runs `delete` and, when it deleted a row, records `event`, in one transaction;
+/// `false` (and no event): there was nothing to delete.
+pub async fn delete_audited(
+    pool: &PgPool,
+    delete: Query<'_, Postgres, PgArguments>,
+    event: audit::NewEvent<'_>,
+) -> sqlx::Result<bool> {
+    let mut tx = pool.begin().await?;
+    let gone = delete.execute(&mut *tx).await?.rows_affected() > 0;
+    if gone {
+        audit::record(&mut *tx, event).await?;
+    }
+    tx.commit().await?;
+    Ok(gone)
+}
+
 /// Deletes the group: its members and policies go with it; its bookings stay, and
 /// count against no group from now on. `false`: no such group.
 pub async fn delete(
@@ -396,29 +418,20 @@ pub async fn delete(
     now: DateTime<Utc>,
     actor: &str,
 ) -> sqlx::Result<bool> {
-    let mut tx = pool.begin().await?;
-    let gone: Option<i32> =
-        sqlx::query_scalar("DELETE FROM lab_group WHERE name = $1 RETURNING id")
-            .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?;
-    if gone.is_some() {
-        audit::record(
-            &mut *tx,
-            audit::NewEvent {
-                at: now,
-                actor,
-                action: "group.delete",
-                subject: Some(name),
-                user: None,
-                booking_id: None,
-                details: json!({}),
-            },
-        )
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(gone.is_some())
+    delete_audited(
+        pool,
+        sqlx::query("DELETE FROM lab_group WHERE name = $1").bind(name),
+        audit::NewEvent {
+            at: now,
+            actor,
+            action: "group.delete",
+            subject: Some(name),
+            user: None,
+            booking_id: None,
+            details: json!({}),
+        },
+    )
+    .await
 }
 
 /// The group's members, owners first.
@@ -491,31 +504,22 @@ pub async fn delete_member(
     now: DateTime<Utc>,
     actor: &str,
 ) -> sqlx::Result<bool> {
-    let mut tx = pool.begin().await?;
-    let gone = sqlx::query("DELETE FROM group_member WHERE group_id = $1 AND user_name = $2")
-        .bind(group.id)
-        .bind(user)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-        > 0;
-    if gone {
-        audit::record(
-            &mut *tx,
-            audit::NewEvent {
-                at: now,
-                actor,
-                action: "group.member_delete",
-                subject: Some(&group.name),
-                user: Some(user),
-                booking_id: None,
-                details: json!({}),
-            },
-        )
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(gone)
+    delete_audited(
+        pool,
+        sqlx::query("DELETE FROM group_member WHERE group_id = $1 AND user_name = $2")
+            .bind(group.id)
+            .bind(user),
+        audit::NewEvent {
+            at: now,
+            actor,
+            action: "group.member_delete",
+            subject: Some(&group.name),
+            user: Some(user),
+            booking_id: None,
+            details: json!({}),
+        },
+    )
+    .await
 }
 
 /// Makes `user`'s memberships from `source` exactly the groups of `names` that an

@@ -184,6 +184,23 @@ pub async fn bookings(
     .await
 }
 
+/// The group each of the bookings `ids` counts against (`booking.group_id`, set at
+/// its creation to the group whose policy applied), by booking id; bookings of no
+/// group are not in it.
+pub async fn groups_of(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+) -> sqlx::Result<BTreeMap<i64, String>> {
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT b.id, g.name FROM booking b JOIN lab_group g ON g.id = b.group_id
+         WHERE b.id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// A running booking with no GPU activity for a while.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IdleBooking {

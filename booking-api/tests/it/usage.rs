@@ -1,7 +1,9 @@
 //! Booked versus used on the real Postgres: the controller's
 //! held-units reports (with the agent's activity) become spans of use; the admin
-//! report per user, model and booking, as JSON and CSV (a hostile user name stays
-//! text); no-shows and idle bookings; the idle nudge, once per booking; retention.
+//! report per user, model, group and booking, as JSON and CSV (a hostile user name
+//! stays text; per group with each group's use against its quota, a user in two
+//! groups counted for the one whose policy applies); no-shows and idle bookings; the
+//! idle nudge, once per booking; retention.
 
 use std::sync::Arc;
 
@@ -353,6 +355,172 @@ async fn booked_held_active_per_user_model_and_booking(pool: PgPool) {
     );
 }
 
+impl Api {
+    async fn admin(&self, method: Method, uri: &str, body: Option<Value>) -> Value {
+        let (s, b) = self
+            .call(method, uri, "root@lab", Some("admin"), body)
+            .await;
+        assert!(s.is_success(), "{uri}: {s} {b}");
+        b
+    }
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn per_group_with_quota_use_a_user_in_two_groups_counted_once(pool: PgPool) {
+    let api = Api::new(pool).await;
+    let groups = [
+        json!({"name": "vision", "position": 1, "quota": {"gpu_hours": 100}}),
+        json!({"name": "ml-lab", "position": 0, "quota": {"gpu_hours": 500, "units": 3}}),
+        json!({"name": "empty", "position": 2}),
+    ];
+    for g in groups {
+        api.admin(Method::POST, "/api/v1/groups", Some(g)).await;
+    }
+    // dan is in both ml-lab and vision: ml-lab comes first in the admin's order,
+    // so its policy applies to him and his bookings count against it.
+    for (group, user) in [("ml-lab", "dan"), ("vision", "dan"), ("vision", "eve")] {
+        api.admin(
+            Method::PUT,
+            &format!("/api/v1/groups/{group}/members/{user}"),
+            Some(json!({})),
+        )
+        .await;
+    }
+    let start = t0() + TimeDelta::days(1);
+    api.book("dan", start, 2).await;
+    api.book("eve", start, 2).await;
+    // fay is in no group.
+    api.book("fay", start, 1).await;
+
+    let from = rfc(t0());
+    let to = rfc(t0() + TimeDelta::days(10));
+    let r = api.report(&format!("from={from}&to={to}&by=group")).await;
+    assert_eq!(r["by"], "group");
+    let keys: Vec<&str> = r["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    // Every group in the admin's order (one without bookings too), then no group.
+    assert_eq!(keys, ["ml-lab", "vision", "empty", ""]);
+    let ml = row(&r, "ml-lab");
+    assert_eq!(
+        (ml["bookings"].clone(), ml["booked_gpu_hours"].clone()),
+        (json!(1), json!(48.0)),
+        "{ml}"
+    );
+    let vision = row(&r, "vision");
+    assert_eq!(
+        (
+            vision["bookings"].clone(),
+            vision["booked_gpu_hours"].clone()
+        ),
+        (json!(1), json!(48.0)),
+        "{vision}"
+    );
+    assert_eq!(row(&r, "empty")["bookings"], 0);
+    assert_eq!(row(&r, "")["booked_gpu_hours"], 24.0);
+    assert_eq!(r["total"]["bookings"], 3);
+    assert!(r["total"].get("quota_use").is_none());
+
+    // The quota period holding the report's last instant (16 January): January.
+    let q = &ml["quota_use"];
+    assert_eq!(q["group"], "ml-lab");
+    assert_eq!(q["period"], "2030-01");
+    assert_eq!(q["period_start"], "2030-01-01T00:00:00Z");
+    assert_eq!(q["period_end"], "2030-02-01T00:00:00Z");
+    assert_eq!(
+        q["quota"],
+        json!({"gpu_hours": 500, "period": "month", "units": 3})
+    );
+    assert_eq!(q["used_gpu_hours"], 48.0);
+    assert_eq!(q["left_gpu_hours"], 452.0);
+    assert_eq!(q["units_now"], 0, "nothing is held on 16 January");
+    assert_eq!(q["by_user"], json!({"dan": 48.0}));
+    // dan's hours count for ml-lab only: vision has eve's.
+    let qv = &vision["quota_use"];
+    assert_eq!(
+        (qv["used_gpu_hours"].clone(), qv["left_gpu_hours"].clone()),
+        (json!(48.0), json!(52.0))
+    );
+    assert_eq!(qv["by_user"], json!({"eve": 48.0}));
+    // No quota: nothing is left of one.
+    let qe = &row(&r, "empty")["quota_use"];
+    assert_eq!(
+        (qe["used_gpu_hours"].clone(), qe["left_gpu_hours"].clone()),
+        (json!(0.0), Value::Null),
+        "{qe}"
+    );
+    assert!(row(&r, "").get("quota_use").is_none());
+
+    // A report to 1 February's midnight is about January, and so is its quota.
+    let feb = rfc(Utc.with_ymd_and_hms(2030, 2, 1, 0, 0, 0).unwrap());
+    let jan = api.report(&format!("from={from}&to={feb}&by=group")).await;
+    assert_eq!(row(&jan, "ml-lab")["quota_use"]["period"], "2030-01");
+
+    // During the bookings, a report to now holds what the group's usage says.
+    api.clock.set(start + TimeDelta::hours(1));
+    let now_report = api.report("by=group").await;
+    let usage = api
+        .admin(Method::GET, "/api/v1/groups/ml-lab/usage", None)
+        .await;
+    assert_eq!(row(&now_report, "ml-lab")["quota_use"], usage);
+    assert_eq!(usage["units_now"], 1);
+    api.clock.set(t0());
+
+    // CSV per group: the header, a group's quota columns, empty ones for no group.
+    let (s, _, text) = api
+        .raw(
+            Method::GET,
+            &format!("/api/v1/admin/usage?from={from}&to={to}&by=group&format=csv"),
+            "root@lab",
+            Some("admin"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        text.starts_with(
+            "group,bookings,booked_gpu_hours,held_gpu_hours,active_gpu_hours,no_shows,idle,\
+             quota_period,quota_period_start,quota_period_end,quota_gpu_hours,quota_used_gpu_hours,\
+             quota_left_gpu_hours,quota_units,quota_units_now\r\n"
+        ),
+        "{text}"
+    );
+    let records = read_csv(&text);
+    assert_eq!(records.len(), 1 + 4);
+    assert!(records.iter().all(|r| r.len() == 15), "{records:?}");
+    assert_eq!(
+        records[1],
+        [
+            "ml-lab",
+            "1",
+            "48",
+            "0",
+            "0",
+            "0",
+            "0",
+            "2030-01",
+            "2030-01-01T00:00:00Z",
+            "2030-02-01T00:00:00Z",
+            "500",
+            "48",
+            "452",
+            "3",
+            "0"
+        ]
+    );
+    assert_eq!(records[3][..7], ["empty", "0", "0", "0", "0", "0", "0"]);
+    assert_eq!(records[3][10..], ["", "0", "", "", "0"]);
+    assert_eq!(records[4][0], "");
+    assert!(
+        records[4][7..].iter().all(String::is_empty),
+        "{:?}",
+        records[4]
+    );
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn only_admins_and_sane_periods(pool: PgPool) {
     let api = Api::new(pool).await;
@@ -394,7 +562,7 @@ async fn only_admins_and_sane_periods(pool: PgPool) {
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
     let (s, _) = admin("idle_hours=0").await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
-    let (s, _) = admin("by=group").await;
+    let (s, _) = admin("by=team").await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     let (s, _) = admin("format=xlsx").await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
