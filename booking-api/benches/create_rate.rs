@@ -220,14 +220,14 @@ struct Creates {
     open_loop_users: std::sync::atomic::AtomicUsize,
 }
 
-/// A create's body: one of the models, a window of 1 to 14 days starting within five
-/// years, so that almost every create is accepted.
+/// A create's body: one of the models, a window of 1 to 14 days starting within the
+/// horizon (`--max-ahead`, 365 days), so that almost every create is accepted.
 fn new_window() -> serde_json::Value {
     let (model, offset_h, days) = {
         let mut rng = rand::rng();
         (
             rng.random_range(0..MODELS),
-            rng.random_range(1..5 * 365 * 24),
+            rng.random_range(1..(365 - 14) * 24),
             rng.random_range(1..=14),
         )
     };

@@ -211,6 +211,9 @@ const MIN_TRIAL_OPS: usize = 1_000;
 /// 5,000-10,000), so the search doubles from it; halved where even it misses.
 pub const FIRST_RATE: f64 = 400.0;
 
+/// Whether a refused create's answer was printed already.
+static FIRST_REFUSAL_SHOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// One open-loop trial of booking creates through the API at `api_url`, `rate` per
 /// second for `duration`: the i-th by the user of `tokens[i]` (minted beforehand, one
 /// for each of `due(rate, duration)`), with the body `body()` gives. A create succeeds
@@ -228,8 +231,17 @@ pub async fn open_loop_creates(
         let (http, url, token, body) = (http.clone(), url.clone(), tokens[i].clone(), body());
         async move {
             let r = http.post(url).bearer_auth(token).json(&body).send().await?;
-            let created = r.status() == 201;
-            r.bytes().await?;
+            let status = r.status();
+            let answer = r.bytes().await?;
+            let created = status == 201;
+            if !created && !FIRST_REFUSAL_SHOWN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                // A refusal is the bench's setup or the rules, never the speed: say
+                // which, once.
+                eprintln!(
+                    "(a create refused: {status} {})",
+                    String::from_utf8_lossy(&answer[..answer.len().min(300)])
+                );
+            }
             Ok(created)
         }
     })
