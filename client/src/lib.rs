@@ -1,8 +1,10 @@
 //! The booking service's one HTTP client, as the webhook, the controller and the node
 //! agent call it with a service token: the schedulability answer and the replica's
 //! snapshot, the model catalog, usage and held-units reports, audit reports and the
-//! booking change stream. The messages are `core`'s wire types
-//! ([`gpu_booking_core::wire`]), the same ones the service serialises.
+//! booking change stream, and a course reservation's title. The messages are
+//! `core`'s wire types ([`gpu_booking_core::wire`]), the same ones the service
+//! serialises, but for [`CourseTitle`] (the two fields read of the service's own
+//! reservation answer).
 //! Also the service token itself ([`TokenSource`]).
 //!
 //! Every call has a timeout; every failure is an error (a failed call never reads as
@@ -27,6 +29,18 @@ pub use gpu_booking_core::wire::{
 };
 pub use options::BookingServiceArgs;
 pub use token::{FileVersion, TokenError, TokenSource};
+
+/// What the controller reads of a course reservation (`GET
+/// /api/v1/reservations/{id}`, the service's `Reservation`; its other fields are
+/// not read).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct CourseTitle {
+    /// What the page and the feeds call it ("ML101 lab").
+    pub title: String,
+    /// Its group's name (`None` once the group is gone).
+    #[serde(default)]
+    pub group: Option<String>,
+}
 
 /// Why a call gave no usable answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -160,6 +174,13 @@ impl BookingClient {
     /// `full`, also the bookings, users and the change stream position.
     pub async fn admission_state(&self, full: bool) -> Result<AdmissionState, ClientError> {
         let path = format!("/api/v1/admission-state?full={full}");
+        self.call(reqwest::Method::GET, &path, None::<&()>).await
+    }
+
+    /// A course reservation's title and group (`GET /api/v1/reservations/{id}`), to
+    /// name the course in a notice to its members.
+    pub async fn course_title(&self, id: i64) -> Result<CourseTitle, ClientError> {
+        let path = format!("/api/v1/reservations/{id}");
         self.call(reqwest::Method::GET, &path, None::<&()>).await
     }
 

@@ -4,9 +4,10 @@
 
 use futures::future::BoxFuture;
 use gpu_booking_client::{
-    AuditReport, BookingClient, ChangeSource, ClientError, HeldReport, Model, Offers, OffersReport,
-    UsageReport,
+    AuditReport, BookingClient, ChangeSource, ClientError, CourseTitle, HeldReport, Model, Offers,
+    OffersReport, UsageReport,
 };
+use gpu_booking_core::admission::AdmissionState;
 
 pub type Answer<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
 
@@ -45,6 +46,28 @@ pub trait Booking: Send + Sync + 'static {
     fn changes(&self) -> Option<&dyn ChangeSource> {
         None
     }
+
+    /// The admission state's figures (`?full=false`): the members of each group with
+    /// a course occurrence running, for the course notices ([`crate::follow`]). The
+    /// default refuses: fakes of tests that have no courses.
+    fn admission_figures(&self) -> Answer<'_, AdmissionState> {
+        Box::pin(async { Err(not_faked("admission-state")) })
+    }
+
+    /// A course reservation's title and group (the course notices name it). The
+    /// default refuses, as [`Booking::admission_figures`]'s.
+    fn course_title(&self, id: i64) -> Answer<'_, CourseTitle> {
+        let _ = id;
+        Box::pin(async { Err(not_faked("reservations")) })
+    }
+}
+
+/// A fake's answer to a call it does not serve.
+fn not_faked(route: &str) -> ClientError {
+    ClientError::Status {
+        status: 404,
+        body: format!("this fake serves no {route}"),
+    }
 }
 
 impl Booking for BookingClient {
@@ -69,5 +92,11 @@ impl Booking for BookingClient {
 
     fn changes(&self) -> Option<&dyn ChangeSource> {
         Some(self)
+    }
+    fn admission_figures(&self) -> Answer<'_, AdmissionState> {
+        Box::pin(BookingClient::admission_state(self, false))
+    }
+    fn course_title(&self, id: i64) -> Answer<'_, CourseTitle> {
+        Box::pin(BookingClient::course_title(self, id))
     }
 }

@@ -10,22 +10,28 @@
 //!
 //! A pod's priority cannot change, so a booking that starts while its user runs a
 //! lent pod of that model gets an Event on the pod (and an audit row) telling the
-//! user to restart it to get the booked priority.
+//! user to restart it to get the booked priority. A course's occurrence is a
+//! booking of the course's own user, so its members are told apart
+//! ([`course_pods_to_tell`]): at most as many as the occurrence has places.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use gpu_booking_client::{AuditReport, Booking, Followed, Follower};
 use gpu_booking_core::booking_end::{self, Seen};
+use gpu_booking_core::booking_units::held_by_booking;
+use gpu_booking_core::holds::HoldRef;
+use gpu_booking_core::username::{NameCase, Username};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::actions::{self, Ctx, PodRef};
+use crate::booking_units::booked_pods;
 use crate::pods::{PodInfo, Priority};
 
 /// Each long poll's wait: well under the service's cap of 30 s.
@@ -133,6 +139,28 @@ pub fn plan<'a>(
     out
 }
 
+/// Whether the booking runs at `now`, by the clock, not the status it was sent
+/// with: a planned booking starts.
+fn runs_at(booking: &Booking, now: DateTime<Utc>) -> bool {
+    !booking.is_over() && booking.start <= now && now < booking.end
+}
+
+/// A running lent pod of `model` (its model label, its GPU resource's model, or for
+/// a lent pod of a generic GPU request its node's: `node_model`).
+fn is_lent_on(p: &PodInfo, model: &str, node_model: &dyn Fn(&str) -> Option<String>) -> bool {
+    p.served
+        && p.priority == Some(Priority::Low)
+        && p.node.is_some()
+        && !p.finished
+        && !p.deleting
+        && p.model_label
+            .clone()
+            .or_else(|| p.gpu.as_ref().and_then(|g| g.model.clone()))
+            .or_else(|| p.node.as_deref().and_then(node_model))
+            .as_deref()
+            == Some(model)
+}
+
 /// The running lent pods of a booking's user on its model, while the booking runs
 /// at `now`: they keep their low priority (a pod's priority cannot change).
 /// `node_model` names a node's model (its model label).
@@ -142,32 +170,164 @@ pub fn lent_pods_of<'a>(
     now: DateTime<Utc>,
     node_model: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<&'a PodInfo> {
-    // By the clock, not the status it was sent with: a planned booking starts.
-    if booking.is_over() || now < booking.start || booking.end <= now {
+    if !runs_at(booking, now) {
         return Vec::new();
     }
     let mut lent: Vec<&PodInfo> = pods
         .values()
         .filter(|p| {
-            p.served
-                && p.priority == Some(Priority::Low)
-                && p.node.is_some()
-                && !p.finished
-                && !p.deleting
-                && p.user
-                    .as_deref()
-                    .is_some_and(|u| u.eq_ignore_ascii_case(&booking.user))
-                && p.model_label
-                    .clone()
-                    .or_else(|| p.gpu.as_ref().and_then(|g| g.model.clone()))
-                    // A lent pod of a generic GPU request: its node's model.
-                    .or_else(|| p.node.as_deref().and_then(node_model))
-                    .as_deref()
-                    == Some(booking.model.as_str())
+            p.user
+                .as_deref()
+                .is_some_and(|u| u.eq_ignore_ascii_case(&booking.user))
+                && is_lent_on(p, &booking.model, node_model)
         })
         .collect();
     lent.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     lent
+}
+
+/// A course's occurrence as the course notices see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Session<'a> {
+    /// The occurrence's booking row (its user is the hold's, [`HoldRef::user_name`]).
+    pub occurrence: &'a Booking,
+    /// The course's group's members, normalised as the service does (`names`).
+    pub members: &'a BTreeSet<String>,
+    pub names: NameCase,
+}
+
+/// How long a told member's place stays theirs once their lent pod has gone (or
+/// is going): the time to start the server again (KubeSpawner deletes the pod,
+/// waits for it to go, then creates the new one; the user may pick a profile
+/// meanwhile). Without it, the next member would be told of a place that the
+/// restarting member's new pod takes a moment later.
+pub const RESTART_GRACE: TimeDelta = TimeDelta::minutes(2);
+
+/// A lent pod whose member was told of a course's occurrence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Told {
+    pub uid: String,
+    /// The member, normalised.
+    pub user: String,
+    /// The units the pod asked for (what its restart asks for).
+    pub units: u64,
+    /// When the pod was first seen gone or going (`None`: it still runs lent).
+    pub gone_at: Option<DateTime<Utc>>,
+}
+
+/// A pod's GPUs, as a place on a course's occurrence counts them.
+fn units_of(p: &PodInfo) -> u64 {
+    p.gpu.as_ref().map_or(1, |g| g.units.max(1))
+}
+
+/// `user` of a pod, normalised as the service does.
+fn member_name(p: &PodInfo, names: NameCase) -> Option<String> {
+    let user = p.user.as_deref()?;
+    Username::normalised(user, names)
+        .ok()
+        .map(Username::into_inner)
+}
+
+/// Marks the told pods that are no longer running lent as gone, from `now`.
+pub fn mark_gone(told: &mut [Told], pods: &HashMap<String, PodInfo>, now: DateTime<Utc>) {
+    for t in told.iter_mut().filter(|t| t.gone_at.is_none()) {
+        let runs = pods
+            .get(&t.uid)
+            .is_some_and(|p| p.priority == Some(Priority::Low) && !p.finished && !p.deleting);
+        if !runs {
+            t.gone_at = Some(now);
+        }
+    }
+}
+
+/// The lent pods of a course's members to tell that its occurrence runs (at `now`):
+/// restarted, such a pod is admitted against the occurrence, as booked, while the
+/// occurrence's units last, first come first served. So that no member is told to
+/// restart onto units already taken, at most the places still free are told of:
+/// the occurrence's units less those its booked pods hold, less those claimed by
+/// the members already told (`told`, this occurrence's): a told pod that still runs
+/// lent keeps its place, and one that has gone keeps it for [`RESTART_GRACE`] unless
+/// its member already has a pod booked on the occurrence (counted as booked); past
+/// that the place goes to the next member. Members' pods are told in the order they
+/// started (then by name), each once; one needing more units than are left is
+/// passed over for a smaller one. A member with a booking of their own running now
+/// (`own_booking`, by normalised name) is admitted against it, not the course, and
+/// is left out (their booking's own notice is [`lent_pods_of`]'s).
+pub fn course_pods_to_tell<'a>(
+    pods: &'a HashMap<String, PodInfo>,
+    session: &Session<'_>,
+    own_booking: &dyn Fn(&str) -> bool,
+    told: &[Told],
+    now: DateTime<Utc>,
+    node_model: &dyn Fn(&str) -> Option<String>,
+) -> Vec<&'a PodInfo> {
+    let occurrence = session.occurrence;
+    if !runs_at(occurrence, now) {
+        return Vec::new();
+    }
+    let on_session: BTreeSet<String> = pods
+        .values()
+        .filter(|p| {
+            p.booking_id == Some(occurrence.id)
+                && p.priority == Some(Priority::High)
+                && !p.finished
+                && !p.deleting
+        })
+        .filter_map(|p| member_name(p, session.names))
+        .collect();
+    let claimed = told
+        .iter()
+        .filter(|t| match t.gone_at {
+            None => true,
+            Some(gone) => now - gone < RESTART_GRACE && !on_session.contains(&t.user),
+        })
+        .map(|t| t.units)
+        .fold(0u64, u64::saturating_add);
+    let booked = held_by_booking(&booked_pods(pods))
+        .get(&occurrence.id)
+        .copied()
+        .unwrap_or(0);
+    let mut places = u64::from(occurrence.units)
+        .saturating_sub(booked)
+        .saturating_sub(claimed);
+    let mut lent: Vec<&PodInfo> = pods
+        .values()
+        .filter(|p| {
+            member_name(p, session.names)
+                .is_some_and(|u| session.members.contains(&u) && !own_booking(&u))
+                && is_lent_on(p, &occurrence.model, node_model)
+                && !told.iter().any(|t| t.uid == p.uid)
+        })
+        .collect();
+    lent.sort_by(|a, b| {
+        (a.started.is_none(), a.started, &a.namespace, &a.name).cmp(&(
+            b.started.is_none(),
+            b.started,
+            &b.namespace,
+            &b.name,
+        ))
+    });
+    let mut out = Vec::new();
+    for p in lent {
+        if places == 0 {
+            break;
+        }
+        if units_of(p) <= places {
+            places -= units_of(p);
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The record of telling `pod`'s member (its uid, normalised user and units).
+pub fn told_of(pod: &PodInfo, names: NameCase) -> Told {
+    Told {
+        uid: pod.uid.clone(),
+        user: member_name(pod, names).unwrap_or_default(),
+        units: units_of(pod),
+        gone_at: None,
+    }
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -235,32 +395,95 @@ pub async fn retime(ctx: &Ctx, r: &Retime) {
     }
 }
 
+/// What a lent pod's user is told when a booking that is theirs starts.
+const LENT_WHEN_STARTED: &str = "but this pod was admitted as a lent (low-priority) pod and \
+     a pod's priority cannot change: it may still be taken back. Restart it (stop and start \
+     your server)";
+
 /// Tells the user of a lent pod that their booking started: restart to get it.
 pub async fn tell_restart(ctx: &Ctx, pod: &PodInfo, booking: &Booking) {
-    if ctx.dry_run || !ctx.leadership.is_leader() {
-        return;
-    }
     let message = format!(
-        "gpu-booking: your booking {} of {} has started, but this pod was admitted as a lent \
-         (low-priority) pod and a pod's priority cannot change: it may still be taken back. \
-         Restart it (stop and start your server) to run on your booking until {}.",
+        "gpu-booking: your booking {} of {} has started, {LENT_WHEN_STARTED} to run on your \
+         booking until {}.",
         booking.id,
         booking.model,
         rfc3339(booking.end)
     );
+    let details = json!({"model": booking.model, "booking_end": rfc3339(booking.end)});
+    notify_restart(ctx, pod, booking, booking.user.clone(), &message, details).await;
+}
+
+/// A course as its notices name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CourseNotice {
+    pub hold: HoldRef,
+    /// The reservation's title, if it could be read.
+    pub title: Option<String>,
+}
+
+/// The notice to a course member whose lent pod runs when the course's occurrence
+/// starts.
+pub fn course_message(course: &CourseNotice, occurrence: &Booking) -> String {
+    let course_name = match &course.title {
+        Some(title) => format!("your course {title}'s session"),
+        None => "your course's session".to_owned(),
+    };
+    let share = match occurrence.units {
+        1 => "the course's GPU goes to the first member's pod that starts on it".to_owned(),
+        n => format!("the course's {n} GPUs go to the first {n} members' pods that start on them"),
+    };
+    format!(
+        "gpu-booking: {course_name} on {} has started, {LENT_WHEN_STARTED} to run on the \
+         course's GPUs until {} ({share}).",
+        occurrence.model,
+        rfc3339(occurrence.end)
+    )
+}
+
+/// Tells a course member with a lent pod that the course's occurrence started.
+pub async fn tell_course_restart(
+    ctx: &Ctx,
+    pod: &PodInfo,
+    occurrence: &Booking,
+    course: &CourseNotice,
+) {
+    let message = course_message(course, occurrence);
+    let details = json!({
+        "model": occurrence.model,
+        "booking_end": rfc3339(occurrence.end),
+        "course": course.hold.id,
+        "group": course.hold.group,
+        "title": course.title,
+    });
+    let user = pod.user.clone().unwrap_or_default();
+    notify_restart(ctx, pod, occurrence, user, &message, details).await;
+}
+
+/// The Event on the lent pod and the audit row of a restart notice.
+async fn notify_restart(
+    ctx: &Ctx,
+    pod: &PodInfo,
+    booking: &Booking,
+    user: String,
+    message: &str,
+    details: serde_json::Value,
+) {
+    if ctx.dry_run || !ctx.leadership.is_leader() {
+        return;
+    }
     let at = PodRef {
         namespace: &pod.namespace,
         name: &pod.name,
         uid: &pod.uid,
     };
-    actions::note_pod(ctx, &at, "BookingStartedRestart", &message, "Notify").await;
+    actions::note_pod(ctx, &at, "BookingStartedRestart", message, "Notify").await;
     ctx.metrics.action("booking_started_on_lent_pod", "done");
     let report = AuditReport {
         action: "controller.booking_started_on_lent_pod".into(),
         subject: Some(pod.key()),
-        user: Some(booking.user.clone()),
+        user: Some(user),
         booking_id: Some(booking.id),
-        details: json!({"model": booking.model, "booking_end": rfc3339(booking.end)}),
+        details,
     };
     if let Err(e) = ctx.booking.audit(&report).await {
         ctx.metrics.error("booking");
@@ -432,5 +655,158 @@ mod tests {
             &|_| None
         )
         .is_empty());
+    }
+
+    /// A course member's lent pod of `name`, started `minutes_ago`.
+    fn member_pod(name: &str, user: &str, minutes_ago: i64) -> PodInfo {
+        let mut p = pod(name, Priority::Low, None, None);
+        p.user = Some(user.into());
+        p.started = Some(now() - TimeDelta::minutes(minutes_ago));
+        p
+    }
+
+    fn occurrence(units: u32) -> Booking {
+        let mut b = booking(40, BookingStatus::Active, now() + TimeDelta::hours(1));
+        b.user = " course 3 group 2".into();
+        b.units = units;
+        b.start = now() - TimeDelta::seconds(1);
+        b
+    }
+
+    fn tell<'a>(
+        pods: &'a HashMap<String, PodInfo>,
+        occurrence: &Booking,
+        told: &[Told],
+    ) -> Vec<&'a str> {
+        let members: BTreeSet<String> = ["ann", "ben", "cy", "dee"].map(String::from).into();
+        let session = Session {
+            occurrence,
+            members: &members,
+            names: NameCase::Lowercase,
+        };
+        course_pods_to_tell(pods, &session, &|user| user == "dee", told, now(), &|_| {
+            None
+        })
+        .into_iter()
+        .map(|p| p.name.as_str())
+        .collect()
+    }
+
+    fn by_uid(pods: impl IntoIterator<Item = PodInfo>) -> HashMap<String, PodInfo> {
+        pods.into_iter().map(|p| (p.uid.clone(), p)).collect()
+    }
+
+    #[test]
+    fn a_course_s_members_are_told_up_to_its_free_places_first_come_first() {
+        let mut other_model = member_pod("cy-t4", "cy", 50);
+        other_model.model_label = Some("t4".into());
+        let pods = by_uid([
+            member_pod("ben", "Ben", 10),
+            member_pod("ann", "ann", 30),
+            member_pod("cy", "cy", 5),
+            // Not a member; a member with a booking of her own; another model.
+            member_pod("eve", "eve", 60),
+            member_pod("dee", "dee", 60),
+            other_model,
+        ]);
+        // Two places: the two members whose pods started first (names compared as
+        // the service normalises them: `Ben` is `ben`).
+        assert_eq!(tell(&pods, &occurrence(2), &[]), ["ann", "ben"]);
+        assert_eq!(tell(&pods, &occurrence(5), &[]), ["ann", "ben", "cy"]);
+        // Nobody before the occurrence starts, or after it ends.
+        let mut later = occurrence(2);
+        later.start = now() + TimeDelta::minutes(1);
+        assert!(tell(&pods, &later, &[]).is_empty());
+        let mut ended = occurrence(2);
+        ended.end = now();
+        assert!(tell(&pods, &ended, &[]).is_empty());
+    }
+
+    #[test]
+    fn places_taken_by_booked_pods_and_told_members_are_not_offered_again() {
+        let mut pods = by_uid([
+            member_pod("ann", "ann", 30),
+            member_pod("ben", "ben", 10),
+            member_pod("cy", "cy", 5),
+        ]);
+        // A pod already booked on the occurrence holds one of its 2 units.
+        let mut on_session = pod("dan-booked", Priority::High, Some(40), Some(now()));
+        on_session.user = Some("dan".into());
+        on_session.booking_units = Some(2);
+        pods.insert(on_session.uid.clone(), on_session);
+        assert_eq!(tell(&pods, &occurrence(2), &[]), ["ann"]);
+        // Ann was told and has not restarted yet: her place stays hers, and she is
+        // not told twice.
+        let mut told = vec![told_of(&pods["uid-ann"], NameCase::Lowercase)];
+        assert!(tell(&pods, &occurrence(2), &told).is_empty());
+        // She restarts: while her lent pod goes and her new one is not there yet,
+        // the place is still hers.
+        pods.get_mut("uid-ann").unwrap().deleting = true;
+        mark_gone(&mut told, &pods, now());
+        assert_eq!(told[0].gone_at, Some(now()));
+        pods.remove("uid-ann");
+        assert!(tell(&pods, &occurrence(2), &told).is_empty());
+        // Her pod came back booked on the occurrence: every place is booked.
+        let mut back = pod("ann-booked", Priority::High, Some(40), Some(now()));
+        back.user = Some("ann".into());
+        back.booking_units = Some(2);
+        pods.insert(back.uid.clone(), back);
+        assert!(tell(&pods, &occurrence(2), &told).is_empty());
+        // Her booked pod ends: the place goes to the next member.
+        pods.remove("uid-ann-booked");
+        let mut later = told.clone();
+        later[0].gone_at = Some(now() - RESTART_GRACE);
+        assert_eq!(tell(&pods, &occurrence(2), &later), ["ben"]);
+        // Gone without coming back: hers for the grace, then the next member's.
+        assert!(tell(&pods, &occurrence(2), &told).is_empty());
+    }
+
+    #[test]
+    fn a_pod_needing_more_units_than_are_left_is_passed_over_for_a_smaller_one() {
+        let mut big = member_pod("ann", "ann", 30);
+        big.gpu = Some(GpuUse {
+            units: 2,
+            model: None,
+        });
+        let pods = by_uid([big, member_pod("ben", "ben", 10)]);
+        assert_eq!(tell(&pods, &occurrence(1), &[]), ["ben"]);
+        assert_eq!(tell(&pods, &occurrence(3), &[]), ["ann", "ben"]);
+    }
+
+    #[test]
+    fn the_course_notice_names_the_course_its_end_and_how_its_gpus_are_shared() {
+        let course = CourseNotice {
+            hold: HoldRef::from_user(" course 3 group 2").unwrap(),
+            title: Some("ML101".into()),
+        };
+        let mut occ = occurrence(2);
+        occ.model = "a6000".into();
+        let text = course_message(&course, &occ);
+        assert!(
+            text.contains("your course ML101's session on a6000 has started"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Restart it (stop and start your server) to run on the course's GPUs until 2030-01-07T13:00:00Z"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the course's 2 GPUs go to the first 2 members' pods"),
+            "{text}"
+        );
+        let untitled = CourseNotice {
+            title: None,
+            ..course
+        };
+        let text = course_message(&untitled, &occurrence(1));
+        assert!(
+            text.contains("your course's session on a100 has started"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the course's GPU goes to the first member's pod"),
+            "{text}"
+        );
+        assert!(text.chars().count() <= 1000, "an Event's note holds 1000");
     }
 }

@@ -4,7 +4,11 @@
 //!   during the window is stripped (nothing is lent), though the cards are idle;
 //! - a course occurrence of 2 units running: two members' pods get high priority
 //!   against it without bookings of their own, the third member's is stripped (both
-//!   cards are in use), and the booked pods end at the occurrence's end.
+//!   cards are in use), and the booked pods end at the occurrence's end;
+//! - a course's session starting while members run lent pods: as many members as
+//!   the session has places are told to restart (an Event and an audit row, the
+//!   earliest pod first), a non-member is not, and the told member's place stays
+//!   hers while she restarts onto the session.
 //!
 //! Runs on the real Postgres (`DATABASE_URL`), each test on a fresh database.
 
@@ -17,7 +21,9 @@ use common::*;
 use gpu_booking_api::auth::Role;
 use gpu_booking_core::admission::PRIORITY_LABEL;
 use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
+use gpu_booking_sim::{GpuNode, SimCluster};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
@@ -217,5 +223,179 @@ async fn course_members_share_the_occurrence_s_units_until_it_ends(pool: PgPool)
         )
         .await;
     }
+    lab.shutdown().await;
+}
+
+/// The `BookingStartedRestart` notes on the pod of uid `uid`.
+fn restart_notes(lab: &Lab, uid: &str) -> Vec<String> {
+    lab.sim
+        .server
+        .list::<Event>(Some(NOTEBOOK_NAMESPACE))
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("BookingStartedRestart")
+                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid)
+        })
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// `user`'s running lent notebook on an A100: its uid.
+async fn lent_notebook(lab: &Lab, user: &str) -> String {
+    let pod = lab.sim.spawn(user, 1).await.expect("admitted");
+    assert_eq!(
+        label(&pod, PRIORITY_LABEL),
+        Some("low"),
+        "{user} should be lent a free A100"
+    );
+    lab.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
+        running(s, user).is_some_and(|p| gpus(&p) > 0)
+    })
+    .await;
+    lab.notebook(user).unwrap().metadata.uid.unwrap()
+}
+
+/// The first audit row of a restart notice for booking `id`: its user and time.
+async fn first_notice_row(lab: &Lab, id: i64) -> (Option<String>, chrono::DateTime<Utc>) {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let row: Option<(Option<String>, chrono::DateTime<Utc>)> = sqlx::query_as(
+            "SELECT user_name, at FROM audit_event
+              WHERE action = 'controller.booking_started_on_lent_pod' AND booking_id = $1
+              ORDER BY id LIMIT 1",
+        )
+        .bind(id)
+        .fetch_optional(&lab.api.pool)
+        .await
+        .unwrap();
+        if let Some(row) = row {
+            return row;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the notice left no audit row"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_session_starting_under_members_lent_pods_tells_as_many_as_it_has_places(pool: PgPool) {
+    let four = SimCluster::builder().nodes(vec![
+        GpuNode::gpu("gpu-a100-0", "NVIDIA-A100-SXM4-40GB", 4, 40960),
+        GpuNode::cpu_only("cpu-0"),
+    ]);
+    let lab = Lab::start_with(pool, four).await;
+    let (ann, ben, dan) = ("ann@example.com", "ben@example.com", "dan@example.com");
+    let (status, body) = admin_call(
+        &lab,
+        reqwest::Method::POST,
+        "/api/v1/groups",
+        json!({"name": "ml101"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    for m in [ann, ben] {
+        let uri = format!("/api/v1/groups/ml101/members/{m}");
+        let (status, body) = admin_call(&lab, reqwest::Method::PUT, &uri, json!({})).await;
+        assert!((200..300).contains(&status), "{m}: {status} {body}");
+    }
+    // Before the session: two members and a non-member run lent notebooks (ann's
+    // first).
+    let mut uids = Vec::new();
+    for user in [ann, ben, dan] {
+        uids.push(lent_notebook(&lab, user).await);
+    }
+    let (ann_uid, ben_uid, dan_uid) = (&uids[0], &uids[1], &uids[2]);
+    // A session of one A100 from a moment from now.
+    let start = Utc::now() + TimeDelta::seconds(3);
+    let end = start + TimeDelta::hours(1);
+    let (status, made) = admin_call(
+        &lab,
+        reqwest::Method::POST,
+        "/api/v1/reservations",
+        json!({"model": "a100", "units": 1, "group": "ml101", "title": "ML101",
+               "start": start.naive_utc().format("%Y-%m-%dT%H:%M:%S").to_string(),
+               "end": end.naive_utc().format("%Y-%m-%dT%H:%M:%S").to_string(),
+               "rrule": "FREQ=DAILY;COUNT=1", "time_zone": "UTC"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let booking = made["occurrences"][0]["booking_id"]
+        .as_i64()
+        .expect("the occurrence's row");
+    let starts: chrono::DateTime<Utc> =
+        serde_json::from_value(made["occurrences"][0]["start"].clone()).unwrap();
+
+    // The session starts: ann, whose pod came first, is told to restart onto it.
+    lab.expect(
+        "ann was never told that her course's session started",
+        |_| !restart_notes(&lab, ann_uid).is_empty(),
+    )
+    .await;
+    let notes = restart_notes(&lab, ann_uid);
+    assert!(
+        notes.iter().any(
+            |n| n.contains("your course ML101's session on a100 has started")
+                && n.contains("run on the course's GPUs until")
+                && n.contains("the course's GPU goes to the first member's pod")
+        ),
+        "the notice is not worded for the course: {notes:?}"
+    );
+    let (user, told_at) = first_notice_row(&lab, booking).await;
+    assert_eq!(user.as_deref(), Some(ann));
+    assert!(
+        told_at >= starts,
+        "told at {told_at}, before the session at {starts}"
+    );
+    // A few rounds later: the one place is ann's, so ben is not told (yet), and
+    // dan, who is not a member, never.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        restart_notes(&lab, ben_uid).is_empty(),
+        "ben was told beyond the session's one place"
+    );
+    assert!(
+        restart_notes(&lab, dan_uid).is_empty(),
+        "a non-member was told of the course"
+    );
+
+    // Ann restarts as told: her new pod is booked on the session. While her lent
+    // pod goes and before the new one comes, the place stays hers: ben is not told
+    // of a place she takes back a moment later.
+    lab.sim
+        .stop_notebook(ann)
+        .await
+        .expect("ann's notebook stops");
+    lab.expect("ann's lent notebook never went", |s| {
+        s.get::<Pod>(Some(NOTEBOOK_NAMESPACE), &pod_name(ann))
+            .is_none_or(|p| p.metadata.uid.as_deref() != Some(ann_uid.as_str()))
+    })
+    .await;
+    let pod = lab.sim.spawn(ann, 1).await.expect("admitted");
+    assert_eq!(
+        label(&pod, PRIORITY_LABEL),
+        Some("high"),
+        "ann's restarted pod is not on the course's session: warnings {:?}",
+        lab.sim.admission_warnings(&pod_name(ann))
+    );
+    assert_eq!(
+        label(&pod, "gpu-booking.io/booking"),
+        Some(&*booking.to_string())
+    );
+    lab.expect("ann's restarted notebook never ran", |s| {
+        running(s, ann).is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        restart_notes(&lab, ben_uid).is_empty(),
+        "ben was told of the place ann took back"
+    );
+    assert!(
+        restart_notes(&lab, dan_uid).is_empty(),
+        "a non-member was told of the course"
+    );
+    assert_eq!(restart_notes(&lab, ann_uid).len(), 1, "ann was told twice");
     lab.shutdown().await;
 }

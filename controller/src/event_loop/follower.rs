@@ -1,12 +1,15 @@
 //! The loop's booking follower: the leader follows the booking service's change
 //! stream, keeps the current bookings, re-times booked pods whose booking's end
-//! moved, and tells users of lent pods when a booking of that model starts. The
-//! plans are [`crate::follow`]'s.
+//! moved, and tells users of lent pods when a booking of that model starts, or the
+//! members of a course when its occurrence runs. The plans are [`crate::follow`]'s.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
+use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_client::{Booking, Followed};
+use gpu_booking_core::holds::{HoldKind, HoldRef};
+use gpu_booking_core::username::NameCase;
 use tokio::sync::mpsc;
 
 use crate::actions::Ctx;
@@ -16,6 +19,28 @@ use crate::pods::PodInfo;
 /// (booking, pod) notices remembered; past this the memory starts over (an Event
 /// may then repeat).
 const MAX_TOLD: usize = 10_000;
+/// While a course's occurrence runs, its group's members are read again this
+/// often (a member added during the session is told too).
+const MEMBERS_REFRESH: TimeDelta = TimeDelta::seconds(60);
+/// ... and this soon when a running occurrence's group or title is not among what
+/// was read (read just before the service saw it start, or a failed read).
+const MEMBERS_RETRY: TimeDelta = TimeDelta::seconds(5);
+
+/// The courses' members and titles, as last read from the booking service on a
+/// task of their own (the loop never waits on the network).
+#[derive(Debug, Default)]
+struct Courses {
+    /// Group -> its members (normalised as `names` says), for the groups with an
+    /// occurrence running when read.
+    members: HashMap<i64, BTreeSet<String>>,
+    names: NameCase,
+    /// When the members were last read, or a read of them failed.
+    read_at: Option<DateTime<Utc>>,
+    reading: bool,
+    /// Reservation (hold id) -> its title (`None`: it could not be read; the
+    /// notices go without it until the next read).
+    titles: HashMap<i64, Option<String>>,
+}
 
 /// What the follower reads of the other parts: the pods, whether they are all
 /// listed, and the nodes' labels (the model of a lent pod's node).
@@ -42,8 +67,12 @@ pub(super) struct Follower {
     told: HashSet<(i64, String)>,
     /// Current bookings already seen running (their lent pods looked at).
     started_seen: HashSet<i64>,
+    /// Course occurrence -> the lent pods whose members were told of it.
+    course_told: HashMap<i64, Vec<follow::Told>>,
     /// Pods whose `terminate-at` is being written, and to what.
     retiming: Arc<std::sync::Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>>,
+    /// The running courses' members and titles.
+    courses: Arc<Mutex<Courses>>,
 }
 
 impl Follower {
@@ -61,7 +90,9 @@ impl Follower {
             listed_at: None,
             told: HashSet::new(),
             started_seen: HashSet::new(),
+            course_told: HashMap::new(),
             retiming: Arc::default(),
+            courses: Arc::default(),
         }
     }
 
@@ -172,7 +203,8 @@ impl Follower {
     }
 
     /// Planned bookings that have started by the clock since the last look: their
-    /// users' lent pods (the stream says nothing when a booking starts).
+    /// users' lent pods (the stream says nothing when a booking starts). And every
+    /// course occurrence running: its members' lent pods, as places free up.
     pub(super) fn notice_started_bookings(&mut self, cluster: &Cluster<'_>) {
         if !self.leader() || !cluster.pods_synced {
             return;
@@ -187,11 +219,153 @@ impl Follower {
             .filter(|b| b.start <= now && now < b.end && !self.started_seen.contains(&b.id))
             .cloned()
             .collect();
+        self.tell_course_members(now, cluster);
         if started.is_empty() {
             return;
         }
         self.started_seen.extend(started.iter().map(|b| b.id));
         self.tell_lent(&started, now, cluster);
+    }
+
+    /// Tells the members of each course whose occurrence runs at `now` with a lent
+    /// pod of its model, at most as many as the occurrence has places left
+    /// ([`follow::course_pods_to_tell`]), once per occurrence and pod. Looked at
+    /// every second (level-triggered: a place given back is offered to the next
+    /// member), from the members and titles last read.
+    fn tell_course_members(&mut self, now: DateTime<Utc>, cluster: &Cluster<'_>) {
+        let Some(current) = &self.bookings else {
+            return;
+        };
+        let sessions: Vec<(Booking, HoldRef)> = current
+            .values()
+            .filter(|b| b.start <= now && now < b.end && !b.is_over())
+            .filter_map(|b| {
+                let hold = HoldRef::from_user(&b.user)?;
+                (hold.kind == HoldKind::Course && hold.group.is_some()).then(|| (b.clone(), hold))
+            })
+            .collect();
+        // What was told of occurrences no longer running, or of pods gone for good,
+        // is forgotten (a pod's uid never comes back).
+        self.course_told
+            .retain(|id, _| sessions.iter().any(|(b, _)| b.id == *id));
+        for told in self.course_told.values_mut() {
+            follow::mark_gone(told, cluster.pods, now);
+            told.retain(|t| t.gone_at.is_none_or(|at| now - at < follow::RESTART_GRACE));
+        }
+        if sessions.is_empty() {
+            return;
+        }
+        // A member with a running booking of their own is admitted against it.
+        let own: HashSet<&str> = current
+            .values()
+            .filter(|b| b.start <= now && now < b.end && HoldRef::from_user(&b.user).is_none())
+            .map(|b| b.user.as_str())
+            .collect();
+        let (labels, key) = (cluster.node_labels, &self.model_node_label);
+        let node_model = |node: &str| labels.get(node).and_then(|l| l.get(key)).cloned();
+        let mut notices = Vec::new();
+        {
+            let mut courses = self.courses.lock().unwrap_or_else(|e| e.into_inner());
+            let missing = sessions.iter().any(|(_, h)| {
+                h.group.is_some_and(|g| !courses.members.contains_key(&g))
+                    || !courses.titles.contains_key(&h.id)
+            });
+            let wait = if missing {
+                MEMBERS_RETRY
+            } else {
+                MEMBERS_REFRESH
+            };
+            if !courses.reading && courses.read_at.is_none_or(|at| now - at >= wait) {
+                courses.reading = true;
+                let holds: Vec<i64> = sessions
+                    .iter()
+                    .map(|(_, h)| h.id)
+                    .filter(|id| courses.titles.get(id).is_none_or(Option::is_none))
+                    .collect();
+                self.spawn_read_courses(holds);
+            }
+            for (occurrence, hold) in &sessions {
+                let Some(members) = hold.group.and_then(|g| courses.members.get(&g)) else {
+                    continue;
+                };
+                let session = follow::Session {
+                    occurrence,
+                    members,
+                    names: courses.names,
+                };
+                let told = self
+                    .course_told
+                    .get(&occurrence.id)
+                    .map_or(&[][..], Vec::as_slice);
+                let pods = follow::course_pods_to_tell(
+                    cluster.pods,
+                    &session,
+                    &|user| own.contains(user),
+                    told,
+                    now,
+                    &node_model,
+                );
+                let course = follow::CourseNotice {
+                    hold: *hold,
+                    title: courses.titles.get(&hold.id).cloned().flatten(),
+                };
+                for pod in pods {
+                    let record = follow::told_of(pod, courses.names);
+                    notices.push((record, pod.clone(), occurrence.clone(), course.clone()));
+                }
+            }
+            // Titles of reservations no longer running are read again if they run.
+            let running: HashSet<i64> = sessions.iter().map(|(_, h)| h.id).collect();
+            courses.titles.retain(|id, _| running.contains(id));
+        }
+        for (record, pod, occurrence, course) in notices {
+            self.course_told
+                .entry(occurrence.id)
+                .or_default()
+                .push(record);
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                follow::tell_course_restart(&ctx, &pod, &occurrence, &course).await
+            });
+        }
+    }
+
+    /// Reads the running courses' members (the admission state's figures) and the
+    /// titles of reservations `holds`, into [`Courses`].
+    fn spawn_read_courses(&self, holds: Vec<i64>) {
+        let (ctx, courses) = (self.ctx.clone(), self.courses.clone());
+        tokio::spawn(async move {
+            let figures = ctx.booking.admission_figures().await;
+            let mut titles = Vec::new();
+            for id in holds {
+                match ctx.booking.course_title(id).await {
+                    Ok(t) => titles.push((id, Some(t.title))),
+                    Err(e) => {
+                        titles.push((id, None));
+                        ctx.metrics.error("booking");
+                        tracing::warn!(reservation = id, error = %e, "could not read the course's title");
+                    }
+                }
+            }
+            let mut courses = courses.lock().unwrap_or_else(|e| e.into_inner());
+            courses.reading = false;
+            courses.read_at = Some(ctx.clock.now());
+            courses.titles.extend(titles);
+            match figures {
+                Ok(state) => {
+                    courses.names = state.names;
+                    courses.members = state
+                        .groups
+                        .into_iter()
+                        .map(|g| (g.group, g.members.into_iter().collect()))
+                        .collect();
+                }
+                Err(e) => {
+                    ctx.metrics.error("booking");
+                    tracing::warn!(error = %e, "could not read the courses' members");
+                }
+            }
+        });
     }
 
     /// A booked pod that changed: its end against its booking's, if known (a pod
