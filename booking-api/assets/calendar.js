@@ -1,9 +1,9 @@
 // The booking calendar's days in the lab's time zone (the server's
 // `gpu-booking-time-zone`; UTC where it names none), with the course sessions and
-// maintenance windows of each day. The API answers free units per UTC day; a lab
-// day overlaps one to three of them, and the units free for the whole lab day are at
-// least the fewest free on those (exact where the lab's zone is UTC). app.js draws
-// the grid from availability() and calls mark() on it.
+// maintenance windows of each day. The API answers free units per day of the zone
+// the page asks for (this one; its `--time-zone` by default), each from its midnight
+// to the next, so a day's count is shown as it comes. app.js draws the grid from
+// availability() and calls mark() on it.
 'use strict';
 
 (function () {
@@ -67,37 +67,12 @@
     return pad(p.h) + ':' + pad(p.mi);
   }
 
-  // The UTC days' availability as the lab's days: from the lab's today, `count`
-  // days; each lab day free for the fewest units free on a UTC day it overlaps.
-  function labDays(utcDays, first, count, tz) {
-    const byDate = new Map(utcDays.map((d) => [d.date, d]));
-    const out = [];
-    for (let i = 0; i < count; i++) {
-      const date = addDays(first, i);
-      const span = daySpan(date, tz);
-      let free = Infinity;
-      let booked = 0;
-      let seen = false;
-      const last = new Date(span.end.getTime() - 1).toISOString().slice(0, 10);
-      for (let u = span.start.toISOString().slice(0, 10); u <= last; u = addDays(u, 1)) {
-        const d = byDate.get(u);
-        if (!d) continue;
-        seen = true;
-        free = Math.min(free, d.free);
-        booked = Math.max(booked, d.booked);
-      }
-      if (seen) out.push({ date, free, booked });
-    }
-    return out;
-  }
-
-  // The model's availability for 4 weeks of lab days, shaped as the API's answer.
+  // The model's availability for 4 weeks of lab days from the lab's today.
   async function availability(model) {
     const tz = zone();
     const first = dateIn(new Date(), tz);
-    const count = 28;
-    const av = await call('GET', '/models/' + enc(model) + '/availability?from=' + addDays(first, -1) + '&to=' + addDays(first, count + 1));
-    return { model: av.model, units: av.units, days: labDays(av.days, first, count, tz), zone: tz };
+    const av = await call('GET', '/models/' + enc(model) + '/availability?from=' + first + '&to=' + addDays(first, 28) + '&time_zone=' + enc(tz));
+    return { model: av.model, units: av.units, days: av.days, zone: tz };
   }
 
   // Course sessions and maintenance windows per model, fetched once per draw.

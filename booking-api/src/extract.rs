@@ -1,7 +1,7 @@
 //! axum's extractors with our error body: a malformed body, query or path is a
 //! JSON 400 like every other error, never axum's plain-text rejection. And
 //! [`refuse_nul`], which answers input that the database would refuse before a
-//! handler reads it.
+//! handler reads it, and [`time_zone_or`], a request's optional zone read alike.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -70,4 +70,15 @@ pub async fn refuse_nul(req: Request, next: Next) -> Result<Response, ApiError> 
     Ok(next
         .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
         .await)
+}
+
+/// The IANA time zone a request names in its field `time_zone`, else `lab` (the lab's,
+/// `--time-zone`); an unknown name is a 422.
+pub fn time_zone_or(lab: chrono_tz::Tz, named: Option<&str>) -> Result<chrono_tz::Tz, ApiError> {
+    match named.map(str::trim) {
+        None => Ok(lab),
+        Some(name) => name
+            .parse()
+            .map_err(|_| ApiError::Invalid(format!("time_zone: {name:?} is no IANA time zone"))),
+    }
 }

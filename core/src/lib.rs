@@ -22,6 +22,7 @@ pub mod intent;
 pub mod inventory;
 #[cfg(feature = "clap")]
 pub mod jwt;
+pub mod lab_days;
 pub mod model_units;
 pub mod next_start;
 pub mod notebooks;

@@ -13,10 +13,11 @@
 //! - A booking counts against the group whose policy applied when it was created
 //!   (`crate::groups`); an admin's override books past a quota (and is audited).
 
-use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, TimeZone, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, NaiveTime, TimeDelta, TimeZone, Utc};
 use chrono_tz::Tz;
 
 use crate::capacity;
+use crate::lab_days;
 use crate::rules::{rfc3339, Refusal, RuleCode};
 use crate::window::Window;
 
@@ -84,18 +85,12 @@ pub struct Counted {
     pub units: u32,
 }
 
-/// The instant a local date begins in `zone`: its midnight, or where a
-/// daylight-saving change skips midnight, the first local time that exists.
+/// The instant a local date begins in `zone` (the lab day's start; where a
+/// daylight-saving change skips midnight, the first local time that exists).
 fn local_start(zone: Tz, date: NaiveDate) -> DateTime<Utc> {
-    let midnight = date.and_hms_opt(0, 0, 0).unwrap_or_default();
-    for minutes in (0..=180).step_by(15) {
-        let local = midnight + TimeDelta::minutes(minutes);
-        if let Some(t) = zone.from_local_datetime(&local).earliest() {
-            return t.with_timezone(&Utc);
-        }
-    }
-    // No zone skips three hours; UTC's midnight is the fallback.
-    Utc.from_utc_datetime(&midnight)
+    // Only outside chrono's range is there none; UTC's midnight is the fallback.
+    lab_days::day_start(zone, date)
+        .unwrap_or_else(|| Utc.from_utc_datetime(&date.and_time(NaiveTime::MIN)))
 }
 
 /// The calendar month of `t` in `zone`.

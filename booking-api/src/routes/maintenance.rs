@@ -440,7 +440,8 @@ pub async fn remove(
     Ok(axum::Json(view(hold, &rows)))
 }
 
-/// Marks a hold removed and cancels or ends its rows that are not over; its model.
+/// Marks a hold removed and cancels or ends its rows that are not over, all in one
+/// transaction (`store::holds::remove`); its model.
 pub async fn remove_hold(
     state: &AppState,
     caller: &Caller,
@@ -448,17 +449,7 @@ pub async fn remove_hold(
     id: i64,
     now: DateTime<Utc>,
 ) -> Result<String, ApiError> {
-    let hold = store::get(&state.pool, kind, id)
+    store::remove(&state.pool, kind, id, now, caller.user.as_str())
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no {} {id}", kind.as_str())))?;
-    let rows = store::remove(&state.pool, kind, id, now, caller.user.as_str())
-        .await?
-        .unwrap_or_default();
-    for row in rows {
-        match bookings::cancel_or_end(&state.pool, row, now, caller.user.as_str(), None).await {
-            Ok(_) | Err(crate::store::StoreError::Conflict(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(hold.model)
+        .ok_or_else(|| ApiError::NotFound(format!("no {} {id}", kind.as_str())))
 }

@@ -2,7 +2,7 @@
 
 use axum::extract::State;
 use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, Utc};
-use gpu_booking_core::capacity;
+use gpu_booking_core::lab_days;
 use gpu_booking_core::window::Window;
 use gpu_booking_core::wire;
 use serde::{Deserialize, Serialize};
@@ -232,20 +232,26 @@ pub const MAX_SPAN_DAYS: i64 = 366;
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct AvailabilityQuery {
-    /// First day (`YYYY-MM-DD` or RFC 3339; default today, UTC), in the years 1970
-    /// to 9998.
+    /// First day (`YYYY-MM-DD`, or an RFC 3339 time: its day in the zone; default
+    /// today there) of the lab's time zone (or `time_zone`), in the years 1970 to 9998.
     pub from: Option<String>,
     /// Day after the last (default: 28 days after `from`): 1 to 366 days after
     /// `from`, in the years 1970 to 9998.
     pub to: Option<String>,
+    /// IANA time zone whose days to count (default: the lab's, `--time-zone`; the
+    /// booking page sends the zone its calendar shows).
+    pub time_zone: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DayAvailability {
+    /// A day of the lab's time zone (or the query's `time_zone`): from its midnight
+    /// to the next (23 or 25 hours where daylight saving changes).
     pub date: NaiveDate,
     /// Units free for the whole day.
     pub free: u32,
-    /// Units booked at the busiest instant of the day.
+    /// Units booked at the busiest instant of the day (bookings, maintenance windows
+    /// and course reservations together).
     pub booked: u32,
 }
 
@@ -256,9 +262,10 @@ pub struct Availability {
     pub days: Vec<DayAvailability>,
 }
 
-fn parse_day(s: &str) -> Result<NaiveDate, ApiError> {
+/// A day of `zone` as the query names it: a date, or an RFC 3339 time's date there.
+fn parse_day(s: &str, zone: chrono_tz::Tz) -> Result<NaiveDate, ApiError> {
     let day = NaiveDate::parse_from_str(s, "%Y-%m-%d")
-        .or_else(|_| DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc).date_naive()))
+        .or_else(|_| DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&zone).date_naive()))
         .map_err(|_| {
             ApiError::BadRequest(format!("{s:?} is neither YYYY-MM-DD nor an RFC 3339 time"))
         })?;
@@ -270,13 +277,9 @@ fn parse_day(s: &str) -> Result<NaiveDate, ApiError> {
     Ok(day)
 }
 
-fn day_start(d: NaiveDate) -> DateTime<Utc> {
-    d.and_hms_opt(0, 0, 0)
-        .map(|t| t.and_utc())
-        .unwrap_or(DateTime::<Utc>::MIN_UTC)
-}
-
 #[utoipa::path(get, path = "/api/v1/models/{name}/availability", tag = "models",
+    description = "Units free per day of the lab's time zone (`--time-zone`, or `time_zone`), each day from \
+                   its midnight to the next: the model's units less those held at the day's busiest instant.",
     params(("name" = String, Path), AvailabilityQuery),
     responses((status = 200, body = Availability), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -286,12 +289,13 @@ pub async fn availability(
     Path(name): Path<String>,
     Query(q): Query<AvailabilityQuery>,
 ) -> Result<axum::Json<Availability>, ApiError> {
+    let zone = crate::extract::time_zone_or(state.policy.zone, q.time_zone.as_deref())?;
     let from = match &q.from {
-        Some(s) => parse_day(s)?,
-        None => state.clock.now().date_naive(),
+        Some(s) => parse_day(s, zone)?,
+        None => state.clock.now().with_timezone(&zone).date_naive(),
     };
     let to = match &q.to {
-        Some(s) => parse_day(s)?,
+        Some(s) => parse_day(s, zone)?,
         None => from + TimeDelta::days(28),
     };
     let span = (to - from).num_days();
@@ -303,14 +307,17 @@ pub async fn availability(
     let model = models::get(&state.pool, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no model {name:?}")))?;
-    // Days since 1970 (the store's UTC days), so `from` is a day the store keeps.
-    let first = capacity::utc_day(day_start(from));
     let count = usize::try_from(span).unwrap_or(0);
-    let (loads, long) = models::day_loads(&state.pool, &model.name, first, count).await?;
+    let windows = lab_days::day_windows(zone, from, count).ok_or_else(|| {
+        ApiError::Invalid("the days are outside the times the service keeps".into())
+    })?;
+    // The store keeps the model's bookings per UTC day: every one the lab days touch.
+    let (first, utc_count) = lab_days::utc_days(&windows).unwrap_or((0, 0));
+    let (loads, long) = models::day_loads(&state.pool, &model.name, first, utc_count).await?;
     let units = u32::try_from(model.units).unwrap_or(0);
-    let days = (0..span)
-        .map(|i| from + TimeDelta::days(i))
-        .zip(capacity::peaks_of_days(first, count, &loads, &long))
+    let days = from
+        .iter_days()
+        .zip(lab_days::peaks_in_windows(&loads, &long, &windows))
         .map(|(date, peak)| {
             let peak = u32::try_from(peak).unwrap_or(u32::MAX);
             DayAvailability {

@@ -167,12 +167,7 @@ pub async fn create(
     require_owner(&state, &caller, Some(group_id)).await?;
     let title = check_title("title", &body.title)?;
     // A reservation's times are the lab's (`--time-zone`) unless it names a zone.
-    let zone: chrono_tz::Tz = match body.time_zone.as_deref().map(str::trim) {
-        None => state.policy.zone,
-        Some(name) => name
-            .parse()
-            .map_err(|_| ApiError::Invalid(format!("time_zone: {name:?} is no IANA time zone")))?,
-    };
+    let zone = crate::extract::time_zone_or(state.policy.zone, body.time_zone.as_deref())?;
     if body.rrule.len() > 1000 {
         return Err(ApiError::Invalid("rrule: at most 1000 characters".into()));
     }

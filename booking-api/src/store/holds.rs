@@ -596,16 +596,59 @@ pub async fn name_refusal(db: impl PgExecutor<'_>, e: StoreError) -> StoreError 
     }
 }
 
-/// Marks a hold removed; its rows not yet over are cancelled or ended by the caller
-/// (`store::bookings::cancel_or_end`, row by row). The rows still to end.
+/// Removes a hold in one transaction ([`remove_in`]): the hold's model, `None`
+/// when there is no such hold of `kind`.
 pub async fn remove(
     pool: &PgPool,
     kind: HoldKind,
     id: i64,
     now: DateTime<Utc>,
     actor: &str,
-) -> Result<Option<Vec<i64>>, StoreError> {
+) -> Result<Option<String>, StoreError> {
     let mut tx = pool.begin().await?;
+    let Some(model) = remove_in(&mut tx, kind, id, now, actor).await? else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    tx.commit().await?;
+    Ok(Some(model))
+}
+
+/// Marks a hold removed and cancels or ends each of its rows not yet over
+/// (`store::bookings::cancel_or_end_in`: one to come is cancelled, one that runs
+/// ends now), audited as before one by one, in the caller's transaction, which
+/// commits it: a failure part way leaves the hold and every row as they were. The
+/// locks come first and in the global order (users, then models: migration
+/// 20261213000100), as a create's and [`begin_resolving`]'s: the hold's user's,
+/// then its model's shared (`booking_lock_release`: removing only frees units),
+/// which each row's cancel takes again. The hold's model; `None` when there is no
+/// such hold of `kind` (nothing written).
+pub async fn remove_in(
+    tx: &mut Transaction<'_, Postgres>,
+    kind: HoldKind,
+    id: i64,
+    now: DateTime<Utc>,
+    actor: &str,
+) -> Result<Option<String>, StoreError> {
+    let Some(found) = get_in(&mut **tx, id)
+        .await?
+        .filter(|h| h.kind() == Some(kind))
+    else {
+        return Ok(None);
+    };
+    let owner = found.user_name.clone().unwrap_or_else(|| {
+        HoldRef {
+            kind,
+            id,
+            group: found.group_id.map(i64::from),
+        }
+        .user_name()
+    });
+    sqlx::query("SELECT booking_lock_release($1, $2)")
+        .bind(&owner)
+        .bind(&found.model)
+        .execute(&mut **tx)
+        .await?;
     let Some(hold) = sqlx::query!(
         "UPDATE unit_hold SET removed_at = coalesce(removed_at, $3) WHERE id = $1 AND kind = $2
          RETURNING model, title",
@@ -613,7 +656,7 @@ pub async fn remove(
         kind.as_str(),
         now
     )
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut **tx)
     .await?
     else {
         return Ok(None);
@@ -623,10 +666,10 @@ pub async fn remove(
         id,
         now
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
     audit::record(
-        &mut *tx,
+        &mut **tx,
         audit::NewEvent {
             at: now,
             actor,
@@ -641,8 +684,14 @@ pub async fn remove(
         },
     )
     .await?;
-    tx.commit().await?;
-    Ok(Some(rows))
+    for row in rows {
+        match super::bookings::cancel_or_end_in(tx, row, now, actor, None).await {
+            // Over already: out of the way (the refusal wrote nothing).
+            Ok(_) | Err(StoreError::Conflict(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(hold.model))
 }
 
 /// The group's id by its name.

@@ -263,9 +263,10 @@ pub async fn set_usage(
 /// `[first, first + count)`: the rows the store keeps per day (`booking_day_units`
 /// with where its units begin and end, migration 20261209000100) and the windows of
 /// the bookings too long to be kept per day that overlap those days, each once per
-/// unit (`core::capacity::peaks_of_days`). One statement, so both parts are of one
-/// snapshot: a booking whose window changes between kept per day and not is counted
-/// once. A year reads 365 rows where the bookings over it were 2,000-9,500 table
+/// unit (`core::lab_days::peaks_in_windows`, over the lab's days; or
+/// `core::capacity::peaks_of_days`, over the UTC days). One statement, so both parts
+/// are of one snapshot: a booking whose window changes between kept per day and not
+/// is counted once. A year reads 365 rows where the bookings over it were 2,000-9,500 table
 /// pages in the history bench.
 pub async fn day_loads(
     db: impl PgExecutor<'_>,
