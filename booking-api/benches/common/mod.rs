@@ -212,7 +212,8 @@ const MIN_TRIAL_OPS: usize = 1_000;
 pub const FIRST_RATE: f64 = 400.0;
 
 /// Whether a refused create's answer was printed already.
-static FIRST_REFUSAL_SHOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static FIRST_REFUSAL_SHOWN: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// One open-loop trial of booking creates through the API at `api_url`, `rate` per
 /// second for `duration`: the i-th by the user of `tokens[i]` (minted beforehand, one
