@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use gpu_booking_core::admission::{
-    named_user, our_label, parse_quantity, trusted_priority, AdmissionConfig, PodStanding,
-    PRIORITY_LABEL,
+    container_budget_mib as budget_of_container, named_user, our_label, trusted_priority,
+    AdmissionConfig, PodStanding, PRIORITY_LABEL,
 };
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 
@@ -27,8 +27,9 @@ pub struct PodInfo {
     pub annotations: BTreeMap<String, String>,
     /// Every container (init, regular, ephemeral) with its runtime ID once it has one.
     pub containers: Vec<(String, Option<String>)>,
-    /// The declared VRAM budget: the sum over containers of the `gpumem` resource
-    /// (limits, else requests), in MiB; `None` when no container declares one.
+    /// The declared VRAM budget: the sum over containers of their budget resources,
+    /// the plain `gpumem` one and a model's own `<gpumem>-<model>` (each its limit,
+    /// else its request), in MiB; `None` when no container declares one.
     pub gpumem_budget_mib: Option<u64>,
     /// Booked (high) or lent (low), as the controller believes it: our priority label
     /// counts as high only with our high priority class, which a pod's creator cannot
@@ -123,16 +124,11 @@ impl PodInfo {
     }
 }
 
-/// A container's `gpumem` in MiB (limits win, as in the webhook's planner).
+/// A container's budget in MiB: every budget resource it names (limits win, as in
+/// the webhook's planner), read by core's one reader.
 fn container_budget_mib(c: &Container, resource: &str) -> Option<u64> {
-    let resources = c.resources.as_ref()?;
-    let quantity = resources
-        .limits
-        .as_ref()
-        .and_then(|l| l.get(resource))
-        .or_else(|| resources.requests.as_ref().and_then(|r| r.get(resource)))?;
-    let value = parse_quantity(&serde_json::Value::String(quantity.0.clone()))?;
-    (value.is_finite() && value >= 0.0).then(|| value.ceil().min(u64::MAX as f64) as u64)
+    let resources = serde_json::to_value(c.resources.as_ref()?).ok()?;
+    budget_of_container(&resources, resource)
 }
 
 /// Why a process in a pod cgroup could not be matched to a pod of this node.
@@ -262,6 +258,25 @@ mod tests {
             ..c
         };
         assert_eq!(index.resolve(&stranger).unwrap_err(), PodMiss::UnknownPod);
+    }
+
+    /// A pod of a model with a resource of its own has its budget under the model's
+    /// budget resource (`gpu-booking.io/gpumem-t4`): that is its budget, added to any
+    /// plain one, limits first.
+    #[test]
+    fn a_models_own_budget_resource_is_the_budget() {
+        let p = pod(json!({
+            "metadata": {"name": "jupyter-carol", "namespace": "jhub", "uid": "u"},
+            "spec": {"containers": [
+                {"name": "notebook", "resources": {
+                    "limits": {"nvidia.com/t4": "1", "gpu-booking.io/gpumem-t4": "6000"},
+                    "requests": {"gpu-booking.io/gpumem-t4": "3000"}}},
+                {"name": "helper", "resources": {"requests": {"gpu-booking.io/gpumem": "500"}}},
+                {"name": "other", "resources": {"limits": {"example.com/gpumem-t4": "7"}}}
+            ]}
+        }));
+        let info = PodInfo::from_pod(&p, &AdmissionConfig::default()).unwrap();
+        assert_eq!(info.gpumem_budget_mib, Some(6000 + 500));
     }
 
     #[test]

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use chrono::Utc;
 use gpu_booking_api::store::models::{self, ModelSpec};
-use gpu_booking_core::admission::PRIORITY_LABEL;
+use gpu_booking_core::admission::{budget_resource, is_budget_resource, PRIORITY_LABEL};
+use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_sim::GpuNode;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -245,7 +246,7 @@ pub fn extended_requests(pod: &Pod) -> BTreeMap<String, u64> {
         keys.sort();
         keys.dedup();
         for key in keys {
-            if !(key.starts_with("nvidia.com/") || key == GPUMEM) {
+            if !(key.starts_with("nvidia.com/") || is_budget_resource(GPUMEM, key)) {
                 continue;
             }
             let q = res
@@ -440,10 +441,16 @@ pub fn room(nodes: &[Node], pods: &[Pod]) -> [u64; MODELS.len()] {
             let m = &MODELS[i];
             let units = free(m.resource.unwrap_or("nvidia.com/gpu"));
             let budget = u64::try_from(m.gpumem_mib).unwrap_or(0).max(1);
-            let vram = if allocatable.contains_key(GPUMEM) {
-                free(GPUMEM) / budget
-            } else {
-                u64::MAX
+            // A model under its own resource has a budget of its own on the node.
+            let budget_key = match m.resource {
+                Some(_) => ModelName::parse(m.name)
+                    .ok()
+                    .and_then(|name| budget_resource(GPUMEM, Some(&name)).ok()),
+                None => Some(GPUMEM.to_owned()),
+            };
+            let vram = match budget_key {
+                Some(key) if allocatable.contains_key(&key) => free(&key) / budget,
+                _ => u64::MAX,
             };
             out[i] += units.min(vram);
         }

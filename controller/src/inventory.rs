@@ -7,17 +7,20 @@
 //! - A node's model label: its one model; a node with cards of several models gets
 //!   none (refused with an Event: one label value cannot select several models).
 //! - In use: cards with a pod on them (replicas of a time-sliced card rounded up).
-//! - The VRAM budget a node advertises: units x (memory per unit - reserve).
+//! - The VRAM budgets a node advertises: units x (memory per unit - reserve), one for
+//!   the cards a label selects (`--gpumem-resource`) and one per model whose cards are
+//!   under a resource of its own (`<gpumem-resource>-<model>`, core's
+//!   [`gpu_booking_core::inventory::Budgets`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use gpu_booking_client::{Model, UsageReport};
-use gpu_booking_core::admission::parse_quantity;
+use gpu_booking_core::admission::{budget_of, is_budget_resource, parse_quantity};
 use gpu_booking_core::gpu_model::{ModelCatalog, ModelName, ModelPattern};
 use gpu_booking_core::inventory::{
-    model_inventory, node_inventory, InventoryConfig, ModelInventory, NodeFacts, NodeInventory,
-    PodGpus, MODEL_PRESENT_LABEL_PREFIX, NVIDIA_LABEL_PREFIX, NVML_MEMORY_LABEL,
+    model_inventory, node_inventory, Budgets, InventoryConfig, ModelInventory, NodeFacts,
+    NodeInventory, PodGpus, MODEL_PRESENT_LABEL_PREFIX, NVIDIA_LABEL_PREFIX, NVML_MEMORY_LABEL,
 };
 use gpu_booking_core::preemption_policy::PreemptionPolicy;
 pub use gpu_booking_core::wire::MAX_OTHER_NAMESPACES;
@@ -113,10 +116,12 @@ pub struct NodeInfo {
     pub model_label: Option<String>,
     /// The models whose presence label (`model.gpu-booking.io/<model>`) it carries now.
     pub models_present: BTreeSet<String>,
-    /// `status.capacity` and `status.allocatable` as far as the VRAM budget goes:
-    /// each map (present or not) with the budget resource only, what the status
-    /// patch is planned against.
+    /// `status.capacity` and `status.allocatable` as far as the VRAM budgets go:
+    /// each map (present or not) with the budget resources only (the plain one and
+    /// every `<gpumem-resource>-*`), what the status patch is planned against.
     pub gpumem_status: Value,
+    /// The VRAM budgets it advertises now (allocatable), by whose they are.
+    pub budgets_now: Budgets,
 }
 
 impl NodeInfo {
@@ -129,7 +134,7 @@ impl NodeInfo {
         let labels = node.metadata.labels.as_ref();
         let label = |k: &str| labels.and_then(|l| l.get(k)).cloned();
         let status = node.status.as_ref();
-        let allocatable = status
+        let allocatable: BTreeMap<String, u64> = status
             .and_then(|s| s.allocatable.as_ref())
             .map(|a| {
                 a.iter()
@@ -160,13 +165,18 @@ impl NodeInfo {
         ];
         for (field, map) in maps {
             if let Some(map) = map {
-                let mut only = Map::new();
-                if let Some(q) = map.get(gpumem_resource) {
-                    only.insert(gpumem_resource.to_owned(), json!(q.0));
-                }
+                let only: Map<String, Value> = map
+                    .iter()
+                    .filter(|(k, _)| is_budget_resource(gpumem_resource, k))
+                    .map(|(k, q)| (k.clone(), json!(q.0)))
+                    .collect();
                 gpumem_status.insert(field.to_owned(), Value::Object(only));
             }
         }
+        let budgets_now = allocatable
+            .iter()
+            .filter_map(|(k, &n)| Some((budget_of(gpumem_resource, k)?, n)))
+            .collect();
         Some(Self {
             name: node.metadata.name.clone()?,
             facts: NodeFacts {
@@ -181,18 +191,8 @@ impl NodeInfo {
                 .map(str::to_owned)
                 .collect(),
             gpumem_status: json!({ "status": gpumem_status }),
+            budgets_now,
         })
-    }
-
-    /// The VRAM budget the node advertises now (allocatable), MiB.
-    pub fn gpumem_allocatable(&self) -> Option<u64> {
-        self.gpumem_status
-            .pointer("/status/allocatable")
-            .and_then(Value::as_object)
-            .and_then(|m| m.values().next())
-            .and_then(parse_quantity)
-            .filter(|n| n.is_finite() && *n >= 1.0)
-            .map(|n| n.floor() as u64)
     }
 
     /// Whether GFD describes this node's GPUs (its product label is there); a GPU
@@ -320,7 +320,7 @@ pub fn usage<'a>(
     let counted = model_inventory(
         nodes
             .iter()
-            .map(|(n, inv)| (n.name.as_str(), inv, n.gpumem_allocatable())),
+            .map(|(n, inv)| (n.name.as_str(), inv, &n.budgets_now)),
         pods.iter().filter_map(|(p, model)| {
             Some(PodGpus {
                 node: p.node.as_deref(),
@@ -438,6 +438,7 @@ mod tests {
             model_label: None,
             models_present: BTreeSet::new(),
             gpumem_status: json!({"status": {}}),
+            budgets_now: Budgets::new(),
         }
     }
 
@@ -637,9 +638,11 @@ mod tests {
             "metadata": {"name": "n1", "labels": {
                 "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15360",
                 "kubernetes.io/hostname": "n1"}},
-            "status": {"capacity": {"cpu": "8", "gpu-booking.io/gpumem": "14848"},
+            "status": {"capacity": {"cpu": "8", "gpu-booking.io/gpumem": "14848",
+                                    "gpu-booking.io/gpumem-l4": "22000"},
                        "allocatable": {"cpu": "8", "nvidia.com/gpu": "1",
-                                       "gpu-booking.io/gpumem": "14848"}}
+                                       "gpu-booking.io/gpumem": "14848",
+                                       "gpu-booking.io/gpumem-l4": "22000"}}
         }))
         .unwrap();
         let info = NodeInfo::from_node(
@@ -650,11 +653,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(info.facts.labels.len(), 2, "only GFD's labels are kept");
-        assert_eq!(info.gpumem_allocatable(), Some(14848));
+        assert_eq!(
+            info.budgets_now,
+            [(None, 14848), (ModelName::parse("l4").ok(), 22000)]
+                .into_iter()
+                .collect()
+        );
+        let budgets =
+            json!({"gpu-booking.io/gpumem": "14848", "gpu-booking.io/gpumem-l4": "22000"});
         assert_eq!(
             info.gpumem_status,
-            json!({"status": {"capacity": {"gpu-booking.io/gpumem": "14848"},
-                              "allocatable": {"gpu-booking.io/gpumem": "14848"}}})
+            json!({"status": {"capacity": budgets, "allocatable": budgets}})
         );
         assert!(info.has_gpu_telemetry("nvidia.com/gpu.product"));
     }

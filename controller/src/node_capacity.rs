@@ -1,27 +1,44 @@
 //! The VRAM budget on each GPU node (seed 000: advertised before any pod asks for it,
 //! or every budgeted pod stays Pending): the node's `status.capacity` and
-//! `status.allocatable` carry the budget resource, in MiB, as `core`'s inventory
-//! computes it (units x (memory per unit - reserve)), written with a JSON patch of the
-//! `nodes/status` subresource ("Advertise Extended Resources for a Node").
+//! `status.allocatable` carry the budget resources, in MiB, as `core`'s inventory
+//! computes them (units x (memory per unit - reserve)), written with a JSON patch of
+//! the `nodes/status` subresource ("Advertise Extended Resources for a Node"). The
+//! cards a label selects share the plain `--gpumem-resource`; the cards of a model
+//! under a resource of its own have `<gpumem-resource>-<model>` (core's
+//! `admission::budget_resource`, the name the webhook writes on the model's pods), so
+//! on a node with cards of several models one model's pods cannot take what another
+//! model's cards hold.
 //!
 //! Level-triggered from the node watch: a node that registers again (a new object
-//! without the resource) or whose status lost it is patched again; a node that lost
-//! its GPUs has the resource removed; a node that already says the right thing is not
-//! written to. Only the leader writes; a failure is retried, counted and reported as
-//! an Event on the node.
+//! without the resources) or whose status lost one is patched again; a budget no
+//! longer due (the node lost its GPUs, or the cards of a model) is removed; a node
+//! that already says the right thing is not written to. Only the leader writes; a
+//! failure is retried, counted and reported as an Event on the node.
 
 use json_patch::Patch as JsonPatch;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 
+use gpu_booking_core::admission::{budget_names, plan_node_budgets};
+
 use crate::actions::Ctx;
 use crate::inventory::{node_gpus, Models, NodeInfo};
 
 /// The status patch that makes `node` advertise what it should; empty when it does.
+/// `resource` is `--gpumem-resource`. A model whose budget resource cannot be named
+/// (a name too long) gets none: its pods get no budget either (the webhook's
+/// start-up check, and its model is reported as not advertised).
 pub fn plan(node: &NodeInfo, models: &Models, resource: &str) -> JsonPatch {
-    let want = node_gpus(node, models).gpumem_mib;
-    gpu_booking_core::admission::plan_node_resource(&node.gpumem_status, resource, want)
+    let want = node_gpus(node, models).budgets;
+    let (names, unnamed) = budget_names(resource, &want);
+    let patch = plan_node_budgets(&node.gpumem_status, resource, &names);
+    if !patch.0.is_empty() {
+        for e in unnamed {
+            tracing::warn!(node = %node.name, error = %e, "a VRAM budget is not advertised");
+        }
+    }
+    patch
 }
 
 /// Writes `patch` to the node's status; true when it was written.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_booking_core::admission::{
-    detect_gpu, named_user, our_label, parse_quantity, trusted_priority, AdmissionConfig,
+    container_budget_mib, detect_gpu, named_user, our_label, trusted_priority, AdmissionConfig,
     PodStanding, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, GPU_REMOVED_ANNOTATION,
     LAST_GPU_ACTIVITY_ANNOTATION, MODEL_LABEL, PREEMPT_AT_ANNOTATION, PREEMPT_FOR_ANNOTATION,
     PRIORITY_LABEL,
@@ -193,21 +193,13 @@ pub struct PodInfo {
     pub gpu_removed: Option<String>,
 }
 
-/// The VRAM budget of the containers (their limit, else their request; init
-/// containers run before them and hold nothing beside them).
+/// The VRAM budget of the containers: each one's budget resources, the plain one and
+/// a model's (core's [`container_budget_mib`]: limit, else request); init containers
+/// run before them and hold nothing beside them.
 fn gpumem_mib(containers: &[ContainerLite], resource: &str) -> u64 {
-    let budget = |c: &ContainerLite, section: &str| {
-        c.resources
-            .as_ref()?
-            .get(section)?
-            .get(resource)
-            .and_then(parse_quantity)
-            .filter(|q| q.is_finite() && *q > 0.0)
-    };
     containers
         .iter()
-        .filter_map(|c| budget(c, "limits").or_else(|| budget(c, "requests")))
-        .map(|mib| mib.ceil() as u64)
+        .filter_map(|c| container_budget_mib(c.resources.as_ref()?, resource))
         .fold(0u64, u64::saturating_add)
 }
 
@@ -391,11 +383,16 @@ mod tests {
                 "containers": [
                     {"resources": {"limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": "40960"}}},
                     {"resources": {"requests": {"gpu-booking.io/gpumem": "1024"}}},
+                    {"resources": {"limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem-t4": "2048"}}},
                     {"resources": {"limits": {"gpu-booking.io/gpumem": "lots"}}}],
                 "initContainers": [{"resources": {"limits": {"gpu-booking.io/gpumem": "99999"}}}]}
         }));
         let info = PodInfo::from_pod(&pod, &AdmissionConfig::default()).unwrap();
-        assert_eq!(info.placement.gpumem_mib, 41_984);
+        assert_eq!(
+            info.placement.gpumem_mib,
+            41_984 + 2048,
+            "a model's budget resource counts too"
+        );
         assert_eq!(
             info.placement
                 .constraints

@@ -8,7 +8,10 @@
 //!   the node has none yet). Lent pods elsewhere are never its victims.
 //! - **Room**, per node and model, as the scheduler counts it: the allocatable GPU
 //!   resource of the model (its own resource, else the generic one on nodes of the
-//!   model) and the VRAM budget resource, minus what the pods bound there request.
+//!   model) and the VRAM budget resource the model's pods ask for (a model with a
+//!   resource of its own has its own, `<gpumem-resource>-<model>`; the others share
+//!   the plain one: core's `admission::budget_resource`), minus what the pods bound
+//!   there request.
 //!   Pods already terminating, and pods the controller is acting on, count as gone:
 //!   the room they free is on its way, so it is not freed a second time.
 //! - **Tenants**: the pods core's preemption policy lets give way
@@ -24,6 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+use gpu_booking_core::admission::budget_of;
 use gpu_booking_core::eviction::{self, Need, Plan, Room, Tenant};
 use gpu_booking_core::preemption_policy::{Holder, PreemptionPolicy, Shortfall, Verdict};
 
@@ -68,8 +72,10 @@ pub struct Round {
     node_models: HashMap<String, Option<String>>,
     /// Free GPU units by (model, node).
     units: BTreeMap<(String, String), u64>,
-    /// Free VRAM budget by node (`None`: not advertised).
-    vram: BTreeMap<String, Option<u64>>,
+    /// Free VRAM budget by [`VramKey`]; absent: not advertised.
+    vram: BTreeMap<VramKey, u64>,
+    /// The models with a budget resource of their own (their own GPU resource).
+    own_budget: BTreeSet<String>,
     /// The VRAM budget one unit holds, by (model, node), where the node advertises it.
     unit_vram: BTreeMap<(String, String), u64>,
     /// (model, node) whose units are replicas of time-sliced cards: the only units
@@ -88,7 +94,17 @@ pub struct Round {
     /// (terminating or being acted on, not merely marked) still hold: counted as
     /// free above, but the scheduler gives them out only once those pods are gone.
     ending_units: BTreeMap<(String, String), u64>,
-    ending_vram: BTreeMap<String, u64>,
+    ending_vram: BTreeMap<VramKey, u64>,
+}
+
+/// One VRAM budget of one node: (node, the model whose own budget it is; `None` for
+/// the plain budget of the cards a label selects).
+type VramKey = (String, Option<String>);
+
+/// The budget the pods of `model` on `node` ask for.
+fn vram_key(own_budget: &BTreeSet<String>, node: &str, model: &str) -> VramKey {
+    let of = own_budget.contains(model).then(|| model.to_owned());
+    (node.to_owned(), of)
 }
 
 /// Who holds a model's units on one node.
@@ -116,6 +132,7 @@ impl Round {
         let mut units = BTreeMap::new();
         let mut shared = BTreeSet::new();
         let mut vram = BTreeMap::new();
+        let own_budget: BTreeSet<String> = view.models.resources.values().cloned().collect();
         for node in view.nodes.values() {
             for (resource, model) in &view.models.resources {
                 if let Some(&n) = node.facts.allocatable.get(resource).filter(|&&n| n > 0) {
@@ -138,17 +155,19 @@ impl Round {
                     }
                 }
             }
-            vram.insert(
-                node.name.clone(),
-                node.facts.allocatable.get(view.gpumem_resource).copied(),
-            );
+            for (resource, &mib) in &node.facts.allocatable {
+                if let Some(of) = budget_of(view.gpumem_resource, resource) {
+                    let of = of.map(|m| m.as_str().to_owned());
+                    vram.insert((node.name.clone(), of), mib);
+                }
+            }
         }
         // Before any pod is subtracted: what one unit of each model holds on each node.
         let unit_vram = units
             .iter()
-            .filter_map(|(key, &n)| {
-                let total = vram.get(&key.1).copied().flatten()?;
-                (n > 0).then(|| (key.clone(), total / n))
+            .filter_map(|((model, node), &n)| {
+                let total = vram.get(&vram_key(&own_budget, node, model)).copied()?;
+                (n > 0).then(|| ((model.clone(), node.clone()), total / n))
             })
             .collect();
         let capacity = units.clone();
@@ -156,7 +175,7 @@ impl Round {
         let mut uids = HashMap::new();
         let mut held: BTreeMap<(String, String), Held> = BTreeMap::new();
         let mut ending_units: BTreeMap<(String, String), u64> = BTreeMap::new();
-        let mut ending_vram: BTreeMap<String, u64> = BTreeMap::new();
+        let mut ending_vram: BTreeMap<VramKey, u64> = BTreeMap::new();
         for pod in view.pods.values() {
             let (Some(node), Some(gpu)) = (&pod.node, &pod.gpu) else {
                 continue;
@@ -167,19 +186,20 @@ impl Round {
             let Some(model) = inventory::pod_model(pod, &node_models) else {
                 continue;
             };
+            let budget = vram_key(&own_budget, node, &model);
             if going(pod, view) {
                 // Marked pods are in `going` too, but hold their card until their
                 // deadline by design: their booked pod is told when.
                 if !marked_only(pod) {
                     *ending_units.entry((model, node.clone())).or_default() += gpu.units;
-                    *ending_vram.entry(node.clone()).or_default() += pod.placement.gpumem_mib;
+                    *ending_vram.entry(budget).or_default() += pod.placement.gpumem_mib;
                 }
                 continue;
             }
             if let Some(free) = units.get_mut(&(model.clone(), node.clone())) {
                 *free = free.saturating_sub(gpu.units);
             }
-            if let Some(Some(free)) = vram.get_mut(node) {
+            if let Some(free) = vram.get_mut(&budget) {
                 *free = free.saturating_sub(pod.placement.gpumem_mib);
             }
             let holders = held.entry((model.clone(), node.clone())).or_default();
@@ -208,6 +228,7 @@ impl Round {
             node_models,
             units,
             vram,
+            own_budget,
             unit_vram,
             shared,
             tenants,
@@ -247,7 +268,7 @@ impl Round {
             .map(|((_, node), free)| Room {
                 node: node.clone(),
                 free_units: *free,
-                free_vram_mib: self.vram.get(node).copied().flatten(),
+                free_vram_mib: self.vram.get(&self.vram_key(node, model)).copied(),
             })
             .collect();
         // The cushion is for co-tenants of a time-sliced card: on whole cards and MIG
@@ -284,8 +305,9 @@ impl Round {
                 let key = (model.to_owned(), node.clone());
                 let units = self.units.get(&key).copied().unwrap_or(0);
                 let ending = self.ending_units.get(&key).copied().unwrap_or(0);
-                let vram = self.vram.get(&node).copied().flatten();
-                let ending_vram = self.ending_vram.get(&node).copied().unwrap_or(0);
+                let budget = self.vram_key(&node, model);
+                let vram = self.vram.get(&budget).copied();
+                let ending_vram = self.ending_vram.get(&budget).copied().unwrap_or(0);
                 let now = units.saturating_sub(ending) >= need.units
                     && vram.is_none_or(|v| v.saturating_sub(ending_vram) >= need.vram_mib);
                 self.reserve(model, &node, &need);
@@ -297,7 +319,7 @@ impl Round {
                         .entry(key)
                         .and_modify(|n| *n = n.saturating_sub(need.units));
                     self.ending_vram
-                        .entry(node.clone())
+                        .entry(budget)
                         .and_modify(|n| *n = n.saturating_sub(need.vram_mib));
                     Decision::Ending { node }
                 }
@@ -311,11 +333,12 @@ impl Round {
                     *list = kept;
                     gone.extend(out);
                 }
+                let budget = self.vram_key(&node, model);
                 for t in &gone {
                     if let Some(free) = self.units.get_mut(&(model.to_owned(), node.clone())) {
                         *free = free.saturating_add(t.units);
                     }
-                    if let Some(Some(free)) = self.vram.get_mut(&node) {
+                    if let Some(free) = self.vram.get_mut(&budget) {
                         *free = free.saturating_add(t.vram_mib);
                     }
                 }
@@ -353,9 +376,15 @@ impl Round {
         if let Some(free) = self.units.get_mut(&(model.to_owned(), node.to_owned())) {
             *free = free.saturating_sub(need.units);
         }
-        if let Some(Some(free)) = self.vram.get_mut(node) {
+        let budget = self.vram_key(node, model);
+        if let Some(free) = self.vram.get_mut(&budget) {
             *free = free.saturating_sub(need.vram_mib);
         }
+    }
+
+    /// The VRAM budget the pods of `model` on `node` ask for.
+    fn vram_key(&self, node: &str, model: &str) -> VramKey {
+        vram_key(&self.own_budget, node, model)
     }
 }
 
@@ -775,6 +804,73 @@ mod tests {
             Decision::Evict {
                 node: "a".into(),
                 victims: vec!["uid-low-new".into()]
+            }
+        );
+    }
+
+    /// A node with two A100s (generic) and a T4 time-sliced four ways under its own
+    /// resource: the T4's pods ask for the T4's budget resource, so their room is the
+    /// T4's budget, not the node's, however idle the A100s are.
+    #[test]
+    fn the_room_of_a_model_with_its_own_resource_is_its_own_budget() {
+        let mut w = busy();
+        let t4: Model = serde_json::from_value(serde_json::json!(
+            {"name": "t4", "patterns": ["*T4*"], "resource": "nvidia.com/t4"}))
+        .unwrap();
+        let a100: Model =
+            serde_json::from_value(serde_json::json!({"name": "a100", "patterns": ["*A100*"]}))
+                .unwrap();
+        w.models = Models::from_api(
+            &[a100, t4],
+            &w.generic,
+            &crate::inventory::InventoryOptions {
+                product_label: "nvidia.com/gpu.product".into(),
+                fallback_model: None,
+                mig_fallback: true,
+                reserve_mib: 0,
+            },
+        );
+        let mut mixed = node("m", "NVIDIA-A100", 2);
+        mixed.facts.labels.extend([
+            ("nvidia.com/t4.count".to_owned(), "1".to_owned()),
+            ("nvidia.com/t4.replicas".to_owned(), "4".to_owned()),
+        ]);
+        mixed.facts.allocatable.extend([
+            ("nvidia.com/t4".to_owned(), 4),
+            ("gpu-booking.io/gpumem".to_owned(), 80_896),
+            ("gpu-booking.io/gpumem-t4".to_owned(), 14_848),
+        ]);
+        let on_t4 = |mut p: PodInfo, mib: u64| {
+            p.gpu = Some(GpuUse {
+                units: 1,
+                model: Some("t4".into()),
+            });
+            p.placement.gpumem_mib = mib;
+            p
+        };
+        let pods = vec![
+            on_t4(
+                pod("lent-1", Some("m"), Priority::Low, "2026-01-01T00:00:00Z"),
+                6000,
+            ),
+            on_t4(
+                pod("lent-2", Some("m"), Priority::Low, "2026-01-02T00:00:00Z"),
+                6000,
+            ),
+            on_t4(
+                pod("booked", None, Priority::High, "2026-01-04T00:00:00Z"),
+                6000,
+            ),
+        ];
+        w.nodes = [("m".to_owned(), mixed)].into();
+        w.pods = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
+        let view = w.view();
+        // Two replicas are free, but 2,848 MiB of the T4's 14,848: one lent pod goes.
+        assert_eq!(
+            Round::new(&view).decide(&view, &w.pods["uid-booked"], "t4"),
+            Decision::Evict {
+                node: "m".into(),
+                victims: vec!["uid-lent-1".into()]
             }
         );
     }

@@ -1,6 +1,8 @@
 //! The GPU inventory of a node, from the labels GPU feature discovery (GFD) writes and
 //! the resources the device plugin advertises: how many bookable units of which model
-//! it has, and how much VRAM budget (`gpumem`, MiB) it should advertise.
+//! it has, and how much VRAM budget (`gpumem`, MiB) it should advertise: one budget for
+//! the cards a label selects, and one per model whose cards are under a resource of
+//! their own ([`Budgets`]).
 //!
 //! Units are cards (docs/design.md, "GPU models and units"): a time-sliced card is one unit however
 //! many replicas the device plugin advertises; a MIG device is one unit of its profile.
@@ -106,7 +108,23 @@ impl CardGroup {
     fn generic(&self, cfg: &InventoryConfig) -> bool {
         cfg.gpu_resources.contains(&self.resource)
     }
+
+    /// Whose VRAM budget these units are in ([`Budgets`]): the model's own, when
+    /// their resource is the model's (pods of the model ask for it, and for its
+    /// budget resource); else the node's plain budget, with every card a label
+    /// selects.
+    pub fn budget_of(&self, cfg: &InventoryConfig) -> Option<ModelName> {
+        cfg.model_resources.get(&self.resource).cloned()
+    }
 }
+
+/// VRAM budgets (MiB) by whose they are: `None`, the cards that a node label selects
+/// (the generic ones, and those under a resource no declared model names), advertised
+/// as the plain `--gpumem-resource`; a model, the cards under that model's own
+/// resource, advertised as `<gpumem-resource>-<model>`
+/// ([`crate::admission::budget_resource`]). kube-scheduler fits each on its own, so
+/// the pods of one model cannot take what another model's cards hold.
+pub type Budgets = BTreeMap<Option<ModelName>, u64>;
 
 /// Which single model a node is labelled with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,10 +157,11 @@ pub const MODEL_PRESENT_LABEL_PREFIX: &str = "model.gpu-booking.io/";
 pub struct NodeInventory {
     pub groups: Vec<CardGroup>,
     pub model: NodeModel,
-    /// The VRAM budget to advertise (MiB): every unit's memory minus the reserve.
-    /// `None` when the node has no GPU or a unit's memory is unknown (nothing is
-    /// advertised then: a budget that does not exist is better than a wrong one).
-    pub gpumem_mib: Option<u64>,
+    /// The VRAM budgets to advertise (MiB), each the memory of its units minus the
+    /// reserve per unit ([`Budgets`]). A budget is left out when a unit's memory is
+    /// unknown (a budget that does not exist is better than a wrong one) or it comes
+    /// to nothing; empty on a node without GPUs.
+    pub budgets: Budgets,
 }
 
 impl NodeInventory {
@@ -345,20 +364,28 @@ pub fn node_inventory(facts: &NodeFacts, cfg: &InventoryConfig) -> NodeInventory
         1 => NodeModel::One(models.remove(0)),
         _ => NodeModel::Several(models),
     };
-    let gpumem_mib = if groups.is_empty() {
-        None
-    } else {
-        groups.iter().try_fold(0u64, |sum, g| {
-            let per_unit = g.memory_mib?.saturating_sub(cfg.reserve_mib);
-            Some(sum.saturating_add(g.units.saturating_mul(per_unit)))
-        })
-    }
-    .filter(|&mib| mib > 0);
+    let budgets = node_budgets(&groups, cfg);
     NodeInventory {
         groups,
         model,
-        gpumem_mib,
+        budgets,
     }
+}
+
+/// Each budget of `groups`: units x (memory per unit - reserve), summed over the
+/// groups in it; none where a unit's memory is unknown.
+fn node_budgets(groups: &[CardGroup], cfg: &InventoryConfig) -> Budgets {
+    let mut sums: BTreeMap<Option<ModelName>, Option<u64>> = BTreeMap::new();
+    for g in groups {
+        let per_unit = g.memory_mib.map(|m| m.saturating_sub(cfg.reserve_mib));
+        let sum = sums.entry(g.budget_of(cfg)).or_insert(Some(0));
+        *sum = sum
+            .zip(per_unit)
+            .map(|(sum, unit)| sum.saturating_add(g.units.saturating_mul(unit)));
+    }
+    sums.into_iter()
+        .filter_map(|(of, mib)| Some((of, mib.filter(|&m| m > 0)?)))
+        .collect()
 }
 
 /// A pod's hold on GPUs, as the inventory counts it.
@@ -393,8 +420,8 @@ pub struct ModelInventory {
     /// lent pods where the controller may not act), counted the same way: what
     /// bookings cannot get while those run.
     pub others_in_use: u64,
-    /// Whether every node with cards of the model advertises the VRAM budget (a pod
-    /// budgeted for the model can then always find its resource).
+    /// Whether every node with cards of the model advertises the VRAM budget its
+    /// cards are in (a pod budgeted for the model can then always find its resource).
     pub gpumem_advertised: bool,
     /// The VRAM budget one unit can hold (MiB): the least over the model's nodes.
     pub gpumem_unit_mib: Option<u64>,
@@ -413,8 +440,8 @@ pub fn units_mismatch(declared_units: i64, cards: Option<i64>) -> bool {
     cards.is_some_and(|cards| cards != declared_units)
 }
 
-/// Every model's inventory from the nodes (with the `gpumem` each advertises now,
-/// read from its status) and the pods holding GPUs. Every model of `models` appears.
+/// Every model's inventory from the nodes (with the budgets each advertises now, read
+/// from its status) and the pods holding GPUs. Every model of `models` appears.
 ///
 /// A pod admitted with a GPU is counted from the moment it exists, not from its
 /// binding: the webhook's lend ledger keeps an admission only until a report taken
@@ -425,7 +452,7 @@ pub fn units_mismatch(declared_units: i64, cards: Option<i64>) -> bool {
 /// without a model (another workload, a generic request nobody decided) counts
 /// once bound.
 pub fn model_inventory<'a>(
-    nodes: impl IntoIterator<Item = (&'a str, &'a NodeInventory, Option<u64>)>,
+    nodes: impl IntoIterator<Item = (&'a str, &'a NodeInventory, &'a Budgets)>,
     pods: impl IntoIterator<Item = PodGpus<'a>>,
     models: &[ModelName],
     cfg: &InventoryConfig,
@@ -442,13 +469,14 @@ pub fn model_inventory<'a>(
         .collect();
     let mut advertised: BTreeMap<ModelName, bool> = BTreeMap::new();
     let mut by_name: BTreeMap<&str, &NodeInventory> = BTreeMap::new();
-    for (name, inv, gpumem_now) in nodes {
+    for (name, inv, now) in nodes {
         by_name.insert(name, inv);
         for g in &inv.groups {
             let entry = out.entry(g.model.clone()).or_default();
             entry.cards += g.units;
             let unit = g.memory_mib.map(|m| m.saturating_sub(cfg.reserve_mib));
-            let has = gpumem_now.is_some_and(|n| n > 0) && unit.is_some_and(|u| u > 0);
+            let has =
+                now.get(&g.budget_of(cfg)).is_some_and(|&n| n > 0) && unit.is_some_and(|u| u > 0);
             let all = advertised.entry(g.model.clone()).or_insert(true);
             *all &= has;
             if let Some(unit) = unit.filter(|_| has) {
@@ -557,6 +585,58 @@ mod tests {
         }
     }
 
+    /// The node's plain budget (the cards a label selects).
+    fn plain(inv: &NodeInventory) -> Option<u64> {
+        inv.budgets.get(&None).copied()
+    }
+
+    /// A node that advertises the plain budget only, `mib` of it.
+    fn plain_now(mib: u64) -> Budgets {
+        [(None, mib)].into_iter().collect()
+    }
+
+    /// On a node with an A100 pair under the generic resource and a T4 under its own,
+    /// the T4's budget is its own: a model counts as advertised where its own budget
+    /// resource is, not the node's plain one.
+    #[test]
+    fn a_model_with_its_own_resource_is_advertised_by_its_own_budget() {
+        let mut c = cfg(&[("a100", &["*A100*"]), ("t4", &["*T4*"])]);
+        c.model_resources.insert("nvidia.com/t4".into(), name("t4"));
+        let node = node_inventory(
+            &facts(
+                &[
+                    ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"),
+                    ("nvidia.com/gpu.count", "2"),
+                    ("nvidia.com/gpu.memory", "40960"),
+                    ("nvidia.com/t4.count", "1"),
+                    ("nvidia.com/t4.replicas", "4"),
+                    ("nvidia.com/t4.memory", "15360"),
+                ],
+                &[("nvidia.com/gpu", 2), ("nvidia.com/t4", 4)],
+            ),
+            &c,
+        );
+        assert_eq!(units(&node), [("a100", 2), ("t4", 1)]);
+        assert_eq!(
+            node.budgets,
+            [(None, 2 * (40960 - 512)), (Some(name("t4")), 15360 - 512)]
+                .into_iter()
+                .collect(),
+            "the T4's budget is its one card's, not the node's sum"
+        );
+        let models = [name("a100"), name("t4")];
+        let count = |now: &Budgets| model_inventory([("n", &node, now)], [], &models, &c);
+        // Only the plain one advertised (the controller has not caught up yet).
+        let inv = count(&plain_now(95744));
+        assert!(inv[&name("a100")].gpumem_advertised);
+        assert!(!inv[&name("t4")].gpumem_advertised);
+        assert_eq!(inv[&name("t4")].gpumem_unit_mib, None);
+        let inv = count(&node.budgets);
+        assert!(inv[&name("t4")].gpumem_advertised);
+        assert_eq!(inv[&name("t4")].gpumem_unit_mib, Some(15360 - 512));
+        assert_eq!(inv[&name("a100")].gpumem_unit_mib, Some(40960 - 512));
+    }
+
     fn units(inv: &NodeInventory) -> Vec<(&str, u64)> {
         inv.groups
             .iter()
@@ -587,9 +667,14 @@ mod tests {
         assert_eq!(both.model_label(&c), Ok(None));
         assert_eq!(both.models(), [&name("a100"), &name("t4")]);
         assert_eq!(
-            both.gpumem_mib,
-            Some(2 * (40960 - 512) + (15360 - 512)),
-            "each model's memory from its own resource's label"
+            both.budgets,
+            [
+                (Some(name("a100")), 2 * (40960 - 512)),
+                (Some(name("t4")), 15360 - 512)
+            ]
+            .into_iter()
+            .collect(),
+            "each model's budget apart, its memory from its own resource's label"
         );
         // Generic cards of one model beside a model with its own resource: the
         // label selects the generic one.
@@ -658,7 +743,12 @@ mod tests {
         );
         assert_eq!(units(&inv), [("a100", 4)]);
         assert_eq!(inv.model, NodeModel::One(name("a100")));
-        assert_eq!(inv.gpumem_mib, Some(4 * (40960 - 512)));
+        assert_eq!(plain(&inv), Some(4 * (40960 - 512)));
+        assert_eq!(
+            inv.budgets.len(),
+            1,
+            "a node of one generic model: one budget"
+        );
         // Without GFD's count, the device plugin's allocatable counts the cards.
         let inv = node_inventory(
             &facts(
@@ -668,7 +758,7 @@ mod tests {
             &c,
         );
         assert_eq!(units(&inv), [("a100", 2)]);
-        assert_eq!(inv.gpumem_mib, None, "memory unknown: nothing advertised");
+        assert_eq!(plain(&inv), None, "memory unknown: nothing advertised");
         // NVML's total, where the node carries it, wins over GFD's label.
         let inv = node_inventory(
             &facts(
@@ -681,7 +771,7 @@ mod tests {
             ),
             &c,
         );
-        assert_eq!(inv.gpumem_mib, Some(2 * (40326 - 512)));
+        assert_eq!(plain(&inv), Some(2 * (40326 - 512)));
     }
 
     #[test]
@@ -701,7 +791,7 @@ mod tests {
         );
         assert_eq!(units(&inv), [("t4", 1)]);
         assert_eq!(inv.groups[0].replicas, 4);
-        assert_eq!(inv.gpumem_mib, Some(15360 - 512));
+        assert_eq!(plain(&inv), Some(15360 - 512));
         // No count label: allocatable replicas / replicas.
         let inv = node_inventory(
             &facts(
@@ -749,7 +839,7 @@ mod tests {
             &c,
         );
         assert_eq!(units(&inv), [("mig-small", 7)]);
-        assert_eq!(inv.gpumem_mib, Some(7 * (4864 - 512)));
+        assert_eq!(plain(&inv), Some(7 * (4864 - 512)));
         // Neither: the single strategy's default name, `gpu`.
         let inv = node_inventory(
             &facts(
@@ -798,16 +888,28 @@ mod tests {
         assert_eq!(inv.model.label(), None, "several models: no single label");
         assert_eq!(inv.generic_model(&c), Some(&name("a100")));
         assert_eq!(
-            inv.gpumem_mib,
-            Some((40960 - 512) + 7 * (4864 - 512) + 2 * (19968 - 512))
+            plain(&inv),
+            Some((40960 - 512) + 7 * (4864 - 512) + 2 * (19968 - 512)),
+            "no model has a resource of its own: every card a label selects, one budget"
         );
-        // A model that declares the profile's resource takes it, whatever the patterns.
+        // A model that declares the profile's resource takes it, whatever the patterns,
+        // and its devices' budget apart.
         let mut c2 = c.clone();
         c2.model_resources
             .insert("nvidia.com/mig-3g.20gb".into(), name("mig-large"));
+        let inv2 = node_inventory(&node, &c2);
         assert_eq!(
-            units(&node_inventory(&node, &c2)),
+            units(&inv2),
             [("a100", 1), ("mig-small", 7), ("mig-large", 2)]
+        );
+        assert_eq!(
+            inv2.budgets,
+            [
+                (None, (40960 - 512) + 7 * (4864 - 512)),
+                (Some(name("mig-large")), 2 * (19968 - 512))
+            ]
+            .into_iter()
+            .collect()
         );
         // The mig fallback can be turned off: such devices then belong to no model.
         let mut c3 = c.clone();
@@ -836,7 +938,7 @@ mod tests {
         assert_eq!(inv.model, NodeModel::None);
         // A node with no GPU at all has no groups and advertises nothing.
         let inv = node_inventory(&facts(&[], &[("cpu", 8)]), &c);
-        assert_eq!((inv.model, inv.gpumem_mib), (NodeModel::None, None));
+        assert_eq!((inv.model, inv.budgets), (NodeModel::None, Budgets::new()));
     }
 
     #[test]
@@ -857,7 +959,7 @@ mod tests {
             inv.model,
             NodeModel::Several(vec![name("a100"), name("a6000")])
         );
-        assert_eq!(inv.gpumem_mib, None);
+        assert_eq!(inv.budgets, Budgets::new(), "no memory known");
     }
 
     #[test]
@@ -906,11 +1008,12 @@ mod tests {
                 units: 1,
             })
         };
+        let (t4_now, a1_now, none) = (plain_now(29696), plain_now(80896), Budgets::new());
         let inv = model_inventory(
             [
-                ("t4", &t4, Some(29696)),
-                ("a1", &a1, Some(80896)),
-                ("a2", &a2, None),
+                ("t4", &t4, &t4_now),
+                ("a1", &a1, &a1_now),
+                ("a2", &a2, &none),
             ],
             pods("t4", 3).chain(pods("a1", 1)).chain(pods("gone", 1)),
             &models,
@@ -939,9 +1042,10 @@ mod tests {
             "a2 does not advertise: a budgeted pod could land there"
         );
         assert_eq!(inv[&name("unused")], ModelInventory::default());
-        let five = model_inventory([("t4", &t4, Some(1))], pods("t4", 5), &models, &c);
+        let one = plain_now(1);
+        let five = model_inventory([("t4", &t4, &one)], pods("t4", 5), &models, &c);
         assert_eq!(five[&name("t4")].in_use, 2);
-        let many = model_inventory([("t4", &t4, Some(1))], pods("t4", 50), &models, &c);
+        let many = model_inventory([("t4", &t4, &one)], pods("t4", 50), &models, &c);
         assert_eq!(many[&name("t4")].in_use, 2, "never more than the cards");
         // Another workload's replicas count apart, rounded up to cards the same way:
         // one of three on a card makes that card one bookings cannot get.
@@ -954,7 +1058,7 @@ mod tests {
             })
         };
         let mixed = model_inventory(
-            [("t4", &t4, Some(1)), ("a1", &a1, Some(1))],
+            [("t4", &t4, &one), ("a1", &a1, &one)],
             pods("t4", 2).chain(other("t4", 1)).chain(other("a1", 2)),
             &models,
             &c,
@@ -1007,7 +1111,8 @@ mod tests {
                 units: 1,
                 other: *other,
             });
-            model_inventory([("mixed-00", &mixed, Some(1))], pods, &models, &c)
+            let now = [(None, 1), (Some(l40s.clone()), 1)].into_iter().collect();
+            model_inventory([("mixed-00", &mixed, &now)], pods, &models, &c)
         };
         // One l40s bound, one admitted and not bound yet: both cards are taken.
         let inv = count(&[
@@ -1071,7 +1176,8 @@ mod tests {
             prop_assert_eq!(inv.units_of(&name("t4")), cards);
             let expected = (cards * memory.saturating_sub(reserve) > 0 && memory > 0)
                 .then(|| cards * memory.saturating_sub(reserve));
-            prop_assert_eq!(inv.gpumem_mib, expected);
+            prop_assert_eq!(plain(&inv), expected);
+            prop_assert_eq!(inv.budgets.len(), usize::from(expected.is_some()));
         }
 
         /// However many pods hold however many replicas, a model never has more cards
@@ -1091,7 +1197,7 @@ mod tests {
             let names = ["n1", "n2", "gone"];
             let models = [name("t4")];
             let out = model_inventory(
-                [("n1", &inv, None), ("n2", &inv, None)],
+                [("n1", &inv, &Budgets::new()), ("n2", &inv, &Budgets::new())],
                 pods.iter().map(|&(n, units)| PodGpus { node: Some(names[n]), model: None, units, other: false }),
                 &models,
                 &c,

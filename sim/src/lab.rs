@@ -33,6 +33,8 @@ pub struct ModelCards {
     pub product: String,
     pub count: u32,
     pub memory_mib: u64,
+    /// Time-slicing replicas per card (1: not shared).
+    pub replicas: u32,
 }
 
 /// One node of the simulated lab.
@@ -104,18 +106,26 @@ impl GpuNode {
     /// `count` cards of `product` besides the node's others, under `resource` (a
     /// node with cards of several models), labelled as the device plugin and GFD
     /// describe a renamed resource (`<resource>.count`, `.memory`, `.product`).
-    pub fn with_cards(
+    pub fn with_cards(self, resource: &str, product: &str, count: u32, memory_mib: u64) -> Self {
+        self.with_shared_cards(resource, product, count, memory_mib, 1)
+    }
+
+    /// [`Self::with_cards`], each card time-sliced into `replicas`: the device plugin
+    /// advertises cards x replicas of `resource`, GFD labels `<resource>.replicas`.
+    pub fn with_shared_cards(
         mut self,
         resource: &str,
         product: &str,
         count: u32,
         memory_mib: u64,
+        replicas: u32,
     ) -> Self {
         self.own_resource_cards.push(ModelCards {
             resource: resource.to_owned(),
             product: product.to_owned(),
             count,
             memory_mib,
+            replicas: replicas.max(1),
         });
         self
     }
@@ -180,7 +190,8 @@ impl GpuNode {
                 .label(&format!("{r}.count"), &cards.count.to_string())
                 .label(&format!("{r}.memory"), &cards.memory_mib.to_string())
                 .label(&format!("{r}.product"), &cards.product)
-                .allocatable(r, &cards.count.to_string());
+                .label(&format!("{r}.replicas"), &cards.replicas.to_string())
+                .allocatable(r, &(cards.count * cards.replicas).to_string());
         }
         if let (Some(mig), Some(product)) = (&self.mig, &self.product) {
             let prefix = format!("nvidia.com/mig-{}", mig.profile);
@@ -268,6 +279,19 @@ mod tests {
             Some("7")
         );
         assert_eq!(allocatable(&node, "nvidia.com/gpu").as_deref(), Some("0"));
+    }
+
+    #[test]
+    fn time_sliced_cards_under_their_own_resource_advertise_replicas() {
+        let node = GpuNode::gpu("n", "NVIDIA-A100-SXM4-40GB", 2, 40960)
+            .with_shared_cards("nvidia.com/t4", "Tesla-T4", 1, 15360, 4)
+            .to_node();
+        let l = labels(&node);
+        assert_eq!(l["nvidia.com/t4.count"], "1");
+        assert_eq!(l["nvidia.com/t4.replicas"], "4");
+        assert_eq!(l["nvidia.com/t4.memory"], "15360");
+        assert_eq!(allocatable(&node, "nvidia.com/t4").as_deref(), Some("4"));
+        assert_eq!(allocatable(&node, "nvidia.com/gpu").as_deref(), Some("2"));
     }
 
     #[test]

@@ -282,6 +282,11 @@ def test_the_controllers_policies_evaluated():
     assert status(node(), node(resources=budget)) == []
     assert status(node(resources=budget), node()) == []
     assert status(node(), node(resources={"nvidia.com/gpu": "8"})) != []
+    # A node of several models: a budget per model with a resource of its own.
+    per_model = {"gpu-booking.io/gpumem": "80896", "gpu-booking.io/gpumem-t4": "14848"}
+    assert status(node(resources=budget), node(resources=per_model)) == []
+    assert status(node(resources=per_model), node(resources=budget)) == []
+    assert status(node(), node(resources={"gpu-booking.io/gpumemx": "1"})) != []
     assert status(node(), node(conditions=[{"type": "Ready", "status": "False"}])) != []
 
     def pod(**spec):

@@ -3,7 +3,10 @@
 //! A model with a resource of its own (`nvidia.com/t4`, a MIG profile's
 //! `nvidia.com/mig-3g.20gb`) is that resource, not a node: the webhook moves the
 //! notebook's generic GPU request to it and writes no model node selector, so one node
-//! serves several models. The controller labels such a node with each model it has.
+//! serves several models. The controller labels such a node with each model it has,
+//! and advertises each such model's VRAM budget apart (`gpu-booking.io/gpumem-<model>`,
+//! the resource the webhook writes on the model's pods), so one model's pods cannot
+//! take what another model's cards hold.
 
 use crate::common;
 
@@ -38,6 +41,37 @@ async fn declare(
         .expect("the model is declared");
 }
 
+/// A lab of `node` (A100s on the generic resource, one T4 under `nvidia.com/t4`) and a
+/// CPU node, with `a100s` A100 units and the T4's budget `t4_gpumem_mib` declared.
+/// The chart declares t4 with its resource: the webhook learns it from there.
+async fn a100_and_t4_lab(pool: PgPool, a100s: i32, t4_gpumem_mib: i32, node: GpuNode) -> Lab {
+    declare(&pool, "a100", "*A100*", a100s, None, 40960).await;
+    declare(
+        &pool,
+        "t4",
+        "Tesla T4",
+        1,
+        Some("nvidia.com/t4"),
+        t4_gpumem_mib,
+    )
+    .await;
+    let budget = format!("models.declared[0].gpumemMib={t4_gpumem_mib}");
+    let chart = chart(&[
+        "models.declared[0].name=t4",
+        "models.declared[0].units=1",
+        "models.declared[0].patterns[0]=Tesla T4",
+        &budget,
+        "models.declared[0].resource=nvidia.com/t4",
+    ]);
+    Lab::start_with(
+        pool,
+        SimCluster::builder()
+            .rendered_chart(chart)
+            .nodes(vec![node, GpuNode::cpu_only("cpu-0")]),
+    )
+    .await
+}
+
 /// The resources a pod asks for, GPU ones only (`nvidia.com/*`).
 fn gpu_requests(pod: &Pod) -> Vec<(String, String)> {
     let limits = pod.spec.as_ref().unwrap().containers[0]
@@ -63,29 +97,13 @@ fn model_selector(pod: &Pod) -> Option<String> {
 
 #[sqlx::test(migrations = "./migrations")]
 async fn a_node_with_a100_and_t4_cards_runs_a_booked_t4_pod_through_its_resource(pool: PgPool) {
-    declare(&pool, "a100", "*A100*", 1, None, 40960).await;
-    declare(&pool, "t4", "Tesla T4", 1, Some("nvidia.com/t4"), 15360).await;
-    // The chart declares t4 with its resource: the webhook learns it from there.
-    let chart = chart(&[
-        "models.declared[0].name=t4",
-        "models.declared[0].units=1",
-        "models.declared[0].patterns[0]=Tesla T4",
-        "models.declared[0].gpumemMib=15360",
-        "models.declared[0].resource=nvidia.com/t4",
-    ]);
-    let lab = Lab::start_with(
-        pool,
-        SimCluster::builder().rendered_chart(chart).nodes(vec![
-            GpuNode::gpu("gpu-mixed-0", "NVIDIA-A100-SXM4-40GB", 1, 40960).with_cards(
-                "nvidia.com/t4",
-                "Tesla-T4",
-                1,
-                15360,
-            ),
-            GpuNode::cpu_only("cpu-0"),
-        ]),
-    )
-    .await;
+    let node = GpuNode::gpu("gpu-mixed-0", "NVIDIA-A100-SXM4-40GB", 1, 40960).with_cards(
+        "nvidia.com/t4",
+        "Tesla-T4",
+        1,
+        15360,
+    );
+    let lab = a100_and_t4_lab(pool, 1, 15360, node).await;
     lab.book("alice@example.com", "t4", TimeDelta::hours(2))
         .await;
     let pod = lab
@@ -420,15 +438,17 @@ async fn a_booked_pod_on_a_mig_device_costs_one_victim(pool: PgPool) {
         .server
         .get::<Node>(None, "gpu-mig-0")
         .expect("the node");
-    let advertised = node
-        .status
-        .and_then(|s| s.allocatable)
-        .and_then(|a| a.get("gpu-booking.io/gpumem").map(|q| q.0.clone()));
+    // mig-big has a resource of its own: its budget is its own resource too.
+    let allocatable = node.status.and_then(|s| s.allocatable).unwrap_or_default();
+    let advertised = allocatable
+        .get("gpu-booking.io/gpumem-mig-big")
+        .map(|q| q.0.clone());
     assert_eq!(
         advertised.as_deref(),
         Some("38912"),
         "the node advertises its two devices' budgets, nothing spare"
     );
+    assert!(!allocatable.contains_key("gpu-booking.io/gpumem"));
     let bob = lab.notebook("bob@example.com").unwrap();
     let carol = lab.notebook("carol@example.com").unwrap();
     lab.book_and_run("alice@example.com", "mig-big").await;
@@ -455,6 +475,130 @@ async fn a_booked_pod_on_a_mig_device_costs_one_victim(pool: PgPool) {
         ended,
         [lent_before[0].clone()],
         "one victim for one booked device"
+    );
+    lab.shutdown().await;
+}
+
+/// What `pod`'s first container asks for of `resource` (its limit).
+fn limit(pod: &Pod, resource: &str) -> Option<String> {
+    pod.spec.as_ref()?.containers[0]
+        .resources
+        .as_ref()?
+        .limits
+        .as_ref()?
+        .get(resource)
+        .map(|q| q.0.clone())
+}
+
+/// `resource` as `node` advertises it (allocatable).
+fn allocatable(lab: &Lab, node: &str, resource: &str) -> Option<String> {
+    let node = lab.sim.server.get::<Node>(None, node)?;
+    let allocatable = node.status?.allocatable?;
+    allocatable.get(resource).map(|q| q.0.clone())
+}
+
+/// A research job in a namespace the webhook and the controller leave alone, asking
+/// for a replica of the T4 and `mib` of its budget, put straight into the cluster.
+fn t4_job(lab: &Lab, name: &str, mib: u64) {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "research"},
+        "spec": {"containers": [{"name": "train", "image": "train", "resources": {
+            "limits": {"nvidia.com/t4": "1", "gpu-booking.io/gpumem-t4": mib.to_string()}}}]}
+    }))
+    .expect("a pod");
+    lab.sim.server.put(&pod);
+}
+
+/// Why `pod` is not scheduled, if it is not.
+fn unschedulable(lab: &Lab, namespace: &str, name: &str) -> Option<String> {
+    let pod = lab.sim.server.get::<Pod>(Some(namespace), name)?;
+    if node_of(&pod).is_some() {
+        return None;
+    }
+    pod.status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .and_then(|c| c.message)
+}
+
+/// Two A100s on the generic resource and a T4 time-sliced four ways under its own:
+/// the node advertises each model's budget apart, a T4 notebook's budget is the
+/// T4's, and T4 pods together get no more than the T4's memory however idle the
+/// A100s are (on one budget per node, 2 x 40,448 + 14,848 MiB, four of them would fit).
+#[sqlx::test(migrations = "./migrations")]
+async fn t4_pods_share_the_t4s_budget_not_the_a100s(pool: PgPool) {
+    let node = GpuNode::gpu("gpu-mixed-0", "NVIDIA-A100-SXM4-40GB", 2, 40960).with_shared_cards(
+        "nvidia.com/t4",
+        "Tesla-T4",
+        1,
+        15360,
+        4,
+    );
+    let lab = a100_and_t4_lab(pool, 2, 8000, node).await;
+    // Each model's budget: the A100s' under the plain resource, the T4's apart
+    // (less the chart's 512 MiB reserve per card).
+    lab.expect(
+        "the mixed node does not advertise a budget per model",
+        |s| {
+            let node = s.get::<Node>(None, "gpu-mixed-0");
+            let alloc = node
+                .and_then(|n| n.status)
+                .and_then(|s| s.allocatable)
+                .unwrap_or_default();
+            let get = |r: &str| alloc.get(r).map(|q| q.0.as_str());
+            get("gpu-booking.io/gpumem") == Some("80896")
+                && get("gpu-booking.io/gpumem-t4") == Some("14848")
+        },
+    )
+    .await;
+    lab.book("alice@example.com", "t4", TimeDelta::hours(2))
+        .await;
+    let alice = lab
+        .sim
+        .spawn("alice@example.com", 1)
+        .await
+        .expect("admitted");
+    assert_eq!(label(&alice, PRIORITY_LABEL), Some("high"));
+    assert_eq!(limit(&alice, "nvidia.com/t4").as_deref(), Some("1"));
+    assert_eq!(
+        limit(&alice, "gpu-booking.io/gpumem-t4").as_deref(),
+        Some("8000"),
+        "the T4 notebook's budget is not the T4's own"
+    );
+    assert_eq!(limit(&alice, "gpu-booking.io/gpumem"), None);
+    lab.expect(
+        "alice's booked t4 notebook never ran on the mixed node",
+        |s| running(s, "alice@example.com").is_some_and(|p| node_of(&p) == Some("gpu-mixed-0")),
+    )
+    .await;
+    // A second T4 pod of 8,000 MiB: three replicas are free, and 80,896 MiB of the
+    // A100s' budget, but only 6,848 of the T4's.
+    t4_job(&lab, "big", 8000);
+    lab.expect(
+        "the second T4 pod was not refused for the T4's budget",
+        |_| {
+            unschedulable(&lab, "research", "big")
+                .is_some_and(|m| m.contains("Insufficient gpu-booking.io/gpumem-t4"))
+        },
+    )
+    .await;
+    assert_eq!(
+        allocatable(&lab, "gpu-mixed-0", "gpu-booking.io/gpumem").as_deref(),
+        Some("80896"),
+        "the A100s' budget is all there, idle"
+    );
+    // One that fits in what the T4 has left runs beside alice's.
+    t4_job(&lab, "small", 6000);
+    lab.expect("a T4 pod within the T4's budget was not scheduled", |s| {
+        s.get::<Pod>(Some("research"), "small")
+            .is_some_and(|p| node_of(&p) == Some("gpu-mixed-0"))
+    })
+    .await;
+    assert!(
+        unschedulable(&lab, "research", "big").is_some(),
+        "T4 pods took more than the T4's memory"
     );
     lab.shutdown().await;
 }

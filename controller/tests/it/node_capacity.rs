@@ -1,7 +1,8 @@
 //! The VRAM budget on the nodes and the inventory's cards, against the fake API
 //! server: advertised before any pod asks, re-asserted when a node registers again or
-//! its status loses it, removed with the GPUs, never rewritten when right; a
-//! time-sliced card counts once; a node with several models is refused with an Event.
+//! its status loses it, removed with the GPUs, never rewritten when right; one budget
+//! per model with a resource of its own on a node of several models; a time-sliced
+//! card counts once; a node with several models is refused with an Event.
 
 use crate::common;
 
@@ -13,6 +14,9 @@ use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 
 const GPUMEM: &str = "gpu-booking.io/gpumem";
+/// The budget of the MIG profile that the usual models name by its own resource.
+const MIG_SMALL: &str = "gpu-booking.io/gpumem-mig-1g.5gb";
+const T4: &str = "gpu-booking.io/gpumem-t4";
 
 /// A time-sliced Tesla T4 (one card, four replicas), as GFD and the device plugin show it.
 fn t4_node(server: &FakeApiServer, name: &str) -> Node {
@@ -44,15 +48,42 @@ fn a100_node(server: &FakeApiServer, name: &str) -> Node {
 
 /// The budget a node advertises: (capacity, allocatable).
 fn advertised(server: &FakeApiServer, name: &str) -> (Option<String>, Option<String>) {
+    advertised_as(server, name, GPUMEM)
+}
+
+/// The budget `resource` a node advertises: (capacity, allocatable).
+fn advertised_as(
+    server: &FakeApiServer,
+    name: &str,
+    resource: &str,
+) -> (Option<String>, Option<String>) {
     let Some(node) = server.get_value("v1", "nodes", None, name) else {
         return (None, None);
     };
-    let read = |field: &str| node["status"][field][GPUMEM].as_str().map(str::to_owned);
+    let read = |field: &str| node["status"][field][resource].as_str().map(str::to_owned);
     (read("capacity"), read("allocatable"))
 }
 
 fn says(server: &FakeApiServer, name: &str, mib: &str) -> bool {
-    advertised(server, name) == (Some(mib.into()), Some(mib.into()))
+    says_as(server, name, GPUMEM, mib)
+}
+
+fn says_as(server: &FakeApiServer, name: &str, resource: &str, mib: &str) -> bool {
+    advertised_as(server, name, resource) == (Some(mib.into()), Some(mib.into()))
+}
+
+/// The budget resources a node advertises (allocatable), by name.
+fn budgets(server: &FakeApiServer, name: &str) -> Vec<String> {
+    let node = server
+        .get_value("v1", "nodes", None, name)
+        .unwrap_or_default();
+    node["status"]["allocatable"]
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.keys())
+        .filter(|k| k.starts_with(GPUMEM))
+        .cloned()
+        .collect()
 }
 
 fn status_patches(server: &FakeApiServer) -> usize {
@@ -78,6 +109,9 @@ async fn gpumem_is_advertised_reasserted_removed_and_never_rewritten() {
     h.wait(|s| says(s, "t4", "14848") && says(s, "a1", "80896"))
         .await;
     assert_eq!(advertised(&h.server, "cpu"), (None, None));
+    // Nodes of one model: the one plain budget, as ever.
+    assert_eq!(budgets(&h.server, "t4"), [GPUMEM]);
+    assert_eq!(budgets(&h.server, "a1"), [GPUMEM]);
     // The patch is a JSON patch of nodes/status, the name escaped.
     let first = h
         .server
@@ -229,14 +263,23 @@ async fn a_node_with_several_models_is_refused_with_an_event() {
     })
     .await;
     // Its devices still count, per profile (the others by the mig-<profile> fallback),
-    // and its budget is advertised: 3 x (4864 - 512) + (19968 - 512) + (9856 - 512).
+    // and its budgets are advertised: mig-1g.5gb's, under its own resource, apart,
+    // 3 x (4864 - 512); the profiles only a label selects share the plain one,
+    // (19968 - 512) + (9856 - 512).
     h.wait_booking(|s| {
         s.usage
             .get("mig-1g.5gb")
             .is_some_and(|u| u.cards == Some(3))
     })
     .await;
-    h.wait(|s| says(s, "mixed", "41856")).await;
+    h.wait(|s| says(s, "mixed", "28800") && says_as(s, "mixed", MIG_SMALL, "13056"))
+        .await;
+    h.wait_booking(|s| {
+        s.usage
+            .get("mig-1g.5gb")
+            .is_some_and(|u| u.gpumem_advertised == Some(true) && u.gpumem_unit_mib == Some(4352))
+    })
+    .await;
     h.wait(|_| c.metrics.encode().contains("nodes_with_several_models 1"))
         .await;
 }
@@ -281,6 +324,77 @@ async fn a_node_of_resource_models_carries_a_label_per_model() {
         && r.body
             .as_ref()
             .is_some_and(|b| b.to_string().contains("SeveralGpuModels"))));
+}
+
+/// Two A100s (generic) and a T4 time-sliced four ways under its own resource: each
+/// model's cards have their own budget, so the T4's pods cannot take the A100s'
+/// memory; a budget no longer due goes, the other stays.
+#[tokio::test(start_paused = true)]
+async fn a_node_of_two_models_advertises_a_budget_per_model() {
+    let mut h = Harness::new();
+    h.booking.state().models = serde_json::from_value(json!([
+        {"name": "a100", "patterns": ["*A100*"], "units": 2, "position": 0},
+        {"name": "t4", "patterns": ["*T4*"], "resource": "nvidia.com/t4", "units": 1, "position": 1}
+    ]))
+    .unwrap();
+    h.args.gpumem_reserve_mib = 512;
+    gpu_node(
+        &h.server,
+        "mixed",
+        &[
+            ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"),
+            ("nvidia.com/gpu.count", "2"),
+            ("nvidia.com/gpu.memory", "40960"),
+            ("nvidia.com/t4.count", "1"),
+            ("nvidia.com/t4.replicas", "4"),
+            ("nvidia.com/t4.memory", "15360"),
+        ],
+        &[("nvidia.com/gpu", 2), ("nvidia.com/t4", 4)],
+    );
+    t4_node(&h.server, "t4-only");
+    let _c = h.start();
+    // 2 x (40960 - 512) for the A100s; the T4's one card, 15360 - 512, apart.
+    h.wait(|s| says(s, "mixed", "80896") && says_as(s, "mixed", T4, "14848"))
+        .await;
+    // A node of T4s on the generic resource: the plain budget alone.
+    h.wait(|s| says(s, "t4-only", "14848")).await;
+    assert_eq!(budgets(&h.server, "t4-only"), [GPUMEM]);
+    let first = h
+        .server
+        .requests()
+        .into_iter()
+        .find(|r| r.subresource.as_deref() == Some("status") && r.name.as_deref() == Some("mixed"))
+        .and_then(|r| r.body)
+        .unwrap();
+    assert!(
+        first.to_string().contains("gpu-booking.io~1gpumem-t4"),
+        "{first}"
+    );
+    // The report: each model advertised by its own budget, per unit.
+    h.wait_booking(|s| {
+        ["a100", "t4"].iter().all(|m| {
+            s.usage
+                .get(*m)
+                .is_some_and(|u| u.gpumem_advertised == Some(true))
+        })
+    })
+    .await;
+    let usage = h.booking.state().usage.clone();
+    assert_eq!(usage["t4"].gpumem_unit_mib, Some(14848));
+    assert_eq!(usage["a100"].gpumem_unit_mib, Some(40448));
+
+    // The T4 card goes: its budget goes, the A100s' stays.
+    h.server.modify::<Node>(None, "mixed", |n| {
+        if let Some(alloc) = n["status"]["allocatable"].as_object_mut() {
+            alloc.remove("nvidia.com/t4");
+        }
+        if let Some(labels) = n["metadata"]["labels"].as_object_mut() {
+            labels.retain(|k, _| !k.starts_with("nvidia.com/t4"));
+        }
+    });
+    h.wait(|s| advertised_as(s, "mixed", T4) == (None, None))
+        .await;
+    assert!(says(&h.server, "mixed", "80896"));
 }
 
 #[tokio::test(start_paused = true)]

@@ -345,7 +345,8 @@ async fn e2e_booked_and_unbooked_users_on_a_full_and_a_free_model(pool: sqlx::Pg
         .limits
         .as_ref()
         .unwrap();
-    assert_eq!(limits.get("gpu-booking.io/gpumem").unwrap().0, "40960");
+    // a100 has a resource of its own: its budget is under its own budget resource.
+    assert_eq!(limits.get("gpu-booking.io/gpumem-a100").unwrap().0, "40960");
     let sql = "SELECT count(*) FROM audit_event WHERE action = 'webhook.booked' AND user_name = 'alice@example.com' AND actor = 'webhook'";
     assert!(eventually(&pool, sql).await >= 1, "no audit row");
 

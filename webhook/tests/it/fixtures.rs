@@ -224,13 +224,19 @@ fn gpu_units(c: &Container) -> u64 {
         .sum()
 }
 
-/// Every GPU container carries `mib` x units on requests and limits alike.
-fn budget(pod: &Pod, mib: u64) -> Result<(), String> {
+/// Every GPU container carries `mib` x units on requests and limits alike, under the
+/// budget resource of `model` (`gpu-booking.io/gpumem-<model>` for a model with a
+/// resource of its own, else `gpu-booking.io/gpumem`).
+fn budget(pod: &Pod, model: &str, mib: u64) -> Result<(), String> {
+    let resource = match OWN_RESOURCES.iter().any(|(m, _)| *m == model) {
+        true => format!("gpu-booking.io/gpumem-{model}"),
+        false => "gpu-booking.io/gpumem".to_owned(),
+    };
     let mut gpu_containers = 0;
     for c in all_containers(pod) {
         let units = gpu_units(c);
-        let req = quantity(c, "requests", "gpu-booking.io/gpumem");
-        let lim = quantity(c, "limits", "gpu-booking.io/gpumem");
+        let req = quantity(c, "requests", &resource);
+        let lim = quantity(c, "limits", &resource);
         if units == 0 {
             ensure!(
                 req.is_none() && lim.is_none(),
@@ -286,7 +292,7 @@ fn booked(model: &'static str, id: &'static str, mib: u64) -> Check {
             label(pod, "hub.jupyter.org/username").is_some() || label(pod, "app") == Some("nginx"),
             "labels lost"
         );
-        budget(pod, mib)
+        budget(pod, model, mib)
     })
 }
 
@@ -347,14 +353,18 @@ fn low(model: &'static str, mib: u64) -> Check {
         );
         ensure!(spec.priority.is_none(), "stale priority kept");
         placed_on(pod, model)?;
-        budget(pod, mib)
+        budget(pod, model, mib)
     })
 }
 
 fn stripped() -> Check {
     Box::new(|_, pod| {
         for c in all_containers(pod) {
-            for key in GPU_KEYS.iter().chain(&["gpu-booking.io/gpumem"]) {
+            for key in GPU_KEYS.iter().chain(&[
+                "gpu-booking.io/gpumem",
+                "gpu-booking.io/gpumem-a100",
+                "gpu-booking.io/gpumem-mig-1g.5gb",
+            ]) {
                 for section in ["requests", "limits"] {
                     ensure!(
                         quantity(c, section, key).is_none(),
