@@ -9,10 +9,11 @@
 //!   may act on them: the namespace it serves (re-created CPU-only as the mode says)
 //!   and the namespaces an admin made preemptible (`--preemptible-namespaces`:
 //!   deleted, never re-created there); least recently GPU-active first, exactly as
-//!   many as needed. The webhook lends to GPU pods of any namespace it sees (the
-//!   chart's `webhook.unidentifiedGpuPods`), so a training job elsewhere is often a
-//!   lent pod: with the chart's defaults it stays, since the controller may not
-//!   touch it.
+//!   many as needed. The webhook lends only in those namespaces
+//!   (`--lend-namespaces`, which the chart sets to them): a GPU pod without a
+//!   user elsewhere is another workload, admitted as written. A pod lent elsewhere
+//!   (before that, or by a webhook configured otherwise) stays, since the controller
+//!   may not touch it.
 //! - **Other workloads** (GPU pods our webhook did not admit as booked or lent)
 //!   give way only in the namespaces an admin made preemptible, and only where lent
 //!   pods cannot make room (deleted).

@@ -652,6 +652,30 @@ def test_identity_is_trusted_from_the_hub_only():
     assert webhook["GPU_BOOKING_CASE_SENSITIVE_NAMES"]["value"] == "true"
 
 
+def test_the_webhook_lends_only_where_the_controller_can_take_a_card_back():
+    """--lend-namespaces: the namespace the controller serves and those an admin made
+    preemptible (it deletes there), or every namespace when it serves every one; a GPU
+    pod without a user elsewhere is another workload, not lent."""
+    def lend_namespaces(set_values):
+        (webhook,) = [o for o in render.render(set_values=set_values)
+                      if o["kind"] == "Deployment" and component(o) == "webhook"]
+        return env_of(pod_spec(webhook)["containers"][0])["GPU_BOOKING_WEBHOOK_LEND_NAMESPACES"]["value"]
+    assert lend_namespaces([]) == "jhub"
+    assert lend_namespaces(["controller.namespace=jhub",
+                            "controller.preemption.otherWorkloadNamespaces={research}"]) == "jhub,research"
+    # Named twice: once.
+    assert lend_namespaces(["controller.preemption.otherWorkloadNamespaces={research,jhub}"]) == "jhub,research"
+    assert lend_namespaces(["controller.namespace=*"]) == "*"
+    assert lend_namespaces(["controller.namespace=*",
+                            "controller.preemption.otherWorkloadNamespaces={research}"]) == "*"
+    # The controller's own options say the same.
+    (controller,) = [o for o in render.render(set_values=["controller.preemption.otherWorkloadNamespaces={research}"])
+                     if o["kind"] == "Deployment" and component(o) == "controller"]
+    env = env_of(pod_spec(controller)["containers"][0])
+    assert (env["GPU_BOOKING_CONTROLLER_NAMESPACE"]["value"],
+            env["GPU_BOOKING_CONTROLLER_PREEMPTIBLE_NAMESPACES"]["value"]) == ("jhub", "research")
+
+
 def test_the_webhook_limits_each_source_and_can_require_the_api_servers_certificate():
     webhook = pod_spec(one("defaults", "Deployment", "-webhook"))
     env = env_of(webhook["containers"][0])

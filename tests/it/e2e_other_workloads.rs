@@ -6,17 +6,21 @@
 //! - a booked user whose cards are all held by bookings and by pods that bookings do
 //!   not preempt is told why, on the pod (an Event) and on the booking (the API),
 //!   and the admin sees in `GET /models` what other workloads hold;
-//! - an admin who made `research` preemptible gets its job deleted for a booked user.
-//!
-//! With the chart's defaults the webhook lends a card to a GPU pod of any namespace
-//! it sees (`webhook.unidentifiedGpuPods: lent`), so the job is a lent pod the
-//! controller may not touch: it serves `jhub` only.
+//! - an admin who made `research` preemptible gets its job deleted for a booked user;
+//! - the webhook lends a card to a GPU pod without a user only where the controller
+//!   can take it back (`--lend-namespaces`: the chart's `controller.namespace` and
+//!   `controller.preemption.otherWorkloadNamespaces`). With the chart's defaults the
+//!   controller serves `jhub` only, so the job in `research` is another workload: it
+//!   keeps its GPU as written, is not lent (no low class, nothing in the lend
+//!   ledger), and is not stripped when every card is held (it outranks lent pods,
+//!   as any ordinary pod does). A pod without a user in `jhub` is lent, and gives
+//!   way to a booked user.
 
 use crate::common;
 
 use chrono::TimeDelta;
 use common::*;
-use gpu_booking_core::admission::PRIORITY_LABEL;
+use gpu_booking_core::admission::{GPU_REMOVED_ANNOTATION, MODEL_LABEL, PRIORITY_LABEL};
 use gpu_booking_sim::{GpuNode, SimCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -46,6 +50,19 @@ async fn research_job(lab: &Lab) -> Pod {
     })
     .await;
     job
+}
+
+/// Whether `pod` was admitted as another workload: its GPU as written, none of our
+/// marks, not our low class.
+fn admitted_as_written(pod: &Pod) -> bool {
+    gpus(pod) == 1
+        && label(pod, PRIORITY_LABEL).is_none()
+        && label(pod, MODEL_LABEL).is_none()
+        && annotation(pod, GPU_REMOVED_ANNOTATION).is_none()
+        && pod
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.priority_class_name.is_none() && s.node_selector.is_none())
 }
 
 fn still_running(lab: &Lab, job: &Pod) -> bool {
@@ -299,5 +316,92 @@ async fn a_booked_user_waiting_for_a_notebook_that_is_ending_is_told_so(pool: Pg
     })
     .await;
     assert!(still_running(&lab, &job), "the research job was ended");
+    lab.shutdown().await;
+}
+
+/// A GPU pod without a user in `research`, where the controller does not act, is
+/// another workload: its GPU as written, no low class, nothing in the lend ledger (a
+/// notebook spawned at once is lent the card still free, which a ledger that counted
+/// the job would refuse until a report a minute later), and not stripped when every
+/// card is held: like any ordinary pod it outranks the lent ones.
+#[sqlx::test(migrations = "./migrations")]
+async fn a_job_where_no_lent_card_comes_back_keeps_its_gpu_and_is_not_lent(pool: PgPool) {
+    // The ledger holds an admission for a minute: a unit it counted would stay
+    // counted while the notebook is spawned.
+    let chart = chart(&["webhook.lendSettle=1min"]);
+    let lab = Lab::start_with(pool, a100_node(2).rendered_chart(chart)).await;
+    let job = research_job(&lab).await;
+    assert!(
+        admitted_as_written(&job),
+        "the research job was lent: {job:?}"
+    );
+    lab.wait_in_use("a100", 1).await;
+    lend(&lab, "bob@example.com").await;
+    lab.wait_in_use("a100", 2).await;
+    let bob = lab.notebook("bob@example.com").unwrap();
+
+    // Every card held: a second job keeps its GPU. It outranks the lent notebook
+    // (priority 0 over our low class's -10), so kube-scheduler preempts that for it,
+    // and the controller re-creates the notebook CPU-only.
+    let second = lab
+        .sim
+        .run_workload(RESEARCH, "train-1", 1)
+        .await
+        .expect("the second training job is admitted");
+    assert!(
+        admitted_as_written(&second),
+        "the second research job was stripped or lent: {second:?}"
+    );
+    let metrics = lab.sim.webhook_metrics().await.unwrap_or_default();
+    assert!(
+        metrics.contains("gpu_booking_webhook_admissions_total{decision=\"other_workload\"} 2"),
+        "{metrics}"
+    );
+    lab.expect("the second research job never ran on bob's card", |s| {
+        s.get::<Pod>(Some(RESEARCH), "train-1")
+            .is_some_and(|p| p.metadata.uid == second.metadata.uid && is_running(&p) && on_gpu(&p))
+    })
+    .await;
+    lab.expect("bob's lent notebook did not come back CPU-only", |s| {
+        running(s, "bob@example.com")
+            .is_some_and(|p| p.metadata.uid != bob.metadata.uid && gpus(&p) == 0)
+    })
+    .await;
+    assert!(still_running(&lab, &job), "the research job was ended");
+    lab.shutdown().await;
+}
+
+/// A GPU pod without a user in the namespace the controller serves is lent as
+/// before, and gives way to a booked user.
+#[sqlx::test(migrations = "./migrations")]
+async fn a_pod_without_a_user_where_the_controller_serves_is_lent(pool: PgPool) {
+    let lab = Lab::start_with(pool, a100_node(1)).await;
+    let pod = lab
+        .sim
+        .run_workload("jhub", "train-jhub", 1)
+        .await
+        .expect("admitted");
+    assert_eq!(label(&pod, PRIORITY_LABEL), Some("low"), "{pod:?}");
+    assert_eq!(label(&pod, MODEL_LABEL), Some("a100"));
+    assert_eq!(
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.priority_class_name.as_deref()),
+        Some("gpu-booking-low")
+    );
+    lab.expect("the lent pod never ran on a GPU", |s| {
+        s.get::<Pod>(Some("jhub"), "train-jhub")
+            .is_some_and(|p| is_running(&p) && on_gpu(&p))
+    })
+    .await;
+    lab.wait_in_use("a100", 1).await;
+    lab.book_and_run("alice@example.com", "a100").await;
+    assert!(
+        lab.sim
+            .server
+            .get::<Pod>(Some("jhub"), "train-jhub")
+            .is_none_or(|p| p.metadata.uid != pod.metadata.uid && !on_gpu(&p)),
+        "the lent pod kept its card"
+    );
     lab.shutdown().await;
 }

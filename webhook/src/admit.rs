@@ -265,18 +265,22 @@ impl Webhook {
             &pod,
             self.cfg.name_case,
         );
-        let answer = match what_to_ask(identity.as_ref(), &self.cfg) {
-            Some(ask) => Some(self.booking.schedulability(ask).await),
-            None => None,
-        };
+        // Nobody is asked about a pod decided at once (`unasked`: stripped without
+        // identity, or another workload).
+        let (answer, unasked) =
+            match what_to_ask(identity.as_ref(), req.namespace.as_deref(), &self.cfg) {
+                Ok(ask) => (Some(self.booking.schedulability(ask).await), None),
+                Err(lookup) => (None, Some(lookup)),
+            };
         let failure = match &answer {
             Some(Err(e)) => Some(e.to_string()),
             _ => None,
         };
-        let lookup = match (&answer, &failure) {
-            (Some(Ok(a)), _) => Lookup::Answer(a),
-            (_, Some(message)) => Lookup::Failed(message),
-            _ => Lookup::NoIdentity,
+        let lookup = match (&answer, &failure, unasked) {
+            (Some(Ok(a)), _, _) => Lookup::Answer(a),
+            (_, Some(message), _) => Lookup::Failed(message),
+            (_, _, Some(lookup)) => lookup,
+            (_, None, None) => Lookup::NoIdentity,
         };
         // Taken before the pod goes to the planner, which edits it in place.
         let subject = subject(req, &pod);

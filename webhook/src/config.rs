@@ -9,8 +9,8 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use gpu_booking_client::BookingServiceArgs;
 use gpu_booking_core::admission::{
-    AdmissionArgs, AdmissionConfig, BookingErrorPolicy, SpawnerTrust, UnidentifiedGpuPods,
-    VisibleDevicesWithoutGpu,
+    AdmissionArgs, AdmissionConfig, BookingErrorPolicy, LendNamespaces, SpawnerTrust,
+    UnidentifiedGpuPods, VisibleDevicesWithoutGpu,
 };
 use gpu_booking_core::gpu_model::ModelName;
 use gpu_booking_core::username::NameCaseArgs;
@@ -40,7 +40,8 @@ impl From<OnBookingError> for BookingErrorPolicy {
 /// `--unidentified-gpu-pods`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
 pub enum Unidentified {
-    /// As an unbooked user's pod: a free unit at low priority (preemptible), else no GPU.
+    /// As an unbooked user's pod: a free unit at low priority (preemptible), else no
+    /// GPU; outside --lend-namespaces admitted as its creator wrote it.
     #[default]
     Lent,
     /// Always without its GPU, with a warning.
@@ -238,6 +239,20 @@ pub struct WebhookArgs {
     #[arg(long, env = "GPU_BOOKING_WEBHOOK_UNIDENTIFIED_GPU_PODS", value_enum, default_value_t = Unidentified::Lent)]
     pub unidentified_gpu_pods: Unidentified,
 
+    /// Namespaces in which the controller can take a lent card back (its --namespace
+    /// and --preemptible-namespaces; the chart sets them): with
+    /// --unidentified-gpu-pods lent, a GPU pod without a trusted user is lent a card
+    /// only there; elsewhere it is another workload, admitted as its creator wrote it
+    /// (its GPU kept, not lent, our marks removed). `*`: every namespace, as the
+    /// controller acts by default (the default here too). Repeat or separate with
+    /// commas.
+    #[arg(
+        long,
+        env = "GPU_BOOKING_WEBHOOK_LEND_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub lend_namespaces: Option<Vec<String>>,
+
     /// What a pod that asks for no GPU resource but sets `NVIDIA_VISIBLE_DEVICES`
     /// (which the NVIDIA container runtime reads: `all` hands it every card of its
     /// node) gets: `strip` (the variable set to `none`, with a warning) or `allow`.
@@ -320,6 +335,7 @@ impl WebhookArgs {
             spawner_namespace: Vec::new(),
             trusted_controller: Vec::new(),
             unidentified_gpu_pods: Unidentified::Lent,
+            lend_namespaces: None,
             visible_devices_without_gpu: VisibleDevicesWithoutGpu::Strip,
             names: NameCaseArgs::default(),
             audit_burst: 20,
@@ -344,6 +360,11 @@ impl WebhookArgs {
                 bail!("--model-resource: {resource} is given for both {other} and {model}");
             }
         }
+        let lend_namespaces = match &self.lend_namespaces {
+            None => LendNamespaces::Everywhere,
+            Some(names) => LendNamespaces::from_names(names)
+                .context("--lend-namespaces names no namespace (`*` for every namespace)")?,
+        };
         let cfg = AdmissionConfig {
             model_resources,
             default_gpumem_mib: self.default_gpumem_mib,
@@ -356,6 +377,7 @@ impl WebhookArgs {
             },
             name_case: self.names.name_case(),
             unidentified_gpu_pods: self.unidentified_gpu_pods.into(),
+            lend_namespaces,
             visible_devices_without_gpu: self.visible_devices_without_gpu,
             controllers: non_empty(&self.trusted_controller),
             ..self.admission.admission_config()
@@ -448,6 +470,7 @@ mod tests {
             "--spawner-namespace=jhub,other",
             "--trusted-controller=system:serviceaccount:gpu-booking:gpu-booking-controller, ",
             "--unidentified-gpu-pods=strip",
+            "--lend-namespaces=jhub, research",
             "--case-sensitive-names",
             "--audit-burst=5",
             "--audit-per-second=0.5",
@@ -479,6 +502,10 @@ mod tests {
         assert_eq!(cfg.spawners.groups, ["spawners"]);
         assert_eq!(cfg.spawners.namespaces, ["jhub", "other"]);
         assert_eq!(cfg.unidentified_gpu_pods, UnidentifiedGpuPods::Strip);
+        assert_eq!(
+            cfg.lend_namespaces,
+            LendNamespaces::from_names(["jhub", "research"]).unwrap()
+        );
         assert_eq!(cfg.name_case, NameCase::Sensitive);
         assert_eq!((args.audit_burst, args.audit_per_second), (5, 0.5));
         assert_eq!(
@@ -497,7 +524,35 @@ mod tests {
         let cfg = cli.args.admission_config().unwrap();
         assert!(cfg.spawners.is_empty());
         assert_eq!(cfg.unidentified_gpu_pods, UnidentifiedGpuPods::Lent);
+        assert_eq!(cfg.lend_namespaces, LendNamespaces::Everywhere);
         assert_eq!(cfg.name_case, NameCase::Lowercase);
+    }
+
+    /// `*` (the chart's `controller.namespace: "*"`) lends everywhere; a list that
+    /// names nothing, or a name no namespace can have, refuses to start.
+    #[test]
+    fn lend_namespaces() {
+        let base = ["x", "--tls-cert=c", "--tls-key=k", "--booking-url=u"];
+        let cfg = |arg: &str| {
+            Cli::try_parse_from(base.iter().copied().chain([arg]))
+                .map_err(|e| e.to_string())
+                .and_then(|cli| cli.args.admission_config().map_err(|e| e.to_string()))
+        };
+        assert_eq!(
+            cfg("--lend-namespaces=*").unwrap().lend_namespaces,
+            LendNamespaces::Everywhere
+        );
+        assert!(cfg("--lend-namespaces=jhub")
+            .unwrap()
+            .lend_namespaces
+            .contains(Some("jhub")));
+        for bad in [
+            "--lend-namespaces=",
+            "--lend-namespaces= ,",
+            "--lend-namespaces=Research",
+        ] {
+            assert!(cfg(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

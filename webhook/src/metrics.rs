@@ -41,7 +41,7 @@ fn duration_histogram() -> Histogram {
 
 /// Every decision label the webhook uses; their series exist from the start (at 0),
 /// and their handles are looked up without a lock on the hot path.
-pub const DECISIONS: [&str; 12] = [
+pub const DECISIONS: [&str; 13] = [
     "no_gpu",
     "devices_hidden",
     "ignored",
@@ -51,6 +51,7 @@ pub const DECISIONS: [&str; 12] = [
     "low_priority",
     "strip",
     "no_identity_strip",
+    "other_workload",
     "booking_error_allow",
     "booking_error_strip",
     "rate_limited",

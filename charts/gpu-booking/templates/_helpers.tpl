@@ -269,6 +269,20 @@ priorityClassName: {{ . }}
 {{- $all | uniq | toJson }}
 {{- end }}
 
+{{/* Where the controller acts on pods, as a JSON list: ["*"] when it serves every
+namespace (controller.namespace "*"), else controller.namespace and the namespaces of
+controller.preemption.otherWorkloadNamespaces (where it only deletes). The webhook
+lends cards to GPU pods without a user only there (--lend-namespaces): a card lent
+anywhere else could never be taken back for a booked user. */}}
+{{- define "gpu-booking.controllerNamespaces" -}}
+{{- $served := .Values.controller.namespace }}
+{{- if eq $served "*" }}
+{{- list "*" | toJson }}
+{{- else }}
+{{- concat (list $served) (.Values.controller.preemption.otherWorkloadNamespaces | default list) | uniq | toJson }}
+{{- end }}
+{{- end }}
+
 {{/* A map as "key=value,key=value" in key order, for the comma-separated options. */}}
 {{- define "gpu-booking.pairs" -}}
 {{- $out := list }}

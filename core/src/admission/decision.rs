@@ -74,13 +74,15 @@ impl FromStr for VisibleDevicesWithoutGpu {
 /// The warning a pod gets when its `NVIDIA_VISIBLE_DEVICES` was set to `none`.
 pub const VISIBLE_DEVICES_STRIPPED: &str = "NVIDIA_VISIBLE_DEVICES set to none: this pod asks for no GPU resource, and a GPU comes only with one (ask for nvidia.com/gpu, or book one)";
 
-/// What a GPU pod without a trusted identity gets: never its GPU without our low
-/// priority label, since a pod without one could never be preempted.
+/// What a GPU pod without a trusted identity gets: never a card lent where the
+/// controller cannot take it back ([`super::LendNamespaces`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UnidentifiedGpuPods {
-    /// Treated as an unbooked user's pod: a free unit at low priority (preemptible for
-    /// a booked user), else no GPU.
+    /// Where the controller can take a card back: treated as an unbooked user's pod,
+    /// a free unit at low priority (preemptible for a booked user), else no GPU.
+    /// Elsewhere: another workload, admitted as its creator wrote it
+    /// ([`Decision::OtherWorkload`]).
     #[default]
     Lent,
     /// Always runs without its GPU, with a warning that says why.
@@ -118,13 +120,21 @@ pub enum Ask<'a> {
 }
 
 /// What to ask for a GPU pod with `identity` (trusted, see
-/// [`super::trusted_identity`]); `None`: nothing, the pod is decided with
-/// [`Lookup::NoIdentity`].
-pub fn what_to_ask<'a>(identity: Option<&'a Identity>, cfg: &AdmissionConfig) -> Option<Ask<'a>> {
+/// [`super::trusted_identity`]) created in `namespace`; `Err`: nobody is asked, and
+/// the pod is decided with that lookup ([`Lookup::NoIdentity`],
+/// [`Lookup::OtherWorkload`]).
+pub fn what_to_ask<'a>(
+    identity: Option<&'a Identity>,
+    namespace: Option<&str>,
+    cfg: &AdmissionConfig,
+) -> Result<Ask<'a>, Lookup<'static>> {
     match (identity, cfg.unidentified_gpu_pods) {
-        (Some(owner), _) => Some(Ask::Owner(owner)),
-        (None, UnidentifiedGpuPods::Lent) => Some(Ask::FreeUnits),
-        (None, UnidentifiedGpuPods::Strip) => None,
+        (Some(owner), _) => Ok(Ask::Owner(owner)),
+        (None, UnidentifiedGpuPods::Strip) => Err(Lookup::NoIdentity),
+        (None, UnidentifiedGpuPods::Lent) if cfg.lend_namespaces.contains(namespace) => {
+            Ok(Ask::FreeUnits)
+        }
+        (None, UnidentifiedGpuPods::Lent) => Err(Lookup::OtherWorkload),
     }
 }
 
@@ -215,12 +225,16 @@ impl BeyondBooking {
 }
 
 /// What the webhook learned about the pod's owner.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup<'a> {
     /// The pod has no trusted identity and such pods are stripped
     /// ([`UnidentifiedGpuPods::Strip`]); nobody was asked. (A pod without identity that
     /// may be lent is asked about as [`Ask::FreeUnits`] and comes as an answer.)
     NoIdentity,
+    /// The pod has no trusted identity and its namespace is not one where the
+    /// controller could take a lent card back ([`super::LendNamespaces`]); nobody
+    /// was asked.
+    OtherWorkload,
     /// The booking service answered.
     Answer(&'a Schedulability),
     /// The booking service failed (error status, timeout, unreadable body).
@@ -278,6 +292,11 @@ pub enum Decision {
     /// The booking service failed and the policy is [`BookingErrorPolicy::Allow`]:
     /// the pod goes through unchanged.
     Unchecked { message: String },
+    /// Not a pod of the bookings ([`Lookup::OtherWorkload`]): its GPU kept as its
+    /// creator wrote it, not lent (no low class, no model, not in the lend ledger:
+    /// the controller could never take the card back), and counted by the
+    /// controller as another workload holding its card.
+    OtherWorkload,
 }
 
 /// The decision for a pod that asks for `gpu`, given what is known about its owner.
@@ -295,6 +314,7 @@ pub fn decide(
                 earliest_booking: None,
             }
         }
+        Lookup::OtherWorkload => return Decision::OtherWorkload,
         Lookup::Failed(message) => return on_booking_error(message, cfg),
         Lookup::Answer(answer) => answer,
     };
@@ -415,6 +435,7 @@ impl Decision {
             } => "no_identity_strip",
             Decision::Strip { .. } => "strip",
             Decision::Unchecked { .. } => "booking_error_allow",
+            Decision::OtherWorkload => "other_workload",
         }
     }
 
@@ -425,6 +446,8 @@ impl Decision {
             Decision::LowPriority { .. } => Some("webhook.low-priority"),
             Decision::Strip { .. } => Some("webhook.strip"),
             Decision::Unchecked { .. } => Some("webhook.unchecked"),
+            // Not the bookings' business: logged and counted, no audit row.
+            Decision::OtherWorkload => None,
         }
     }
 
@@ -476,6 +499,8 @@ impl Decision {
     /// The admission warning shown to the user (at most [`MAX_WARNING_CHARS`]).
     pub fn warning(&self) -> Option<String> {
         let text = match self {
+            // Admitted as written: nothing to tell its creator.
+            Decision::OtherWorkload => return None,
             Decision::Booked { model, until, .. } => format!(
                 "gpu-booking: booked {model} GPU until {}",
                 until.format("%Y-%m-%d %H:%M UTC")
@@ -875,8 +900,9 @@ mod tests {
         let id = Identity::User(crate::username::Username::parse("alice").unwrap());
         let mut cfg = AdmissionConfig::default();
         assert_eq!(cfg.unidentified_gpu_pods, UnidentifiedGpuPods::Lent);
-        assert_eq!(what_to_ask(Some(&id), &cfg), Some(Ask::Owner(&id)));
-        assert_eq!(what_to_ask(None, &cfg), Some(Ask::FreeUnits));
+        let jhub = Some("jhub");
+        assert_eq!(what_to_ask(Some(&id), jhub, &cfg), Ok(Ask::Owner(&id)));
+        assert_eq!(what_to_ask(None, jhub, &cfg), Ok(Ask::FreeUnits));
         // Lent: the free-units answer (no user) decides as for an unbooked user.
         let mut a = answer(None, &[("a6000", 2)]);
         a.user = None;
@@ -888,8 +914,11 @@ mod tests {
         assert_eq!(d.kind(), "strip");
         // Strip: nothing asked, the GPU goes, and the warning says why.
         cfg.unidentified_gpu_pods = UnidentifiedGpuPods::Strip;
-        assert_eq!(what_to_ask(Some(&id), &cfg), Some(Ask::Owner(&id)));
-        assert_eq!(what_to_ask(None, &cfg), None);
+        assert_eq!(what_to_ask(Some(&id), jhub, &cfg), Ok(Ask::Owner(&id)));
+        assert!(matches!(
+            what_to_ask(None, jhub, &cfg),
+            Err(Lookup::NoIdentity)
+        ));
         let d = decide(&generic(), Lookup::NoIdentity, &cfg, now());
         assert_eq!(d.kind(), "no_identity_strip");
         assert_eq!(d.audit_action(), Some("webhook.strip"));
@@ -898,6 +927,88 @@ mod tests {
         assert_eq!("strip".parse(), Ok(UnidentifiedGpuPods::Strip));
         assert_eq!(UnidentifiedGpuPods::Lent.to_string(), "lent");
         assert!("budget".parse::<UnidentifiedGpuPods>().is_err());
+    }
+
+    /// A pod without identity is lent only where the controller can take the card
+    /// back; elsewhere it is another workload, whatever is free, and its GPU stays as
+    /// written. Stripping stays everywhere, and a hub's pod is asked about anywhere.
+    #[test]
+    fn an_unidentified_pod_where_no_lent_card_comes_back_is_another_workload() {
+        let id = Identity::User(crate::username::Username::parse("alice").unwrap());
+        let mut cfg = AdmissionConfig {
+            lend_namespaces: super::super::LendNamespaces::from_names(["jhub", "research"])
+                .unwrap(),
+            ..AdmissionConfig::default()
+        };
+        assert_eq!(what_to_ask(None, Some("jhub"), &cfg), Ok(Ask::FreeUnits));
+        assert_eq!(
+            what_to_ask(None, Some("research"), &cfg),
+            Ok(Ask::FreeUnits)
+        );
+        for elsewhere in [Some("batch"), None] {
+            assert_eq!(
+                what_to_ask(None, elsewhere, &cfg),
+                Err(Lookup::OtherWorkload),
+                "{elsewhere:?}"
+            );
+        }
+        assert_eq!(
+            what_to_ask(Some(&id), Some("batch"), &cfg),
+            Ok(Ask::Owner(&id))
+        );
+        let d = decide(&generic(), Lookup::OtherWorkload, &cfg, now());
+        assert_eq!(d, Decision::OtherWorkload);
+        assert_eq!(d.kind(), "other_workload");
+        assert_eq!(
+            (d.model(), d.warning(), d.removal_reason(), d.audit_action()),
+            (None, None, None, None)
+        );
+        assert_eq!(d.preemption(), None);
+        // Its patch: the GPU as written, no mark of ours, not our low class; our
+        // high class and the notes a creator wrote gone.
+        let pod = serde_json::json!({
+            "metadata": {
+                "name": "train-0",
+                "labels": {"app": "train", "gpu-booking.io/priority": "high"},
+                "annotations": {
+                    "terminate-at": "2030-01-01T00:00:00Z",
+                    "gpu-booking.io/gpu-removed": "forged",
+                    "gpu-booking.io/gpu-wanted": "1",
+                },
+            },
+            "spec": {
+                "priorityClassName": "gpu-booking-high",
+                "containers": [{"name": "train", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+            },
+        });
+        let mut admitted = pod.clone();
+        json_patch::patch(&mut admitted, &super::super::plan(&pod, &d, &cfg)).unwrap();
+        assert_eq!(
+            admitted,
+            serde_json::json!({
+                "metadata": {
+                    "name": "train-0",
+                    "labels": {"app": "train"},
+                    "annotations": {},
+                },
+                "spec": {
+                    "containers": [{"name": "train", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+                },
+            })
+        );
+        let unmarked = serde_json::json!({
+            "metadata": {"name": "train-1"},
+            "spec": {"containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+        });
+        assert!(super::super::plan(&unmarked, &d, &cfg).0.is_empty());
+        // Strip: stripped in every namespace, nobody asked.
+        cfg.unidentified_gpu_pods = UnidentifiedGpuPods::Strip;
+        for anywhere in [Some("jhub"), Some("batch")] {
+            assert_eq!(what_to_ask(None, anywhere, &cfg), Err(Lookup::NoIdentity));
+        }
+        // Every namespace (the default): lent anywhere, as before.
+        let cfg = AdmissionConfig::default();
+        assert_eq!(what_to_ask(None, Some("batch"), &cfg), Ok(Ask::FreeUnits));
     }
 
     #[test]

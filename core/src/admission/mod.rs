@@ -13,7 +13,9 @@
 //!    slug so that safe-scheme labels resolve too).
 //! 3. [`what_to_ask`] says what the webhook asks the booking service (I/O, not here):
 //!    the owner's bookings, only the free units (a pod without identity that may be
-//!    lent), or nothing; it hands the answer, or the failure, to [`decide`]
+//!    lent: where the controller can take the card back, [`LendNamespaces`]), or
+//!    nothing (a pod without identity that is stripped, or another workload); it
+//!    hands the answer, the failure, or why nobody was asked to [`decide`]
 //!    (`decision.rs`), which returns a [`Decision`].
 //! 4. [`plan`] (`patch.rs`) turns the decision into a [`json_patch::Patch`] over the pod
 //!    as it was sent. [`plan_cpu_only`] is the CPU-only step on its own, which the
@@ -30,10 +32,12 @@ use serde::{Deserialize, Serialize};
 use crate::gpu_model::ModelName;
 use crate::username::NameCase;
 
+mod budget;
 mod decision;
 mod detect;
 mod identity;
 mod ledger;
+mod lend_namespaces;
 mod marks;
 #[cfg(feature = "clap")]
 mod options;
@@ -42,6 +46,10 @@ mod quantity;
 pub mod replica;
 mod trust;
 
+pub use budget::{
+    budget_names, budget_of, budget_resource, container_budget_mib, is_budget_resource,
+    BudgetNameError,
+};
 pub use decision::{
     decide, what_to_ask, Ask, BeyondBooking, BookingErrorPolicy, Decision, Lookup, Schedulability,
     StripReason, UnidentifiedGpuPods, VisibleDevicesWithoutGpu, VISIBLE_DEVICES_STRIPPED,
@@ -49,6 +57,7 @@ pub use decision::{
 pub use detect::{detect_gpu, GpuRequest};
 pub use identity::{identify, named_user, Identity};
 pub use ledger::LendLedger;
+pub use lend_namespaces::{LendNamespaces, EVERY_NAMESPACE};
 pub use marks::{
     is_harmless_key, is_our_key, pending_lent, trusted_priority, PendingLent, PodStanding,
     OUR_KEY_STEM, OUR_PREFIXES,
@@ -56,8 +65,8 @@ pub use marks::{
 #[cfg(feature = "clap")]
 pub use options::{AdmissionArgs, PriorityClassArgs};
 pub use patch::{
-    plan, plan_cpu_only, plan_cpu_only_because, plan_demoted, plan_no_gpu, plan_node_resource,
-    plan_owned,
+    plan, plan_cpu_only, plan_cpu_only_because, plan_demoted, plan_no_gpu, plan_node_budgets,
+    plan_node_resource, plan_owned,
 };
 pub use quantity::parse_quantity;
 pub use replica::{AdmissionState, Replica};
@@ -202,6 +211,11 @@ pub struct AdmissionConfig {
     pub name_case: NameCase,
     /// What a GPU pod without a trusted identity gets.
     pub unidentified_gpu_pods: UnidentifiedGpuPods,
+    /// Where such a pod may be lent a card (with [`UnidentifiedGpuPods::Lent`]): the
+    /// namespaces in which the controller can take it back. Elsewhere it is another
+    /// workload, admitted as its creator wrote it.
+    #[serde(default)]
+    pub lend_namespaces: LendNamespaces,
     /// User names (as the API server authenticates them) of the controller, e.g.
     /// `system:serviceaccount:gpu-booking:gpu-booking-controller`: its lent copies
     /// are admitted as it decided ([`controller_copy`]). Compared exactly.
@@ -228,6 +242,7 @@ impl Default for AdmissionConfig {
             spawners: SpawnerTrust::default(),
             name_case: NameCase::default(),
             unidentified_gpu_pods: UnidentifiedGpuPods::default(),
+            lend_namespaces: LendNamespaces::default(),
             controllers: Vec::new(),
             visible_devices_without_gpu: VisibleDevicesWithoutGpu::default(),
         }
@@ -243,6 +258,10 @@ pub enum ConfigError {
     BadPriorityClass(String),
     #[error("no GPU resource is configured")]
     NoGpuResource,
+    #[error(transparent)]
+    BudgetName(#[from] BudgetNameError),
+    #[error("the lend namespace {0:?} is not a namespace name (nor * for every namespace)")]
+    BadNamespace(String),
 }
 
 impl AdmissionConfig {
@@ -269,6 +288,12 @@ impl AdmissionConfig {
                     value: value.clone(),
                 });
             }
+        }
+        for model in self.model_resources.values() {
+            self.budget_resource_of(model)?;
+        }
+        if let Some(bad) = self.lend_namespaces.names().find(|ns| !is_dns_label(ns)) {
+            return Err(ConfigError::BadNamespace(bad.to_owned()));
         }
         for class in [&self.high_priority_class, &self.low_priority_class]
             .into_iter()
@@ -310,6 +335,17 @@ impl AdmissionConfig {
             .map(|(r, _)| r.as_str())
     }
 
+    /// The resource that carries the VRAM budget of a pod on `model`:
+    /// `<gpumem_resource>-<model>` when the model has a resource of its own (its
+    /// pods ask for that resource, and may share a node with other models' cards),
+    /// else the plain [`Self::gpumem_resource`] ([`budget_resource`]).
+    pub fn budget_resource_of(&self, model: &ModelName) -> Result<String, BudgetNameError> {
+        budget_resource(
+            &self.gpumem_resource,
+            self.resource_of(model).map(|_| model),
+        )
+    }
+
     /// The configured VRAM budget per unit of `model` (or the default).
     pub fn gpumem_for(&self, model: Option<&ModelName>) -> Option<u64> {
         model
@@ -334,6 +370,11 @@ pub fn is_qualified_name(key: &str) -> bool {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     name_ok && prefix.is_none_or(is_dns_subdomain)
+}
+
+/// A lowercase RFC 1123 label (a namespace's name): at most 63 characters, no dot.
+fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && is_dns_subdomain(s)
 }
 
 /// A lowercase RFC 1123 subdomain of at most 253 characters.
@@ -386,5 +427,45 @@ mod tests {
             ..AdmissionConfig::default()
         };
         assert!(cfg.validate().is_err());
+        for bad in ["Research", "a.b", "research team", &"n".repeat(64)] {
+            let cfg = AdmissionConfig {
+                lend_namespaces: LendNamespaces::from_names(["jhub", bad]).unwrap(),
+                ..AdmissionConfig::default()
+            };
+            assert_eq!(
+                cfg.validate(),
+                Err(ConfigError::BadNamespace(bad.to_owned())),
+                "{bad}"
+            );
+        }
+        let cfg = AdmissionConfig {
+            lend_namespaces: LendNamespaces::from_names(["jhub", "research-2"]).unwrap(),
+            ..AdmissionConfig::default()
+        };
+        assert_eq!(cfg.validate(), Ok(()));
+    }
+
+    /// A model with a resource of its own has its budget under a resource of its own;
+    /// one whose name makes that resource name too long refuses the configuration.
+    #[test]
+    fn a_model_with_its_own_resource_has_its_own_budget_resource() {
+        let mut cfg = AdmissionConfig::default();
+        let t4 = ModelName::parse("t4").unwrap();
+        let a100 = ModelName::parse("a100").unwrap();
+        cfg.model_resources
+            .insert("nvidia.com/t4".into(), t4.clone());
+        assert_eq!(
+            cfg.budget_resource_of(&t4).unwrap(),
+            "gpu-booking.io/gpumem-t4"
+        );
+        assert_eq!(
+            cfg.budget_resource_of(&a100).unwrap(),
+            "gpu-booking.io/gpumem"
+        );
+        assert_eq!(cfg.validate(), Ok(()));
+        let long = ModelName::parse(&"m".repeat(60)).unwrap();
+        cfg.model_resources.insert("example.com/long".into(), long);
+        let err = cfg.validate().unwrap_err();
+        assert!(matches!(err, ConfigError::BudgetName(_)), "{err}");
     }
 }

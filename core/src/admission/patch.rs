@@ -8,11 +8,14 @@
 //! not apply is dropped (a planner bug, caught by `debug_assert!` in the tests), so the
 //! returned patch always applies to the pod it was planned for.
 
+use std::collections::BTreeMap;
+
 use chrono::SecondsFormat;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::{json, Map, Value};
 
+use super::budget::{container_budget_mib, is_budget_resource};
 use super::detect::{container_gpu_units, detect_gpu, sets_visible_devices, CONTAINER_LISTS};
 use super::marks::{is_harmless_key, is_our_key};
 use super::quantity::gpu_units;
@@ -48,7 +51,7 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
             cfg.terminate_at_annotation.as_str(),
         ],
         Decision::LowPriority { .. } => vec![PRIORITY_LABEL, MODEL_LABEL],
-        Decision::Strip { .. } | Decision::Unchecked { .. } => Vec::new(),
+        Decision::Strip { .. } | Decision::Unchecked { .. } | Decision::OtherWorkload => Vec::new(),
     };
     ed.unmark(cfg, &written);
     match decision {
@@ -76,7 +79,7 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
                 Some(class) => ed.set_priority_class(class),
                 None => ed.demote_priority_class(cfg),
             }
-            ed.apply_budget(cfg, *gpumem_mib);
+            ed.apply_budget(cfg, model, *gpumem_mib);
         }
         Decision::LowPriority {
             model, gpumem_mib, ..
@@ -91,7 +94,7 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
                 Some(class) => ed.set_priority_class(class),
                 None => ed.demote_priority_class(cfg),
             }
-            ed.apply_budget(cfg, *gpumem_mib);
+            ed.apply_budget(cfg, model, *gpumem_mib);
         }
         Decision::Strip { reason, .. } => {
             // What it asked for, read before its GPU goes: a GPU freed later is
@@ -116,6 +119,14 @@ pub fn plan_owned(pod: Value, decision: &Decision, cfg: &AdmissionConfig) -> Pat
         // Let through unchecked (the booking service failed, policy allow): no
         // booking is known, so the pod cannot keep our high class.
         Decision::Unchecked { .. } => ed.demote_priority_class(cfg),
+        // Another workload's GPU as its creator wrote it: no note of a removed or
+        // wanted GPU (it is no user's, and it holds its GPU), and not our high class
+        // (it is not booked), nor our low one (nobody could take its card back).
+        Decision::OtherWorkload => {
+            ed.remove_annotation(GPU_REMOVED_ANNOTATION);
+            ed.remove_annotation(GPU_WANTED_ANNOTATION);
+            ed.drop_high_priority_class(cfg);
+        }
     }
     ed.finish()
 }
@@ -143,12 +154,7 @@ pub fn plan_no_gpu(pod: &Value, cfg: &AdmissionConfig, by_controller: bool) -> (
             ed.remove(&["metadata", "annotations", GPU_REMOVED_ANNOTATION]);
             ed.remove(&["metadata", "annotations", GPU_WANTED_ANNOTATION]);
         }
-        let current = ed.pod.pointer("/spec/priorityClassName");
-        if current.and_then(Value::as_str).is_some()
-            && current.and_then(Value::as_str) == cfg.high_priority_class.as_deref()
-        {
-            ed.clear_priority_class();
-        }
+        ed.drop_high_priority_class(cfg);
         if hide_devices {
             for (list, index) in ed.container_slots() {
                 if ed.container(list, &index).is_some_and(sets_visible_devices) {
@@ -161,7 +167,8 @@ pub fn plan_no_gpu(pod: &Value, cfg: &AdmissionConfig, by_controller: bool) -> (
     (ed.finish(), hidden)
 }
 
-/// The CPU-only step on its own: every GPU resource and the VRAM budget removed from
+/// The CPU-only step on its own: every GPU resource and every VRAM budget resource
+/// (the plain one and each model's, [`super::is_budget_resource`]) removed from
 /// every container and init container (requests and limits), `NVIDIA_VISIBLE_DEVICES`
 /// set to `none` in each (replacing any value, creating `env` where absent), our labels,
 /// `terminate-at`, model node selector and priority class dropped. The controller
@@ -225,21 +232,48 @@ pub fn plan_demoted(pod: &Value, cfg: &AdmissionConfig) -> Option<Patch> {
     Some(plan(pod, &decision, cfg))
 }
 
-/// The JSON Patch of a node's `status` subresource that makes it advertise `amount`
-/// of the extended resource `resource` in `capacity` and `allocatable`, or no longer
-/// advertise it (`None`), as "Advertise Extended Resources for a Node" does it by
-/// hand. The same editor as for pods: a missing map is created by the operation that
-/// needs it, the `/` in the name is escaped (`~1`), an absent member is never
-/// removed, and the patch is empty when the node says so already.
-pub fn plan_node_resource(node: &Value, resource: &str, amount: Option<u64>) -> Patch {
+/// The JSON Patch of a node's `status` subresource that makes it advertise exactly
+/// the VRAM budgets `want` (resource name -> MiB) in `capacity` and `allocatable`, as
+/// "Advertise Extended Resources for a Node" does it by hand: each one set, and every
+/// other budget resource of `gpumem` there (the plain one, `<gpumem>-<model>` of a
+/// model no longer on the node) removed. The same editor as for pods: a missing map is
+/// created by the operation that needs it, the `/` in the name is escaped (`~1`), an
+/// absent member is never removed, and the patch is empty when the node says so
+/// already.
+pub fn plan_node_budgets(node: &Value, gpumem: &str, want: &BTreeMap<String, u64>) -> Patch {
     let mut ed = PodEditor::new(node.clone());
     for field in ["capacity", "allocatable"] {
-        match amount {
-            Some(n) => ed.set(&["status", field, resource], json!(n.to_string())),
-            None => ed.remove(&["status", field, resource]),
+        let stale: Vec<String> = ed
+            .pod
+            .get("status")
+            .and_then(|s| s.get(field))
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.keys()
+                    .filter(|k| is_budget_resource(gpumem, k) && !want.contains_key(*k))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for key in stale {
+            ed.remove(&["status", field, &key]);
+        }
+        for (resource, mib) in want {
+            ed.set(&["status", field, resource], json!(mib.to_string()));
         }
     }
     ed.finish()
+}
+
+/// [`plan_node_budgets`] with the one budget `resource`: `amount` of it, or none
+/// (`None`, what the uninstall's cleanup asks); either way no budget of a model
+/// (`<resource>-<model>`) stays.
+pub fn plan_node_resource(node: &Value, resource: &str, amount: Option<u64>) -> Patch {
+    let want = amount
+        .map(|n| (resource.to_owned(), n))
+        .into_iter()
+        .collect();
+    plan_node_budgets(node, resource, &want)
 }
 
 /// A working copy of a pod (or a node's status) and the operations that led to it.
@@ -468,6 +502,15 @@ impl PodEditor {
         }
     }
 
+    /// Our high class taken away (no class instead): it is for booked pods only.
+    fn drop_high_priority_class(&mut self, cfg: &AdmissionConfig) {
+        let current = self.pod.pointer("/spec/priorityClassName");
+        let current = current.and_then(Value::as_str);
+        if current.is_some() && current == cfg.high_priority_class.as_deref() {
+            self.clear_priority_class();
+        }
+    }
+
     fn clear_priority_class(&mut self) {
         self.remove(&["spec", "priorityClassName"]);
         self.remove(&["spec", "priority"]);
@@ -495,12 +538,24 @@ impl PodEditor {
         self.pod.get("spec")?.get(list)?.get(index)
     }
 
-    /// The VRAM budget on every GPU container: `per_unit` MiB times its GPU units, on
-    /// requests and limits alike (an extended resource needs both, equal). A container
-    /// with a budget of its own keeps it; one written on one side only is copied to
-    /// the other, and limits win when the two differ.
-    fn apply_budget(&mut self, cfg: &AdmissionConfig, per_unit: Option<u64>) {
-        let res = cfg.gpumem_resource.as_str();
+    /// The VRAM budget on every GPU container of a pod on `model`: `per_unit` MiB
+    /// times its GPU units, on requests and limits alike (an extended resource needs
+    /// both, equal), under the model's budget resource
+    /// ([`AdmissionConfig::budget_resource_of`]: `<gpumem>-<model>` for a model with a
+    /// resource of its own, else the plain one). A container with a budget of its own
+    /// keeps it; one written on one side only is copied to the other, and limits win
+    /// when the two differ. A budget of its own under another budget resource (the
+    /// plain one on a pod moved to its model's resource, another model's) is moved to
+    /// the model's, the amounts of all of them added: a budget left under the plain
+    /// resource would be charged against the other models' cards of a node.
+    fn apply_budget(&mut self, cfg: &AdmissionConfig, model: &ModelName, per_unit: Option<u64>) {
+        // Checked at start-up (`AdmissionConfig::validate`); a model learned since
+        // whose budget cannot be named gets none, as the controller advertises none.
+        let Ok(res) = cfg.budget_resource_of(model) else {
+            return;
+        };
+        let res = res.as_str();
+        let gpumem = cfg.gpumem_resource.as_str();
         for (list, index) in self.container_slots() {
             let Some(container) = self.container(list, &index) else {
                 continue;
@@ -509,25 +564,41 @@ impl PodEditor {
             if units == 0 {
                 continue;
             }
-            let own = |section: &str| {
-                container
-                    .get("resources")
-                    .and_then(|r| r.get(section))
+            let resources = container.get("resources").cloned().unwrap_or(Value::Null);
+            let section = |name: &str| resources.get(name).and_then(Value::as_object);
+            let others: Vec<(&'static str, String)> = ["requests", "limits"]
+                .into_iter()
+                .flat_map(|name| {
+                    section(name)
+                        .into_iter()
+                        .flat_map(|m| m.keys())
+                        .filter(|k| *k != res && is_budget_resource(gpumem, k))
+                        .map(move |k| (name, k.clone()))
+                })
+                .collect();
+            let own = |name: &str| {
+                section(name)
                     .and_then(|s| s.get(res))
                     .filter(|v| !v.is_null())
-                    .cloned()
             };
-            let budget = match (own("requests"), own("limits")) {
-                (_, Some(limit)) => limit,
-                (Some(request), None) => request,
-                (None, None) => match per_unit.filter(|&mib| mib > 0) {
+            let budget = if !others.is_empty() {
+                container_budget_mib(&resources, gpumem).map(|mib| json!(mib.to_string()))
+            } else {
+                own("limits").or_else(|| own("requests")).cloned()
+            };
+            let budget = match budget {
+                Some(own) => own,
+                None => match per_unit.filter(|&mib| mib > 0) {
                     Some(mib) => json!(mib.saturating_mul(units).to_string()),
                     None => continue,
                 },
             };
             let base = ["spec", list, index.as_str(), "resources"];
-            for section in ["requests", "limits"] {
-                let path = [&base[..], &[section, res]].concat();
+            for (name, key) in &others {
+                self.remove(&[&base[..], &[name, key.as_str()]].concat());
+            }
+            for name in ["requests", "limits"] {
+                let path = [&base[..], &[name, res]].concat();
                 self.set(&path, budget.clone());
             }
         }
@@ -561,7 +632,8 @@ impl PodEditor {
                 .map(|m| {
                     m.keys()
                         .filter(|k| {
-                            cfg.gpu_resource_model(k).is_some() || **k == cfg.gpumem_resource
+                            cfg.gpu_resource_model(k).is_some()
+                                || is_budget_resource(&cfg.gpumem_resource, k)
                         })
                         .cloned()
                         .collect()
@@ -720,7 +792,7 @@ mod tests {
                 let mut r = out["spec"][list][i]["resources"].clone();
                 for section in ["requests", "limits"] {
                     if let Some(map) = r.get_mut(section).and_then(Value::as_object_mut) {
-                        map.remove("gpu-booking.io/gpumem");
+                        map.retain(|k, _| !is_budget_resource("gpu-booking.io/gpumem", k));
                         if map.is_empty() {
                             r.as_object_mut().map(|o| o.remove(section));
                         }
@@ -1132,5 +1204,110 @@ mod tests {
         let p = plan_node_resource(&bare, res, Some(7));
         json_patch::patch(&mut bare, &p).unwrap();
         assert_eq!(bare["status"]["capacity"][res], "7");
+    }
+
+    /// A pod moved to its model's own resource gets its budget under the model's
+    /// budget resource, never the plain one: on a node with cards of several models,
+    /// kube-scheduler then charges it against that model's cards only.
+    #[test]
+    fn a_model_with_its_own_resource_gets_its_own_budget_resource() {
+        let mut cfg = AdmissionConfig::default();
+        cfg.model_resources
+            .insert("nvidia.com/t4".into(), ModelName::parse("t4").unwrap());
+        let t4 = Decision::LowPriority {
+            model: ModelName::parse("t4").unwrap(),
+            gpumem_mib: Some(6000),
+            beyond_booking: None,
+        };
+        let pod = json!({"spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            // Its creator's budget under the plain resource: moved, not left there.
+            {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": "1000"}}},
+            // Under the model's and the plain one: added up.
+            {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": "1000",
+                                                      "gpu-booking.io/gpumem-t4": "500"}}},
+            // No GPU: nothing written.
+            {"name": "d"}
+        ]}});
+        let out = apply(&pod, &plan(&pod, &t4, &cfg));
+        let res = |i: usize| out["spec"]["containers"][i]["resources"].clone();
+        assert_eq!(
+            res(0),
+            json!({"limits": {"nvidia.com/t4": "1", "gpu-booking.io/gpumem-t4": "6000"},
+                   "requests": {"gpu-booking.io/gpumem-t4": "6000"}})
+        );
+        assert_eq!(
+            res(1),
+            json!({"limits": {"nvidia.com/t4": "1", "gpu-booking.io/gpumem-t4": "1000"},
+                   "requests": {"gpu-booking.io/gpumem-t4": "1000"}})
+        );
+        assert_eq!(
+            res(2),
+            json!({"requests": {"nvidia.com/t4": "1", "gpu-booking.io/gpumem-t4": "1500"},
+                   "limits": {"gpu-booking.io/gpumem-t4": "1500"}})
+        );
+        assert_eq!(res(3), Value::Null);
+        assert!(plan(&out, &t4, &cfg).0.is_empty(), "not idempotent");
+        // A model without a resource of its own: the plain resource, a budget its
+        // creator wrote under a model's moved there.
+        let pod = json!({"spec": {"containers": [{"resources": {"limits": {
+            "nvidia.com/gpu": "1", "gpu-booking.io/gpumem-t4": "700"}}}]}});
+        let out = apply(&pod, &plan(&pod, &booked(), &cfg));
+        assert_eq!(
+            out["spec"]["containers"][0]["resources"],
+            json!({"limits": {"nvidia.com/gpu": "1", "gpu-booking.io/gpumem": "700"},
+                   "requests": {"gpu-booking.io/gpumem": "700"}})
+        );
+    }
+
+    #[test]
+    fn stripping_the_gpu_strips_every_budget_resource() {
+        let mut cfg = AdmissionConfig::default();
+        cfg.model_resources
+            .insert("nvidia.com/t4".into(), ModelName::parse("t4").unwrap());
+        let pod = json!({"spec": {"containers": [{"resources": {
+            "limits": {"nvidia.com/t4": "1", "gpu-booking.io/gpumem-t4": "6000", "cpu": "1"},
+            "requests": {"gpu-booking.io/gpumem": "1", "gpu-booking.io/gpumem-Odd": "2"}}}]}});
+        let out = apply(&pod, &plan_cpu_only(&pod, &cfg));
+        assert_eq!(
+            out["spec"]["containers"][0]["resources"],
+            json!({"limits": {"cpu": "1"}, "requests": {}})
+        );
+    }
+
+    #[test]
+    fn node_budgets_per_model_are_set_and_stale_ones_removed() {
+        let gpumem = "gpu-booking.io/gpumem";
+        let node = json!({"status": {
+            "capacity": {"cpu": "8", "gpu-booking.io/gpumem": "95744", "gpu-booking.io/gpumem-l4": "1"},
+            "allocatable": {"cpu": "8", "gpu-booking.io/gpumem": "95744"}}});
+        let want: BTreeMap<String, u64> = [
+            ("gpu-booking.io/gpumem".to_owned(), 80896),
+            ("gpu-booking.io/gpumem-t4".to_owned(), 14848),
+        ]
+        .into_iter()
+        .collect();
+        let mut out = node.clone();
+        json_patch::patch(&mut out, &plan_node_budgets(&node, gpumem, &want)).unwrap();
+        for field in ["capacity", "allocatable"] {
+            assert_eq!(
+                out["status"][field],
+                json!({"cpu": "8", "gpu-booking.io/gpumem": "80896",
+                       "gpu-booking.io/gpumem-t4": "14848"}),
+                "{field}"
+            );
+        }
+        assert!(plan_node_budgets(&out, gpumem, &want).0.is_empty());
+        // A node of one model again: the model's budget goes.
+        let p = plan_node_resource(&out, gpumem, Some(40448));
+        json_patch::patch(&mut out, &p).unwrap();
+        assert_eq!(
+            out["status"]["allocatable"],
+            json!({"cpu": "8", "gpu-booking.io/gpumem": "40448"})
+        );
+        // The uninstall's cleanup: none at all.
+        let p = plan_node_resource(&out, gpumem, None);
+        json_patch::patch(&mut out, &p).unwrap();
+        assert_eq!(out["status"]["capacity"], json!({"cpu": "8"}));
     }
 }

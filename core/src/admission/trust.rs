@@ -8,7 +8,9 @@
 //! namespace; JupyterHub's KubeSpawner creates pods as the hub's ServiceAccount
 //! (`system:serviceaccount:<namespace>:hub` in zero-to-jupyterhub) in its own
 //! namespace. Only such pods have an identity; every other GPU pod is an unidentified
-//! pod, which [`super::UnidentifiedGpuPods`] lends or strips.
+//! pod, which [`super::UnidentifiedGpuPods`] lends (where the controller can take the
+//! card back, [`super::LendNamespaces`]; elsewhere it is another workload, admitted
+//! as written) or strips.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

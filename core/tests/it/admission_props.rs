@@ -250,6 +250,7 @@ fn decision() -> impl Strategy<Value = Decision> {
         Just(Decision::Unchecked {
             message: "down".into()
         }),
+        Just(Decision::OtherWorkload),
     ]
 }
 
@@ -406,10 +407,35 @@ proptest! {
                     prop_assert!(patch.0.is_empty());
                 }
             }
+            Decision::OtherWorkload => {
+                // Admitted as its creator wrote it: every container as written, no
+                // key of ours at all (not even a note of a removed GPU), not our
+                // high class; a pod without them passes unchanged.
+                prop_assert_eq!(containers(&out), containers(&pod));
+                let ours = |v: &Value| {
+                    ["labels", "annotations"].iter().any(|map| {
+                        v["metadata"][map]
+                            .as_object()
+                            .is_some_and(|m| m.keys().any(|k| is_our_key(k, &cfg)))
+                    })
+                };
+                let high = |v: &Value| {
+                    cfg.high_priority_class.is_some()
+                        && v["spec"]["priorityClassName"].as_str() == cfg.high_priority_class.as_deref()
+                };
+                prop_assert!(!ours(&out) && !high(&out));
+                if !ours(&pod) && !high(&pod) {
+                    prop_assert!(patch.0.is_empty());
+                }
+            }
         }
 
-        // The VRAM budget is equal on both sides wherever a GPU remains.
-        if !matches!(decision, Decision::Strip { .. } | Decision::Unchecked { .. }) {
+        // The VRAM budget is equal on both sides wherever a GPU remains (and is ours
+        // to set).
+        if !matches!(
+            decision,
+            Decision::Strip { .. } | Decision::Unchecked { .. } | Decision::OtherWorkload
+        ) {
             for c in containers(&out) {
                 let mut one = Value::Object(Map::new());
                 one["spec"] = json!({"containers": [c]});
