@@ -409,6 +409,21 @@ async fn fill_every_card(u: &University, config: &Config) -> anyhow::Result<usiz
         println!("    {n} x {why}");
     }
     print_admission_failures("fill", u.server(), calls_from);
+    if let Ok(models) = u.booking.models().await {
+        let figures: Vec<String> = models
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} units {} in use {} by others {} free {}",
+                    r["name"], r["units"], r["in_use"], r["others_in_use"], r["free"]
+                )
+            })
+            .collect();
+        println!(
+            "  the booking service counts after the fill: {}",
+            figures.join("; ")
+        );
+    }
     // Late spawns, in rounds, until no card is free: what the storm left free is
     // lent before the bookings start. The webhook subtracts each lent admission from
     // the free count until a report taken 3 s after it (`--lend-settle`) counts it,
