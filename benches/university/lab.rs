@@ -120,6 +120,10 @@ pub async fn start(
     // The lab's values end victims at once (its older scenarios expect it): the
     // university has the warning.
     sets.push(format!("controller.preemption.grace={}s", config.warning));
+    // Further chart values for an experiment (`UNIVERSITY_CHART_SET=a=1,b=2`).
+    if let Ok(more) = std::env::var("UNIVERSITY_CHART_SET") {
+        sets.extend(more.split(',').filter(|s| !s.is_empty()).map(str::to_owned));
+    }
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let chart = RenderedChart::render(&sets)
         .context("the chart renders (helm: run scripts/chart-tools.sh once)")?;
