@@ -192,6 +192,13 @@ pub struct ControllerArgs {
     #[arg(long, env = "GPU_BOOKING_CONTROLLER_OFFER_HOLD", default_value = "5m", value_parser = parse_duration)]
     pub offer_hold: Duration,
 
+    /// A model's free GPUs are offered only once none of them was taken for this
+    /// long: while spawns are being lent a model's cards, the free count runs ahead
+    /// of what the webhook may still lend, and the cards are the spawns', not
+    /// offers'.
+    #[arg(long, env = "GPU_BOOKING_CONTROLLER_OFFER_QUIET", default_value = "30s", value_parser = parse_duration)]
+    pub offer_quiet: Duration,
+
     /// With `--on-expiry hub-restart`: a user who opted in on the notices page has
     /// their server restarted on an offered GPU through JupyterHub once the hub has
     /// seen no activity of the server (its `last_activity`) for this long. `0s`: at
@@ -277,6 +284,7 @@ impl ControllerArgs {
             lent_pending_grace: Duration::from_secs(30),
             offer_window: Duration::from_secs(8 * 3600),
             offer_hold: Duration::from_secs(300),
+            offer_quiet: Duration::from_secs(30),
             offer_restart_idle: Duration::from_secs(600),
             preemption_attempts: 3,
             preemption_vram_cushion: 256,

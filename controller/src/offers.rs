@@ -100,6 +100,7 @@ impl OfferPart {
             settings: OfferSettings {
                 window: delta(args.offer_window),
                 hold: delta(args.offer_hold),
+                quiet: delta(args.offer_quiet),
             },
             restart_idle: delta(args.offer_restart_idle),
             enabled: !args.offer_window.is_zero() && !args.offer_hold.is_zero(),

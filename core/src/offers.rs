@@ -18,6 +18,14 @@
 //! - a user with a booking now is not offered (their spawn is booked anyway);
 //! - the units outstanding on a model never exceed its free units: when the free
 //!   count drops below them, the newest offers go first;
+//! - a model's free units are offered only once none of them was taken for `quiet`
+//!   (`--offer-quiet`): while spawns are being lent a model's cards, its free count
+//!   runs ahead of what the webhook may lend (the pods admitted in the last seconds
+//!   are not counted yet), and what the webhook strips in that time is a user who
+//!   would take a card from a spawn just behind them. An offer then held the cards a
+//!   burst was filling for users who had to restart to use them, and the spawns
+//!   after them went to CPU beside idle cards; a card nobody took for `quiet` is one
+//!   no spawn is on its way to;
 //! - an offer holds its units for `hold` (`--offer-hold`); unused, it expires and
 //!   the next in line is offered. A user who let one expire goes behind everyone
 //!   who has not, and is offered again no sooner than [`OFFER_AGAIN_AFTER`] later
@@ -96,6 +104,9 @@ pub struct OfferSettings {
     pub window: TimeDelta,
     /// `--offer-hold`: how long an offer holds its units.
     pub hold: TimeDelta,
+    /// `--offer-quiet`: a model's free units are offered only once none of them was
+    /// taken for this long.
+    pub quiet: TimeDelta,
 }
 
 impl Default for OfferSettings {
@@ -103,6 +114,7 @@ impl Default for OfferSettings {
         Self {
             window: TimeDelta::hours(8),
             hold: TimeDelta::minutes(5),
+            quiet: TimeDelta::seconds(30),
         }
     }
 }
@@ -127,6 +139,10 @@ pub struct OfferBook {
     offers: Vec<Offer>,
     /// User -> when their last offer expired unused.
     passed: BTreeMap<String, DateTime<Utc>>,
+    /// Model -> its free units at the last round and when a unit of it was last
+    /// taken (its free count dropped, or it was first seen: a new leader does not
+    /// know what is being lent).
+    taken: BTreeMap<String, (u64, DateTime<Utc>)>,
 }
 
 fn units(offer: &Offer) -> u64 {
@@ -178,6 +194,17 @@ impl OfferBook {
             }
             _ => false,
         });
+        // Units are being taken on a model that is not quiet: none is offered anew.
+        self.note_taken(r.free, now);
+        for (model, free) in remaining.iter_mut() {
+            let quiet = self
+                .taken
+                .get(model)
+                .is_some_and(|&(_, at)| now - at >= settings.quiet);
+            if !quiet {
+                *free = 0;
+            }
+        }
         // Who waits, one notebook per user (their earliest), in order.
         let offered: BTreeSet<String> = kept.iter().map(|o| o.user.clone()).collect();
         let mut first: BTreeMap<&str, &Waiting> = BTreeMap::new();
@@ -228,6 +255,18 @@ impl OfferBook {
         self.passed
             .retain(|user, at| waiting.contains(user.as_str()) && now - *at < settings.window);
         self.offers != before
+    }
+
+    /// Notes, per model of `free`, when a unit was last taken; forgets models gone.
+    fn note_taken(&mut self, free: &BTreeMap<String, u64>, now: DateTime<Utc>) {
+        self.taken.retain(|model, _| free.contains_key(model));
+        for (model, &units) in free {
+            let entry = self.taken.entry(model.clone()).or_insert((units, now));
+            if units < entry.0 {
+                entry.1 = now;
+            }
+            entry.0 = units;
+        }
     }
 }
 
@@ -322,9 +361,11 @@ mod tests {
         on_gpu: BTreeSet<String>,
         booked: BTreeSet<String>,
         free: BTreeMap<String, u64>,
+        settings: OfferSettings,
     }
 
     impl Lab {
+        /// A lab whose models are quiet at once: the other rules, alone.
         fn new(waiting: Vec<Waiting>, free: BTreeMap<String, u64>) -> Self {
             Lab {
                 book: OfferBook::default(),
@@ -332,6 +373,10 @@ mod tests {
                 on_gpu: BTreeSet::new(),
                 booked: BTreeSet::new(),
                 free,
+                settings: OfferSettings {
+                    quiet: TimeDelta::zero(),
+                    ..OfferSettings::default()
+                },
             }
         }
 
@@ -343,7 +388,7 @@ mod tests {
                 booked: &self.booked,
                 free: &self.free,
             };
-            self.book.round(&r, &OfferSettings::default());
+            self.book.round(&r, &self.settings);
             self.book
                 .offers()
                 .iter()
@@ -462,6 +507,46 @@ mod tests {
     }
 
     #[test]
+    fn units_being_taken_are_not_offered_until_the_model_is_quiet() {
+        // A burst is being lent the a100s: each round the count drops, and the
+        // webhook strips alice while the pods it lent are not counted yet.
+        let mut lab = Lab::new(
+            vec![waiting("alice", 100, Some("a100"))],
+            free(&[("a100", 6), ("h100", 1)]),
+        );
+        lab.settings = OfferSettings::default();
+        let quiet = lab.settings.quiet.num_seconds();
+        assert!(lab.round(100).is_empty(), "a model first seen is not quiet");
+        lab.free = free(&[("a100", 4), ("h100", 1)]);
+        assert!(lab.round(101).is_empty());
+        lab.free = free(&[("a100", 3), ("h100", 1)]);
+        assert!(lab.round(102).is_empty());
+        // Nothing taken since: still not quiet a moment before the wait is over.
+        assert!(lab.round(102 + quiet - 1).is_empty());
+        assert_eq!(lab.round(102 + quiet), pairs(&[("alice", "a100")]));
+        // A unit freeing (a count rising) is no taking: bob, who waits for any
+        // model, is offered one at once.
+        lab.waiting.push(waiting("bob", 110, None));
+        lab.free = free(&[("a100", 4), ("h100", 1)]);
+        assert_eq!(
+            lab.round(103 + quiet),
+            pairs(&[("alice", "a100"), ("bob", "a100")])
+        );
+        // A unit taken keeps the offers that still fit, and offers none anew
+        // until the model is quiet again.
+        lab.waiting.push(waiting("carol", 120, Some("a100")));
+        lab.free = free(&[("a100", 3), ("h100", 1)]);
+        let at = 104 + quiet;
+        let two = pairs(&[("alice", "a100"), ("bob", "a100")]);
+        assert_eq!(lab.round(at), two);
+        assert_eq!(lab.round(at + quiet - 1), two);
+        assert_eq!(
+            lab.round(at + quiet),
+            pairs(&[("alice", "a100"), ("bob", "a100"), ("carol", "a100")])
+        );
+    }
+
+    #[test]
     fn a_large_request_does_not_hold_back_the_line() {
         let mut lab = Lab::new(
             vec![
@@ -543,7 +628,11 @@ mod tests {
             notebooks in proptest::collection::vec((0usize..6, 0i64..600, 0usize..3, 1u64..3), 0..10),
             rounds in proptest::collection::vec(
                 (0i64..400, proptest::collection::vec(0u64..4, 2), 0u8..64, 0u8..64), 1..12),
+            quiet in prop_oneof![Just(0i64), Just(30), Just(300)],
         ) {
+            let settings = OfferSettings { quiet: TimeDelta::seconds(quiet), ..OfferSettings::default() };
+            // Model -> its last free count and when it last dropped (or was first seen).
+            let mut last_taken: BTreeMap<&str, (u64, i64)> = BTreeMap::new();
             let users = ["u0", "u1", "u2", "u3", "u4", "u5"];
             let models = [Some("a100"), Some("h100"), None];
             let waiting: Vec<Waiting> = notebooks
@@ -566,8 +655,18 @@ mod tests {
                 let (on_gpu, booked) = (pick(gpu_mask), pick(booked_mask));
                 let r = Round { now: t(now), waiting: &waiting, on_gpu: &on_gpu, booked: &booked, free: &free };
                 let passed_before = book.passed.clone();
-                book.round(&r, &OfferSettings::default());
+                book.round(&r, &settings);
                 let offers = book.offers();
+                for model in ["a100", "h100"] {
+                    let entry = last_taken.entry(model).or_insert((free[model], now));
+                    if free[model] < entry.0 {
+                        entry.1 = now;
+                    }
+                    entry.0 = free[model];
+                    let new = offers.iter().any(|o| o.model == model && o.offered_at == t(now));
+                    prop_assert!(!new || now - entry.1 >= quiet,
+                        "{model} offered {}s after a unit of it was taken", now - entry.1);
+                }
                 for model in ["a100", "h100"] {
                     let out: u64 = offers.iter().filter(|o| o.model == model).map(units).sum();
                     prop_assert!(out <= free[model], "{model}: {out} > {}", free[model]);
@@ -577,7 +676,7 @@ mod tests {
                     prop_assert!(seen.insert(o.user.clone()), "two offers to {}", o.user);
                     prop_assert!(!on_gpu.contains(&o.user) && !booked.contains(&o.user));
                     prop_assert!(o.holds_at(t(now)), "an offer past its hold");
-                    prop_assert!(o.until - o.offered_at == OfferSettings::default().hold);
+                    prop_assert!(o.until - o.offered_at == settings.hold);
                     let fits = waiting.iter().any(|w| w.user == o.user
                         && w.wanted.units == units(o)
                         && w.wanted.model.as_ref().is_none_or(|m| m.as_str() == o.model));
