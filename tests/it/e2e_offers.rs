@@ -18,8 +18,8 @@ use gpu_booking_core::offers::GPU_WANTED_ANNOTATION;
 use gpu_booking_fake_apiserver::FakeApiServer;
 use gpu_booking_sim::hub::{FakeHub, ServerStatus};
 use gpu_booking_sim::spawner::NOTEBOOK_NAMESPACE;
-use k8s_openapi::api::core::v1::Pod;
 use gpu_booking_sim::{GpuNode, SimCluster};
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -229,10 +229,10 @@ async fn a_spawn_burst_is_lent_every_card_with_offers_on(pool: PgPool) {
     }
     let lent = |s: &FakeApiServer| -> u64 {
         s.list::<Pod>(Some(NOTEBOOK_NAMESPACE))
-        .iter()
-        .filter(|p| label(p, PRIORITY_LABEL) == Some("low"))
-        .map(gpus)
-        .sum()
+            .iter()
+            .filter(|p| label(p, PRIORITY_LABEL) == Some("low"))
+            .map(gpus)
+            .sum()
     };
     let offered = offers(&lab).await;
     assert_eq!(
@@ -242,9 +242,9 @@ async fn a_spawn_burst_is_lent_every_card_with_offers_on(pool: PgPool) {
     );
     lab.expect("the lent notebooks never all ran on their cards", |s| {
         s.list::<Pod>(Some(NOTEBOOK_NAMESPACE))
-        .iter()
-        .filter(|p| gpus(p) > 0)
-        .all(|p| is_running(p) && on_gpu(p))
+            .iter()
+            .filter(|p| gpus(p) > 0)
+            .all(|p| is_running(p) && on_gpu(p))
     })
     .await;
     assert_eq!(lent(&lab.sim.server), cards);
