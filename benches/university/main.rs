@@ -76,7 +76,7 @@
 //! or `UNIVERSITY_NOTEBOOKS`, `UNIVERSITY_BOOKINGS`, `UNIVERSITY_RESEARCH`;
 //! `UNIVERSITY_SPAWNS_AT_ONCE` (100), `UNIVERSITY_FILL_AT_ONCE` (20);
 //! `UNIVERSITY_WAIT_SECONDS` bounds the wait for the booked pods (twice the warning
-//! and the grace, + 90 s). A database of its own, `gpu_booking_bench_university`,
+//! and the grace, + 90 s); `RUST_LOG` prints the components' logs (none without). A database of its own, `gpu_booking_bench_university`,
 //! created and dropped.
 //!
 //! The modules: `cluster` the university's nodes and models and what its pods hold;
@@ -202,6 +202,11 @@ fn runtime(
 
 fn main() -> anyhow::Result<()> {
     let config = Config::from_env();
+    // The components' logs, on stdout among the figures, only when asked for: a
+    // slow pod's story in the controller's own words (`RUST_LOG=gpu_booking_controller=info`).
+    if std::env::var_os("RUST_LOG").is_some() {
+        gpu_booking_process::init_logging(gpu_booking_process::LogFormat::Plain);
+    }
     let lab = runtime(LAB_THREADS, 2, Component::Lab)?;
     let controller = runtime(CONTROLLER_THREADS, 2, Component::Controller)?;
     let webhook = runtime(WEBHOOK_THREADS, 2, Component::Webhook)?;

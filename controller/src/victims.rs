@@ -24,8 +24,17 @@
 //!   who holds them ([`Shortfall`], for core's sentence).
 //! - A round decides for each Pending booked pod in turn and books the room it gets,
 //!   so two booked pods never count on the same freed unit.
+//! - **Which marked pod a booked pod counts on** ([`Round::relied`]): room free now
+//!   first, then the units of pods marked to give way on that node (the earliest
+//!   deadline first), then those of pods on their way out. The round's order (by
+//!   creation, then name) is not the scheduler's (its queue's arrival order within a
+//!   second), so the card a marked pod frees can go to another booked pod than the
+//!   one it was marked for; a marked pod stays marked while any booked pod still
+//!   counts on it, not only the one named on it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+
+use chrono::{DateTime, Utc};
 
 use gpu_booking_core::admission::budget_of;
 use gpu_booking_core::eviction::{self, Need, Plan, Room, Tenant};
@@ -95,6 +104,11 @@ pub struct Round {
     /// free above, but the scheduler gives them out only once those pods are gone.
     ending_units: BTreeMap<(String, String), u64>,
     ending_vram: BTreeMap<VramKey, u64>,
+    /// Pods marked to give way by (model, node), the earliest deadline first: (uid,
+    /// units) not counted on yet by a booked pod of this round.
+    marked: BTreeMap<(String, String), VecDeque<(String, u64)>>,
+    /// Marked pods (uid) a booked pod of this round counts on: that pod's key.
+    relied: HashMap<String, String>,
 }
 
 /// One VRAM budget of one node: (node, the model whose own budget it is; `None` for
@@ -176,6 +190,8 @@ impl Round {
         let mut held: BTreeMap<(String, String), Held> = BTreeMap::new();
         let mut ending_units: BTreeMap<(String, String), u64> = BTreeMap::new();
         let mut ending_vram: BTreeMap<VramKey, u64> = BTreeMap::new();
+        let mut marked: BTreeMap<(String, String), Vec<(Option<DateTime<Utc>>, String, u64)>> =
+            BTreeMap::new();
         for pod in view.pods.values() {
             let (Some(node), Some(gpu)) = (&pod.node, &pod.gpu) else {
                 continue;
@@ -190,7 +206,13 @@ impl Round {
             if going(pod, view) {
                 // Marked pods are in `going` too, but hold their card until their
                 // deadline by design: their booked pod is told when.
-                if !marked_only(pod) {
+                if marked_only(pod) {
+                    marked.entry((model, node.clone())).or_default().push((
+                        pod.preempt_at,
+                        pod.uid.clone(),
+                        gpu.units,
+                    ));
+                } else {
                     *ending_units.entry((model, node.clone())).or_default() += gpu.units;
                     *ending_vram.entry(budget).or_default() += pod.placement.gpumem_mib;
                 }
@@ -224,6 +246,14 @@ impl Round {
                 last_active: pod.last_used(),
             });
         }
+        let marked = marked
+            .into_iter()
+            .map(|(key, mut pods)| {
+                pods.sort();
+                let queue = pods.into_iter().map(|(_, uid, units)| (uid, units));
+                (key, queue.collect())
+            })
+            .collect();
         Self {
             node_models,
             units,
@@ -237,7 +267,35 @@ impl Round {
             capacity,
             ending_units,
             ending_vram,
+            marked,
+            relied: HashMap::new(),
         }
+    }
+
+    /// The marked pods (uid) that the booked pods decided so far count on, and the
+    /// key of the booked pod that counts on each.
+    pub fn relied(&self) -> &HashMap<String, String> {
+        &self.relied
+    }
+
+    /// Books `units` of a booked pod (`key`) on (model, node), from room free now
+    /// first, then marked pods' (noted as relied on), then pods on their way out.
+    /// Returns the units taken from pods on their way out.
+    fn take_room(&mut self, key: &(String, String), booked: &str, units: u64) -> u64 {
+        let free = self.units.get(key).copied().unwrap_or(0);
+        let ending = self.ending_units.get(key).copied().unwrap_or(0);
+        let queue = self.marked.entry(key.clone()).or_default();
+        let marked: u64 = queue.iter().map(|(_, n)| n).sum();
+        let free_now = free.saturating_sub(ending).saturating_sub(marked);
+        let mut rest = units.saturating_sub(free_now);
+        while rest > 0 {
+            let Some((uid, n)) = queue.pop_front() else {
+                break;
+            };
+            rest = rest.saturating_sub(n);
+            self.relied.insert(uid, booked.to_owned());
+        }
+        rest.min(ending)
     }
 
     /// Whether the pod may be scheduled on `node`: its `nodeSelector` and required
@@ -310,6 +368,7 @@ impl Round {
                 let ending_vram = self.ending_vram.get(&budget).copied().unwrap_or(0);
                 let now = units.saturating_sub(ending) >= need.units
                     && vram.is_none_or(|v| v.saturating_sub(ending_vram) >= need.vram_mib);
+                let from_ending = self.take_room(&key, &pod.key(), need.units);
                 self.reserve(model, &node, &need);
                 if now {
                     Decision::Fits { node }
@@ -317,7 +376,7 @@ impl Round {
                     // What this pod waits for is no longer there for the next one.
                     self.ending_units
                         .entry(key)
-                        .and_modify(|n| *n = n.saturating_sub(need.units));
+                        .and_modify(|n| *n = n.saturating_sub(from_ending));
                     self.ending_vram
                         .entry(budget)
                         .and_modify(|n| *n = n.saturating_sub(need.vram_mib));
@@ -402,7 +461,6 @@ fn time_sliced(node: &NodeInfo, resource: &str) -> bool {
 mod tests {
     use super::*;
     use crate::pods::{GpuUse, Placement, Priority};
-    use chrono::{DateTime, Utc};
     use gpu_booking_client::Model;
 
     fn t(s: &str) -> Option<DateTime<Utc>> {
@@ -559,6 +617,57 @@ mod tests {
         w.going.insert("uid-low-new".into());
         w.pods.get_mut("uid-low-new").unwrap().preempt_at = t("2026-01-05T00:00:00Z");
         assert_eq!(w.decide("booked"), Decision::Fits { node: "a".into() });
+    }
+
+    /// Two lent pods marked to give way on a node of three cards, one free: the
+    /// first booked pod of the round takes the free card and counts on no marked
+    /// pod; the next ones count on the marked pods, the earliest deadline first,
+    /// whoever they were marked for; a fourth has no room.
+    #[test]
+    fn booked_pods_count_on_free_room_then_marked_pods_earliest_first() {
+        let mut w = World::new(vec![node("a", "NVIDIA-A100", 3)], Vec::new());
+        for (name, deadline, named) in [
+            ("late", "2026-01-05T00:02:00Z", "jhub/booked-1"),
+            ("soon", "2026-01-05T00:01:00Z", "jhub/booked-2"),
+        ] {
+            let mut lent = pod(name, Some("a"), Priority::Low, "2026-01-01T00:00:00Z");
+            lent.preempt_at = t(deadline);
+            lent.preempt_for = Some(named.into());
+            w.going.insert(lent.uid.clone());
+            w.pods.insert(lent.uid.clone(), lent);
+        }
+        let booked: Vec<PodInfo> = (0..4)
+            .map(|i| {
+                pod(
+                    &format!("booked-{i}"),
+                    None,
+                    Priority::High,
+                    "2026-01-04T00:00:00Z",
+                )
+            })
+            .collect();
+        let view = w.view();
+        let mut round = Round::new(&view);
+        let decisions: Vec<Decision> = booked
+            .iter()
+            .map(|b| round.decide(&view, b, "a100"))
+            .collect();
+        let fits = Decision::Fits { node: "a".into() };
+        assert_eq!(decisions[..3], [fits.clone(), fits.clone(), fits]);
+        assert!(
+            matches!(decisions[3], Decision::NoRoom(_)),
+            "{:?}",
+            decisions[3]
+        );
+        let relied: BTreeMap<&str, &str> = round
+            .relied()
+            .iter()
+            .map(|(uid, b)| (uid.as_str(), b.as_str()))
+            .collect();
+        assert_eq!(
+            relied,
+            BTreeMap::from([("uid-soon", "jhub/booked-1"), ("uid-late", "jhub/booked-2")])
+        );
     }
 
     /// The cards of a booked pod's model held by a research job and by a lent pod

@@ -135,16 +135,17 @@ impl PreemptionPolicy {
 pub enum Marked {
     /// Its user has until the deadline.
     Wait,
-    /// The deadline passed and the booked pod still waits: it ends now.
+    /// The deadline passed and a booked pod still waits for its room: it ends now.
     End,
-    /// The booked pod no longer waits (bound elsewhere, stopped, ended): the pod keeps
-    /// its GPU, and its user is told.
+    /// No booked pod waits for its room any more (bound elsewhere, stopped, ended):
+    /// the pod keeps its GPU, and its user is told.
     Unmark,
 }
 
-/// The fate of a pod marked to end at `deadline` for a booked pod that still waits
-/// (`booked_waits`) or not, at `now`. Only a booked pod still waiting ends anyone,
-/// however late.
+/// The fate of a pod marked to end at `deadline` while a booked pod still waits for
+/// its room (`booked_waits`: the one it was marked for, or another the controller
+/// counts on its room for) or not, at `now`. Only a booked pod still waiting ends
+/// anyone, however late.
 pub fn marked(deadline: DateTime<Utc>, now: DateTime<Utc>, booked_waits: bool) -> Marked {
     match (booked_waits, now >= deadline) {
         (false, _) => Marked::Unmark,

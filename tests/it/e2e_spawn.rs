@@ -435,3 +435,93 @@ async fn a_lent_notebook_is_warned_before_its_gpu_is_taken_back(pool: PgPool) {
     );
     lab.shutdown().await;
 }
+
+/// Two booked users wait for the two lent a100s, each marked for one of them
+/// (warned 12 s ahead). The lent notebook marked for the second frees its card
+/// early (its user stops it), and the scheduler gives that card to the first, who
+/// came first. The notebook marked for the first is not let off: the second booked
+/// user now waits for its card, so it is named for them and ends at its deadline,
+/// and the second booked notebook runs after that one round (unmarked at once, it
+/// sent the second user to a round of its own and a second warning).
+#[sqlx::test(migrations = "./migrations")]
+async fn a_marked_notebook_frees_its_card_for_whichever_booked_user_still_waits(pool: PgPool) {
+    let chart = chart(&["controller.preemption.grace=12s"]);
+    let lab = Lab::start_with(
+        pool,
+        a100_lab().notebook_grace_period(2).rendered_chart(chart),
+    )
+    .await;
+    let lent = ["bob@example.com", "carol@example.com"];
+    for user in lent {
+        lab.sim.spawn(user, 1).await.expect("admitted");
+        lab.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
+            running(s, user).is_some_and(|p| on_gpu(&p))
+        })
+        .await;
+    }
+    lab.wait_in_use("a100", 2).await;
+    let preempt_for = gpu_booking_core::admission::PREEMPT_FOR_ANNOTATION;
+    let marked_for = |booked: &str| -> Option<&'static str> {
+        let key = format!("jhub/{}", pod_name(booked));
+        lent.iter().copied().find(|u| {
+            lab.notebook(u)
+                .is_some_and(|p| annotation(&p, preempt_for) == Some(key.as_str()))
+        })
+    };
+    let mut victims = Vec::new();
+    for booked in ["alice@example.com", "dave@example.com"] {
+        lab.book(booked, "a100", TimeDelta::hours(2)).await;
+        lab.sim.spawn(booked, 1).await.expect("admitted");
+        lab.expect(&format!("no lent notebook was marked for {booked}"), |_| {
+            marked_for(booked).is_some()
+        })
+        .await;
+        victims.push(marked_for(booked).unwrap());
+    }
+    let (first_victim, second_victim) = (victims[0], victims[1]);
+    let first = lab.notebook(first_victim).unwrap();
+    // Dave's lent notebook goes early: the card it frees goes to alice.
+    lab.sim
+        .stop_notebook(second_victim)
+        .await
+        .expect("the lent notebook stops");
+    lab.expect(
+        "alice's booked notebook never got the card freed early",
+        |s| running(s, "alice@example.com").is_some_and(|p| on_gpu(&p)),
+    )
+    .await;
+    lab.expect(
+        "dave's booked notebook never got the card of the notebook marked for alice",
+        |s| running(s, "dave@example.com").is_some_and(|p| on_gpu(&p)),
+    )
+    .await;
+    let dave = lab.notebook("dave@example.com").unwrap();
+    assert_eq!(
+        annotation(
+            &dave,
+            gpu_booking_core::admission::PREEMPTION_ROUNDS_ANNOTATION
+        ),
+        Some("1"),
+        "dave needed a second round"
+    );
+    let kept = lab
+        .sim
+        .server
+        .list::<k8s_openapi::api::events::v1::Event>(Some("jhub"))
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("GpuKept"))
+        .count();
+    assert_eq!(
+        kept, 0,
+        "a marked notebook was let off while dave waited for it"
+    );
+    lab.expect(
+        "the notebook marked for alice did not come back CPU-only",
+        |s| {
+            running(s, first_victim)
+                .is_some_and(|p| p.metadata.uid != first.metadata.uid && gpus(&p) == 0)
+        },
+    )
+    .await;
+    lab.shutdown().await;
+}

@@ -42,9 +42,12 @@ pub(super) struct Preemption {
     waiting: Vec<Waiting>,
     /// Bookings whose pod waits for a marked pod's deadline: what they are told.
     freeing: BTreeMap<i64, String>,
-    /// Marked pods whose mark is being removed (not asked again before the watch
-    /// shows it gone or a while passed).
+    /// Marked pods whose mark is being removed, or moved to another booked pod (not
+    /// asked again before the watch shows it done or a while passed).
     unmarking: HashMap<String, Instant>,
+    /// Marked pods (uid) the last round's booked pods count on, and the key of the
+    /// booked pod counting on each ([`Round::relied`]).
+    relied: HashMap<String, String>,
     /// Lent pods the scheduler cannot place for want of a GPU, since when.
     pending_lent: HashMap<String, Instant>,
 }
@@ -62,6 +65,7 @@ impl Preemption {
             waiting: Vec::new(),
             freeing: BTreeMap::new(),
             unmarking: HashMap::new(),
+            relied: HashMap::new(),
         }
     }
 
@@ -285,11 +289,13 @@ impl Preemption {
                 victims::Decision::Fits { .. } => {
                     // Its room may be a marked pod's: its user learns when.
                     let key = pod.key();
-                    let ends = pods
-                        .values()
-                        .filter(|p| marked(p) && p.preempt_for.as_deref() == Some(key.as_str()))
+                    let ends = round
+                        .relied()
+                        .iter()
+                        .filter(|(_, booked)| **booked == key)
+                        .filter_map(|(uid, _)| pods.get(uid))
                         .filter_map(|p| p.preempt_at)
-                        .min();
+                        .max();
                     if let (Some(ends), Some(id)) = (ends, pod.booking_id) {
                         freeing.insert(id, freeing_reason(&model, ends));
                     }
@@ -387,6 +393,7 @@ impl Preemption {
         }
         self.publish_waiting(waiting_now);
         self.freeing = freeing;
+        self.relied = round.relied().clone();
         let mut start_now = Vec::new();
         for (pod, rounds, round_jobs) in jobs {
             start_now.extend(self.record_round(&pod, rounds, round_jobs));
@@ -442,9 +449,13 @@ impl Preemption {
         now
     }
 
-    /// The marked pods at each tick: ended once their deadline passed while their
-    /// booked pod still waits (the jobs returned), unmarked (and their users told)
-    /// once it no longer does; core decides ([`marked_fate`]).
+    /// The marked pods at each tick: ended once their deadline passed while a booked
+    /// pod still waits for their room (the jobs returned), unmarked (and their users
+    /// told) once none does; core decides ([`marked_fate`]). The booked pod is the
+    /// one named on the pod while it waits, else the one the last round counted on
+    /// the pod for ([`Round::relied`]; the name on the pod is moved to it): the card
+    /// freed for one booked pod may have gone to another, whose own marked pod then
+    /// frees the first one's.
     pub(super) fn settle_marked(&mut self, pods: &HashMap<String, PodInfo>) -> Vec<Job> {
         let now = self.ctx.clock.now();
         let waiting: HashSet<String> = self
@@ -458,13 +469,31 @@ impl Preemption {
             .retain(|uid, since| pods.get(uid).is_some_and(marked) && since.elapsed() < retry);
         let mut due = Vec::new();
         for pod in pods.values().filter(|p| marked(p)) {
-            let (Some(deadline), Some(for_whom)) = (pod.preempt_at, pod.preempt_for.as_ref())
-            else {
+            let (Some(deadline), Some(named)) = (pod.preempt_at, pod.preempt_for.as_ref()) else {
                 continue;
             };
-            match marked_fate(deadline, now, waiting.contains(for_whom)) {
+            let relier = self.relied.get(&pod.uid);
+            let for_whom = if waiting.contains(named) {
+                Some(named)
+            } else {
+                relier.filter(|b| waiting.contains(*b))
+            };
+            if for_whom.is_none() && relier.is_some() {
+                // Counted on by a booked pod that no longer waits: the next round
+                // says whether another one does.
+                continue;
+            }
+            if let Some(other) = for_whom.filter(|b| *b != named) {
+                if !self.unmarking.contains_key(&pod.uid) && !self.ctx.dry_run {
+                    self.unmarking.insert(pod.uid.clone(), Instant::now());
+                    let (ctx, pod, other) = (self.ctx.clone(), pod.clone(), other.clone());
+                    tokio::spawn(async move { name_booked_pod(&ctx, &pod, &other).await });
+                }
+            }
+            match marked_fate(deadline, now, for_whom.is_some()) {
                 Marked::Wait => {}
                 Marked::End => {
+                    let for_whom = for_whom.unwrap_or(named);
                     let booked = pods.values().find(|b| b.key() == *for_whom);
                     let model = pod
                         .model_label
@@ -622,6 +651,32 @@ async fn unmark_victim(ctx: &Ctx, pod: &PodInfo) {
     let message = "gpu-booking: the booked user no longer needs this notebook's GPU; it keeps \
                    running on it (it was lent, so it may be needed again)";
     actions::note_pod(ctx, &at, "GpuKept", message, "Preempt").await;
+}
+
+/// Names `for_whom` on a marked pod in place of the booked pod it was marked for,
+/// which no longer waits: its deadline (and its user's warning) stand.
+async fn name_booked_pod(ctx: &Ctx, pod: &PodInfo, for_whom: &str) {
+    let api = actions::pods(ctx, &pod.namespace);
+    let patch = json!({"metadata": {
+        "uid": pod.uid,
+        "annotations": {PREEMPT_FOR_ANNOTATION: for_whom},
+    }});
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let written = tokio::select! {
+        _ = ctx.halt.cancelled() => return,
+        written = actions::with_retries(|| api.patch(&pod.name, &params, &patch)) => written,
+    };
+    match written {
+        Ok(_) => {
+            ctx.metrics.action("preempt", "moved");
+            tracing::info!(pod = %pod.key(), booked = %for_whom, "marked pod now gives way to another booked pod");
+        }
+        Err(e) => {
+            ctx.metrics.action("preempt", "error");
+            ctx.metrics.error("kubernetes");
+            tracing::warn!(pod = %pod.key(), error = %e, "could not name the booked pod on the marked pod");
+        }
+    }
 }
 
 /// A booked pod that waits with no pod that may give way.
