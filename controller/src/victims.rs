@@ -24,13 +24,15 @@
 //!   who holds them ([`Shortfall`], for core's sentence).
 //! - A round decides for each Pending booked pod in turn and books the room it gets,
 //!   so two booked pods never count on the same freed unit.
-//! - **Which marked pod a booked pod counts on** ([`Round::relied`]): room free now
-//!   first, then the units of pods marked to give way on that node (the earliest
-//!   deadline first), then those of pods on their way out. The round's order (by
-//!   creation, then name) is not the scheduler's (its queue's arrival order within a
-//!   second), so the card a marked pod frees can go to another booked pod than the
-//!   one it was marked for; a marked pod stays marked while any booked pod still
-//!   counts on it, not only the one named on it.
+//! - **Which marked pod a booked pod counts on** ([`Round::relied`]): the pods
+//!   marked (or chosen) for it, while it waits, are its own room, which no other
+//!   booked pod of the round takes; else room free now first, then the units of pods
+//!   marked for booked pods that no longer wait (the earliest deadline first), then
+//!   those of pods on their way out. The scheduler places booked pods in its queue's
+//!   order (arrival, within a second), not the round's (creation, then name), so the
+//!   card a marked pod frees can go to another booked pod than the one it was marked
+//!   for; that one's marked pod then stays marked for the first, which still counts
+//!   on it, and is named for it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -54,6 +56,13 @@ pub struct View<'a> {
     pub model_node_label: &'a str,
     /// Pods being acted on (uids).
     pub going: &'a HashSet<String>,
+    /// Pods chosen to give way whose mark the watch has not shown yet (uid -> the
+    /// booked pod's key; in `going` too): their room comes at a deadline, as a marked
+    /// pod's.
+    pub chosen: &'a HashMap<String, String>,
+    /// The Pending booked pods (keys): a marked pod named for one of them keeps its
+    /// room for it.
+    pub waiting: &'a HashSet<String>,
     /// VRAM to keep spare beside a booked pod's budget, MiB.
     pub cushion_mib: u64,
     /// Which pods may give way.
@@ -109,6 +118,19 @@ pub struct Round {
     marked: BTreeMap<(String, String), VecDeque<(String, u64)>>,
     /// Marked pods (uid) a booked pod of this round counts on: that pod's key.
     relied: HashMap<String, String>,
+    /// The room of pods marked for booked pods that wait, by booked pod (key): not
+    /// in `units` and `vram` until that pod decides.
+    own: HashMap<String, Vec<OwnRoom>>,
+}
+
+/// A marked pod's room kept for the booked pod it is named for.
+#[derive(Debug, Clone)]
+struct OwnRoom {
+    model: String,
+    node: String,
+    uid: String,
+    units: u64,
+    vram_mib: u64,
 }
 
 /// One VRAM budget of one node: (node, the model whose own budget it is; `None` for
@@ -192,6 +214,7 @@ impl Round {
         let mut ending_vram: BTreeMap<VramKey, u64> = BTreeMap::new();
         let mut marked: BTreeMap<(String, String), Vec<(Option<DateTime<Utc>>, String, u64)>> =
             BTreeMap::new();
+        let mut own: HashMap<String, Vec<OwnRoom>> = HashMap::new();
         for pod in view.pods.values() {
             let (Some(node), Some(gpu)) = (&pod.node, &pod.gpu) else {
                 continue;
@@ -206,7 +229,28 @@ impl Round {
             if going(pod, view) {
                 // Marked pods are in `going` too, but hold their card until their
                 // deadline by design: their booked pod is told when.
-                if marked_only(pod) {
+                let named = view
+                    .chosen
+                    .get(&pod.uid)
+                    .or(pod.preempt_for.as_ref())
+                    .filter(|b| view.waiting.contains(*b));
+                let marked_now = marked_only(pod) || view.chosen.contains_key(&pod.uid);
+                if let (true, Some(booked)) = (marked_now, named) {
+                    // Kept for its booked pod: not free room for another.
+                    if let Some(free) = units.get_mut(&(model.clone(), node.clone())) {
+                        *free = free.saturating_sub(gpu.units);
+                    }
+                    if let Some(free) = vram.get_mut(&budget) {
+                        *free = free.saturating_sub(pod.placement.gpumem_mib);
+                    }
+                    own.entry(booked.clone()).or_default().push(OwnRoom {
+                        model,
+                        node: node.clone(),
+                        uid: pod.uid.clone(),
+                        units: gpu.units,
+                        vram_mib: pod.placement.gpumem_mib,
+                    });
+                } else if marked_now {
                     marked.entry((model, node.clone())).or_default().push((
                         pod.preempt_at,
                         pod.uid.clone(),
@@ -249,7 +293,8 @@ impl Round {
         let marked = marked
             .into_iter()
             .map(|(key, mut pods)| {
-                pods.sort();
+                // The earliest deadline first; pods chosen but not marked yet last.
+                pods.sort_by(|a, b| (a.0.is_none(), a).cmp(&(b.0.is_none(), b)));
                 let queue = pods.into_iter().map(|(_, uid, units)| (uid, units));
                 (key, queue.collect())
             })
@@ -269,7 +314,60 @@ impl Round {
             ending_vram,
             marked,
             relied: HashMap::new(),
+            own,
         }
+    }
+
+    /// The room of the pods marked for the booked `pod` goes back to the round's
+    /// room; where it holds the pod's need on a node it may run on, the pod fits
+    /// there, counting on those pods. Else (its need grew, or those pods are on
+    /// several nodes) it is free room for the pod like any other.
+    fn own_room(
+        &mut self,
+        view: &View<'_>,
+        pod: &PodInfo,
+        model: &str,
+        need: &Need,
+    ) -> Option<String> {
+        let own = self.own.remove(&pod.key())?;
+        let mut on_node: BTreeMap<&str, u64> = BTreeMap::new();
+        for room in &own {
+            if let Some(free) = self.units.get_mut(&(room.model.clone(), room.node.clone())) {
+                *free = free.saturating_add(room.units);
+            }
+            let budget = self.vram_key(&room.node, &room.model);
+            if let Some(free) = self.vram.get_mut(&budget) {
+                *free = free.saturating_add(room.vram_mib);
+            }
+            if room.model == model {
+                *on_node.entry(room.node.as_str()).or_default() += room.units;
+            }
+        }
+        let node = on_node
+            .iter()
+            .filter(|(node, &units)| units >= need.units && self.eligible(view, pod, node))
+            .map(|(node, _)| node.to_string())
+            .find(|node| {
+                let key = (model.to_owned(), node.clone());
+                let vram = self.vram.get(&self.vram_key(node, model)).copied();
+                self.units.get(&key).copied().unwrap_or(0) >= need.units
+                    && vram.is_none_or(|v| v >= need.vram_mib)
+            });
+        for room in own {
+            let key = (room.model.clone(), room.node.clone());
+            if node.as_deref() == Some(room.node.as_str()) && room.model == model {
+                self.relied.insert(room.uid, pod.key());
+            } else {
+                // Back among the marked pods of its node, for whoever needs it.
+                self.marked
+                    .entry(key)
+                    .or_default()
+                    .push_back((room.uid, room.units));
+            }
+        }
+        let node = node?;
+        self.reserve(model, &node, need);
+        Some(node)
     }
 
     /// The marked pods (uid) that the booked pods decided so far count on, and the
@@ -318,6 +416,9 @@ impl Round {
             units: pod.gpu.as_ref().map_or(1, |g| g.units.max(1)),
             vram_mib: pod.placement.gpumem_mib,
         };
+        if let Some(node) = self.own_room(view, pod, model, &need) {
+            return Decision::Fits { node };
+        }
         let rooms: Vec<Room> = self
             .units
             .range((model.to_owned(), String::new())..)
@@ -535,6 +636,8 @@ mod tests {
         models: Models,
         generic: Vec<String>,
         going: HashSet<String>,
+        chosen: HashMap<String, String>,
+        waiting: HashSet<String>,
         policy: PreemptionPolicy,
     }
 
@@ -547,6 +650,8 @@ mod tests {
                 models: models(),
                 generic: vec!["nvidia.com/gpu".into()],
                 going: HashSet::new(),
+                chosen: HashMap::new(),
+                waiting: HashSet::new(),
                 policy: PreemptionPolicy::new(Some("jhub"), Vec::new()),
             }
         }
@@ -560,6 +665,8 @@ mod tests {
                 gpumem_resource: "gpu-booking.io/gpumem",
                 model_node_label: "gpu-booking.io/model",
                 going: &self.going,
+                chosen: &self.chosen,
+                waiting: &self.waiting,
                 cushion_mib: 256,
                 policy: &self.policy,
             }
@@ -668,6 +775,58 @@ mod tests {
             relied,
             BTreeMap::from([("uid-soon", "jhub/booked-1"), ("uid-late", "jhub/booked-2")])
         );
+    }
+
+    /// A lent pod marked (or only chosen, its mark not seen yet) for a booked pod
+    /// that still waits is that pod's room: a booked pod deciding before it does not
+    /// take it, but gets a victim of its own; once its booked pod no longer waits,
+    /// it is room for whoever does.
+    #[test]
+    fn a_pod_marked_for_a_waiting_booked_pod_is_kept_for_it() {
+        for chosen in [false, true] {
+            let mut w = busy();
+            let mine = "jhub/booked".to_owned();
+            if chosen {
+                w.chosen.insert("uid-low-new".into(), mine.clone());
+            } else {
+                let lent = w.pods.get_mut("uid-low-new").unwrap();
+                lent.preempt_at = t("2026-01-05T00:00:00Z");
+                lent.preempt_for = Some(mine.clone());
+            }
+            w.going.insert("uid-low-new".into());
+            let mut lent = pod("low-2", Some("a"), Priority::Low, "2026-01-02T00:00:00Z");
+            lent.uid = "uid-low-2".into();
+            w.pods.insert(lent.uid.clone(), lent);
+            w.nodes.insert("a".into(), node("a", "NVIDIA-A100", 3));
+            let early = pod("early", None, Priority::High, "2026-01-01T00:00:00Z");
+            w.waiting.insert(mine.clone());
+            w.waiting.insert(early.key());
+            let view = w.view();
+            let mut round = Round::new(&view);
+            assert_eq!(
+                round.decide(&view, &early, "a100"),
+                Decision::Evict {
+                    node: "a".into(),
+                    victims: vec!["uid-low-2".into()]
+                },
+                "chosen: {chosen}"
+            );
+            let booked = &w.pods["uid-booked"];
+            assert_eq!(
+                round.decide(&view, booked, "a100"),
+                Decision::Fits { node: "a".into() }
+            );
+            assert_eq!(round.relied().get("uid-low-new"), Some(&mine));
+            // Its booked pod gone: free room for the next.
+            w.waiting.remove(&mine);
+            let view = w.view();
+            let mut round = Round::new(&view);
+            assert_eq!(
+                round.decide(&view, &early, "a100"),
+                Decision::Fits { node: "a".into() }
+            );
+            assert_eq!(round.relied().get("uid-low-new"), Some(&early.key()));
+        }
     }
 
     /// The cards of a booked pod's model held by a research job and by a lent pod

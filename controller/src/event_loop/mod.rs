@@ -341,6 +341,8 @@ impl Loop {
                     for job in self.preemption.mark(jobs, self.expiry.pods()) {
                         self.expiry.start(job);
                     }
+                } else {
+                    self.preemption.unchoose(&jobs);
                 }
             }
             Msg::Intents(found) => self.expiry.swept(found),

@@ -48,6 +48,11 @@ pub(super) struct Preemption {
     /// Marked pods (uid) the last round's booked pods count on, and the key of the
     /// booked pod counting on each ([`Round::relied`]).
     relied: HashMap<String, String>,
+    /// Pods a round chose to give way, since when, until the watch shows them marked
+    /// or going: the round is recorded and the mark written after it, and the next
+    /// round (2 s on) must not take them for free room and choose them again for
+    /// another booked pod, which then lacks a victim of its own.
+    chosen: HashMap<String, (Instant, String)>,
     /// Lent pods the scheduler cannot place for want of a GPU, since when.
     pending_lent: HashMap<String, Instant>,
 }
@@ -66,6 +71,7 @@ impl Preemption {
             freeing: BTreeMap::new(),
             unmarking: HashMap::new(),
             relied: HashMap::new(),
+            chosen: HashMap::new(),
         }
     }
 
@@ -242,6 +248,18 @@ impl Preemption {
         // coming, so that no second pod is chosen for it.
         let mut going = expiry.in_flight().clone();
         going.extend(pods.values().filter(|p| marked(p)).map(|p| p.uid.clone()));
+        self.chosen.retain(|uid, (since, _)| {
+            since.elapsed() < CHOSEN_FOR
+                && !going.contains(uid)
+                && pods.get(uid).is_some_and(|p| !p.deleting && !p.finished)
+        });
+        let chosen: HashMap<String, String> = self
+            .chosen
+            .iter()
+            .map(|(uid, (_, booked))| (uid.clone(), booked.clone()))
+            .collect();
+        going.extend(chosen.keys().cloned());
+        let waiting: HashSet<String> = pending_pods.iter().map(|p| p.key()).collect();
         let view = View {
             pods,
             nodes: inventory.nodes(),
@@ -251,6 +269,8 @@ impl Preemption {
             gpumem_resource: &cfg.gpumem_resource,
             model_node_label: &self.args.admission.model_node_label,
             going: &going,
+            chosen: &chosen,
+            waiting: &waiting,
             cushion_mib: self.args.preemption_vram_cushion,
             policy: &self.ctx.policy,
         };
@@ -364,6 +384,9 @@ impl Preemption {
                         attempt: state.rounds,
                     };
                     let mut round_jobs = Vec::new();
+                    for uid in &victims {
+                        self.chosen.insert(uid.clone(), (now, pod.key()));
+                    }
                     let names: Vec<String> = victims
                         .iter()
                         .filter_map(|uid| pods.get(uid))
@@ -413,6 +436,13 @@ impl Preemption {
             });
         }
         start_now
+    }
+
+    /// The victims of a round that could not be recorded: free to be chosen again.
+    pub(super) fn unchoose(&mut self, jobs: &[Job]) {
+        for job in jobs {
+            self.chosen.remove(&job.uid);
+        }
     }
 
     /// The victims of a recorded round: with `--preemption-grace`, each is marked
@@ -560,6 +590,10 @@ impl Preemption {
 fn marked(pod: &PodInfo) -> bool {
     pod.preempt_at.is_some() && pod.served && !pod.deleting && pod.priority == Some(Priority::Low)
 }
+
+/// How long a pod chosen to give way counts as going without the watch showing it
+/// marked or going (a mark or a round not written: the next round may choose again).
+const CHOSEN_FOR: Duration = Duration::from_secs(15);
 
 /// `--preemption-grace` as a time span.
 fn grace_of(args: &ControllerArgs) -> chrono::TimeDelta {

@@ -877,6 +877,49 @@ async fn a_marked_pod_no_longer_needed_is_unmarked() {
     assert_eq!(c.metrics.action_count("preempt", "unmarked"), 1);
 }
 
+/// A victim chosen in one round is kept for its booked pod in the next, before the
+/// watch shows its mark: a second booked pod that comes meanwhile, and comes first in
+/// the round's order, gets a victim of its own. Here the mark on bob's victim fails
+/// (4 failed patches, beyond the retries), so the watch never shows it; carol, older
+/// than bob and pending a round later, gets the other lent pod, not the one chosen
+/// for bob (which left bob without a victim until his next round, a minute on, and
+/// a second warning).
+#[tokio::test(start_paused = true)]
+async fn a_victim_chosen_but_not_yet_marked_is_not_chosen_again() {
+    let h = graced_cluster();
+    h.server
+        .fail(Failure::on(Verb::Patch, "pods").named("low-old").times(4));
+    let _c = h.start();
+    h.wait(|s| {
+        s.get::<k8s_openapi::api::core::v1::Pod>(Some(NS), "jupyter-bob")
+            .and_then(|p| p.metadata.annotations)
+            .is_some_and(|a| {
+                a.get("gpu-booking.io/preemption-rounds")
+                    .map(String::as_str)
+                    == Some("1")
+            })
+    })
+    .await;
+    // The mark's four attempts (200 + 500 + 1,000 ms apart) are spent.
+    h.run_for(Duration::from_secs(3)).await;
+    assert_eq!(mark_of(&h, "low-old"), (None, None), "the mark was written");
+    pod("jupyter-carol")
+        .gpu(1)
+        .booked_pending("a100")
+        .started(t0() - TimeDelta::days(1))
+        .put(&h.server);
+    until_marked(&h, "low-new", true).await;
+    assert_eq!(
+        mark_of(&h, "low-new").1.as_deref(),
+        Some("jhub/jupyter-carol")
+    );
+    assert_eq!(
+        mark_of(&h, "low-old"),
+        (None, None),
+        "bob's victim taken for carol"
+    );
+}
+
 /// The deadline is on the pod: a controller that starts (a new leader) ends a marked
 /// victim then, not at once and not a grace later.
 #[tokio::test(start_paused = true)]
