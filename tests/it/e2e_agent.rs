@@ -46,18 +46,21 @@ fn on_gpu(pod: &Pod) -> bool {
 }
 
 /// Polls `condition` (state outside the API server: the node's processes) until it
-/// holds; fails with `wrong` after [`SETTLE`].
-async fn eventually(lab: &Lab, wrong: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    while !condition() {
-        if tokio::time::Instant::now() >= deadline {
-            panic!(
+/// holds; fails with `wrong` and the cluster as it was after [`SETTLE`].
+async fn on_node_eventually(lab: &Lab, wrong: &str, mut condition: impl FnMut() -> bool) {
+    eventually(|| {
+        let held = condition();
+        async move {
+            if held {
+                return Ok(());
+            }
+            Err(format!(
                 "{wrong}\ncluster after {SETTLE:?}:\n{}",
                 serde_json::to_string_pretty(&lab.sim.view()).unwrap_or_default()
-            );
+            ))
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// `user`'s lent notebook, spawned and running on a GPU with its kernel on the card.
@@ -73,7 +76,7 @@ async fn lent_notebook(lab: &Lab, user: &str) -> (Pod, u32) {
         |s| running(s, user).is_some_and(|p| on_gpu(&p)),
     )
     .await;
-    eventually(
+    on_node_eventually(
         lab,
         &format!("{user}'s notebook runs but no GPU process of it is on the node's cards"),
         || lab.sim.gpu_process(user).is_some(),
@@ -112,7 +115,7 @@ async fn the_agent_reclaims_the_idle_gpu_process_of_a_lent_notebook(pool: PgPool
     let uid = pod.metadata.uid.clone().unwrap();
     let node = node_of(&pod).unwrap().to_owned();
 
-    eventually(
+    on_node_eventually(
         &lab,
         "the agent never ended the idle GPU process of bob's lent notebook",
         || lab.sim.gpu_process(BOB).is_none() && !alive(pid),
@@ -146,8 +149,7 @@ async fn the_agent_reclaims_the_idle_gpu_process_of_a_lent_notebook(pool: PgPool
     );
 
     // The audit log has the kill, with the evidence, from the agent.
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    let row = loop {
+    let row = eventually(|| async {
         let row: Option<(String, Option<String>, serde_json::Value)> = sqlx::query_as(
             "SELECT action, user_name, details FROM audit_event WHERE action = 'agent.reclaim' AND subject = $1",
         )
@@ -155,15 +157,11 @@ async fn the_agent_reclaims_the_idle_gpu_process_of_a_lent_notebook(pool: PgPool
         .fetch_optional(&pool)
         .await
         .expect("the audit log answers");
-        if let Some(row) = row {
-            break row;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the agent's reclaim never reached the booking service's audit log"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        row.ok_or_else(|| {
+            "the agent's reclaim never reached the booking service's audit log".to_owned()
+        })
+    })
+    .await;
     assert_eq!(
         row.1.as_deref(),
         Some(BOB),
@@ -270,7 +268,7 @@ async fn a_booked_users_idle_kernel_is_kept_while_a_lent_users_is_warned_then_re
         running(s, ALICE).is_some_and(|p| on_gpu(&p))
     })
     .await;
-    eventually(&lab, "alice's booked kernel is not on the card", || {
+    on_node_eventually(&lab, "alice's booked kernel is not on the card", || {
         lab.sim.gpu_process(ALICE).is_some()
     })
     .await;
@@ -285,7 +283,7 @@ async fn a_booked_users_idle_kernel_is_kept_while_a_lent_users_is_warned_then_re
         |s| events_on(s, &bob_uid).contains(&"GPUReclaimWarning".to_owned()),
     )
     .await;
-    eventually(
+    on_node_eventually(
         &lab,
         "the agent never ended bob's idle kernel after its warning",
         || lab.sim.gpu_process(BOB).is_none() && !alive(bob_pid),

@@ -106,8 +106,7 @@ async fn admin_call(lab: &Lab, method: reqwest::Method, uri: &str, body: Value) 
 /// booking `id`, as `user` is answered (what the webhook decides the next pod from).
 async fn wait_held(lab: &Lab, user: &str, id: i64, held: i64) {
     let token = lab.api.token("webhook", Some(Role::Service)).unwrap();
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    eventually(|| async {
         let answer: Value = reqwest::Client::new()
             .get(format!("{}/api/v1/schedulability", lab.api.url))
             .query(&[("user", user)])
@@ -119,15 +118,14 @@ async fn wait_held(lab: &Lab, user: &str, id: i64, held: i64) {
             .await
             .unwrap();
         if answer["booking_id"] == id && answer["units_held"] == held {
-            lab.webhook_refreshed().await;
-            return;
+            return Ok(());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
+        Err(format!(
             "the controller never reported {held} units held by the occurrence: {answer}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        ))
+    })
+    .await;
+    lab.webhook_refreshed().await;
 }
 
 #[sqlx::test(migrations = "./migrations")]
@@ -257,8 +255,7 @@ async fn lent_notebook(lab: &Lab, user: &str) -> String {
 
 /// The first audit row of a restart notice for booking `id`: its user and time.
 async fn first_notice_row(lab: &Lab, id: i64) -> (Option<String>, chrono::DateTime<Utc>) {
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    eventually(|| async {
         let row: Option<(Option<String>, chrono::DateTime<Utc>)> = sqlx::query_as(
             "SELECT user_name, at FROM audit_event
               WHERE action = 'controller.booking_started_on_lent_pod' AND booking_id = $1
@@ -268,15 +265,9 @@ async fn first_notice_row(lab: &Lab, id: i64) -> (Option<String>, chrono::DateTi
         .fetch_optional(&lab.api.pool)
         .await
         .unwrap();
-        if let Some(row) = row {
-            return row;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the notice left no audit row"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        row.ok_or_else(|| "the notice left no audit row".to_owned())
+    })
+    .await
 }
 
 #[sqlx::test(migrations = "./migrations")]

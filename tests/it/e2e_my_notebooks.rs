@@ -35,24 +35,22 @@ async fn wait_for_notebook(
     what: &str,
     ok: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    // The controller reports on its sync tick; the service has no feed to wait on.
+    eventually(|| async {
         let (status, answer) = notebooks(lab, user, "").await;
         assert_eq!(status, 200, "{answer}");
         let list = answer["notebooks"].as_array().cloned().unwrap_or_default();
         if let [only] = list.as_slice() {
             if ok(only) {
-                return only.clone();
+                return Ok(only.clone());
             }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
+        Err(format!(
             "the API never showed {user}'s notebook {what}: {answer}\ncluster:\n{}",
             serde_json::to_string_pretty(&lab.sim.view()).unwrap_or_default()
-        );
-        // The controller reports on its sync tick; the service has no feed to wait on.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+        ))
+    })
+    .await
 }
 
 #[sqlx::test(migrations = "./migrations")]

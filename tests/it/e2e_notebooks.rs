@@ -38,16 +38,13 @@ async fn a_running_notebook_answers_at_its_own_address_until_it_goes(pool: PgPoo
     let addr = SocketAddr::new(ip, 8888);
     let prefix = "/user/bob@example.com";
     let http = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    let answer = loop {
-        match http.get(format!("http://{addr}{prefix}/api")).send().await {
-            Ok(answer) => break answer,
-            Err(e) if tokio::time::Instant::now() > deadline => {
-                panic!("bob's notebook never answered at {addr}: {e}")
-            }
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
-        }
-    };
+    let answer = eventually(|| async {
+        http.get(format!("http://{addr}{prefix}/api"))
+            .send()
+            .await
+            .map_err(|e| format!("bob's notebook never answered at {addr}: {e}"))
+    })
+    .await;
     assert_eq!(answer.status(), 200);
     assert_eq!(
         answer
@@ -75,13 +72,12 @@ async fn a_running_notebook_answers_at_its_own_address_until_it_goes(pool: PgPoo
             .is_none()
     })
     .await;
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    while tokio::net::TcpStream::connect(addr).await.is_ok() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the server at {addr} outlived its pod"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    eventually(|| async {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(_) => Err(format!("the server at {addr} outlived its pod")),
+            Err(_) => Ok(()),
+        }
+    })
+    .await;
     lab.shutdown().await;
 }

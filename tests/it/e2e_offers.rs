@@ -54,23 +54,21 @@ async fn offers(lab: &Lab) -> Value {
 
 /// Waits until the service holds an offer for `user`; returns it.
 async fn wait_for_offer(lab: &Lab, user: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    // The controller offers on its sync tick; the service has no feed to wait on.
+    eventually(|| async {
         let all = offers(lab).await;
         if let Some(o) = all["offers"]
             .as_array()
             .and_then(|l| l.iter().find(|o| o["user"] == user))
         {
-            return o.clone();
+            return Ok(o.clone());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
+        Err(format!(
             "{user} was never offered a GPU: {all}\ncluster:\n{}",
             serde_json::to_string_pretty(&lab.sim.view()).unwrap_or_default()
-        );
-        // The controller offers on its sync tick; the service has no feed to wait on.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        ))
+    })
+    .await
 }
 
 /// Waits until the webhook has read a usage report of `model` taken more than its
@@ -81,22 +79,18 @@ async fn settled(lab: &Lab, model: &str) {
     let Some(replica) = lab.sim.webhook_replica().await else {
         return;
     };
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    eventually(|| async {
         let answer = replica.schedulability("", "").await.expect("an answer");
         if answer
             .usage_reported_at
             .iter()
             .any(|(m, at)| m.as_str() == model && *at > after)
         {
-            return;
+            return Ok(());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no usage report of {model} came"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Err(format!("no usage report of {model} came"))
+    })
+    .await
 }
 
 /// The notices of kind `gpu_offered` for `user`, after one round of the notice worker.
@@ -193,14 +187,13 @@ async fn a_stripped_user_is_offered_the_freed_card_and_it_is_held_for_them(pool:
     })
     .await;
     // Taken: the offer is over.
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    while !offers(&lab).await["offers"].as_array().unwrap().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the offer outlived its use"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(|| async {
+        if offers(&lab).await["offers"].as_array().unwrap().is_empty() {
+            return Ok(());
+        }
+        Err("the offer outlived its use".to_owned())
+    })
+    .await;
     lab.shutdown().await;
 }
 

@@ -30,8 +30,7 @@ const ALICE: &str = "alice@example.com";
 /// The actors of the audit rows whose action starts with `prefix`, once there is one
 /// (rows are posted on the components' own tasks).
 async fn actors_of(pool: &PgPool, prefix: &str) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    eventually(|| async {
         let actors: Vec<String> = sqlx::query_scalar(
             "SELECT DISTINCT actor FROM audit_event WHERE action LIKE $1 || '%' ORDER BY actor",
         )
@@ -40,14 +39,11 @@ async fn actors_of(pool: &PgPool, prefix: &str) -> Vec<String> {
         .await
         .expect("the audit log answers");
         if !actors.is_empty() {
-            return actors;
+            return Ok(actors);
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no audit row {prefix}* within {SETTLE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err(format!("no audit row {prefix}* within {SETTLE:?}"))
+    })
+    .await
 }
 
 #[sqlx::test(migrations = "./migrations")]

@@ -274,8 +274,7 @@ fn bound_on(server: &gpu_booking_fake_apiserver::FakeApiServer, node: &str) -> (
 /// (the controller reports every model every few seconds) and the webhook's
 /// replica has read the figures since.
 async fn reported_after(lab: &Lab, model: &str, after: chrono::DateTime<Utc>) {
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    eventually(|| async {
         let at = lab
             .models()
             .await
@@ -288,15 +287,12 @@ async fn reported_after(lab: &Lab, model: &str, after: chrono::DateTime<Utc>) {
                     .ok()
             });
         if at.is_some_and(|at| at >= after) {
-            lab.webhook_refreshed().await;
-            return;
+            return Ok(());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no report of {model} after {after}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+        Err(format!("no report of {model} after {after}"))
+    })
+    .await;
+    lab.webhook_refreshed().await;
 }
 
 /// Time-sliced T4s, as in the university bench: a unit is a card, so the webhook

@@ -12,8 +12,6 @@
 
 use crate::common;
 
-use std::time::Duration;
-
 use chrono::{TimeDelta, Utc};
 use common::*;
 use gpu_booking_api::auth::Role;
@@ -87,8 +85,7 @@ async fn book_units(lab: &Lab, user: &str, model: &str, units: u32) -> i64 {
 /// booking holds (what the webhook decides the next pod from).
 async fn wait_held(lab: &Lab, user: &str, held: i64) {
     let token = lab.api.token("webhook", Some(Role::Service)).unwrap();
-    let deadline = tokio::time::Instant::now() + SETTLE;
-    loop {
+    eventually(|| async {
         let answer: Value = reqwest::Client::new()
             .get(format!("{}/api/v1/schedulability", lab.api.url))
             .query(&[("user", user)])
@@ -100,16 +97,14 @@ async fn wait_held(lab: &Lab, user: &str, held: i64) {
             .await
             .unwrap();
         if answer["units_held"] == held {
-            lab.webhook_refreshed().await;
-            return;
+            return Ok(());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
+        Err(format!(
             "the controller never reported {held} units held by {user}'s booking: {answer}"
-        );
-        // The booking service has no change feed: poll it.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        ))
+    })
+    .await;
+    lab.webhook_refreshed().await;
 }
 
 fn get(server: &gpu_booking_fake_apiserver::FakeApiServer, name: &str) -> Option<Pod> {

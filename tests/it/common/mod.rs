@@ -72,6 +72,25 @@ pub fn chart(set_values: &[&str]) -> RenderedChart {
     RenderedChart::render(set_values).expect("the chart renders (helm: scripts/chart-tools.sh)")
 }
 
+/// Polls `probe` every 100 ms until it answers `Ok`, and returns that; after
+/// [`SETTLE`] fails with its last `Err` (what was wrong, and the state that shows it).
+/// For state with no change feed to wait on: the booking service, the database, the
+/// nodes' processes.
+pub async fn eventually<T, F, Fut>(mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        match probe().await {
+            Ok(found) => return found,
+            Err(wrong) if tokio::time::Instant::now() >= deadline => panic!("{wrong}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
 /// A booking as the API returns it.
 #[derive(Debug, Clone)]
 pub struct Booking {
@@ -173,23 +192,20 @@ impl Lab {
     /// budget advertised, as a cluster that has run for a while has: the webhook gives
     /// budgets only for models whose nodes advertise it.
     async fn wait_reported(&self) {
-        let deadline = tokio::time::Instant::now() + SETTLE;
-        loop {
+        eventually(|| async {
             let models = self.models().await;
             let reported = |m: &Value| {
                 !m["usage_reported_at"].is_null()
                     && (m["cards"] == 0 || m["gpumem_advertised"] == true)
             };
             if models.iter().all(reported) {
-                return;
+                return Ok(());
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
+            Err(format!(
                 "the controller never reported the lab's models with their VRAM budget advertised: {models:?}"
-            );
-            // The booking service has no change feed: poll it.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            ))
+        })
+        .await
     }
 
     /// Books `model` for `user` from now for `length` (as an admin, overriding the
@@ -275,8 +291,7 @@ impl Lab {
     /// Waits until the controller has told the booking service how many units of
     /// `model` are in use (the webhook's "free" count comes from there).
     pub async fn wait_in_use(&self, model: &str, in_use: i64) {
-        let deadline = tokio::time::Instant::now() + SETTLE;
-        loop {
+        eventually(|| async {
             let found = self
                 .models()
                 .await
@@ -284,16 +299,14 @@ impl Lab {
                 .find(|m| m["name"] == model)
                 .map(|m| m["in_use"].clone());
             if found.as_ref().and_then(Value::as_i64) == Some(in_use) {
-                self.webhook_refreshed().await;
-                return;
+                return Ok(());
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
+            Err(format!(
                 "the controller never reported {in_use} units of {model} in use (the booking service says {found:?})"
-            );
-            // The booking service has no change feed: poll it.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            ))
+        })
+        .await;
+        self.webhook_refreshed().await;
     }
 
     /// Waits until `condition` holds; otherwise fails with `wrong` (what the cluster
