@@ -72,26 +72,13 @@ fn still_running(lab: &Lab, job: &Pod) -> bool {
         .is_some_and(|p| p.metadata.uid == job.metadata.uid && is_running(&p) && on_gpu(&p))
 }
 
-async fn lend(lab: &Lab, user: &str) {
-    let pod = lab.sim.spawn(user, 1).await.expect("admitted");
-    assert_eq!(
-        label(&pod, PRIORITY_LABEL),
-        Some("low"),
-        "{user} is lent a card"
-    );
-    lab.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
-        running(s, user).is_some_and(|p| on_gpu(&p))
-    })
-    .await;
-}
-
 #[sqlx::test(migrations = "./migrations")]
 async fn a_job_elsewhere_is_counted_and_never_a_victim(pool: PgPool) {
     let lab = Lab::start_with(pool, a100_node(3)).await;
     let job = research_job(&lab).await;
     // Bob first, so his is the least recently active of the two lent notebooks.
-    lend(&lab, "bob@example.com").await;
-    lend(&lab, "carol@example.com").await;
+    lab.lent_and_running("bob@example.com").await;
+    lab.lent_and_running("carol@example.com").await;
     lab.wait_in_use("a100", 3).await;
 
     // No card is free: erin runs on CPU, not Pending on a card that is not there.
@@ -243,7 +230,7 @@ async fn an_admin_may_make_a_namespace_give_way(pool: PgPool) {
 async fn a_booked_user_waiting_for_a_notebook_that_is_ending_is_told_so(pool: PgPool) {
     let lab = Lab::start_with(pool, a100_node(2).notebook_grace_period(15)).await;
     let job = research_job(&lab).await;
-    lend(&lab, "bob@example.com").await;
+    lab.lent_and_running("bob@example.com").await;
     lab.wait_in_use("a100", 2).await;
     lab.sim
         .stop_notebook("bob@example.com")
@@ -336,7 +323,7 @@ async fn a_job_where_no_lent_card_comes_back_keeps_its_gpu_and_is_not_lent(pool:
         "the research job was lent: {job:?}"
     );
     lab.wait_in_use("a100", 1).await;
-    lend(&lab, "bob@example.com").await;
+    lab.lent_and_running("bob@example.com").await;
     lab.wait_in_use("a100", 2).await;
     let bob = lab.notebook("bob@example.com").unwrap();
 

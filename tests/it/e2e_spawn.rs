@@ -239,12 +239,7 @@ async fn a_victim_only_where_the_booked_pod_may_run(pool: PgPool) {
     .await;
     let lent = ["bob@example.com", "carol@example.com"];
     for user in lent {
-        let pod = lab.sim.spawn(user, 1).await.expect("admitted");
-        assert_eq!(label(&pod, PRIORITY_LABEL), Some("low"), "{user}");
-        lab.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
-            running(s, user).is_some_and(|p| on_gpu(&p))
-        })
-        .await;
+        lab.lent_and_running(user).await;
     }
     lab.wait_in_use("a100", 2).await;
     let bob = lab.notebook(lent[0]).unwrap();
@@ -327,11 +322,7 @@ async fn a_lent_notebook_is_warned_before_its_gpu_is_taken_back(pool: PgPool) {
     let lab = Lab::start_with(pool, a100_lab().rendered_chart(chart)).await;
     let lent = ["bob@example.com", "carol@example.com"];
     for user in lent {
-        lab.sim.spawn(user, 1).await.expect("admitted");
-        lab.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
-            running(s, user).is_some_and(|p| on_gpu(&p))
-        })
-        .await;
+        lab.lent_and_running(user).await;
     }
     lab.wait_in_use("a100", 2).await;
     let before: Vec<Pod> = lent.iter().map(|u| lab.notebook(u).unwrap()).collect();
@@ -453,11 +444,7 @@ async fn a_marked_notebook_frees_its_card_for_whichever_booked_user_still_waits(
     .await;
     let lent = ["bob@example.com", "carol@example.com"];
     for user in lent {
-        lab.sim.spawn(user, 1).await.expect("admitted");
-        lab.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
-            running(s, user).is_some_and(|p| on_gpu(&p))
-        })
-        .await;
+        lab.lent_and_running(user).await;
     }
     lab.wait_in_use("a100", 2).await;
     let preempt_for = gpu_booking_core::admission::PREEMPT_FOR_ANNOTATION;

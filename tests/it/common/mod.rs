@@ -336,6 +336,21 @@ impl Lab {
         self.sim.notebook(user)
     }
 
+    /// `user` spawns, is lent a card, and the notebook runs on it: the pod.
+    pub async fn lent_and_running(&self, user: &str) -> Pod {
+        let pod = self.sim.spawn(user, 1).await.expect("admitted");
+        assert_eq!(
+            label(&pod, gpu_booking_core::admission::PRIORITY_LABEL),
+            Some("low"),
+            "{user} should be lent a free card"
+        );
+        self.expect(&format!("{user}'s lent notebook never ran on a GPU"), |s| {
+            running(s, user).is_some_and(|p| on_gpu(&p))
+        })
+        .await;
+        self.notebook(user).expect("the lent notebook runs")
+    }
+
     /// Books `model` for `user` (two hours from now), spawns their notebook and waits
     /// until it runs on a GPU.
     pub async fn book_and_run(&self, user: &str, model: &str) -> Booking {
