@@ -226,31 +226,18 @@ impl Round {
                 continue;
             };
             let budget = vram_key(&own_budget, node, &model);
-            if going(pod, view) {
-                // Marked pods are in `going` too, but hold their card until their
-                // deadline by design: their booked pod is told when.
-                let named = view
-                    .chosen
-                    .get(&pod.uid)
-                    .or(pod.preempt_for.as_ref())
-                    .filter(|b| view.waiting.contains(*b));
-                let marked_now = marked_only(pod) || view.chosen.contains_key(&pod.uid);
-                if let (true, Some(booked)) = (marked_now, named) {
-                    // Kept for its booked pod: not free room for another.
-                    if let Some(free) = units.get_mut(&(model.clone(), node.clone())) {
-                        *free = free.saturating_sub(gpu.units);
-                    }
-                    if let Some(free) = vram.get_mut(&budget) {
-                        *free = free.saturating_sub(pod.placement.gpumem_mib);
-                    }
-                    own.entry(booked.clone()).or_default().push(OwnRoom {
-                        model,
-                        node: node.clone(),
-                        uid: pod.uid.clone(),
-                        units: gpu.units,
-                        vram_mib: pod.placement.gpumem_mib,
-                    });
-                } else if marked_now {
+            // A pod marked (or chosen) to give way for a booked pod that still waits
+            // holds its room for that pod: not free room for another.
+            let at_deadline =
+                going(pod, view) && (marked_only(pod) || view.chosen.contains_key(&pod.uid));
+            let kept_for = at_deadline
+                .then(|| view.chosen.get(&pod.uid).or(pod.preempt_for.as_ref()))
+                .flatten()
+                .filter(|b| view.waiting.contains(*b));
+            if going(pod, view) && kept_for.is_none() {
+                // Other marked pods are in `going` too, but hold their card until
+                // their deadline by design: their booked pod is told when.
+                if at_deadline {
                     marked.entry((model, node.clone())).or_default().push((
                         pod.preempt_at,
                         pod.uid.clone(),
@@ -267,6 +254,16 @@ impl Round {
             }
             if let Some(free) = vram.get_mut(&budget) {
                 *free = free.saturating_sub(pod.placement.gpumem_mib);
+            }
+            if let Some(booked) = kept_for {
+                own.entry(booked.clone()).or_default().push(OwnRoom {
+                    model,
+                    node: node.clone(),
+                    uid: pod.uid.clone(),
+                    units: gpu.units,
+                    vram_mib: pod.placement.gpumem_mib,
+                });
+                continue;
             }
             let holders = held.entry((model.clone(), node.clone())).or_default();
             let tier = match view.policy.verdict(pod.priority, &pod.namespace) {
