@@ -10,14 +10,10 @@ use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
 
+use crate::common::ports::{free_addr, free_port};
 use crate::e2e_real_hub::jupyterhub::{self, HubSession};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-booking");
-
-fn free_addr() -> std::net::SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
-    listener.local_addr().expect("its address")
-}
 
 /// The text after `key` in `line`, to the next space or `)`.
 fn after<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -34,7 +30,7 @@ async fn the_demo_runs_a_real_jupyterhub_in_front_of_its_lab() {
     let dir = tempfile::tempdir().expect("a folder");
     let (api, webhook, webhook_admin, apiserver) =
         (free_addr(), free_addr(), free_addr(), free_addr());
-    let hub_port = free_addr().port();
+    let hub_port = free_port();
     let mut demo = Command::new(BIN)
         .args([
             "demo".to_string(),

@@ -12,13 +12,10 @@ use std::time::Duration;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
 
+use crate::common::ports::free_addr;
+
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-booking");
 const ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-fn free_addr() -> std::net::SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
-    listener.local_addr().expect("its address")
-}
 
 async fn admin_pool() -> sqlx::PgPool {
     sqlx::postgres::PgPoolOptions::new()

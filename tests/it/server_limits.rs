@@ -24,6 +24,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
+use crate::common::ports::free_addr;
+
 const CONNECTIONS: usize = 600;
 const BODY_DECLARED: usize = 3_000_000;
 const BODY_SENT: usize = 2_900_000;
@@ -148,11 +150,6 @@ impl Server {
     async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
-}
-
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a port");
-    listener.local_addr().expect("its address")
 }
 
 /// Sends `request` on a fresh connection and reads until the server closes it.

@@ -51,13 +51,9 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+#[path = "ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 /// A running hub, stopped when dropped.
 pub struct RealHub {

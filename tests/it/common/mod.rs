@@ -6,6 +6,9 @@
 //! shows the cluster as it was.
 #![allow(dead_code)]
 
+#[path = "../../support/ports.rs"]
+pub mod ports;
+
 use std::sync::Arc;
 use std::time::Duration;
 
