@@ -27,7 +27,8 @@ pub const WEEKS: u32 = 4;
 const ACTOR: &str = "demo";
 
 /// The first session's wall-clock start and end in `zone`: from the last full hour
-/// but one before `now`, two hours long, so that it runs at `now`.
+/// before `now`, two hours long, so that it runs at `now` and for an hour at least
+/// (the browser tests look for it minutes after the demo starts).
 pub fn first_session(
     zone: Tz,
     now: DateTime<Utc>,
@@ -38,8 +39,7 @@ pub fn first_session(
         .and_then(|t| t.with_second(0))
         .and_then(|t| t.with_nanosecond(0))
         .unwrap_or(local);
-    let start = hour - TimeDelta::hours(1);
-    (start, start + TimeDelta::hours(2))
+    (hour, hour + TimeDelta::hours(2))
 }
 
 /// The RFC 5545 rule of `WEEKS` weekly sessions on `start`'s weekday.
@@ -120,13 +120,14 @@ mod tests {
 
     #[test]
     fn the_first_session_runs_now_on_its_rules_weekday() {
-        // 00:30 in Berlin on a Monday: the session starts Sunday 23:00.
-        let now = Utc.with_ymd_and_hms(2027, 3, 7, 23, 30, 0).unwrap();
+        // 00:59 in Berlin on a Monday: the session starts Monday 00:00 and runs for
+        // an hour more at least.
+        let now = Utc.with_ymd_and_hms(2027, 3, 7, 23, 59, 0).unwrap();
         let zone: Tz = "Europe/Berlin".parse().unwrap();
         let (start, end) = first_session(zone, now);
-        assert_eq!(start.to_string(), "2027-03-07 23:00:00");
+        assert_eq!(start.to_string(), "2027-03-08 00:00:00");
         assert_eq!(end - start, TimeDelta::hours(2));
-        assert_eq!(rule(start), "FREQ=WEEKLY;BYDAY=SU;COUNT=4");
+        assert_eq!(rule(start), "FREQ=WEEKLY;BYDAY=MO;COUNT=4");
         let schedule = Schedule {
             rule: rule(start),
             zone,
@@ -135,8 +136,8 @@ mod tests {
         };
         let first = recurrence::occurrences(&schedule).unwrap()[0];
         assert!(
-            first.start() <= now && now < first.end(),
-            "{first:?} runs at {now}"
+            first.start() <= now && now + TimeDelta::hours(1) <= first.end(),
+            "{first:?} runs at {now} and an hour after"
         );
     }
 
