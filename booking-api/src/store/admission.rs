@@ -3,7 +3,7 @@
 //! an admission, the known users with their slugs, and the change stream's position
 //! from which to follow, all from one snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_core::admission::replica::{BookingState, KnownUser, ModelState};
@@ -78,7 +78,9 @@ pub async fn maintenance_at(
 
 /// The members of each group with a course occurrence running at `now` (at most
 /// [`MAX_COURSE_MEMBERS`] in all), part of the figures: a membership change reaches
-/// the replica with the next round.
+/// the replica with the next round. A group without members is listed with none, so
+/// that a reader tells it from one the answer left out (read before its occurrence
+/// started, or past the limit), which it reads again soon.
 pub async fn course_members(
     db: &mut PgConnection,
     now: DateTime<Utc>,
@@ -92,7 +94,7 @@ pub async fn course_members(
     .bind(now)
     .fetch_all(&mut *db)
     .await?;
-    let groups: Vec<i32> = users
+    let groups: BTreeSet<i32> = users
         .iter()
         .filter_map(|u| HoldRef::from_user(u)?.group)
         .filter_map(|g| i32::try_from(g).ok())
@@ -100,6 +102,7 @@ pub async fn course_members(
     if groups.is_empty() {
         return Ok(Vec::new());
     }
+    let groups: Vec<i32> = groups.into_iter().collect();
     let rows = sqlx::query(
         "SELECT group_id, user_name FROM group_member WHERE group_id = ANY($1)
           ORDER BY group_id, user_name LIMIT $2",
@@ -108,19 +111,26 @@ pub async fn course_members(
     .bind(MAX_COURSE_MEMBERS)
     .fetch_all(&mut *db)
     .await?;
-    let mut out: Vec<GroupMembers> = Vec::new();
-    for row in rows {
+    let mut members: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    for row in &rows {
         let group = i64::from(row.try_get::<i32, _>("group_id")?);
-        let user: String = row.try_get("user_name")?;
-        match out.last_mut() {
-            Some(g) if g.group == group => g.members.push(user),
-            _ => out.push(GroupMembers {
-                group,
-                members: vec![user],
-            }),
+        members
+            .entry(group)
+            .or_default()
+            .push(row.try_get("user_name")?);
+    }
+    // Where the limit cut the rows short, the groups after the last one read are left
+    // out, not listed as empty.
+    let complete = i64::try_from(rows.len()).is_ok_and(|n| n < MAX_COURSE_MEMBERS);
+    if complete {
+        for g in &groups {
+            members.entry(i64::from(*g)).or_default();
         }
     }
-    Ok(out)
+    Ok(members
+        .into_iter()
+        .map(|(group, members)| GroupMembers { group, members })
+        .collect())
 }
 
 /// A course occurrence as a member's booking: (id, model, units, end).

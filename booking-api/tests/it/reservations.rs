@@ -1,16 +1,17 @@
 //! Course reservations on the real Postgres: occurrences in the lab's time zone that
 //! hold units like bookings, a conflict refused naming the first occurrence (or
-//! skipped), one occurrence cancelled to free its units, owners and admins only, and
-//! the model feed naming the sessions.
+//! skipped), one occurrence cancelled to free its units, owners and admins only, the
+//! model feed naming the sessions, and a running session's members in the figures.
 
 use axum::http::Method;
 use chrono::{NaiveDate, NaiveDateTime, TimeZone, Timelike, Utc};
 use common::{hours, rfc};
+use gpu_booking_api::testing::token_for;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use crate::common;
-use crate::maintenance::{admin, user, Api};
+use crate::maintenance::{admin, user, Api, SECRET};
 
 /// A group `name` owned by `owner` (the groups' tables, written directly).
 pub async fn group(pool: &PgPool, name: &str, owner: &str) -> i32 {
@@ -289,5 +290,67 @@ async fn only_admins_and_owners_reserve_and_bad_schedules_are_refused(pool: PgPo
         (status, refused["error"].as_str()),
         (422, Some("too_far_ahead")),
         "{refused}"
+    );
+}
+
+/// The course members in the webhook's and the controller's figures.
+async fn course_members(api: &Api) -> Value {
+    let service = token_for(SECRET, "controller", Some("service"));
+    let (status, state) = api
+        .call(
+            Method::GET,
+            "/api/v1/admission-state?full=false",
+            &service,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{state}");
+    state["groups"].clone()
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_running_sessions_group_is_in_the_figures_even_without_members(pool: PgPool) {
+    let api = Api::new(pool, &[("a100", 4)]).await;
+    let id = group(&api.pool, "ml101", "prof").await;
+    sqlx::query("DELETE FROM group_member WHERE group_id = $1")
+        .bind(id)
+        .execute(&api.pool)
+        .await
+        .unwrap();
+    // A session of one hour from an hour after the tests' clock.
+    let mut body = tuesdays(1, 1);
+    body["start"] = json!(local(2030, 1, 7, 1));
+    body["end"] = json!(local(2030, 1, 7, 2));
+    body["rrule"] = json!("FREQ=DAILY;COUNT=1");
+    body["time_zone"] = json!("UTC");
+    let (status, made) = api
+        .call(Method::POST, "/api/v1/reservations", &admin(), Some(body))
+        .await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(course_members(&api).await, json!([]), "before the session");
+
+    // While it runs, its group is listed without members (not left out, which the
+    // controller reads as not yet known and asks again for within seconds) ...
+    api.clock
+        .set(Utc.with_ymd_and_hms(2030, 1, 7, 1, 30, 0).unwrap());
+    let group_id = i64::from(id);
+    assert_eq!(
+        course_members(&api).await,
+        json!([{"group": group_id, "members": []}])
+    );
+    // ... and with them once it has some.
+    for member in ["ben", "ann"] {
+        sqlx::query(
+            "INSERT INTO group_member (group_id, user_name, role) VALUES ($1, $2, 'member')",
+        )
+        .bind(id)
+        .bind(member)
+        .execute(&api.pool)
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        course_members(&api).await,
+        json!([{"group": group_id, "members": ["ann", "ben"]}])
     );
 }

@@ -147,8 +147,8 @@ pub struct AdmissionState {
     #[serde(default)]
     pub offers: Vec<super::offers::Offer>,
     /// The members of each group with a course occurrence running at `at` (at most
-    /// 10,000 names in all): a member without a booking of their own is answered as
-    /// booked against the occurrence.
+    /// 10,000 names in all; a group without members with none): a member without a
+    /// booking of their own is answered as booked against the occurrence.
     #[serde(default)]
     pub groups: Vec<GroupMembers>,
     /// Full answers only: the change stream's position from which to follow, so that
