@@ -23,7 +23,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use gpu_booking_client::AuditReport;
 use gpu_booking_core::admission::{named_user, pod_label, BOOKING_LABEL, USERNAME_KEY};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -878,6 +880,31 @@ pub struct PodRef<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub uid: &'a str,
+}
+
+/// How [`annotate`] ended.
+#[derive(Debug)]
+pub enum Annotated {
+    Written,
+    /// Not tried: the controller is stopping.
+    Halted,
+    Failed(kube::Error),
+}
+
+/// Sets `annotations` on `pod` (a JSON object; `null` removes one), as a merge patch
+/// guarded by its uid (a pod of the same name that replaced it is left alone), with
+/// the usual retries; given up when the controller stops.
+pub async fn annotate(ctx: &Ctx, pod: &PodRef<'_>, annotations: Value) -> Annotated {
+    let api = pods(ctx, pod.namespace);
+    let patch = json!({"metadata": {"uid": pod.uid, "annotations": annotations}});
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    tokio::select! {
+        _ = ctx.halt.cancelled() => Annotated::Halted,
+        written = with_retries(|| api.patch(pod.name, &params, &patch)) => match written {
+            Ok(_) => Annotated::Written,
+            Err(e) => Annotated::Failed(e),
+        },
+    }
 }
 
 /// A Kubernetes Event on `pod`; a failure is logged, not fatal.

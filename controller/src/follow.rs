@@ -21,16 +21,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use gpu_booking_client::{AuditReport, Booking, Followed, Follower};
+use gpu_booking_core::admission::{RESTART_TOLD_ANNOTATION, RESTART_TOLD_KEPT};
 use gpu_booking_core::booking_end::{self, Seen};
 use gpu_booking_core::booking_units::held_by_booking;
 use gpu_booking_core::holds::HoldRef;
 use gpu_booking_core::username::{NameCase, Username};
-use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::actions::{self, Ctx, PodRef};
+use crate::actions::{self, Annotated, Ctx, PodRef};
 use crate::booking_units::booked_pods;
 use crate::pods::{PodInfo, Priority};
 
@@ -330,6 +330,43 @@ pub fn told_of(pod: &PodInfo, names: NameCase) -> Told {
     }
 }
 
+/// Adds to `told` (occurrence `occurrence`'s) the lent pods still running whose
+/// member was told of it by an earlier leader ([`RESTART_TOLD_ANNOTATION`]): each
+/// keeps its place, and is not told again. A pod already gone left no mark to read;
+/// its place went with the leader that told it.
+pub fn recall_told(
+    told: &mut Vec<Told>,
+    pods: &HashMap<String, PodInfo>,
+    occurrence: i64,
+    names: NameCase,
+) {
+    for p in pods.values() {
+        let runs_lent = p.priority == Some(Priority::Low) && !p.finished && !p.deleting;
+        if runs_lent && p.restart_told.contains(&occurrence) && !told.iter().any(|t| t.uid == p.uid)
+        {
+            told.push(told_of(p, names));
+        }
+    }
+}
+
+/// [`RESTART_TOLD_ANNOTATION`]'s value once `pod`'s user is told of `booking` too:
+/// the ids it had, this one last, the newest [`RESTART_TOLD_KEPT`].
+pub fn restart_told_value(pod: &PodInfo, booking: i64) -> String {
+    let mut ids: Vec<i64> = pod
+        .restart_told
+        .iter()
+        .copied()
+        .filter(|id| *id != booking)
+        .collect();
+    ids.push(booking);
+    let first = ids.len().saturating_sub(RESTART_TOLD_KEPT);
+    ids[first..]
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
 }
@@ -346,17 +383,21 @@ pub async fn retime(ctx: &Ctx, r: &Retime) {
         ctx.metrics.action("retime", "dry_run");
         return;
     }
-    let api = actions::pods(ctx, &r.namespace);
+    let at = PodRef {
+        namespace: &r.namespace,
+        name: &r.name,
+        uid: &r.uid,
+    };
     let annotation = ctx.cfg.current().terminate_at_annotation.clone();
-    // The uid guards against a pod of the same name that replaced this one.
-    let patch = json!({"metadata": {"uid": r.uid, "annotations": {annotation: rfc3339(r.to)}}});
-    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-    let written = actions::with_retries(|| api.patch(&r.name, &params, &patch)).await;
-    if let Err(e) = written {
-        ctx.metrics.action("retime", "error");
-        ctx.metrics.error("kubernetes");
-        tracing::warn!(pod = %key, error = %e, "could not re-time the booked pod");
-        return;
+    match actions::annotate(ctx, &at, json!({annotation: rfc3339(r.to)})).await {
+        Annotated::Written => {}
+        Annotated::Halted => return,
+        Annotated::Failed(e) => {
+            ctx.metrics.action("retime", "error");
+            ctx.metrics.error("kubernetes");
+            tracing::warn!(pod = %key, error = %e, "could not re-time the booked pod");
+            return;
+        }
     }
     ctx.metrics.action("retime", "done");
     let message = if r.ends_now {
@@ -372,11 +413,6 @@ pub async fn retime(ctx: &Ctx, r: &Retime) {
         )
     };
     tracing::info!(pod = %key, booking = r.booking_id, to = %rfc3339(r.to), "booked pod re-timed");
-    let at = PodRef {
-        namespace: &r.namespace,
-        name: &r.name,
-        uid: &r.uid,
-    };
     actions::note_pod(ctx, &at, "BookingChanged", &message, "Retime").await;
     let report = AuditReport {
         action: "controller.retime".into(),
@@ -459,7 +495,10 @@ pub async fn tell_course_restart(
     notify_restart(ctx, pod, occurrence, user, &message, details).await;
 }
 
-/// The Event on the lent pod and the audit row of a restart notice.
+/// The Event on the lent pod and the audit row of a restart notice, after the mark
+/// that says it was told ([`RESTART_TOLD_ANNOTATION`]: a later leader reads it).
+/// Without the mark (a failed write) it is told all the same: this leader remembers
+/// it, and a later one may tell again.
 async fn notify_restart(
     ctx: &Ctx,
     pod: &PodInfo,
@@ -476,6 +515,15 @@ async fn notify_restart(
         name: &pod.name,
         uid: &pod.uid,
     };
+    let told = json!({RESTART_TOLD_ANNOTATION: restart_told_value(pod, booking.id)});
+    match actions::annotate(ctx, &at, told).await {
+        Annotated::Written => {}
+        Annotated::Halted => return,
+        Annotated::Failed(e) => {
+            ctx.metrics.error("kubernetes");
+            tracing::warn!(pod = %pod.key(), error = %e, "could not mark the lent pod as told; telling its user all the same");
+        }
+    }
     actions::note_pod(ctx, &at, "BookingStartedRestart", message, "Notify").await;
     ctx.metrics.action("booking_started_on_lent_pod", "done");
     let report = AuditReport {
@@ -518,6 +566,7 @@ mod tests {
             unschedulable_for_gpu: false,
             served: true,
             gpu_removed: None,
+            restart_told: Vec::new(),
             model_label: Some("a100".into()),
             user: Some("Alice".into()),
             terminate_at: end,
@@ -771,6 +820,45 @@ mod tests {
         let pods = by_uid([big, member_pod("ben", "ben", 10)]);
         assert_eq!(tell(&pods, &occurrence(1), &[]), ["ben"]);
         assert_eq!(tell(&pods, &occurrence(3), &[]), ["ann", "ben"]);
+    }
+
+    #[test]
+    fn a_member_an_earlier_leader_told_keeps_the_place_and_is_not_told_again() {
+        // Occurrence 40's one place: ann was told by the leader before (her pod
+        // carries the mark); ben's pod carries a mark of another booking, and cy's
+        // pod, marked too, has ended.
+        let mut ann = member_pod("ann", "ann", 30);
+        ann.restart_told = vec![7, 40];
+        let mut ben = member_pod("ben", "ben", 40);
+        ben.restart_told = vec![7];
+        let mut cy = member_pod("cy", "cy", 50);
+        cy.restart_told = vec![40];
+        cy.finished = true;
+        let pods = by_uid([ann, ben, cy]);
+        let mut told = Vec::new();
+        recall_told(&mut told, &pods, 40, NameCase::Lowercase);
+        assert_eq!(told, [told_of(&pods["uid-ann"], NameCase::Lowercase)]);
+        assert!(tell(&pods, &occurrence(1), &told).is_empty());
+        // Recalled once, whatever the rounds.
+        recall_told(&mut told, &pods, 40, NameCase::Lowercase);
+        assert_eq!(told.len(), 1);
+        // Without the mark, ben (whose pod started first) would have been told.
+        let mut unmarked = Vec::new();
+        recall_told(&mut unmarked, &pods, 41, NameCase::Lowercase);
+        assert!(unmarked.is_empty());
+        assert_eq!(tell(&pods, &occurrence(1), &unmarked), ["ben"]);
+    }
+
+    #[test]
+    fn the_told_mark_keeps_the_newest_bookings_once_each() {
+        let mut p = member_pod("ann", "ann", 30);
+        assert_eq!(restart_told_value(&p, 40), "40");
+        p.restart_told = vec![40, 3];
+        assert_eq!(restart_told_value(&p, 40), "3,40");
+        p.restart_told = (1..=RESTART_TOLD_KEPT as i64).collect();
+        let value = restart_told_value(&p, 99);
+        assert_eq!(value.split(',').count(), RESTART_TOLD_KEPT, "{value}");
+        assert!(value.starts_with("2,") && value.ends_with(",99"), "{value}");
     }
 
     #[test]

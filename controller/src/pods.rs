@@ -9,7 +9,7 @@ use gpu_booking_core::admission::{
     container_budget_mib, detect_gpu, named_user, our_label, trusted_priority, AdmissionConfig,
     PodStanding, BOOKING_LABEL, BOOKING_UNITS_ANNOTATION, GPU_REMOVED_ANNOTATION,
     LAST_GPU_ACTIVITY_ANNOTATION, MODEL_LABEL, PREEMPT_AT_ANNOTATION, PREEMPT_FOR_ANNOTATION,
-    PRIORITY_LABEL,
+    PRIORITY_LABEL, RESTART_TOLD_ANNOTATION,
 };
 use gpu_booking_core::eviction::NodeConstraints;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -191,6 +191,9 @@ pub struct PodInfo {
     /// Why its GPU was removed ([`GPU_REMOVED_ANNOTATION`]): a notebook stripped at
     /// spawn or re-created on CPU, kept for its user's list of notebooks.
     pub gpu_removed: Option<String>,
+    /// The bookings whose start its user was told of ([`RESTART_TOLD_ANNOTATION`];
+    /// ids that do not read are left out).
+    pub restart_told: Vec<i64>,
 }
 
 /// The VRAM budget of the containers: each one's budget resources, the plain one and
@@ -296,6 +299,13 @@ impl PodInfo {
             unschedulable_for_gpu,
             served: true,
             gpu_removed: annotation(GPU_REMOVED_ANNOTATION).map(str::to_owned),
+            restart_told: annotation(RESTART_TOLD_ANNOTATION)
+                .map(|v| {
+                    v.split(',')
+                        .filter_map(|id| id.trim().parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 

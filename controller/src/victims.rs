@@ -595,6 +595,7 @@ mod tests {
             unschedulable_for_gpu: false,
             served: true,
             gpu_removed: None,
+            restart_told: Vec::new(),
         }
     }
 

@@ -8,7 +8,9 @@
 //! - a course's session starting while members run lent pods: as many members as
 //!   the session has places are told to restart (an Event and an audit row, the
 //!   earliest pod first), a non-member is not, and the told member's place stays
-//!   hers while she restarts onto the session.
+//!   hers while she restarts onto the session;
+//! - the controller's leader changing while a session and a booking run: the new
+//!   leader tells no one again, and the told member keeps her place.
 //!
 //! Runs on the real Postgres (`DATABASE_URL`), each test on a fresh database.
 
@@ -16,10 +18,10 @@ use crate::common;
 
 use std::time::Duration;
 
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use common::*;
 use gpu_booking_api::auth::Role;
-use gpu_booking_core::admission::PRIORITY_LABEL;
+use gpu_booking_core::admission::{PRIORITY_LABEL, RESTART_TOLD_ANNOTATION};
 use gpu_booking_sim::spawner::{pod_name, NOTEBOOK_NAMESPACE};
 use gpu_booking_sim::{GpuNode, SimCluster};
 use k8s_openapi::api::core::v1::Pod;
@@ -102,6 +104,46 @@ async fn admin_call(lab: &Lab, method: reqwest::Method, uri: &str, body: Value) 
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
+/// Group `ml101` with `members`, made as an admin makes it over the API.
+async fn ml101(lab: &Lab, members: &[&str]) {
+    let (status, body) = admin_call(
+        lab,
+        reqwest::Method::POST,
+        "/api/v1/groups",
+        json!({"name": "ml101"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    for m in members {
+        let uri = format!("/api/v1/groups/ml101/members/{m}");
+        let (status, body) = admin_call(lab, reqwest::Method::PUT, &uri, json!({})).await;
+        assert!((200..300).contains(&status), "{m}: {status} {body}");
+    }
+}
+
+/// A reservation of `units` A100s for `ml101`, one occurrence from `start` to `end`
+/// (to the second, in UTC): the service's answer.
+async fn reserve_once(
+    lab: &Lab,
+    units: u32,
+    title: &str,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+) -> Value {
+    let at = |t: DateTime<Utc>| t.naive_utc().format("%Y-%m-%dT%H:%M:%S").to_string();
+    let (status, made) = admin_call(
+        lab,
+        reqwest::Method::POST,
+        "/api/v1/reservations",
+        json!({"model": "a100", "units": units, "group": "ml101", "title": title,
+               "start": at(start), "end": at(end),
+               "rrule": "FREQ=DAILY;COUNT=1", "time_zone": "UTC"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    made
+}
+
 /// Waits until the booking service has the controller's count of `held` units for
 /// booking `id`, as `user` is answered (what the webhook decides the next pod from).
 async fn wait_held(lab: &Lab, user: &str, id: i64, held: i64) {
@@ -132,34 +174,12 @@ async fn wait_held(lab: &Lab, user: &str, id: i64, held: i64) {
 async fn course_members_share_the_occurrence_s_units_until_it_ends(pool: PgPool) {
     let lab = Lab::start_with(pool, a100_lab()).await;
     let members = ["ann@example.com", "ben@example.com", "cy@example.com"];
-    let (status, body) = admin_call(
-        &lab,
-        reqwest::Method::POST,
-        "/api/v1/groups",
-        json!({"name": "ml101"}),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    for m in members {
-        let uri = format!("/api/v1/groups/ml101/members/{m}");
-        let (status, body) = admin_call(&lab, reqwest::Method::PUT, &uri, json!({})).await;
-        assert!((200..300).contains(&status), "{m}: {status} {body}");
-    }
+    ml101(&lab, &members).await;
     // One occurrence, running now, of both A100s, ending in 40 s.
     let now = Utc::now();
-    let start = (now - TimeDelta::minutes(1)).naive_utc();
-    let end = (now + TimeDelta::seconds(40)).naive_utc();
-    let (status, made) = admin_call(
-        &lab,
-        reqwest::Method::POST,
-        "/api/v1/reservations",
-        json!({"model": "a100", "units": 2, "group": "ml101", "title": "ML101 lab",
-               "start": start.format("%Y-%m-%dT%H:%M:%S").to_string(),
-               "end": end.format("%Y-%m-%dT%H:%M:%S").to_string(),
-               "rrule": "FREQ=DAILY;COUNT=1", "time_zone": "UTC"}),
-    )
-    .await;
-    assert_eq!(status, 201, "{made}");
+    let start = now - TimeDelta::minutes(1);
+    let end = now + TimeDelta::seconds(40);
+    let made = reserve_once(&lab, 2, "ML101 lab", start, end).await;
     let occurrence = &made["occurrences"][0];
     let booking = occurrence["booking_id"]
         .as_i64()
@@ -253,6 +273,19 @@ async fn lent_notebook(lab: &Lab, user: &str) -> String {
     lab.notebook(user).unwrap().metadata.uid.unwrap()
 }
 
+/// The restart notices `user` was given, one audit row each (the Events of notices
+/// alike are one Event, its count raised).
+async fn notices_to(lab: &Lab, user: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM audit_event
+          WHERE action = 'controller.booking_started_on_lent_pod' AND user_name = $1",
+    )
+    .bind(user)
+    .fetch_one(&lab.api.pool)
+    .await
+    .unwrap()
+}
+
 /// The first audit row of a restart notice for booking `id`: its user and time.
 async fn first_notice_row(lab: &Lab, id: i64) -> (Option<String>, chrono::DateTime<Utc>) {
     eventually(|| async {
@@ -278,19 +311,7 @@ async fn a_session_starting_under_members_lent_pods_tells_as_many_as_it_has_plac
     ]);
     let lab = Lab::start_with(pool, four).await;
     let (ann, ben, dan) = ("ann@example.com", "ben@example.com", "dan@example.com");
-    let (status, body) = admin_call(
-        &lab,
-        reqwest::Method::POST,
-        "/api/v1/groups",
-        json!({"name": "ml101"}),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    for m in [ann, ben] {
-        let uri = format!("/api/v1/groups/ml101/members/{m}");
-        let (status, body) = admin_call(&lab, reqwest::Method::PUT, &uri, json!({})).await;
-        assert!((200..300).contains(&status), "{m}: {status} {body}");
-    }
+    ml101(&lab, &[ann, ben]).await;
     // Before the session: two members and a non-member run lent notebooks (ann's
     // first).
     let mut uids = Vec::new();
@@ -301,17 +322,7 @@ async fn a_session_starting_under_members_lent_pods_tells_as_many_as_it_has_plac
     // A session of one A100 from a moment from now.
     let start = Utc::now() + TimeDelta::seconds(3);
     let end = start + TimeDelta::hours(1);
-    let (status, made) = admin_call(
-        &lab,
-        reqwest::Method::POST,
-        "/api/v1/reservations",
-        json!({"model": "a100", "units": 1, "group": "ml101", "title": "ML101",
-               "start": start.naive_utc().format("%Y-%m-%dT%H:%M:%S").to_string(),
-               "end": end.naive_utc().format("%Y-%m-%dT%H:%M:%S").to_string(),
-               "rrule": "FREQ=DAILY;COUNT=1", "time_zone": "UTC"}),
-    )
-    .await;
-    assert_eq!(status, 201, "{made}");
+    let made = reserve_once(&lab, 1, "ML101", start, end).await;
     let booking = made["occurrences"][0]["booking_id"]
         .as_i64()
         .expect("the occurrence's row");
@@ -388,5 +399,82 @@ async fn a_session_starting_under_members_lent_pods_tells_as_many_as_it_has_plac
         "a non-member was told of the course"
     );
     assert_eq!(restart_notes(&lab, ann_uid).len(), 1, "ann was told twice");
+    lab.shutdown().await;
+}
+
+#[sqlx::test(migrations = "./migrations")]
+async fn a_new_leader_tells_no_one_again_and_keeps_the_told_members_place(pool: PgPool) {
+    let four = SimCluster::builder()
+        .nodes(vec![
+            GpuNode::gpu("gpu-a100-0", "NVIDIA-A100-SXM4-40GB", 4, 40960),
+            GpuNode::cpu_only("cpu-0"),
+        ])
+        .controller(leader_elected("replica-a"));
+    let lab = Lab::start_with(pool, four).await;
+    let (ann, ben, dan, eve) = (
+        "ann@example.com",
+        "ben@example.com",
+        "dan@example.com",
+        "eve@example.com",
+    );
+    ml101(&lab, &[ann, ben]).await;
+    let mut uids = Vec::new();
+    for user in [ann, ben, dan, eve] {
+        uids.push(lent_notebook(&lab, user).await);
+    }
+    let (ann_uid, dan_uid, eve_uid) = (&uids[0], &uids[2], &uids[3]);
+    // A session of one A100 (ann's: her pod came first), and a booking of dan's own.
+    let start = Utc::now() + TimeDelta::seconds(3);
+    let end = start + TimeDelta::hours(1);
+    let made = reserve_once(&lab, 1, "ML101", start, end).await;
+    lab.book(dan, "a100", TimeDelta::hours(1)).await;
+    lab.expect("ann and dan were never told to restart", |_| {
+        !restart_notes(&lab, ann_uid).is_empty() && !restart_notes(&lab, dan_uid).is_empty()
+    })
+    .await;
+
+    // The leader dies; the next one leads and shows that it follows the bookings by
+    // telling eve of the booking she makes now.
+    lab.sim.controller.kill();
+    let successor = lab
+        .sim
+        .start_replica("replica-b", leader_elected("replica-b"))
+        .expect("the second replica starts");
+    lab.expect("the second replica never led", |_| {
+        successor.leadership.is_leader()
+    })
+    .await;
+    lab.book(eve, "a100", TimeDelta::hours(1)).await;
+    lab.expect("the new leader never told eve of her booking", |_| {
+        !restart_notes(&lab, eve_uid).is_empty()
+    })
+    .await;
+    // A few of its rounds over the running session (one a second).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        notices_to(&lab, ann).await,
+        1,
+        "ann was told of the session again by the new leader"
+    );
+    assert_eq!(
+        notices_to(&lab, dan).await,
+        1,
+        "dan was told of his booking again by the new leader"
+    );
+    assert_eq!(
+        notices_to(&lab, ben).await,
+        0,
+        "ben was told of the place ann still holds"
+    );
+    let told = lab
+        .sim
+        .server
+        .get::<Pod>(Some(NOTEBOOK_NAMESPACE), &pod_name(ann))
+        .and_then(|p| p.metadata.annotations)
+        .and_then(|a| a.get(RESTART_TOLD_ANNOTATION).cloned());
+    let session = made["occurrences"][0]["booking_id"].as_i64().unwrap();
+    assert_eq!(told, Some(session.to_string()), "ann's pod's mark");
+    assert!(lab.sim.denials().is_empty(), "{:?}", lab.sim.denials());
+    drop(successor);
     lab.shutdown().await;
 }

@@ -33,10 +33,7 @@ const GRACE: i64 = 4;
 /// Short Lease times, so the successor takes over within seconds.
 fn replica(identity: &'static str) -> impl FnOnce(&mut ControllerArgs) + Send + 'static {
     move |args| {
-        args.leader_elect = true;
-        args.identity = Some(identity.into());
-        args.lease_duration = Duration::from_secs(3);
-        args.lease_renew = Duration::from_millis(500);
+        common::leader_elected(identity)(args);
         args.preemption_interval = Duration::from_millis(200);
     }
 }

@@ -107,12 +107,19 @@ impl Follower {
         }
     }
 
+    /// Stops following (leadership lost). What was told is forgotten too: each pod
+    /// told carries its mark ([`follow::restart_told_value`]), which whoever leads
+    /// next reads, and a notice this replica dropped when it stopped leading (its
+    /// mark unwritten) is given when it leads again.
     pub(super) fn stop_following(&mut self) {
         if let Some((task, _)) = self.following.take() {
             task.abort();
         }
         self.bookings = None;
         self.listed_at = None;
+        self.told.clear();
+        self.started_seen.clear();
+        self.course_told.clear();
     }
 
     /// The follower's next step, or never when not following.
@@ -191,7 +198,9 @@ impl Follower {
                 if self.told.len() >= MAX_TOLD {
                     self.told.clear();
                 }
-                if self.told.insert((b.id, pod.uid.clone())) {
+                // A pod an earlier leader told is marked so.
+                let new = self.told.insert((b.id, pod.uid.clone()));
+                if new && !pod.restart_told.contains(&b.id) {
                     notices.push((pod.clone(), b.clone()));
                 }
             }
@@ -293,10 +302,8 @@ impl Follower {
                     members,
                     names: courses.names,
                 };
-                let told = self
-                    .course_told
-                    .get(&occurrence.id)
-                    .map_or(&[][..], Vec::as_slice);
+                let told = self.course_told.entry(occurrence.id).or_default();
+                follow::recall_told(told, cluster.pods, occurrence.id, courses.names);
                 let pods = follow::course_pods_to_tell(
                     cluster.pods,
                     &session,

@@ -13,7 +13,6 @@ use gpu_booking_core::booking_units::BookedPod;
 use gpu_booking_core::preemption_policy::{
     ending_reason, freeing_reason, marked as marked_fate, waiting_reason, Marked, NAMED_NAMESPACES,
 };
-use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -21,7 +20,7 @@ use tokio::time::Instant;
 use super::expiry::Expiry;
 use super::inventory::Inventory;
 use super::{job_for, Msg};
-use crate::actions::{self, Ctx, Job, Reason};
+use crate::actions::{self, Annotated, Ctx, Job, Reason};
 use crate::config::ControllerArgs;
 use crate::metrics::WaitingLabel;
 use crate::pods::{PodInfo, Priority, PREEMPTION_ROUNDS_ANNOTATION};
@@ -564,22 +563,23 @@ impl Preemption {
         let (ctx, tx) = (self.ctx.clone(), self.tx.clone());
         let (namespace, name, uid) = (pod.namespace.clone(), pod.name.clone(), pod.uid.clone());
         tokio::spawn(async move {
-            let api = actions::pods(&ctx, &namespace);
-            let patch = json!({"metadata": {
-                "uid": uid,
-                "annotations": {PREEMPTION_ROUNDS_ANNOTATION: rounds.to_string()},
-            }});
-            let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-            let written = tokio::select! {
-                _ = ctx.halt.cancelled() => return,
-                written = actions::with_retries(|| api.patch(&name, &params, &patch)) => written,
+            let at = actions::PodRef {
+                namespace: &namespace,
+                name: &name,
+                uid: &uid,
             };
-            if let Err(e) = &written {
-                ctx.metrics.action("preempt", "error");
-                ctx.metrics.error("kubernetes");
-                tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "could not record the preemption round on the booked pod; no eviction this round");
-            }
-            let _ = tx.send(Msg::RoundRecorded(jobs, written.is_ok()));
+            let annotations = json!({PREEMPTION_ROUNDS_ANNOTATION: rounds.to_string()});
+            let written = match actions::annotate(&ctx, &at, annotations).await {
+                Annotated::Halted => return,
+                Annotated::Written => true,
+                Annotated::Failed(e) => {
+                    ctx.metrics.action("preempt", "error");
+                    ctx.metrics.error("kubernetes");
+                    tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "could not record the preemption round on the booked pod; no eviction this round");
+                    false
+                }
+            };
+            let _ = tx.send(Msg::RoundRecorded(jobs, written));
         });
         Vec::new()
     }
@@ -613,22 +613,22 @@ async fn mark_victim(
     deadline: chrono::DateTime<chrono::Utc>,
 ) {
     let at = deadline.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let api = actions::pods(ctx, &job.namespace);
-    let patch = json!({"metadata": {
-        "uid": job.uid,
-        "annotations": {PREEMPT_AT_ANNOTATION: at, PREEMPT_FOR_ANNOTATION: for_whom},
-    }});
-    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
     let key = format!("{}/{}", job.namespace, job.name);
-    let written = tokio::select! {
-        _ = ctx.halt.cancelled() => return,
-        written = actions::with_retries(|| api.patch(&job.name, &params, &patch)) => written,
+    let at_pod = actions::PodRef {
+        namespace: &job.namespace,
+        name: &job.name,
+        uid: &job.uid,
     };
-    if let Err(e) = written {
-        ctx.metrics.action("preempt", "error");
-        ctx.metrics.error("kubernetes");
-        tracing::warn!(pod = %key, error = %e, "could not mark the lent pod; the next round chooses again");
-        return;
+    let annotations = json!({PREEMPT_AT_ANNOTATION: at, PREEMPT_FOR_ANNOTATION: for_whom});
+    match actions::annotate(ctx, &at_pod, annotations).await {
+        Annotated::Written => {}
+        Annotated::Halted => return,
+        Annotated::Failed(e) => {
+            ctx.metrics.action("preempt", "error");
+            ctx.metrics.error("kubernetes");
+            tracing::warn!(pod = %key, error = %e, "could not mark the lent pod; the next round chooses again");
+            return;
+        }
     }
     ctx.metrics.action("preempt", "marked");
     tracing::info!(pod = %key, %model, booked = %for_whom, %at, "lent pod marked to give way");
@@ -638,11 +638,6 @@ async fn mark_victim(
          your work now. A booking keeps a GPU.",
         deadline.format("%H:%M:%S")
     );
-    let at_pod = actions::PodRef {
-        namespace: &job.namespace,
-        name: &job.name,
-        uid: &job.uid,
-    };
     actions::warn_pod(ctx, &at_pod, "GpuTakenBackSoon", &message, "Preempt").await;
     let report = gpu_booking_client::AuditReport {
         action: "controller.preempt_warned".into(),
@@ -659,29 +654,24 @@ async fn mark_victim(
 
 /// Takes the mark off a pod whose booked pod no longer waits, and tells its user.
 async fn unmark_victim(ctx: &Ctx, pod: &PodInfo) {
-    let api = actions::pods(ctx, &pod.namespace);
-    let patch = json!({"metadata": {
-        "uid": pod.uid,
-        "annotations": {PREEMPT_AT_ANNOTATION: null, PREEMPT_FOR_ANNOTATION: null},
-    }});
-    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-    let written = tokio::select! {
-        _ = ctx.halt.cancelled() => return,
-        written = actions::with_retries(|| api.patch(&pod.name, &params, &patch)) => written,
-    };
-    if let Err(e) = written {
-        ctx.metrics.action("preempt", "error");
-        ctx.metrics.error("kubernetes");
-        tracing::warn!(pod = %pod.key(), error = %e, "could not unmark the lent pod");
-        return;
-    }
-    ctx.metrics.action("preempt", "unmarked");
-    tracing::info!(pod = %pod.key(), "lent pod no longer needed; unmarked");
     let at = actions::PodRef {
         namespace: &pod.namespace,
         name: &pod.name,
         uid: &pod.uid,
     };
+    let annotations = json!({PREEMPT_AT_ANNOTATION: null, PREEMPT_FOR_ANNOTATION: null});
+    match actions::annotate(ctx, &at, annotations).await {
+        Annotated::Written => {}
+        Annotated::Halted => return,
+        Annotated::Failed(e) => {
+            ctx.metrics.action("preempt", "error");
+            ctx.metrics.error("kubernetes");
+            tracing::warn!(pod = %pod.key(), error = %e, "could not unmark the lent pod");
+            return;
+        }
+    }
+    ctx.metrics.action("preempt", "unmarked");
+    tracing::info!(pod = %pod.key(), "lent pod no longer needed; unmarked");
     let message = "gpu-booking: the booked user no longer needs this notebook's GPU; it keeps \
                    running on it (it was lent, so it may be needed again)";
     actions::note_pod(ctx, &at, "GpuKept", message, "Preempt").await;
@@ -690,22 +680,19 @@ async fn unmark_victim(ctx: &Ctx, pod: &PodInfo) {
 /// Names `for_whom` on a marked pod in place of the booked pod it was marked for,
 /// which no longer waits: its deadline (and its user's warning) stand.
 async fn name_booked_pod(ctx: &Ctx, pod: &PodInfo, for_whom: &str) {
-    let api = actions::pods(ctx, &pod.namespace);
-    let patch = json!({"metadata": {
-        "uid": pod.uid,
-        "annotations": {PREEMPT_FOR_ANNOTATION: for_whom},
-    }});
-    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-    let written = tokio::select! {
-        _ = ctx.halt.cancelled() => return,
-        written = actions::with_retries(|| api.patch(&pod.name, &params, &patch)) => written,
+    let at = actions::PodRef {
+        namespace: &pod.namespace,
+        name: &pod.name,
+        uid: &pod.uid,
     };
-    match written {
-        Ok(_) => {
+    let annotations = json!({PREEMPT_FOR_ANNOTATION: for_whom});
+    match actions::annotate(ctx, &at, annotations).await {
+        Annotated::Written => {
             ctx.metrics.action("preempt", "moved");
             tracing::info!(pod = %pod.key(), booked = %for_whom, "marked pod now gives way to another booked pod");
         }
-        Err(e) => {
+        Annotated::Halted => {}
+        Annotated::Failed(e) => {
             ctx.metrics.action("preempt", "error");
             ctx.metrics.error("kubernetes");
             tracing::warn!(pod = %pod.key(), error = %e, "could not name the booked pod on the marked pod");

@@ -124,6 +124,14 @@ pub const PREEMPT_AT_ANNOTATION: &str = our_key!("preempt-at");
 /// Annotation beside [`PREEMPT_AT_ANNOTATION`]: the booked pod (`namespace/name`) it
 /// gives way to; the mark goes when that pod no longer waits.
 pub const PREEMPT_FOR_ANNOTATION: &str = our_key!("preempt-for");
+/// Annotation on a lent pod: the bookings (ids, comma-separated, newest last, at
+/// most [`RESTART_TOLD_KEPT`]) whose start its user was told of, with the advice to
+/// restart. Written by the controller before it tells, so that whichever replica
+/// leads next neither tells again nor forgets that a course member told holds a
+/// place on the course's session.
+pub const RESTART_TOLD_ANNOTATION: &str = our_key!("restart-told");
+/// The most bookings [`RESTART_TOLD_ANNOTATION`] names.
+pub const RESTART_TOLD_KEPT: usize = 8;
 /// Label of the controller's intent ConfigMaps (`copy` or `hub`): what it was about to
 /// do when it deleted a pod, so that a successor finishes it.
 pub const INTENT_LABEL: &str = our_key!("intent");

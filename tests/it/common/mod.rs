@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use gpu_booking_api::auth::Role;
+use gpu_booking_controller::ControllerArgs;
 use gpu_booking_core::booking_policy::Policy;
 use gpu_booking_fake_apiserver::FakeApiServer;
 use gpu_booking_sim::models::{declare, DEMO_MODELS};
@@ -29,6 +30,17 @@ pub const SETTLE: Duration = Duration::from_secs(30);
 /// Grace period of the notebooks in tests (KubeSpawner's `extra_pod_config`): short,
 /// so that preempted and expired pods are gone quickly.
 pub const GRACE_SECONDS: i64 = 1;
+
+/// A controller replica that elects a leader (`identity`), with a short Lease: the
+/// successor of one killed leads within seconds.
+pub fn leader_elected(identity: &'static str) -> impl FnOnce(&mut ControllerArgs) + Send + 'static {
+    move |args| {
+        args.leader_elect = true;
+        args.identity = Some(identity.into());
+        args.lease_duration = Duration::from_secs(3);
+        args.lease_renew = Duration::from_millis(500);
+    }
+}
 
 pub struct Lab {
     pub api: ApiServer,
