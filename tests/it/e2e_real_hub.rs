@@ -527,6 +527,8 @@ async fn a_lent_hub_server_gives_its_gpu_back_to_a_booked_spawn_after_the_grace(
             Some("low"),
             "{user}'s pod is not lent"
         );
+        let created = pod.metadata.creation_timestamp.expect("created").0;
+        lab.lends_settled("a100", created).await;
     }
     lab.wait_in_use("a100", 2).await;
     let uids: Vec<Option<String>> = lent

@@ -324,6 +324,35 @@ impl Lab {
         self.webhook_refreshed().await;
     }
 
+    /// Waits until the webhook's lend ledger has let go of every GPU admission on
+    /// `model` up to `admitted` (a pod's creation): a usage report counted the
+    /// webhook's `--lend-settle` (3 s) after it has reached the webhook's replica.
+    /// Until then a report that already counts such a pod is read with the
+    /// admission still subtracted, and a spawn can be refused the model's last card
+    /// (the ledger errs on the side of no GPU): scenarios that lend cards one after
+    /// another wait for this in between.
+    pub async fn lends_settled(&self, model: &str, admitted: DateTime<Utc>) {
+        let settled = admitted + TimeDelta::seconds(3);
+        eventually(|| async {
+            let reported = self
+                .models()
+                .await
+                .into_iter()
+                .find(|m| m["name"] == model)
+                .and_then(|m| {
+                    serde_json::from_value::<DateTime<Utc>>(m["usage_reported_at"].clone()).ok()
+                });
+            if reported.is_some_and(|at| at >= settled) {
+                return Ok(());
+            }
+            Err(format!(
+                "no usage report of {model} counted after {settled} (the last: {reported:?})"
+            ))
+        })
+        .await;
+        self.webhook_refreshed().await;
+    }
+
     /// Waits until `condition` holds; otherwise fails with `wrong` (what the cluster
     /// got wrong) and the cluster as it was.
     /// A refused request ends the wait at once and fails with the refusals.
