@@ -303,16 +303,16 @@ impl Lab {
             .await;
     }
 
+    /// Model `name` as the booking service lists it, if declared.
+    pub async fn model(&self, name: &str) -> Option<Value> {
+        self.models().await.into_iter().find(|m| m["name"] == name)
+    }
+
     /// Waits until the controller has told the booking service how many units of
     /// `model` are in use (the webhook's "free" count comes from there).
     pub async fn wait_in_use(&self, model: &str, in_use: i64) {
         eventually(|| async {
-            let found = self
-                .models()
-                .await
-                .into_iter()
-                .find(|m| m["name"] == model)
-                .map(|m| m["in_use"].clone());
+            let found = self.model(model).await.map(|m| m["in_use"].clone());
             if found.as_ref().and_then(Value::as_i64) == Some(in_use) {
                 return Ok(());
             }
@@ -334,14 +334,9 @@ impl Lab {
     pub async fn lends_settled(&self, model: &str, admitted: DateTime<Utc>) {
         let settled = admitted + TimeDelta::seconds(3);
         eventually(|| async {
-            let reported = self
-                .models()
-                .await
-                .into_iter()
-                .find(|m| m["name"] == model)
-                .and_then(|m| {
-                    serde_json::from_value::<DateTime<Utc>>(m["usage_reported_at"].clone()).ok()
-                });
+            let reported = self.model(model).await.and_then(|m| {
+                serde_json::from_value::<DateTime<Utc>>(m["usage_reported_at"].clone()).ok()
+            });
             if reported.is_some_and(|at| at >= settled) {
                 return Ok(());
             }
