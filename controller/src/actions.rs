@@ -882,6 +882,16 @@ pub struct PodRef<'a> {
     pub uid: &'a str,
 }
 
+impl<'a> From<&'a PodInfo> for PodRef<'a> {
+    fn from(pod: &'a PodInfo) -> Self {
+        PodRef {
+            namespace: &pod.namespace,
+            name: &pod.name,
+            uid: &pod.uid,
+        }
+    }
+}
+
 /// How [`annotate`] ended.
 #[derive(Debug)]
 pub enum Annotated {

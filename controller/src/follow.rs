@@ -228,13 +228,15 @@ fn member_name(p: &PodInfo, names: NameCase) -> Option<String> {
         .map(Username::into_inner)
 }
 
+/// Whether `p` still runs lent: what keeps a told member's place.
+fn runs_lent(p: &PodInfo) -> bool {
+    p.priority == Some(Priority::Low) && !p.finished && !p.deleting
+}
+
 /// Marks the told pods that are no longer running lent as gone, from `now`.
 pub fn mark_gone(told: &mut [Told], pods: &HashMap<String, PodInfo>, now: DateTime<Utc>) {
     for t in told.iter_mut().filter(|t| t.gone_at.is_none()) {
-        let runs = pods
-            .get(&t.uid)
-            .is_some_and(|p| p.priority == Some(Priority::Low) && !p.finished && !p.deleting);
-        if !runs {
+        if !pods.get(&t.uid).is_some_and(runs_lent) {
             t.gone_at = Some(now);
         }
     }
@@ -341,8 +343,9 @@ pub fn recall_told(
     names: NameCase,
 ) {
     for p in pods.values() {
-        let runs_lent = p.priority == Some(Priority::Low) && !p.finished && !p.deleting;
-        if runs_lent && p.restart_told.contains(&occurrence) && !told.iter().any(|t| t.uid == p.uid)
+        if runs_lent(p)
+            && p.restart_told.contains(&occurrence)
+            && !told.iter().any(|t| t.uid == p.uid)
         {
             told.push(told_of(p, names));
         }
@@ -510,11 +513,7 @@ async fn notify_restart(
     if ctx.dry_run || !ctx.leadership.is_leader() {
         return;
     }
-    let at = PodRef {
-        namespace: &pod.namespace,
-        name: &pod.name,
-        uid: &pod.uid,
-    };
+    let at = PodRef::from(pod);
     let told = json!({RESTART_TOLD_ANNOTATION: restart_told_value(pod, booking.id)});
     match actions::annotate(ctx, &at, told).await {
         Annotated::Written => {}

@@ -426,11 +426,7 @@ impl Preemption {
         for (pod, reason, message) in notes {
             let ctx = self.ctx.clone();
             tokio::spawn(async move {
-                let at = actions::PodRef {
-                    namespace: &pod.namespace,
-                    name: &pod.name,
-                    uid: &pod.uid,
-                };
+                let at = actions::PodRef::from(&pod);
                 actions::note_pod(&ctx, &at, reason, &message, "Preempt").await;
             });
         }
@@ -654,11 +650,7 @@ async fn mark_victim(
 
 /// Takes the mark off a pod whose booked pod no longer waits, and tells its user.
 async fn unmark_victim(ctx: &Ctx, pod: &PodInfo) {
-    let at = actions::PodRef {
-        namespace: &pod.namespace,
-        name: &pod.name,
-        uid: &pod.uid,
-    };
+    let at = actions::PodRef::from(pod);
     let annotations = json!({PREEMPT_AT_ANNOTATION: null, PREEMPT_FOR_ANNOTATION: null});
     match actions::annotate(ctx, &at, annotations).await {
         Annotated::Written => {}
@@ -680,11 +672,7 @@ async fn unmark_victim(ctx: &Ctx, pod: &PodInfo) {
 /// Names `for_whom` on a marked pod in place of the booked pod it was marked for,
 /// which no longer waits: its deadline (and its user's warning) stand.
 async fn name_booked_pod(ctx: &Ctx, pod: &PodInfo, for_whom: &str) {
-    let at = actions::PodRef {
-        namespace: &pod.namespace,
-        name: &pod.name,
-        uid: &pod.uid,
-    };
+    let at = actions::PodRef::from(pod);
     let annotations = json!({PREEMPT_FOR_ANNOTATION: for_whom});
     match actions::annotate(ctx, &at, annotations).await {
         Annotated::Written => {
